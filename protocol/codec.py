@@ -1,0 +1,276 @@
+"""The one JSON codec: attrs values <-> wire JSON, through orjson.
+
+Python fields are snake_case; wire members are camelCase with ``ID`` kept
+upper-case (``session_id`` <-> ``sessionID``, ``time_created`` <->
+``timeCreated``). A field may override its wire name with
+``attrs.field(metadata={"wire": "…"})``.
+
+Fields whose value is ``None`` are left out on encode, and a missing optional
+member decodes to the field's default. Decoding validates shapes and raises
+:class:`~protocol.errors.InvalidRequestError` naming the offending member, so
+the same code checks client input and reads stored data.
+
+Supported field types: ``str``, ``int``, ``float``, ``bool``, ``X | None``,
+``Literal[…]``, ``tuple[X, ...]``, ``Mapping[str, Any]`` / ``dict[str, Any]``
+(a JSON object kept as is), ``Any`` (any JSON value), nested attrs classes and
+unions of attrs classes told apart by a ``type`` member holding a Literal.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import functools
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+import orjson
+
+from protocol.errors import InvalidRequestError
+
+__all__ = ["dumps", "from_json", "loads", "to_json", "wire_name"]
+
+T = TypeVar("T")
+
+_Encoder = Callable[[Any], Any]
+_Decoder = Callable[[Any, str], Any]
+
+
+def wire_name(name: str) -> str:
+    """``assistant_message_id`` -> ``assistantMessageID``."""
+    head, *rest = name.split("_")
+    return head + "".join("ID" if part == "id" else part.capitalize() for part in rest)
+
+
+def dumps(value: Any) -> bytes:
+    """Encode an attrs value (or plain JSON data) to JSON bytes."""
+    return orjson.dumps(to_json(value))
+
+
+def loads(data: bytes | str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequestError(f"Malformed JSON: {exc}", kind="json") from None
+
+
+def to_json(value: Any) -> Any:
+    """Turn an attrs value into JSON-ready data; other values pass through."""
+    if attrs.has(type(value)):
+        return _plan(type(value)).encode(value)
+    if isinstance(value, tuple | list):
+        return [to_json(v) for v in value]
+    return value
+
+
+def from_json(cls: type[T], data: Any, *, path: str = "") -> T:
+    """Decode JSON data into ``cls``, validating every member."""
+    decoded: T = _decoder_for(cls)(data, path)
+    return decoded
+
+
+# -- plans -------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Field:
+    name: str
+    wire: str
+    encode: _Encoder
+    decode: _Decoder
+    required: bool
+
+
+@attrs.frozen
+class _Plan:
+    cls: type[Any]
+    fields: tuple[_Field, ...]
+
+    def encode(self, value: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in self.fields:
+            v = getattr(value, f.name)
+            if v is not None:
+                out[f.wire] = f.encode(v)
+        return out
+
+    def decode(self, data: Any, path: str) -> Any:
+        if not isinstance(data, dict):
+            raise _invalid(path, "an object")
+        kwargs: dict[str, Any] = {}
+        for f in self.fields:
+            raw = data.get(f.wire)
+            sub = f"{path}.{f.wire}" if path else f.wire
+            if raw is None:
+                if f.required:
+                    raise InvalidRequestError(f"{sub} is required", kind="missing", field=sub)
+                continue
+            kwargs[f.name] = f.decode(raw, sub)
+        try:
+            return self.cls(**kwargs)
+        except InvalidRequestError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"{path or 'body'}: {exc}", field=path or None) from None
+
+
+def _plan(cls: type[Any]) -> _Plan:
+    key: Any = cls  # classes are hashable; typeshed's type[Any] just does not say so
+    return _plan_cached(key)
+
+
+@functools.cache
+def _plan_cached(cls: Any) -> _Plan:
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for a in attrs.fields(cls):
+        if not a.init:
+            continue
+        tp = hints[a.name]
+        encode, decode = _codec_for(tp)
+        fields.append(
+            _Field(
+                name=a.name,
+                wire=a.metadata.get("wire", wire_name(a.name)),
+                encode=encode,
+                decode=decode,
+                required=a.default is attrs.NOTHING and not _is_optional(tp),
+            )
+        )
+    return _Plan(cls=cls, fields=tuple(fields))
+
+
+def _is_optional(tp: Any) -> bool:
+    return _is_union(tp) and type(None) in typing.get_args(tp)
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
+def _identity(v: Any) -> Any:
+    return v
+
+
+def _any_json(v: Any, path: str) -> Any:
+    return v
+
+
+def _undecodable(v: Any, path: str) -> Any:
+    raise TypeError(f"codec: cannot decode a generic member at {path!r}")
+
+
+def _invalid(path: str, expected: str) -> InvalidRequestError:
+    where = path or "body"
+    return InvalidRequestError(f"{where} must be {expected}", kind="type", field=path or None)
+
+
+def _decoder_for(tp: Any) -> _Decoder:
+    return _codec_for(tp)[1]
+
+
+@functools.cache
+def _codec_for(tp: Any) -> tuple[_Encoder, _Decoder]:
+    if tp is Any:
+        return _identity, _any_json
+    if isinstance(tp, TypeVar):
+        # Generic containers (Page[T]) encode their items by their runtime type;
+        # decoding needs the concrete class, so Page decodes by hand.
+        return to_json, _undecodable
+    if attrs.has(tp):
+        plan = _plan(tp)
+        return plan.encode, plan.decode
+    origin = typing.get_origin(tp)
+    if _is_union(tp):
+        return _union_codec(tuple(a for a in typing.get_args(tp) if a is not type(None)))
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+
+        def decode_literal(v: Any, path: str) -> Any:
+            if v not in allowed:
+                raise InvalidRequestError(
+                    f"{path or 'value'} must be one of {', '.join(map(str, allowed))}",
+                    kind="enum",
+                    field=path or None,
+                )
+            return v
+
+        return _identity, decode_literal
+    if origin is tuple:
+        item_encode, item_decode = _codec_for(typing.get_args(tp)[0])
+
+        def encode_tuple(v: Any) -> Any:
+            return [item_encode(x) for x in v]
+
+        def decode_tuple(v: Any, path: str) -> Any:
+            if not isinstance(v, list):
+                raise _invalid(path, "an array")
+            return tuple(item_decode(x, f"{path}[{i}]") for i, x in enumerate(v))
+
+        return encode_tuple, decode_tuple
+    if origin in (dict, collections.abc.Mapping) or tp in (dict, Mapping):
+
+        def decode_object(v: Any, path: str) -> Any:
+            if not isinstance(v, dict):
+                raise _invalid(path, "an object")
+            return v
+
+        return _identity, decode_object
+    if tp is bool:
+        return _identity, _scalar(lambda v: isinstance(v, bool), "a boolean")
+    if tp is int:
+        return _identity, _scalar(
+            lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"
+        )
+    if tp is float:
+
+        def decode_float(v: Any, path: str) -> Any:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise _invalid(path, "a number")
+            return float(v)
+
+        return _identity, decode_float
+    if tp is str:
+        return _identity, _scalar(lambda v: isinstance(v, str), "a string")
+    raise TypeError(f"codec: unsupported field type {tp!r}")
+
+
+def _scalar(check: Callable[[Any], bool], expected: str) -> _Decoder:
+    def decode(v: Any, path: str) -> Any:
+        if not check(v):
+            raise _invalid(path, expected)
+        return v
+
+    return decode
+
+
+def _union_codec(options: tuple[Any, ...]) -> tuple[_Encoder, _Decoder]:
+    if len(options) == 1:
+        return _codec_for(options[0])
+    if not all(attrs.has(o) for o in options):
+        raise TypeError(f"codec: only unions of attrs classes are supported, got {options!r}")
+    by_tag: dict[str, Any] = {}
+    for option in options:
+        tag_type = typing.get_type_hints(option).get("type")
+        if typing.get_origin(tag_type) is not typing.Literal:
+            raise TypeError(f"codec: {option!r} needs a Literal 'type' field to sit in a union")
+        for tag in typing.get_args(tag_type):
+            by_tag[tag] = option
+
+    def encode(v: Any) -> Any:
+        return _plan(type(v)).encode(v)
+
+    def decode(v: Any, path: str) -> Any:
+        if not isinstance(v, dict):
+            raise _invalid(path, "an object")
+        option = by_tag.get(str(v.get("type")))
+        if option is None:
+            sub = f"{path}.type" if path else "type"
+            raise InvalidRequestError(
+                f"{sub} must be one of {', '.join(by_tag)}", kind="enum", field=sub
+            )
+        return _plan(option).decode(v, path)
+
+    return encode, decode

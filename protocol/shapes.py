@@ -1,0 +1,219 @@
+"""Public shapes: the values operations return and clients decode.
+
+Wire names follow :mod:`protocol.codec` (``session_id`` <-> ``sessionID``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic, Literal, TypeVar
+
+import attrs
+
+__all__ = [
+    "AssistantMessage",
+    "Delivery",
+    "FileAttachment",
+    "FileSource",
+    "InboxItem",
+    "InboxItemType",
+    "Location",
+    "MessageTime",
+    "ModelRef",
+    "Order",
+    "Page",
+    "PageCursor",
+    "ReasoningPart",
+    "Session",
+    "SessionMessage",
+    "SessionTime",
+    "SyntheticMessage",
+    "SystemMessage",
+    "TextPart",
+    "Tokens",
+    "ToolPart",
+    "UserMessage",
+]
+
+T = TypeVar("T")
+
+Delivery = Literal["steer", "queue"]
+InboxItemType = Literal["user", "synthetic", "compaction", "move"]
+Order = Literal["asc", "desc"]
+
+
+@attrs.frozen(kw_only=True)
+class ModelRef:
+    id: str
+    provider_id: str
+    variant: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Location:
+    directory: str
+
+
+@attrs.frozen(kw_only=True)
+class CacheTokens:
+    read: int = 0
+    write: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class Tokens:
+    input: int = 0
+    output: int = 0
+    reasoning: int = 0
+    cache: CacheTokens = attrs.field(factory=CacheTokens)
+
+
+@attrs.frozen(kw_only=True)
+class SessionTime:
+    created: int
+    updated: int
+
+
+@attrs.frozen(kw_only=True)
+class Session:
+    id: str
+    parent_id: str | None = None
+    title: str
+    agent: str | None = None
+    model: ModelRef | None = None
+    location: Location
+    metadata: Mapping[str, Any] | None = None
+    time: SessionTime
+    tokens: Tokens = attrs.field(factory=Tokens)
+    cost: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class FileSource:
+    type: Literal["inline", "uri"]
+    uri: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class FileAttachment:
+    """A file as admitted: always materialised to base64 ``data``."""
+
+    data: str
+    mime: str
+    source: FileSource
+    name: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class InboxItem:
+    """A pending (or, as a receipt, an admitted) input of a session.
+
+    ``payload`` is the admitted content: for ``user`` ``{text, files?,
+    metadata?}``, for ``synthetic`` ``{text, description?, metadata?}``.
+    """
+
+    id: str
+    session_id: str
+    type: InboxItemType
+    delivery: Delivery
+    time_created: int
+    payload: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class MessageTime:
+    created: int
+    updated: int
+
+
+@attrs.frozen(kw_only=True)
+class UserMessage:
+    type: Literal["user"] = "user"
+    id: str
+    session_id: str
+    seq: int
+    time: MessageTime
+    text: str
+    files: tuple[FileAttachment, ...] | None = None
+    metadata: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SyntheticMessage:
+    type: Literal["synthetic"] = "synthetic"
+    id: str
+    session_id: str
+    seq: int
+    time: MessageTime
+    text: str
+    description: str | None = None
+    metadata: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TextPart:
+    type: Literal["text"] = "text"
+    ordinal: int
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ReasoningPart:
+    type: Literal["reasoning"] = "reasoning"
+    ordinal: int
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolPart:
+    type: Literal["tool"] = "tool"
+    id: str
+    name: str
+    status: Literal["streaming", "running", "completed", "error"]
+    input: Mapping[str, Any] | None = None
+    content: tuple[Mapping[str, Any], ...] | None = None
+    error: Mapping[str, Any] | None = None
+    metadata: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class AssistantMessage:
+    type: Literal["assistant"] = "assistant"
+    id: str
+    session_id: str
+    seq: int
+    time: MessageTime
+    agent: str | None = None
+    model: ModelRef | None = None
+    parts: tuple[TextPart | ReasoningPart | ToolPart, ...] = ()
+    finish: str | None = None
+    error: Mapping[str, Any] | None = None
+    tokens: Tokens | None = None
+    cost: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SystemMessage:
+    type: Literal["system"] = "system"
+    id: str
+    session_id: str
+    seq: int
+    time: MessageTime
+    text: str
+
+
+SessionMessage = UserMessage | SyntheticMessage | AssistantMessage | SystemMessage
+
+
+@attrs.frozen(kw_only=True)
+class PageCursor:
+    previous: str | None = None
+    next: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Page(Generic[T]):
+    """A bounded ordered result; each cursor continues the same query."""
+
+    data: tuple[T, ...]
+    cursor: PageCursor = attrs.field(factory=PageCursor)
