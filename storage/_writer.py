@@ -1,0 +1,290 @@
+"""The single writer: one thread, one connection, group commit.
+
+The event loop hands the writer a whole batch of commands at once (one thread
+hop); the writer runs them in one ``BEGIN IMMEDIATE`` transaction, each under
+its own SAVEPOINT so a conflicting command rolls back alone, COMMITs once, and
+hands every outcome back in one ``call_soon_threadsafe`` (one hop back). While
+a batch commits, new commands queue up on the loop side and form the next
+batch, so the commit cost is shared by every producer waiting at that moment.
+
+This is a plain owned thread rather than a pykka actor: it needs exactly one
+mailbox message kind (a batch), a join-able thread for an orderly close, and
+nothing else pykka offers.
+
+The writer keeps the latest seq of each aggregate it has touched and the next
+global position in memory (it is the only writer: a file lock keeps other
+processes out), and restores them when a SAVEPOINT or the whole batch is
+rolled back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from typing import Final, Literal
+
+import attrs
+
+from storage import schema
+from storage.errors import (
+    AppendConflictError,
+    DivergedError,
+    ProjectionConflict,
+    SeqConflictError,
+    StorageBrokenError,
+    StoreLockedError,
+)
+from storage.projectors import project
+from storage.recorder import Command, NewEvent, RecordedEvent
+
+__all__ = ["Outcome", "Synchronous", "Writer"]
+
+Synchronous = Literal["FULL", "NORMAL"]
+
+_INSERT_EVENT: Final = (
+    "INSERT INTO event (position, id, aggregate_id, seq, type, created, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+@attrs.frozen
+class Outcome:
+    """What became of one command: its records, or the error that refused it."""
+
+    records: list[RecordedEvent] | None = None
+    error: BaseException | None = None
+    #: False for an idempotent replay: the records were already public.
+    publish: bool = True
+
+
+Batch = list[Command]
+Done = Callable[[list[Outcome]], None]
+
+
+class Writer:
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: Synchronous,
+        loop: asyncio.AbstractEventLoop,
+        on_done: Done,
+    ) -> None:
+        self._path = path
+        self._synchronous = synchronous
+        self._loop = loop
+        self._on_done = on_done
+        self._inbox: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._exited: asyncio.Future[None] = loop.create_future()
+        self._thread = threading.Thread(target=self._run, name=f"sessionrt-writer:{path}")
+        self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+        self._seqs: dict[str, int] = {}
+        self._position = 0
+
+    # -- loop side ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._thread.start()
+        try:
+            await asyncio.shield(self._ready)
+        except BaseException:
+            await self.stop()
+            raise
+
+    def submit(self, batch: Batch) -> None:
+        self._inbox.put(batch)
+
+    async def stop(self) -> None:
+        if self._thread.is_alive():
+            self._inbox.put(None)
+            await asyncio.shield(self._exited)
+            # The thread signalled from its last line; this join waits for no work.
+            self._thread.join()
+
+    def _signal(self, fn: Callable[[], None]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(fn)
+
+    # -- writer thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._open()
+        except BaseException as exc:
+            error = exc
+            self._signal(lambda: _settle(self._ready, error))
+            self._close()
+            self._signal(lambda: _settle(self._exited, None))
+            return
+        self._signal(lambda: _settle(self._ready, None))
+        try:
+            while (batch := self._inbox.get()) is not None:
+                outcomes = self._commit(batch)
+                self._signal(lambda o=outcomes: self._on_done(o))  # type: ignore[misc]
+        finally:
+            self._close()
+            self._signal(lambda: _settle(self._exited, None))
+
+    def _open(self) -> None:
+        fd = os.open(self._path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLockedError(f"another process is writing {self._path}") from None
+        self._lock_fd = fd
+        try:
+            conn = sqlite3.connect(self._path, isolation_level=None)
+            self._conn = conn
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA busy_timeout = 5000")
+            schema.migrate(conn)
+            row = conn.execute("SELECT coalesce(max(position), 0) FROM event").fetchone()
+            self._position = int(row[0])
+        except sqlite3.Error as exc:
+            raise StorageBrokenError(f"cannot open {self._path}: {exc}") from exc
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _commit(self, batch: Batch) -> list[Outcome]:
+        conn = self._conn
+        assert conn is not None
+        seqs_before = dict(self._seqs)
+        position_before = self._position
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            outcomes = [self._apply(conn, command) for command in batch]
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            self._seqs = seqs_before
+            self._position = position_before
+            broken = StorageBrokenError(f"commit failed: {exc}")
+            return [Outcome(error=broken) for _ in batch]
+        return outcomes
+
+    def _seq(self, conn: sqlite3.Connection, aggregate_id: str) -> int:
+        seq = self._seqs.get(aggregate_id)
+        if seq is None:
+            row = conn.execute(
+                "SELECT coalesce(max(seq), 0) FROM event WHERE aggregate_id = ?", (aggregate_id,)
+            ).fetchone()
+            seq = self._seqs[aggregate_id] = int(row[0])
+        return seq
+
+    def _apply(self, conn: sqlite3.Connection, command: Command) -> Outcome:
+        seqs_before = dict(self._seqs)
+        position_before = self._position
+        conn.execute("SAVEPOINT command")
+        try:
+            replay = self._check_expected(conn, command)
+            if replay is not None:
+                conn.execute("RELEASE command")
+                return Outcome(records=replay, publish=False)
+            records = self._insert(conn, command.events)
+            conn.execute("RELEASE command")
+            return Outcome(records=records)
+        except (AppendConflictError, sqlite3.IntegrityError, ValueError, TypeError) as exc:
+            # ValueError/TypeError: an event that does not encode. It fails its own
+            # command, like a conflict, instead of taking the batch down with it.
+            conn.execute("ROLLBACK TO command")
+            conn.execute("RELEASE command")
+            self._seqs = seqs_before
+            self._position = position_before
+            if isinstance(exc, sqlite3.IntegrityError):
+                exc = AppendConflictError(f"constraint violated: {exc}")
+            return Outcome(error=exc)
+
+    def _check_expected(
+        self, conn: sqlite3.Connection, command: Command
+    ) -> list[RecordedEvent] | None:
+        """Raise on a seq mismatch; return stored records for an exact replay."""
+        if not command.expected:
+            return None
+        mismatched = {
+            agg: (want, self._seq(conn, agg))
+            for agg, want in command.expected.items()
+            if self._seq(conn, agg) != want
+        }
+        if not mismatched:
+            return None
+        stored = self._stored_replay(conn, command)
+        if stored is not None:
+            return stored
+        agg, (want, actual) = next(iter(mismatched.items()))
+        if actual < want:
+            raise SeqConflictError(agg, want, actual)
+        raise DivergedError(agg, want + 1, "another event is stored at this seq")
+
+    def _stored_replay(
+        self, conn: sqlite3.Connection, command: Command
+    ) -> list[RecordedEvent] | None:
+        """The stored records if ``command`` was already committed exactly as given.
+
+        Events are found by id; a replay must match each stored event's aggregate,
+        type and data, and sit at the seqs the command expected.
+        """
+        assert command.expected is not None
+        next_seq = dict(command.expected)
+        records = []
+        for new in command.events:
+            row = conn.execute(
+                "SELECT position, aggregate_id, seq, type, created, data FROM event WHERE id = ?",
+                (new.id,),
+            ).fetchone()
+            if row is None:
+                return None
+            agg = new.aggregate_id
+            want = next_seq.get(agg)
+            candidate = RecordedEvent.from_new(new, position=int(row[0]), seq=int(row[2]))
+            if (row[1], row[3], row[5]) != (agg, candidate.type, candidate.data) or (
+                want is not None and int(row[2]) != want + 1
+            ):
+                raise DivergedError(agg, int(row[2]), "id reused with other content or seq")
+            next_seq[agg] = int(row[2])
+            records.append(attrs.evolve(candidate, created=int(row[4])))
+        return records
+
+    def _insert(self, conn: sqlite3.Connection, events: Sequence[NewEvent]) -> list[RecordedEvent]:
+        records = []
+        for new in events:
+            seq = self._seq(conn, new.aggregate_id) + 1
+            self._seqs[new.aggregate_id] = seq
+            self._position += 1
+            records.append(RecordedEvent.from_new(new, position=self._position, seq=seq))
+        conn.executemany(
+            _INSERT_EVENT,
+            [(r.position, r.id, r.aggregate_id, r.seq, r.type, r.created, r.data) for r in records],
+        )
+        for record in records:
+            for op in project(record):
+                cursor = conn.execute(op.sql, op.params)
+                if op.expect is not None and cursor.rowcount != op.expect:
+                    raise ProjectionConflict(op.reason, op.message)
+        return records
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

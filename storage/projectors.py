@@ -1,0 +1,252 @@
+"""Projectors: pure functions from a recorded event to the SQL that projects it.
+
+A projector returns :class:`Op`s; it reads nothing and writes nothing itself.
+The writer runs the ops in the event's own transaction (under the command's
+SAVEPOINT); an op with ``expect`` set must touch exactly that many rows or the
+command is rolled back with :class:`~storage.errors.ProjectionConflict`. That
+is how lifecycle rules are enforced at the point of truth: a second cancel
+deletes nothing, a delivery of a vanished item deletes nothing, and both fail.
+
+Every value written comes from the event and its envelope (seq, created), so
+replaying the log from zero rebuilds the tables byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import attrs
+import orjson
+
+from protocol import codec
+from protocol import events as ev
+from storage.recorder import RecordedEvent
+
+__all__ = ["Op", "project"]
+
+E = TypeVar("E", bound=ev.Event)
+
+
+@attrs.frozen
+class Op:
+    sql: str
+    params: tuple[Any, ...]
+    #: Exact row count the statement must affect, or None for "any".
+    expect: int | None = None
+    reason: str = ""
+    message: str = ""
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(codec.to_json(value)).decode()
+
+
+def _touch(rec: RecordedEvent) -> Op:
+    return Op(
+        "UPDATE session SET time_updated = ? WHERE id = ?",
+        (rec.created, rec.aggregate_id),
+        expect=1,
+        reason="session.missing",
+        message=f"session {rec.aggregate_id} does not exist",
+    )
+
+
+def _created(rec: RecordedEvent, e: ev.SessionCreated) -> tuple[Op, ...]:
+    return (
+        Op(
+            "INSERT INTO session (id, parent_id, title, agent, model, directory, metadata,"
+            " time_created, time_updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (id) DO NOTHING",
+            (
+                e.session_id,
+                e.parent_id,
+                e.title,
+                e.agent,
+                _json(e.model),
+                e.location.directory,
+                _json(e.metadata),
+                rec.created,
+                rec.created,
+            ),
+            expect=1,
+            reason="session.exists",
+            message=f"session {e.session_id} already exists",
+        ),
+    )
+
+
+def _set(column: str, value: Any) -> Callable[[RecordedEvent], tuple[Op, ...]]:
+    def ops(rec: RecordedEvent) -> tuple[Op, ...]:
+        return (
+            Op(
+                f"UPDATE session SET {column} = ?, time_updated = ? WHERE id = ?",
+                (value, rec.created, rec.aggregate_id),
+                expect=1,
+                reason="session.missing",
+                message=f"session {rec.aggregate_id} does not exist",
+            ),
+        )
+
+    return ops
+
+
+def _renamed(rec: RecordedEvent, e: ev.SessionRenamed) -> tuple[Op, ...]:
+    return _set("title", e.title)(rec)
+
+
+def _metadata(rec: RecordedEvent, e: ev.MetadataUpdated) -> tuple[Op, ...]:
+    return _set("metadata", _json(e.metadata))(rec)
+
+
+def _agent(rec: RecordedEvent, e: ev.AgentSelected) -> tuple[Op, ...]:
+    return _set("agent", e.agent)(rec)
+
+
+def _model(rec: RecordedEvent, e: ev.ModelSelected) -> tuple[Op, ...]:
+    return _set("model", _json(e.model))(rec)
+
+
+def _deleted(rec: RecordedEvent, e: ev.SessionDeleted) -> tuple[Op, ...]:
+    # Messages and pending inbox rows go with it (ON DELETE CASCADE).
+    return (
+        Op(
+            "DELETE FROM session WHERE id = ?",
+            (e.session_id,),
+            expect=1,
+            reason="session.missing",
+            message=f"session {e.session_id} does not exist",
+        ),
+    )
+
+
+def _enqueued(rec: RecordedEvent, e: ev.InboxEnqueued) -> tuple[Op, ...]:
+    return (
+        _touch(rec),
+        Op(
+            "INSERT INTO session_inbox"
+            " (id, session_id, type, payload, delivery, enqueued_seq, time_created)"
+            " SELECT ?, ?, ?, ?, ?, ?, ?"
+            " WHERE NOT EXISTS (SELECT 1 FROM session_message WHERE id = ?)"
+            " ON CONFLICT (id) DO NOTHING",
+            (
+                e.inbox_id,
+                e.session_id,
+                e.item.type,
+                _json(e.item.payload),
+                e.item.delivery,
+                rec.seq,
+                rec.created,
+                e.inbox_id,
+            ),
+            expect=1,
+            reason="inbox.id-taken",
+            message=f"inbox id {e.inbox_id} is already pending or delivered",
+        ),
+    )
+
+
+# The transcript message keeps what a retry needs to rebuild the admission
+# receipt after the inbox row is gone: the payload, the delivery mode and the
+# admission time.
+_DELIVER_MESSAGE: Final = (
+    "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data)"
+    " SELECT id, session_id, type, ?, ?, ?,"
+    " json_object('payload', json(payload), 'delivery', delivery, 'timeCreated', time_created)"
+    " FROM session_inbox WHERE id = ? AND session_id = ? AND type IN ('user', 'synthetic')"
+)
+
+
+def _delivered(rec: RecordedEvent, e: ev.InboxDelivered) -> tuple[Op, ...]:
+    return (
+        _touch(rec),
+        Op(_DELIVER_MESSAGE, (rec.seq, rec.created, rec.created, e.inbox_id, e.session_id)),
+        Op(
+            "DELETE FROM session_inbox WHERE id = ? AND session_id = ?",
+            (e.inbox_id, e.session_id),
+            expect=1,
+            reason="inbox.not-pending",
+            message=f"inbox item {e.inbox_id} is not pending",
+        ),
+    )
+
+
+def _cancelled(rec: RecordedEvent, e: ev.InboxCancelled) -> tuple[Op, ...]:
+    return (
+        _touch(rec),
+        Op(
+            "DELETE FROM session_inbox WHERE id = ? AND session_id = ?",
+            (e.inbox_id, e.session_id),
+            expect=1,
+            reason="inbox.not-pending",
+            message=f"inbox item {e.inbox_id} is not pending",
+        ),
+    )
+
+
+def _delivery_changed(rec: RecordedEvent, e: ev.InboxDeliveryChanged) -> tuple[Op, ...]:
+    return (
+        _touch(rec),
+        Op(
+            "UPDATE session_inbox SET delivery = ?"
+            " WHERE id = ? AND session_id = ? AND delivery <> ?",
+            (e.delivery, e.inbox_id, e.session_id, e.delivery),
+            expect=1,
+            reason="inbox.delivery-unchanged",
+            message=f"inbox item {e.inbox_id} is not pending with the other delivery mode",
+        ),
+    )
+
+
+def _synthetic(rec: RecordedEvent, e: ev.SyntheticRecorded) -> tuple[Op, ...]:
+    payload = {"text": e.text, "description": e.description, "metadata": e.metadata}
+    data = {"payload": {k: v for k, v in payload.items() if v is not None}}
+    return (
+        _touch(rec),
+        Op(
+            "INSERT INTO session_message"
+            " (id, session_id, type, seq, time_created, time_updated, data)"
+            " SELECT ?, ?, 'synthetic', ?, ?, ?, ?"
+            " WHERE NOT EXISTS (SELECT 1 FROM session_inbox WHERE id = ?)"
+            " ON CONFLICT (id) DO NOTHING",
+            (
+                e.message_id,
+                e.session_id,
+                rec.seq,
+                rec.created,
+                rec.created,
+                orjson.dumps(data).decode(),
+                e.message_id,
+            ),
+            expect=1,
+            reason="message.id-taken",
+            message=f"message id {e.message_id} is already used",
+        ),
+    )
+
+
+def _typed(fn: Callable[[RecordedEvent, E], tuple[Op, ...]]) -> Callable[..., tuple[Op, ...]]:
+    return fn
+
+
+_PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
+    ev.SessionCreated: _typed(_created),
+    ev.SessionRenamed: _typed(_renamed),
+    ev.MetadataUpdated: _typed(_metadata),
+    ev.AgentSelected: _typed(_agent),
+    ev.ModelSelected: _typed(_model),
+    ev.SessionDeleted: _typed(_deleted),
+    ev.InboxEnqueued: _typed(_enqueued),
+    ev.InboxDelivered: _typed(_delivered),
+    ev.InboxCancelled: _typed(_cancelled),
+    ev.InboxDeliveryChanged: _typed(_delivery_changed),
+    ev.SyntheticRecorded: _typed(_synthetic),
+}
+
+
+def project(rec: RecordedEvent) -> tuple[Op, ...]:
+    """The ops that project ``rec``; none for events without a projection."""
+    if rec.event is None:
+        return ()
+    projector = _PROJECTORS.get(type(rec.event))
+    return () if projector is None else projector(rec, rec.event)

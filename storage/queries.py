@@ -1,0 +1,300 @@
+"""Reads of the projections: sessions, transcript messages, pending inbox.
+
+Everything here is a query over projected rows turned into public shapes;
+nothing writes. ``fetch`` runs one statement on a read-only connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
+
+import orjson
+
+from protocol import codec
+from protocol.cursor import (
+    Direction,
+    MessageAnchor,
+    MessageCursor,
+    SessionAnchor,
+    SessionCursor,
+    SessionQuery,
+    encode_cursor,
+)
+from protocol.shapes import (
+    CacheTokens,
+    FileAttachment,
+    InboxItem,
+    Location,
+    MessageTime,
+    ModelRef,
+    Order,
+    Page,
+    PageCursor,
+    Session,
+    SessionMessage,
+    SessionTime,
+    SyntheticMessage,
+    Tokens,
+    UserMessage,
+)
+
+__all__ = ["Fetch", "Queries", "Row"]
+
+Row = Sequence[Any]
+Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Row]]]
+
+_SESSION_COLUMNS: Final = (
+    "id, parent_id, title, agent, model, directory, metadata, cost, tokens_input,"
+    " tokens_output, tokens_reasoning, tokens_cache_read, tokens_cache_write,"
+    " time_created, time_updated"
+)
+_MESSAGE_COLUMNS: Final = "id, session_id, type, seq, time_created, time_updated, data"
+_INBOX_COLUMNS: Final = "id, session_id, type, payload, delivery, time_created"
+
+
+class Queries:
+    def __init__(self, fetch: Fetch) -> None:
+        self._fetch = fetch
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    async def session(self, session_id: str) -> Session | None:
+        rows = await self._fetch(
+            f"SELECT {_SESSION_COLUMNS} FROM session WHERE id = ?", (session_id,)
+        )
+        return _session(rows[0]) if rows else None
+
+    async def children(self, session_id: str) -> list[str]:
+        rows = await self._fetch("SELECT id FROM session WHERE parent_id = ?", (session_id,))
+        return [str(r[0]) for r in rows]
+
+    async def sessions(self, query: SessionQuery, anchor: SessionAnchor | None) -> Page[Session]:
+        """One page of sessions ordered by (time_updated, id), continuing from ``anchor``."""
+        where: list[str] = []
+        params: list[Any] = []
+        if query.search:
+            where.append("title LIKE ? ESCAPE '\\'")
+            params.append(f"%{_escape_like(query.search)}%")
+        if query.roots:
+            where.append("parent_id IS NULL")
+        elif query.parent_id is not None:
+            where.append("parent_id = ?")
+            params.append(query.parent_id)
+        if anchor is not None:
+            where.append(f"(time_updated, id) {_cmp(query.order, anchor.direction)} (?, ?)")
+            params += [anchor.time, anchor.id]
+        rows, more = await self._page(
+            f"SELECT {_SESSION_COLUMNS} FROM session",
+            where,
+            params,
+            "time_updated {dir}, id {dir}",
+            query.order,
+            None if anchor is None else anchor.direction,
+            query.limit,
+        )
+        items = [_session(r) for r in rows]
+
+        def link(s: Session, direction: Direction) -> str:
+            anchor = SessionAnchor(id=s.id, time=s.time.updated, direction=direction)
+            return encode_cursor(_with_anchor(query, anchor))
+
+        return Page(data=tuple(items), cursor=_links(items, more, anchor, link))
+
+    # -- messages -------------------------------------------------------------------------------
+
+    async def messages(
+        self, session_id: str, order: Order, limit: int, anchor: MessageAnchor | None
+    ) -> Page[SessionMessage]:
+        """One page of a session's transcript ordered by seq, continuing from ``anchor``."""
+        where = ["session_id = ?"]
+        params: list[Any] = [session_id]
+        if anchor is not None:
+            where.append(f"seq {_cmp(order, anchor.direction)} ?")
+            params.append(anchor.seq)
+        rows, more = await self._page(
+            f"SELECT {_MESSAGE_COLUMNS} FROM session_message",
+            where,
+            params,
+            "seq {dir}",
+            order,
+            None if anchor is None else anchor.direction,
+            limit,
+        )
+        items = [message_from_row(r) for r in rows]
+
+        def link(m: SessionMessage, direction: Direction) -> str:
+            a = MessageAnchor(id=m.id, seq=m.seq, direction=direction)
+            return encode_cursor(
+                MessageCursor(session_id=session_id, order=order, limit=limit, anchor=a)
+            )
+
+        return Page(data=tuple(items), cursor=_links(items, more, anchor, link))
+
+    async def message(self, session_id: str, message_id: str) -> SessionMessage | None:
+        rows = await self._fetch(
+            f"SELECT {_MESSAGE_COLUMNS} FROM session_message WHERE id = ? AND session_id = ?",
+            (message_id, session_id),
+        )
+        return message_from_row(rows[0]) if rows else None
+
+    async def context(self, session_id: str) -> list[SessionMessage]:
+        rows = await self._fetch(
+            f"SELECT {_MESSAGE_COLUMNS} FROM session_message WHERE session_id = ? ORDER BY seq",
+            (session_id,),
+        )
+        return [message_from_row(r) for r in rows]
+
+    # -- inbox ----------------------------------------------------------------------------------
+
+    async def inbox(self, session_id: str) -> list[InboxItem]:
+        rows = await self._fetch(
+            f"SELECT {_INBOX_COLUMNS} FROM session_inbox WHERE session_id = ?"
+            " ORDER BY enqueued_seq",
+            (session_id,),
+        )
+        return [_inbox_item(r) for r in rows]
+
+    async def admission(self, item_id: str) -> InboxItem | None:
+        """The admission receipt of ``item_id``, pending or delivered, in any session."""
+        rows = await self._fetch(
+            f"SELECT {_INBOX_COLUMNS}, 0 FROM session_inbox WHERE id = ?"
+            f" UNION ALL SELECT {_MESSAGE_COLUMNS.replace('seq, ', '')}, 1"
+            " FROM session_message WHERE id = ?",
+            (item_id, item_id),
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        return _inbox_item(row) if row[-1] == 0 else _receipt_from_message(row)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    async def _page(
+        self,
+        select: str,
+        where: list[str],
+        params: list[Any],
+        order_by: str,
+        order: Order,
+        direction: Direction | None,
+        limit: int,
+    ) -> tuple[list[Row], bool]:
+        # Walking backwards reads in the opposite order and flips the rows back.
+        backwards = direction == "previous"
+        sql_order = ("DESC" if order == "asc" else "ASC") if backwards else order.upper()
+        sql = select
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY " + order_by.format(dir=sql_order) + " LIMIT ?"
+        rows = await self._fetch(sql, (*params, limit + 1))
+        more = len(rows) > limit
+        rows = rows[:limit]
+        if backwards:
+            rows.reverse()
+        return rows, more
+
+
+def _cmp(order: Order, direction: Direction) -> str:
+    forward = direction == "next"
+    return ">" if (order == "asc") == forward else "<"
+
+
+def _links(
+    items: Sequence[Any],
+    more: bool,
+    anchor: Any,
+    link: Callable[[Any, Direction], str],
+) -> PageCursor:
+    if not items:
+        return PageCursor()
+    direction = None if anchor is None else anchor.direction
+    has_next = more if direction != "previous" else True
+    has_previous = more if direction == "previous" else direction == "next"
+    return PageCursor(
+        previous=link(items[0], "previous") if has_previous else None,
+        next=link(items[-1], "next") if has_next else None,
+    )
+
+
+def _with_anchor(query: SessionQuery, anchor: SessionAnchor) -> SessionCursor:
+    return SessionCursor(query=query, anchor=anchor)
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else orjson.loads(text)
+
+
+def _session(r: Row) -> Session:
+    model = _loads(r[4])
+    return Session(
+        id=r[0],
+        parent_id=r[1],
+        title=r[2],
+        agent=r[3],
+        model=None if model is None else codec.from_json(ModelRef, model),
+        location=Location(directory=r[5]),
+        metadata=_loads(r[6]),
+        cost=float(r[7]),
+        tokens=Tokens(
+            input=r[8], output=r[9], reasoning=r[10], cache=CacheTokens(read=r[11], write=r[12])
+        ),
+        time=SessionTime(created=r[13], updated=r[14]),
+    )
+
+
+def _inbox_item(r: Row) -> InboxItem:
+    return InboxItem(
+        id=r[0],
+        session_id=r[1],
+        type=r[2],
+        payload=orjson.loads(r[3]),
+        delivery=r[4],
+        time_created=r[5],
+    )
+
+
+def _receipt_from_message(r: Row) -> InboxItem:
+    # Columns: id, session_id, type, time_created, time_updated, data, flag.
+    data: Mapping[str, Any] = orjson.loads(r[5])
+    return InboxItem(
+        id=r[0],
+        session_id=r[1],
+        type=r[2],
+        payload=data.get("payload", {}),
+        delivery=data.get("delivery", "steer"),
+        time_created=int(data.get("timeCreated", r[3])),
+    )
+
+
+def message_from_row(r: Row) -> SessionMessage:
+    """Columns: id, session_id, type, seq, time_created, time_updated, data."""
+    data: Mapping[str, Any] = orjson.loads(r[6])
+    payload: Mapping[str, Any] = data.get("payload", {})
+    time = MessageTime(created=r[4], updated=r[5])
+    if r[2] == "user":
+        files = payload.get("files")
+        return UserMessage(
+            id=r[0],
+            session_id=r[1],
+            seq=r[3],
+            time=time,
+            text=payload.get("text", ""),
+            files=None if files is None else codec.from_json(tuple[FileAttachment, ...], files),
+            metadata=payload.get("metadata"),
+        )
+    if r[2] == "synthetic":
+        return SyntheticMessage(
+            id=r[0],
+            session_id=r[1],
+            seq=r[3],
+            time=time,
+            text=payload.get("text", ""),
+            description=payload.get("description"),
+            metadata=payload.get("metadata"),
+        )
+    raise ValueError(f"unknown message type {r[2]!r}")

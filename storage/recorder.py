@@ -1,0 +1,123 @@
+"""The recorder interface: what any event-log backend provides.
+
+A :class:`Command` is a list of events that commit together or not at all,
+optionally with the seq each aggregate must be at before it (optimistic
+concurrency). Appending returns the :class:`RecordedEvent`s with their
+per-aggregate ``seq`` (1, 2, 3 … without gaps) and global ``position``.
+
+Re-appending a command whose events are already stored at the expected seqs
+with the same id, type and data is idempotent: it returns the stored records
+and publishes nothing. Any other overlap is a :class:`~storage.errors.DivergedError`.
+
+Live subscribers are called on the event loop, after COMMIT and after the
+appenders' futures resolved, with every event of the batch in position order.
+
+``tests/storage/test_recorder_contract.py`` is the contract a backend must pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import attrs
+
+from protocol import ids
+from protocol.events import Event, encode_data, stored_type
+
+__all__ = [
+    "Command",
+    "NewEvent",
+    "RecordedEvent",
+    "Recorder",
+    "Subscriber",
+    "now_ms",
+]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@attrs.frozen(kw_only=True)
+class NewEvent:
+    """An event about to be appended, with its id and creation time fixed.
+
+    Fixing both up front is what makes an exact replay of a command
+    recognisable (idempotent) rather than a new fact.
+    """
+
+    event: Event
+    id: str = attrs.field(factory=ids.event_id)
+    created: int = attrs.field(factory=now_ms)
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.event.session_id
+
+
+@attrs.frozen(kw_only=True)
+class Command:
+    events: tuple[NewEvent, ...]
+    #: aggregate id -> the seq it must be at before this command (0 = empty).
+    expected: Mapping[str, int] | None = None
+
+    @classmethod
+    def of(cls, *events: Event, expected: Mapping[str, int] | None = None) -> Command:
+        return cls(events=tuple(NewEvent(event=e) for e in events), expected=expected)
+
+
+@attrs.frozen(kw_only=True)
+class RecordedEvent:
+    position: int
+    id: str
+    aggregate_id: str
+    seq: int
+    type: str
+    created: int
+    data: str
+    #: Decoded value; None when this build does not know ``type``.
+    event: Event | None
+
+    @classmethod
+    def from_new(cls, new: NewEvent, *, position: int, seq: int) -> RecordedEvent:
+        return cls(
+            position=position,
+            id=new.id,
+            aggregate_id=new.aggregate_id,
+            seq=seq,
+            type=stored_type(new.event),
+            created=new.created,
+            data=encode_data(new.event).decode(),
+            event=new.event,
+        )
+
+
+Subscriber = Callable[[Sequence[RecordedEvent]], None]
+
+
+class Recorder(Protocol):
+    """An append-only, per-aggregate sequenced event log."""
+
+    async def append(self, command: Command) -> list[RecordedEvent]:
+        """Commit ``command`` durably; raise AppendConflictError if it cannot."""
+        ...
+
+    async def read(
+        self, aggregate_id: str, *, after: int = 0, limit: int = 512
+    ) -> list[RecordedEvent]:
+        """Events of one aggregate with ``seq > after``, ascending, at most ``limit``."""
+        ...
+
+    async def read_all(self, *, after: int = 0, limit: int = 512) -> list[RecordedEvent]:
+        """Events of every aggregate with ``position > after``, ascending."""
+        ...
+
+    async def last_seq(self, aggregate_id: str) -> int:
+        """The latest committed seq of ``aggregate_id``; 0 when it has none."""
+        ...
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        """Call ``subscriber`` with each committed batch; returns the unsubscribe function."""
+        ...

@@ -1,0 +1,111 @@
+"""The SQLite schema and its forward migrations.
+
+``schema_version`` holds one row. Migrations are applied in order inside one
+transaction each; a database newer than this build is refused rather than
+guessed at. Projection tables are derived from ``event`` and can be rebuilt
+from it (see :mod:`storage.rebuild`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+from storage.errors import StorageBrokenError
+
+__all__ = ["MIGRATIONS", "PROJECTION_TABLES", "SCHEMA_VERSION", "migrate"]
+
+_V1: Final = """
+CREATE TABLE event (
+    position     INTEGER PRIMARY KEY,
+    id           TEXT NOT NULL UNIQUE,
+    aggregate_id TEXT NOT NULL,
+    seq          INTEGER NOT NULL CHECK (seq >= 1),
+    type         TEXT NOT NULL,
+    created      INTEGER NOT NULL,
+    data         TEXT NOT NULL,
+    UNIQUE (aggregate_id, seq)
+);
+
+CREATE TABLE session (
+    id                 TEXT PRIMARY KEY,
+    parent_id          TEXT,
+    title              TEXT NOT NULL,
+    agent              TEXT,
+    model              TEXT,
+    directory          TEXT NOT NULL,
+    metadata           TEXT,
+    cost               REAL NOT NULL DEFAULT 0,
+    tokens_input       INTEGER NOT NULL DEFAULT 0,
+    tokens_output      INTEGER NOT NULL DEFAULT 0,
+    tokens_reasoning   INTEGER NOT NULL DEFAULT 0,
+    tokens_cache_read  INTEGER NOT NULL DEFAULT 0,
+    tokens_cache_write INTEGER NOT NULL DEFAULT 0,
+    time_created       INTEGER NOT NULL,
+    time_updated       INTEGER NOT NULL
+);
+CREATE INDEX session_parent ON session (parent_id);
+CREATE INDEX session_updated ON session (time_updated, id);
+
+CREATE TABLE session_message (
+    id           TEXT PRIMARY KEY,
+    session_id   TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
+    type         TEXT NOT NULL,
+    seq          INTEGER NOT NULL,
+    time_created INTEGER NOT NULL,
+    time_updated INTEGER NOT NULL,
+    data         TEXT NOT NULL,
+    UNIQUE (session_id, seq)
+);
+CREATE INDEX session_message_type ON session_message (session_id, type, seq);
+
+CREATE TABLE session_inbox (
+    id           TEXT PRIMARY KEY,
+    session_id   TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
+    type         TEXT NOT NULL,
+    payload      TEXT NOT NULL,
+    delivery     TEXT NOT NULL CHECK (delivery IN ('steer', 'queue')),
+    enqueued_seq INTEGER NOT NULL,
+    time_created INTEGER NOT NULL,
+    UNIQUE (session_id, enqueued_seq)
+);
+CREATE INDEX session_inbox_delivery ON session_inbox (session_id, delivery, enqueued_seq);
+"""
+
+#: Migration n (1-based) brings the schema from version n-1 to n.
+MIGRATIONS: Final[tuple[str, ...]] = (_V1,)
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+#: Tables derived from the event log, in dependency order (parents first).
+PROJECTION_TABLES: Final = ("session", "session_message", "session_inbox")
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring ``conn``'s database to :data:`SCHEMA_VERSION`; return the version found.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``).
+    """
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    row = conn.execute("SELECT version FROM schema_version").fetchone()
+    found = 0 if row is None else int(row[0])
+    if found > SCHEMA_VERSION:
+        raise StorageBrokenError(
+            f"database schema version {found} is newer than this build ({SCHEMA_VERSION})"
+        )
+    for version in range(found + 1, SCHEMA_VERSION + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(MIGRATIONS[version - 1]):
+                conn.execute(statement)
+            conn.execute("DELETE FROM schema_version")
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return found
+
+
+def _statements(script: str) -> list[str]:
+    # executescript() would COMMIT on its own; splitting keeps each migration atomic.
+    return [s.strip() for s in script.split(";") if s.strip()]

@@ -1,0 +1,243 @@
+"""The SQLite store: the event log, its projections and their readers.
+
+    async with SQLiteStore(path) as store:
+        records = await store.append(Command.of(event))
+        session = await store.queries.session(session_id)
+
+Appends go to the single :class:`~storage._writer.Writer` (group commit);
+reads go to a small pool of read-only aiosqlite connections, so a long read
+never holds up a commit and vice versa (WAL).
+
+Life cycle: unopened -> open -> closed. Entering twice, or using the store
+before opening or after closing, raises :class:`StoreClosedError`. Closing
+waits for every submitted command to commit (or fail) first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from types import TracebackType
+from typing import Any, Final, Self
+
+import aiosqlite
+
+from protocol.events import decode_event
+from storage._writer import Outcome, Synchronous, Writer
+from storage.errors import StorageBrokenError, StoreClosedError
+from storage.queries import Queries, Row
+from storage.recorder import Command, RecordedEvent, Subscriber
+
+__all__ = ["SQLiteStore"]
+
+log = logging.getLogger(__name__)
+
+#: A batch handed to the writer never holds more commands than this, so one
+#: huge burst cannot make the first caller wait for all the others.
+MAX_BATCH: Final = 1024
+
+_EVENT_COLUMNS: Final = "position, id, aggregate_id, seq, type, created, data"
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class SQLiteStore:
+    def __init__(
+        self, path: str | os.PathLike[str], *, synchronous: Synchronous = "FULL", readers: int = 4
+    ) -> None:
+        self.path = os.fspath(path)
+        self.synchronous: Synchronous = synchronous
+        self._reader_count = readers
+        self._state = _State.UNOPENED
+        self._writer: Writer | None = None
+        self._pending: list[tuple[Command, asyncio.Future[list[RecordedEvent]]]] = []
+        self._inflight = False
+        self._batch: list[tuple[Command, asyncio.Future[list[RecordedEvent]]]] = []
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
+        self._all_readers: list[aiosqlite.Connection] = []
+        self._subscribers: list[Subscriber] = []
+        self.queries = Queries(self.fetch)
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        if self._state is not _State.UNOPENED:
+            raise StoreClosedError(f"store is {self._state.value}; a store opens once")
+        self._state = _State.OPEN
+        try:
+            self._writer = Writer(
+                self.path,
+                synchronous=self.synchronous,
+                loop=asyncio.get_running_loop(),
+                on_done=self._batch_done,
+            )
+            await self._writer.start()
+            for _ in range(self._reader_count):
+                conn = await aiosqlite.connect(self.path, isolation_level=None)
+                self._all_readers.append(conn)
+                await conn.execute("PRAGMA query_only = ON")
+                self._readers.put_nowait(conn)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            return
+        self._state = _State.CLOSING
+        try:
+            await self._drained.wait()
+            if self._writer is not None:
+                await self._writer.stop()
+        finally:
+            for conn in self._all_readers:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            self._all_readers.clear()
+            self._state = _State.CLOSED
+
+    @property
+    def is_open(self) -> bool:
+        return self._state is _State.OPEN
+
+    def _check_open(self) -> None:
+        if self._state is not _State.OPEN:
+            raise StoreClosedError(f"store is {self._state.value}")
+
+    # -- appends --------------------------------------------------------------------------------
+
+    async def append(self, command: Command) -> list[RecordedEvent]:
+        """Commit ``command``; returns its records once they are durable.
+
+        Cancelling the caller does not withdraw a submitted command: it commits
+        (or fails) with its batch either way.
+        """
+        self._check_open()
+        if not command.events:
+            return []
+        future: asyncio.Future[list[RecordedEvent]] = asyncio.get_running_loop().create_future()
+        self._pending.append((command, future))
+        if not self._inflight:
+            self._flush()
+        return await future
+
+    def _flush(self) -> None:
+        assert self._writer is not None
+        batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+        self._inflight = True
+        self._drained.clear()
+        self._batch = batch
+        self._writer.submit([command for command, _ in batch])
+
+    def _batch_done(self, outcomes: list[Outcome]) -> None:
+        batch, self._batch = self._batch, []
+        self._inflight = False
+        published: list[RecordedEvent] = []
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if outcome.records is not None:
+                if outcome.publish:
+                    published.extend(outcome.records)
+                if not future.done():
+                    future.set_result(outcome.records)
+            elif not future.done():
+                future.set_exception(outcome.error or StorageBrokenError("no outcome"))
+        if self._pending:
+            self._flush()
+        else:
+            self._drained.set()
+        if published:
+            self._publish(published)
+
+    # -- live subscribers -----------------------------------------------------------------------
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        self._subscribers.append(subscriber)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def _publish(self, records: Sequence[RecordedEvent]) -> None:
+        for subscriber in list(self._subscribers):
+            try:
+                subscriber(records)
+            except Exception:
+                # One broken subscriber must not starve the others or the writer.
+                log.exception("event subscriber failed")
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def reader(self) -> AsyncIterator[aiosqlite.Connection]:
+        """Borrow a read-only connection (for several statements in one snapshot)."""
+        self._check_open()
+        conn = await self._readers.get()
+        try:
+            yield conn
+        finally:
+            self._readers.put_nowait(conn)
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        async with self.reader() as conn:
+            return list(await conn.execute_fetchall(sql, params))
+
+    async def read(
+        self, aggregate_id: str, *, after: int = 0, limit: int = 512
+    ) -> list[RecordedEvent]:
+        rows = await self.fetch(
+            f"SELECT {_EVENT_COLUMNS} FROM event WHERE aggregate_id = ? AND seq > ?"
+            " ORDER BY seq LIMIT ?",
+            (aggregate_id, after, limit),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def read_all(self, *, after: int = 0, limit: int = 512) -> list[RecordedEvent]:
+        rows = await self.fetch(
+            f"SELECT {_EVENT_COLUMNS} FROM event WHERE position > ? ORDER BY position LIMIT ?",
+            (after, limit),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def last_seq(self, aggregate_id: str) -> int:
+        rows = await self.fetch(
+            "SELECT coalesce(max(seq), 0) FROM event WHERE aggregate_id = ?", (aggregate_id,)
+        )
+        return int(rows[0][0])
+
+
+def record_from_row(r: Row) -> RecordedEvent:
+    return RecordedEvent(
+        position=r[0],
+        id=r[1],
+        aggregate_id=r[2],
+        seq=r[3],
+        type=r[4],
+        created=r[5],
+        data=r[6],
+        event=decode_event(r[4], r[6]),
+    )
