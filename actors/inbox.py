@@ -1,0 +1,305 @@
+"""The inbox: admission, pending-input changes and promotion of a session's input.
+
+Admission is durable before anything runs: ``prompt``/``synthetic`` publish
+one ``session.inbox.enqueued`` and only then (``resume``) ring the wake hook.
+Every mutation of a session's inbox (admission, delivery, cancellation,
+delivery change) holds that session's inbox lock, so retries and promotions
+see each other's effects in order; the projectors enforce the same rules
+again inside the transaction (a second cancel or delivery deletes nothing and
+fails).
+
+Id reconciliation comes first, before any preparation (attachment reading):
+an id already admitted in the same session with the same type returns the
+first admission's receipt, whatever the retry carries; pending or delivered
+makes no difference (a delivered item's receipt is rebuilt from its message).
+An id used in another session or with another type is a conflict. A cancelled
+id is free again.
+
+Promotion order (``promote``): every pending steer in enqueue order, stopping
+before a control item (compaction, move); at the idle boundary (scope
+``input``) with no steer pending, exactly one queued item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from actors._keyed_lock import KeyedLock
+from protocol import events as ev
+from protocol import ids
+from protocol.errors import ConflictError, InvalidRequestError, SessionNotFoundError
+from protocol.requests import FileInput, PromptInput, SyntheticInput
+from protocol.shapes import Delivery, InboxItem, InboxItemType
+from storage import Command, ProjectionConflict, SQLiteStore
+
+__all__ = ["CONTROL_TYPES", "Inbox", "Scope", "WakeHook"]
+
+#: ``input``: the idle/entry boundary (queued input may deliver); ``steer``: a
+#: step boundary inside a running drain (only steers deliver).
+Scope = Literal["input", "steer"]
+WakeHook = Callable[[str, Scope], None]
+
+CONTROL_TYPES: Final[frozenset[str]] = frozenset({"compaction", "move"})
+MAX_FILE_BYTES: Final = 20 * 1024 * 1024
+
+
+class Inbox:
+    def __init__(self, store: SQLiteStore, wake: WakeHook, locks: KeyedLock) -> None:
+        self._store = store
+        self._wake = wake
+        self._locks = locks
+
+    # -- admission ------------------------------------------------------------------------------
+
+    async def prompt(self, session_id: str, request: PromptInput) -> InboxItem:
+        async def payload() -> dict[str, Any]:
+            files = None if request.files is None else await _materialise(request.files)
+            return _compact({"text": request.text, "files": files, "metadata": request.metadata})
+
+        return await self._admit(
+            session_id, "user", request.id, request.delivery, request.resume, payload
+        )
+
+    async def synthetic(self, session_id: str, request: SyntheticInput) -> InboxItem:
+        async def payload() -> dict[str, Any]:
+            return _compact(
+                {
+                    "text": request.text,
+                    "description": request.description,
+                    "metadata": request.metadata,
+                }
+            )
+
+        return await self._admit(
+            session_id, "synthetic", request.id, request.delivery, request.resume, payload
+        )
+
+    async def _admit(
+        self,
+        session_id: str,
+        type_: InboxItemType,
+        item_id: str | None,
+        delivery: Delivery,
+        resume: bool,
+        prepare: Callable[[], Any],
+    ) -> InboxItem:
+        ids.validate("ses", session_id, field="sessionID")
+        receipt = None if item_id is None else await self._reconcile(session_id, type_, item_id)
+        if receipt is None:
+            if await self._store.queries.session(session_id) is None:
+                raise SessionNotFoundError(session_id)
+            payload = await prepare()
+            receipt = await self._enqueue(session_id, type_, item_id, delivery, payload)
+        if resume:
+            self._wake(session_id, "input")
+        return receipt
+
+    async def _reconcile(
+        self, session_id: str, type_: InboxItemType, item_id: str
+    ) -> InboxItem | None:
+        found = await self._store.queries.admission(item_id)
+        if found is None:
+            return None
+        if found.session_id != session_id or found.type != type_:
+            raise ConflictError(
+                f"id {item_id} is already used by another session or input type",
+                resource="message",
+            )
+        return found
+
+    async def _enqueue(
+        self,
+        session_id: str,
+        type_: InboxItemType,
+        item_id: str | None,
+        delivery: Delivery,
+        payload: Mapping[str, Any],
+    ) -> InboxItem:
+        inbox_id = item_id or ids.message_id()
+        async with self._locks.hold(session_id):
+            # A concurrent exact retry may have admitted the id while we prepared.
+            if item_id is not None:
+                existing = await self._reconcile(session_id, type_, item_id)
+                if existing is not None:
+                    return existing
+            event = ev.InboxEnqueued(
+                session_id=session_id,
+                inbox_id=inbox_id,
+                item=ev.EnqueuedItem(type=type_, payload=payload, delivery=delivery),
+            )
+            try:
+                (record,) = await self._store.append(Command.of(event))
+            except ProjectionConflict as exc:
+                if exc.reason == "session.missing":
+                    raise SessionNotFoundError(session_id) from None
+                # Taken in another session between our check and the commit.
+                raced = await self._reconcile(session_id, type_, inbox_id)
+                if raced is None:
+                    raise ConflictError(str(exc), resource="message") from None
+                return raced
+        return InboxItem(
+            id=inbox_id,
+            session_id=session_id,
+            type=type_,
+            delivery=delivery,
+            time_created=record.created,
+            payload=payload,
+        )
+
+    # -- pending input --------------------------------------------------------------------------
+
+    async def pending(self, session_id: str) -> list[InboxItem]:
+        await self._require(session_id)
+        return await self._store.queries.inbox(session_id)
+
+    async def cancel(self, session_id: str, inbox_id: str) -> None:
+        await self._require(session_id)
+        ids.validate("msg", inbox_id, field="inboxID")
+        async with self._locks.hold(session_id):
+            await self._pending_item(session_id, inbox_id)
+            await self._apply(ev.InboxCancelled(session_id=session_id, inbox_id=inbox_id))
+
+    async def change_delivery(self, session_id: str, inbox_id: str, delivery: Delivery) -> None:
+        await self._require(session_id)
+        ids.validate("msg", inbox_id, field="inboxID")
+        async with self._locks.hold(session_id):
+            item = await self._pending_item(session_id, inbox_id)
+            if item.delivery == delivery:
+                raise ConflictError(
+                    f"inbox item {inbox_id} is already delivered by {delivery}", resource="inbox"
+                )
+            await self._apply(
+                ev.InboxDeliveryChanged(session_id=session_id, inbox_id=inbox_id, delivery=delivery)
+            )
+        # Steering asks for the next boundary; queueing and cancelling never wake.
+        if delivery == "steer":
+            self._wake(session_id, "steer")
+
+    # -- promotion ------------------------------------------------------------------------------
+
+    async def promote(self, session_id: str, scope: Scope) -> list[InboxItem]:
+        """Deliver what ``scope`` allows, in one transaction; return the delivered items."""
+        async with self._locks.hold(session_id):
+            pending = await self._store.queries.inbox(session_id)
+            chosen = select_promotable(pending, scope)
+            if chosen:
+                await self._apply(
+                    *(ev.InboxDelivered(session_id=session_id, inbox_id=i.id) for i in chosen)
+                )
+            return chosen
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    async def _require(self, session_id: str) -> None:
+        ids.validate("ses", session_id, field="sessionID")
+        if await self._store.queries.session(session_id) is None:
+            raise SessionNotFoundError(session_id)
+
+    async def _pending_item(self, session_id: str, inbox_id: str) -> InboxItem:
+        for item in await self._store.queries.inbox(session_id):
+            if item.id == inbox_id:
+                return item
+        raise ConflictError(f"inbox item {inbox_id} is not pending", resource="inbox")
+
+    async def _apply(self, *events: ev.Event) -> None:
+        try:
+            await self._store.append(Command.of(*events))
+        except ProjectionConflict as exc:
+            raise ConflictError(str(exc), resource="inbox") from None
+
+
+def select_promotable(pending: Sequence[InboxItem], scope: Scope) -> list[InboxItem]:
+    """Which pending items a promotion at ``scope`` delivers, in delivery order.
+
+    ``pending`` is in enqueue order. Control items are never chosen and stop
+    every walk: later input must not cross them.
+    """
+    steers: list[InboxItem] = []
+    for item in pending:
+        if item.type in CONTROL_TYPES:
+            break
+        if item.delivery == "steer":
+            steers.append(item)
+    steer_pending = any(i.delivery == "steer" and i.type not in CONTROL_TYPES for i in pending)
+    if steer_pending or scope == "steer":
+        return steers
+    for item in pending:
+        if item.type in CONTROL_TYPES:
+            return []
+        # No steer is pending, so the first non-control item is the oldest queued one.
+        return [item]
+    return []
+
+
+def _compact(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+async def _materialise(files: Sequence[FileInput]) -> list[dict[str, Any]]:
+    """Turn attachments into inline base64 data, as they are admitted."""
+    out = []
+    for index, file in enumerate(files):
+        field = f"files[{index}]"
+        if file.data is not None:
+            data = _checked_base64(file.data, field=f"{field}.data")
+            source: dict[str, Any] = {"type": "inline"}
+        else:
+            assert file.uri is not None
+            data = await _read_uri(file.uri, field=f"{field}.uri")
+            source = {"type": "uri", "uri": file.uri}
+        out.append(_compact({"data": data, "mime": file.mime, "source": source, "name": file.name}))
+    return out
+
+
+def _checked_base64(text: str, *, field: str) -> str:
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequestError(
+            f"{field} is not valid base64", kind="file", field=field
+        ) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise InvalidRequestError(
+            f"{field} is larger than {MAX_FILE_BYTES} bytes", kind="file", field=field
+        )
+    return text
+
+
+async def _read_uri(uri: str, *, field: str) -> str:
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.scheme == "data":
+        header, sep, body = parsed.path.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise InvalidRequestError(
+                f"{field}: only base64 data URLs are accepted", kind="file", field=field
+            )
+        return _checked_base64(body, field=field)
+    if parsed.scheme == "file":
+        path = Path(urllib.parse.unquote(parsed.path))
+        try:
+            # A bounded, local read: short enough for a worker thread.
+            raw = await asyncio.to_thread(_read_bounded, path)
+        except OSError as exc:
+            raise InvalidRequestError(
+                f"{field}: cannot read {path}: {exc.strerror}", kind="file", field=field
+            ) from None
+        return base64.b64encode(raw).decode("ascii")
+    raise InvalidRequestError(
+        f"{field}: unsupported scheme {parsed.scheme!r} (use file: or data:)",
+        kind="file",
+        field=field,
+    )
+
+
+def _read_bounded(path: Path) -> bytes:
+    with path.open("rb") as f:
+        raw = f.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise OSError(27, "file too large")
+    return raw

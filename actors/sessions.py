@@ -1,0 +1,262 @@
+"""The in-process session facade: every session operation, keyed by id.
+
+This is what the HTTP server and an embedding program call. It owns the
+admission policy (through :class:`~actors.inbox.Inbox`), the session
+lifecycle events and the projection reads; it does not run anything itself:
+scheduling is the ``wake`` hook's job (the execution supervisor provides it).
+
+Errors are the public tagged errors of :mod:`protocol.errors`; storage
+conflicts are translated here.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime
+import os
+from typing import Any, Final
+
+from actors._keyed_lock import KeyedLock
+from actors.inbox import Inbox, Scope, WakeHook
+from protocol import events as ev
+from protocol import ids
+from protocol.cursor import (
+    MessageAnchor,
+    MessageCursor,
+    SessionCursor,
+    SessionQuery,
+    decode_cursor,
+)
+from protocol.errors import (
+    ConflictError,
+    InvalidCursorError,
+    InvalidRequestError,
+    MessageNotFoundError,
+    SessionNotFoundError,
+)
+from protocol.requests import (
+    CreateSessionInput,
+    PromptInput,
+    SyntheticInput,
+    UpdateSessionInput,
+)
+from protocol.shapes import (
+    Delivery,
+    InboxItem,
+    Location,
+    ModelRef,
+    Order,
+    Page,
+    Session,
+    SessionMessage,
+)
+from storage import AppendConflictError, Command, ProjectionConflict, SQLiteStore
+
+__all__ = ["MAX_PAGE", "Sessions", "no_wake"]
+
+MAX_PAGE: Final = 200
+DEFAULT_PAGE: Final = 50
+
+
+def no_wake(session_id: str, scope: Scope) -> None:
+    """The wake hook of a runtime that records input but runs nothing."""
+
+
+class Sessions:
+    def __init__(
+        self,
+        store: SQLiteStore,
+        *,
+        wake: WakeHook = no_wake,
+        default_directory: str | None = None,
+    ) -> None:
+        self._store = store
+        self._locks = KeyedLock()
+        self.inbox = Inbox(store, wake, self._locks)
+        self._default_directory = default_directory or os.getcwd()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def create(self, request: CreateSessionInput | None = None) -> Session:
+        """Create a session; reusing an existing id adopts that session."""
+        request = request or CreateSessionInput()
+        session_id = request.id or ids.session_id()
+        if request.id is not None:
+            existing = await self._store.queries.session(session_id)
+            if existing is not None:
+                return existing
+        if request.parent_id is not None and not await self._exists(request.parent_id):
+            raise SessionNotFoundError(request.parent_id)
+        directory = (request.location or Location(directory=self._default_directory)).directory
+        if not os.path.isabs(directory):
+            raise InvalidRequestError(
+                "location.directory must be an absolute path", field="location.directory"
+            )
+        event = ev.SessionCreated(
+            session_id=session_id,
+            parent_id=request.parent_id,
+            title=request.title or _default_title(),
+            agent=request.agent,
+            model=request.model,
+            location=Location(directory=directory),
+            metadata=request.metadata,
+        )
+        try:
+            await self._store.append(Command.of(event, expected={session_id: 0}))
+        except AppendConflictError:
+            # A concurrent create of the same id won: adopt it. If no session
+            # is projected the id belonged to a deleted session and is spent.
+            adopted = await self._store.queries.session(session_id)
+            if adopted is None:
+                raise ConflictError(
+                    f"session id {session_id} was used by a deleted session", resource="session"
+                ) from None
+            return adopted
+        return await self.get(session_id)
+
+    async def get(self, session_id: str) -> Session:
+        ids.validate("ses", session_id, field="sessionID")
+        session = await self._store.queries.session(session_id)
+        if session is None:
+            raise SessionNotFoundError(session_id)
+        return session
+
+    async def list(
+        self, query: SessionQuery | None = None, *, cursor: str | None = None
+    ) -> Page[Session]:
+        """A page of sessions: a fresh ``query``, or a ``cursor`` from a previous page."""
+        if cursor is not None:
+            if query is not None:
+                raise InvalidRequestError("a continuation takes only the cursor", field="cursor")
+            decoded = decode_cursor(SessionCursor, cursor)
+            _check_limit(decoded.query.limit, cursor=True)
+            return await self._store.queries.sessions(decoded.query, decoded.anchor)
+        query = query or SessionQuery()
+        _check_limit(query.limit)
+        if query.parent_id is not None:
+            ids.validate("ses", query.parent_id, field="parentID")
+        return await self._store.queries.sessions(query, None)
+
+    async def update(self, session_id: str, request: UpdateSessionInput) -> None:
+        await self.get(session_id)
+        events: builtins.list[ev.Event] = []
+        if request.title is not None:
+            events.append(ev.SessionRenamed(session_id=session_id, title=request.title))
+        if request.metadata is not None:
+            events.append(ev.MetadataUpdated(session_id=session_id, metadata=request.metadata))
+        await self._apply(session_id, *events)
+
+    async def remove(self, session_id: str) -> None:
+        """Delete a session and all its descendants in one transaction."""
+        await self.get(session_id)
+        doomed: builtins.list[str] = []
+        frontier = [session_id]
+        while frontier:
+            current = frontier.pop()
+            doomed.append(current)
+            frontier.extend(await self._store.queries.children(current))
+        await self._apply(session_id, *(ev.SessionDeleted(session_id=s) for s in reversed(doomed)))
+
+    async def switch_agent(self, session_id: str, agent: str) -> None:
+        """Select ``agent``; a running step keeps its agent, the next one uses this."""
+        if not agent:
+            raise InvalidRequestError("agent must not be empty", field="agent")
+        session = await self.get(session_id)
+        if session.agent != agent:
+            await self._apply(
+                session_id,
+                ev.AgentSelected(session_id=session_id, agent=agent, previous=session.agent),
+            )
+
+    async def switch_model(self, session_id: str, model: ModelRef) -> None:
+        session = await self.get(session_id)
+        if session.model != model:
+            await self._apply(
+                session_id,
+                ev.ModelSelected(session_id=session_id, model=model, previous=session.model),
+            )
+
+    # -- input ----------------------------------------------------------------------------------
+
+    async def prompt(self, session_id: str, request: PromptInput) -> InboxItem:
+        return await self.inbox.prompt(session_id, request)
+
+    async def synthetic(self, session_id: str, request: SyntheticInput) -> InboxItem:
+        return await self.inbox.synthetic(session_id, request)
+
+    async def pending(self, session_id: str) -> builtins.list[InboxItem]:
+        return await self.inbox.pending(session_id)
+
+    async def cancel(self, session_id: str, inbox_id: str) -> None:
+        await self.inbox.cancel(session_id, inbox_id)
+
+    async def change_delivery(self, session_id: str, inbox_id: str, delivery: Delivery) -> None:
+        await self.inbox.change_delivery(session_id, inbox_id, delivery)
+
+    async def promote(self, session_id: str, scope: Scope) -> int:
+        return len(await self.inbox.promote(session_id, scope))
+
+    # -- transcript -----------------------------------------------------------------------------
+
+    async def messages(
+        self,
+        session_id: str,
+        *,
+        order: Order | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[SessionMessage]:
+        await self.get(session_id)
+        anchor: MessageAnchor | None = None
+        if cursor is not None:
+            if order is not None or limit is not None:
+                raise InvalidRequestError("a continuation takes only the cursor", field="cursor")
+            decoded = decode_cursor(MessageCursor, cursor)
+            if decoded.session_id != session_id:
+                raise InvalidCursorError("cursor belongs to another session")
+            _check_limit(decoded.limit, cursor=True)
+            order, limit, anchor = decoded.order, decoded.limit, decoded.anchor
+        limit = DEFAULT_PAGE if limit is None else limit
+        _check_limit(limit)
+        return await self._store.queries.messages(session_id, order or "desc", limit, anchor)
+
+    async def message(self, session_id: str, message_id: str) -> SessionMessage:
+        await self.get(session_id)
+        ids.validate("msg", message_id, field="messageID")
+        message = await self._store.queries.message(session_id, message_id)
+        if message is None:
+            # Never say whether the id exists in some other session.
+            raise MessageNotFoundError(session_id, message_id)
+        return message
+
+    async def context(self, session_id: str) -> builtins.list[SessionMessage]:
+        """The model-visible history: messages after the last compaction (all, for now)."""
+        await self.get(session_id)
+        return await self._store.queries.context(session_id)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    async def _exists(self, session_id: str) -> bool:
+        return await self._store.queries.session(session_id) is not None
+
+    async def _apply(self, session_id: str, *events: ev.Event) -> None:
+        if not events:
+            return
+        try:
+            await self._store.append(Command.of(*events))
+        except ProjectionConflict as exc:
+            if exc.reason == "session.missing":
+                raise SessionNotFoundError(session_id) from None
+            raise ConflictError(str(exc), resource="session") from None
+
+
+def _check_limit(limit: Any, *, cursor: bool = False) -> None:
+    if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        if cursor:
+            raise InvalidCursorError()
+        raise InvalidRequestError(f"limit must be between 1 and {MAX_PAGE}", field="limit")
+
+
+def _default_title() -> str:
+    now = datetime.datetime.now(datetime.UTC)
+    return "New session - " + now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
