@@ -1,0 +1,148 @@
+"""SQLite-specific behaviour of the store: files, pragmas, locks, lifecycle, migrations."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from protocol import Location
+from protocol import events as ev
+from storage import (
+    SCHEMA_VERSION,
+    Command,
+    RecordedEvent,
+    SQLiteStore,
+    StorageBrokenError,
+    StoreClosedError,
+    StoreLockedError,
+)
+
+
+def created(session_id: str) -> ev.SessionCreated:
+    return ev.SessionCreated(session_id=session_id, title="t", location=Location(directory="/"))
+
+
+async def test_events_survive_reopening(db_path: Path) -> None:
+    async with SQLiteStore(db_path) as store:
+        written = await store.append(Command.of(created("ses_a")))
+    async with SQLiteStore(db_path) as store:
+        assert await store.read("ses_a") == written
+        more = await store.append(Command.of(created("ses_b")))
+        assert more[0].position == written[0].position + 1
+
+
+async def test_the_file_is_wal_with_full_sync_by_default(store: SQLiteStore) -> None:
+    async with store.reader() as conn:
+        rows = list(await conn.execute_fetchall("PRAGMA journal_mode"))
+    assert rows[0][0] == "wal"
+    assert store.synchronous == "FULL"
+
+
+async def test_readers_are_read_only(store: SQLiteStore) -> None:
+    with pytest.raises(sqlite3.OperationalError):
+        await store.fetch("DELETE FROM event")
+
+
+async def test_subscribers_are_told_only_after_commit(store: SQLiteStore, db_path: Path) -> None:
+    visible: list[int] = []
+
+    def check(records: list[RecordedEvent]) -> None:
+        # An independent connection sees the rows: they are committed.
+        conn = sqlite3.connect(db_path)
+        try:
+            visible.append(conn.execute("SELECT count(*) FROM event").fetchone()[0])
+        finally:
+            conn.close()
+
+    store.subscribe(check)  # type: ignore[arg-type]
+    await store.append(Command.of(created("ses_a")))
+    assert visible == [1]
+
+
+async def test_a_second_process_cannot_open_the_writer(store: SQLiteStore, db_path: Path) -> None:
+    with pytest.raises(StoreLockedError):
+        async with SQLiteStore(db_path):
+            pass
+
+
+async def test_lifecycle_is_explicit(db_path: Path) -> None:
+    store = SQLiteStore(db_path)
+    with pytest.raises(StoreClosedError):
+        await store.append(Command.of(created("ses_a")))
+    async with store:
+        with pytest.raises(StoreClosedError):
+            await store.open()
+    assert not store.is_open
+    with pytest.raises(StoreClosedError):
+        await store.append(Command.of(created("ses_a")))
+    with pytest.raises(StoreClosedError):
+        await store.read("ses_a")
+    await store.close()  # closing twice is harmless
+
+
+async def test_close_waits_for_submitted_commands(db_path: Path) -> None:
+    store = SQLiteStore(db_path)
+    await store.open()
+    appends = [
+        asyncio.ensure_future(store.append(Command.of(created(f"ses_{i}")))) for i in range(200)
+    ]
+    await asyncio.sleep(0)  # let every append enter the queue
+    await store.close()
+    results = await asyncio.gather(*appends)
+    assert len(results) == 200
+    async with SQLiteStore(db_path) as reopened:
+        assert len(await reopened.read_all(limit=1000)) == 200
+
+
+async def test_cancelling_an_appender_does_not_withdraw_its_command(db_path: Path) -> None:
+    async with SQLiteStore(db_path) as store:
+        task = asyncio.ensure_future(store.append(Command.of(created("ses_a"))))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await store.append(Command.of(created("ses_b")))  # queued behind it
+        assert await store.last_seq("ses_a") == 1
+
+
+async def test_schema_version_is_recorded_once(db_path: Path) -> None:
+    async with SQLiteStore(db_path):
+        pass
+    async with SQLiteStore(db_path) as store:
+        rows = await store.fetch("SELECT version FROM schema_version")
+    assert [tuple(r) for r in rows] == [(SCHEMA_VERSION,)]
+
+
+async def test_a_newer_schema_is_refused(db_path: Path) -> None:
+    async with SQLiteStore(db_path):
+        pass
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(StorageBrokenError, match="newer"):
+        async with SQLiteStore(db_path):
+            pass
+
+
+async def test_unknown_stored_types_are_read_but_not_decoded(
+    store: SQLiteStore, db_path: Path
+) -> None:
+    await store.append(Command.of(created("ses_a")))
+    await store.close()
+    conn = sqlite3.connect(db_path)
+    conn.execute(
+        "INSERT INTO event (id, aggregate_id, seq, type, created, data)"
+        " VALUES ('evt_future', 'ses_a', 2, 'session.future.7', 1, '{}')"
+    )
+    conn.commit()
+    conn.close()
+    async with SQLiteStore(db_path) as reopened:
+        records = await reopened.read("ses_a")
+        assert [r.event is None for r in records] == [False, True]
+        # The writer continues after the unknown row: seq stays gapless.
+        more = await reopened.append(Command.of(ev.SessionRenamed(session_id="ses_a", title="x")))
+        assert more[0].seq == 3
