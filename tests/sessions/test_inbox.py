@@ -338,3 +338,24 @@ async def test_metadata_that_json_cannot_hold_is_refused_up_front() -> None:
     with pytest.raises(InvalidRequestError) as info:
         PromptInput(text="x", metadata={"n": 2**80})
     assert info.value.fields["field"] == "metadata"
+
+
+async def test_recorded_synthetic_messages_join_the_transcript_directly(
+    sessions: Sessions, store: SQLiteStore
+) -> None:
+    from protocol import events as ev
+    from storage import Command, ProjectionConflict
+
+    s = await sessions.create()
+    note = ev.SyntheticRecorded(
+        session_id=s.id, message_id="msg_note", text="Continuing", description="restart"
+    )
+    await store.append(Command.of(note))
+    [message] = await sessions.context(s.id)
+    assert isinstance(message, SyntheticMessage)
+    assert (message.id, message.text, message.description) == ("msg_note", "Continuing", "restart")
+    # The id is taken: neither a second record nor a user prompt may reuse it.
+    with pytest.raises(ProjectionConflict):
+        await store.append(Command.of(note))
+    with pytest.raises(ConflictError):
+        await sessions.prompt(s.id, PromptInput(id="msg_note", text="x"))

@@ -1,0 +1,25 @@
+"""The actor runtime's core: asyncio actors, and pykka threads for blocking work.
+
+- :class:`Actor`, :class:`ActorRef`, :class:`ActorRegistry`: actors on the
+  event loop, each a mailbox drained by a task that exists only while there is
+  something to handle (``_actor``, ``_mailbox``, ``_ref``, ``_registry``).
+- :class:`BlockingRunner`: blocking callables on pykka ``ThreadingActor``
+  children, reporting back with ``loop.call_soon_threadsafe`` (``_threaded``).
+- :class:`ActorError`, :class:`ActorDeadError`: what the runtime raises on its
+  own behalf (``_exceptions``).
+"""
+
+from actors._actor import Actor
+from actors._exceptions import ActorDeadError, ActorError
+from actors._ref import ActorRef
+from actors._registry import ActorRegistry
+from actors._threaded import BlockingRunner
+
+__all__ = [
+    "Actor",
+    "ActorDeadError",
+    "ActorError",
+    "ActorRef",
+    "ActorRegistry",
+    "BlockingRunner",
+]

@@ -1,0 +1,130 @@
+"""Actor: the base class for asyncio actors (supervisor, sessions, store front).
+
+Subclass :class:`Actor`, override the hooks, and start it::
+
+    class Counter(Actor):
+        def __init__(self, start: int) -> None:
+            self.count = start
+
+        async def on_receive(self, message: object) -> object:
+            match message:
+                case Add(n=n):
+                    self.count += n
+                    return None
+                case Get():
+                    return self.count
+            return await super().on_receive(message)
+
+    ref = await Counter.start(0)
+    ref.tell(Add(n=2))
+    assert await ref.ask(Get()) == 2
+    await ref.stop()
+
+The shape is pykka's, so the same mental model serves the threads at the
+blocking edge, but every hook is a coroutine: an actor on the event loop waits
+by awaiting (the store, a provider stream, a blocking job through
+``BlockingRunner``) and must never block. For the same reason ``start`` is a
+coroutine: it returns only after ``on_start`` has completed and the actor is
+registered, so whoever holds a ref holds a ready actor and an ``on_start``
+failure is raised to the code that asked for the actor, not logged somewhere.
+
+Unlike pykka, ``__init__`` needs no ``super().__init__()`` call: the runtime
+attaches the ref after construction, so ``actor_ref`` is available from
+``on_start`` on. The mailbox and the error policy are described in
+:mod:`actors._mailbox`.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any, ParamSpec, Self, TypeVar
+
+from actors import _registry
+from actors._mailbox import Mailbox
+from actors._ref import ActorRef
+
+__all__ = ["Actor"]
+
+_log = logging.getLogger("actors")
+
+P = ParamSpec("P")
+A = TypeVar("A", bound="Actor")
+
+
+class Actor:
+    """Base class for an asyncio actor; subclasses override the ``on_*`` hooks.
+
+    Hooks run one at a time, in the actor's own task, never concurrently:
+    ``on_start`` once, then ``on_receive`` per message (and ``on_failure`` for a
+    told message whose handler raised), then ``on_stop`` once.
+    """
+
+    _actor_ref: ActorRef[Any] | None = None
+
+    @classmethod
+    async def start(cls: Callable[P, A], *args: P.args, **kwargs: P.kwargs) -> ActorRef[A]:
+        """Construct the actor with the given arguments, run ``on_start``, register it.
+
+        Must be awaited on the event loop the actor will live on.
+
+        Raises:
+            Exception: whatever ``on_start`` raised; the actor is then never
+                registered and ``on_stop`` does not run.
+        """
+        actor = cls(*args, **kwargs)
+        urn = uuid.uuid4().urn
+        actor_class = type(actor)
+        mailbox = Mailbox(actor, name=f"{actor_class.__name__} ({urn})")
+        ref = ActorRef(mailbox, actor_class, urn)
+        actor._actor_ref = ref
+        await mailbox.start(
+            register=lambda: _registry.register(ref),
+            unregister=lambda: _registry.unregister(ref),
+        )
+        return ref
+
+    @property
+    def actor_ref(self) -> ActorRef[Self]:
+        """This actor's ref, for telling itself or handing itself to others."""
+        if self._actor_ref is None:
+            raise RuntimeError(f"{type(self).__name__} has no ref before start()")
+        return self._actor_ref
+
+    @property
+    def actor_urn(self) -> str:
+        """This actor's unique id (see ``ActorRegistry.get_by_urn``)."""
+        return self.actor_ref.actor_urn
+
+    def __str__(self) -> str:
+        if self._actor_ref is None:
+            return f"{type(self).__name__} (not started)"
+        return f"{type(self).__name__} ({self._actor_ref.actor_urn})"
+
+    async def on_start(self) -> None:
+        """Prepare the actor; runs before any message is handled.
+
+        Raising aborts ``start``, which re-raises the exception.
+        """
+
+    async def on_stop(self) -> None:
+        """Release what the actor holds; runs once, after the last handler finished
+        or was cancelled by ``stop``. Exceptions are logged and otherwise ignored.
+        """
+
+    async def on_failure(self, exc: Exception) -> None:
+        """Handle an exception raised by ``on_receive`` for a *told* message.
+
+        The default logs it. The actor keeps running afterwards; if this hook
+        raises, the actor is considered broken and stops.
+        """
+        _log.error("%s failed to handle a told message", self, exc_info=exc)
+
+    async def on_receive(self, message: object) -> Any:
+        """Handle one message; the return value is the reply to an ``ask``.
+
+        The default raises :class:`TypeError`, so end a ``match`` over the
+        messages you handle with ``return await super().on_receive(message)``.
+        """
+        raise TypeError(f"{type(self).__name__} does not handle {message!r}")
