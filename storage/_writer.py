@@ -13,8 +13,9 @@ nothing else pykka offers.
 
 The writer keeps the latest seq of each aggregate it has touched and the next
 global position in memory (it is the only writer: a file lock keeps other
-processes out), and restores them when a SAVEPOINT or the whole batch is
-rolled back.
+processes out). Each command records what it changed in an undo list, so a
+rolled-back SAVEPOINT restores exactly those entries, whatever the number of
+sessions; a failed COMMIT drops the whole cache, which then reloads lazily.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from storage import schema
 from storage.errors import (
     AppendConflictError,
     DivergedError,
-    ProjectionConflict,
     SeqConflictError,
     StorageBrokenError,
     StoreLockedError,
@@ -63,7 +63,16 @@ class Outcome:
     publish: bool = True
 
 
-Batch = list[Command]
+@attrs.frozen
+class Prepared:
+    """A command with each event's stored type and encoded data, computed on
+    the producer's side so the writer thread spends its time on SQL only."""
+
+    command: Command
+    encoded: tuple[tuple[str, str], ...]
+
+
+Batch = list[Prepared]
 Done = Callable[[list[Outcome]], None]
 
 
@@ -165,16 +174,15 @@ class Writer:
     def _commit(self, batch: Batch) -> list[Outcome]:
         conn = self._conn
         assert conn is not None
-        seqs_before = dict(self._seqs)
         position_before = self._position
         try:
             conn.execute("BEGIN IMMEDIATE")
-            outcomes = [self._apply(conn, command) for command in batch]
+            outcomes = [self._apply(conn, prepared) for prepared in batch]
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-            self._seqs = seqs_before
+            self._seqs.clear()
             self._position = position_before
             broken = StorageBrokenError(f"commit failed: {exc}")
             return [Outcome(error=broken) for _ in batch]
@@ -189,16 +197,17 @@ class Writer:
             seq = self._seqs[aggregate_id] = int(row[0])
         return seq
 
-    def _apply(self, conn: sqlite3.Connection, command: Command) -> Outcome:
-        seqs_before = dict(self._seqs)
+    def _apply(self, conn: sqlite3.Connection, prepared: Prepared) -> Outcome:
+        command = prepared.command
         position_before = self._position
+        undo: list[tuple[str, int | None]] = []
         conn.execute("SAVEPOINT command")
         try:
-            replay = self._check_expected(conn, command)
+            replay = self._check_expected(conn, prepared)
             if replay is not None:
                 conn.execute("RELEASE command")
                 return Outcome(records=replay, publish=False)
-            records = self._insert(conn, command.events)
+            records = self._insert(conn, command.events, prepared.encoded, undo)
             conn.execute("RELEASE command")
             return Outcome(records=records)
         except (AppendConflictError, sqlite3.IntegrityError, ValueError, TypeError) as exc:
@@ -206,16 +215,21 @@ class Writer:
             # command, like a conflict, instead of taking the batch down with it.
             conn.execute("ROLLBACK TO command")
             conn.execute("RELEASE command")
-            self._seqs = seqs_before
+            for aggregate_id, seq in reversed(undo):
+                if seq is None:
+                    self._seqs.pop(aggregate_id, None)
+                else:
+                    self._seqs[aggregate_id] = seq
             self._position = position_before
             if isinstance(exc, sqlite3.IntegrityError):
                 exc = AppendConflictError(f"constraint violated: {exc}")
             return Outcome(error=exc)
 
     def _check_expected(
-        self, conn: sqlite3.Connection, command: Command
+        self, conn: sqlite3.Connection, prepared: Prepared
     ) -> list[RecordedEvent] | None:
         """Raise on a seq mismatch; return stored records for an exact replay."""
+        command = prepared.command
         if not command.expected:
             return None
         mismatched = {
@@ -225,7 +239,7 @@ class Writer:
         }
         if not mismatched:
             return None
-        stored = self._stored_replay(conn, command)
+        stored = self._stored_replay(conn, prepared)
         if stored is not None:
             return stored
         agg, (want, actual) = next(iter(mismatched.items()))
@@ -234,17 +248,18 @@ class Writer:
         raise DivergedError(agg, want + 1, "another event is stored at this seq")
 
     def _stored_replay(
-        self, conn: sqlite3.Connection, command: Command
+        self, conn: sqlite3.Connection, prepared: Prepared
     ) -> list[RecordedEvent] | None:
         """The stored records if ``command`` was already committed exactly as given.
 
         Events are found by id; a replay must match each stored event's aggregate,
         type and data, and sit at the seqs the command expected.
         """
+        command = prepared.command
         assert command.expected is not None
         next_seq = dict(command.expected)
         records = []
-        for new in command.events:
+        for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
             row = conn.execute(
                 "SELECT position, aggregate_id, seq, type, created, data FROM event WHERE id = ?",
                 (new.id,),
@@ -253,31 +268,58 @@ class Writer:
                 return None
             agg = new.aggregate_id
             want = next_seq.get(agg)
-            candidate = RecordedEvent.from_new(new, position=int(row[0]), seq=int(row[2]))
-            if (row[1], row[3], row[5]) != (agg, candidate.type, candidate.data) or (
+            if (row[1], row[3], row[5]) != (agg, type_, data) or (
                 want is not None and int(row[2]) != want + 1
             ):
                 raise DivergedError(agg, int(row[2]), "id reused with other content or seq")
             next_seq[agg] = int(row[2])
-            records.append(attrs.evolve(candidate, created=int(row[4])))
+            records.append(
+                RecordedEvent(
+                    position=int(row[0]),
+                    id=new.id,
+                    aggregate_id=agg,
+                    seq=int(row[2]),
+                    type=type_,
+                    created=int(row[4]),
+                    data=data,
+                    event=new.event,
+                )
+            )
         return records
 
-    def _insert(self, conn: sqlite3.Connection, events: Sequence[NewEvent]) -> list[RecordedEvent]:
+    def _insert(
+        self,
+        conn: sqlite3.Connection,
+        events: Sequence[NewEvent],
+        encoded: Sequence[tuple[str, str]],
+        undo: list[tuple[str, int | None]],
+    ) -> list[RecordedEvent]:
         records = []
-        for new in events:
-            seq = self._seq(conn, new.aggregate_id) + 1
-            self._seqs[new.aggregate_id] = seq
+        for new, (type_, data) in zip(events, encoded, strict=True):
+            agg = new.aggregate_id
+            undo.append((agg, self._seqs.get(agg)))
+            seq = self._seq(conn, agg) + 1
+            self._seqs[agg] = seq
             self._position += 1
-            records.append(RecordedEvent.from_new(new, position=self._position, seq=seq))
-        conn.executemany(
-            _INSERT_EVENT,
-            [(r.position, r.id, r.aggregate_id, r.seq, r.type, r.created, r.data) for r in records],
-        )
+            record = RecordedEvent(
+                position=self._position,
+                id=new.id,
+                aggregate_id=agg,
+                seq=seq,
+                type=type_,
+                created=new.created,
+                data=data,
+                event=new.event,
+            )
+            records.append(record)
+            conn.execute(
+                _INSERT_EVENT, (self._position, new.id, agg, seq, type_, new.created, data)
+            )
         for record in records:
             for op in project(record):
                 cursor = conn.execute(op.sql, op.params)
                 if op.expect is not None and cursor.rowcount != op.expect:
-                    raise ProjectionConflict(op.reason, op.message)
+                    raise op.conflict()
         return records
 
 

@@ -21,11 +21,24 @@ import orjson
 
 from protocol import codec
 from protocol import events as ev
+from storage.errors import ProjectionConflict
 from storage.recorder import RecordedEvent
 
 __all__ = ["Op", "project"]
 
 E = TypeVar("E", bound=ev.Event)
+
+
+# Conflict messages are formatted only when a conflict happens: building one
+# per op on the hot path would cost more than the op's own bookkeeping.
+_MESSAGES: Final = {
+    "session.missing": "session {} does not exist",
+    "session.exists": "session {} already exists",
+    "inbox.id-taken": "inbox id {} is already pending or delivered",
+    "inbox.not-pending": "inbox item {} is not pending",
+    "inbox.delivery-unchanged": "inbox item {} is not pending with the other delivery mode",
+    "message.id-taken": "message id {} is already used",
+}
 
 
 @attrs.frozen
@@ -34,8 +47,12 @@ class Op:
     params: tuple[Any, ...]
     #: Exact row count the statement must affect, or None for "any".
     expect: int | None = None
+    #: Stable code of the rule the expectation enforces (see _MESSAGES).
     reason: str = ""
-    message: str = ""
+    subject: str = ""
+
+    def conflict(self) -> ProjectionConflict:
+        return ProjectionConflict(self.reason, _MESSAGES[self.reason].format(self.subject))
 
 
 def _json(value: Any) -> str | None:
@@ -48,7 +65,7 @@ def _touch(rec: RecordedEvent) -> Op:
         (rec.created, rec.aggregate_id),
         expect=1,
         reason="session.missing",
-        message=f"session {rec.aggregate_id} does not exist",
+        subject=rec.aggregate_id,
     )
 
 
@@ -71,40 +88,43 @@ def _created(rec: RecordedEvent, e: ev.SessionCreated) -> tuple[Op, ...]:
             ),
             expect=1,
             reason="session.exists",
-            message=f"session {e.session_id} already exists",
+            subject=e.session_id,
         ),
     )
 
 
-def _set(column: str, value: Any) -> Callable[[RecordedEvent], tuple[Op, ...]]:
-    def ops(rec: RecordedEvent) -> tuple[Op, ...]:
-        return (
-            Op(
-                f"UPDATE session SET {column} = ?, time_updated = ? WHERE id = ?",
-                (value, rec.created, rec.aggregate_id),
-                expect=1,
-                reason="session.missing",
-                message=f"session {rec.aggregate_id} does not exist",
-            ),
-        )
+_SET: Final = {
+    column: f"UPDATE session SET {column} = ?, time_updated = ? WHERE id = ?"
+    for column in ("title", "metadata", "agent", "model")
+}
 
-    return ops
+
+def _set(rec: RecordedEvent, column: str, value: Any) -> tuple[Op, ...]:
+    return (
+        Op(
+            _SET[column],
+            (value, rec.created, rec.aggregate_id),
+            expect=1,
+            reason="session.missing",
+            subject=rec.aggregate_id,
+        ),
+    )
 
 
 def _renamed(rec: RecordedEvent, e: ev.SessionRenamed) -> tuple[Op, ...]:
-    return _set("title", e.title)(rec)
+    return _set(rec, "title", e.title)
 
 
 def _metadata(rec: RecordedEvent, e: ev.MetadataUpdated) -> tuple[Op, ...]:
-    return _set("metadata", _json(e.metadata))(rec)
+    return _set(rec, "metadata", _json(e.metadata))
 
 
 def _agent(rec: RecordedEvent, e: ev.AgentSelected) -> tuple[Op, ...]:
-    return _set("agent", e.agent)(rec)
+    return _set(rec, "agent", e.agent)
 
 
 def _model(rec: RecordedEvent, e: ev.ModelSelected) -> tuple[Op, ...]:
-    return _set("model", _json(e.model))(rec)
+    return _set(rec, "model", _json(e.model))
 
 
 def _deleted(rec: RecordedEvent, e: ev.SessionDeleted) -> tuple[Op, ...]:
@@ -115,7 +135,7 @@ def _deleted(rec: RecordedEvent, e: ev.SessionDeleted) -> tuple[Op, ...]:
             (e.session_id,),
             expect=1,
             reason="session.missing",
-            message=f"session {e.session_id} does not exist",
+            subject=e.session_id,
         ),
     )
 
@@ -141,7 +161,7 @@ def _enqueued(rec: RecordedEvent, e: ev.InboxEnqueued) -> tuple[Op, ...]:
             ),
             expect=1,
             reason="inbox.id-taken",
-            message=f"inbox id {e.inbox_id} is already pending or delivered",
+            subject=e.inbox_id,
         ),
     )
 
@@ -166,7 +186,7 @@ def _delivered(rec: RecordedEvent, e: ev.InboxDelivered) -> tuple[Op, ...]:
             (e.inbox_id, e.session_id),
             expect=1,
             reason="inbox.not-pending",
-            message=f"inbox item {e.inbox_id} is not pending",
+            subject=e.inbox_id,
         ),
     )
 
@@ -179,7 +199,7 @@ def _cancelled(rec: RecordedEvent, e: ev.InboxCancelled) -> tuple[Op, ...]:
             (e.inbox_id, e.session_id),
             expect=1,
             reason="inbox.not-pending",
-            message=f"inbox item {e.inbox_id} is not pending",
+            subject=e.inbox_id,
         ),
     )
 
@@ -193,7 +213,7 @@ def _delivery_changed(rec: RecordedEvent, e: ev.InboxDeliveryChanged) -> tuple[O
             (e.delivery, e.inbox_id, e.session_id, e.delivery),
             expect=1,
             reason="inbox.delivery-unchanged",
-            message=f"inbox item {e.inbox_id} is not pending with the other delivery mode",
+            subject=e.inbox_id,
         ),
     )
 
@@ -220,7 +240,7 @@ def _synthetic(rec: RecordedEvent, e: ev.SyntheticRecorded) -> tuple[Op, ...]:
             ),
             expect=1,
             reason="message.id-taken",
-            message=f"message id {e.message_id} is already used",
+            subject=e.message_id,
         ),
     )
 

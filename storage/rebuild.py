@@ -62,9 +62,8 @@ def rebuild_projections(path: str) -> tuple[Dump, Dump]:
             for op in project(record):
                 cursor = target.execute(op.sql, op.params)
                 if op.expect is not None and cursor.rowcount != op.expect:
-                    raise ProjectionConflict(
-                        op.reason, f"replay of {record.id} failed: {op.message}"
-                    )
+                    conflict = op.conflict()
+                    raise ProjectionConflict(op.reason, f"replay of {record.id} failed: {conflict}")
         target.execute("COMMIT")
         source.execute("COMMIT")
         return stored, dump_projections(target)

@@ -24,7 +24,7 @@ from typing import Protocol
 import attrs
 
 from protocol import ids
-from protocol.events import Event, encode_data, stored_type
+from protocol.events import Event
 
 __all__ = [
     "Command",
@@ -79,19 +79,6 @@ class RecordedEvent:
     data: str
     #: Decoded value; None when this build does not know ``type``.
     event: Event | None
-
-    @classmethod
-    def from_new(cls, new: NewEvent, *, position: int, seq: int) -> RecordedEvent:
-        return cls(
-            position=position,
-            id=new.id,
-            aggregate_id=new.aggregate_id,
-            seq=seq,
-            type=stored_type(new.event),
-            created=new.created,
-            data=encode_data(new.event).decode(),
-            event=new.event,
-        )
 
 
 Subscriber = Callable[[Sequence[RecordedEvent]], None]

@@ -26,8 +26,8 @@ from typing import Any, Final, Self
 
 import aiosqlite
 
-from protocol.events import decode_event
-from storage._writer import Outcome, Synchronous, Writer
+from protocol.events import decode_event, encode_data, stored_type
+from storage._writer import Outcome, Prepared, Synchronous, Writer
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.queries import Queries, Row
 from storage.recorder import Command, RecordedEvent, Subscriber
@@ -59,9 +59,10 @@ class SQLiteStore:
         self._reader_count = readers
         self._state = _State.UNOPENED
         self._writer: Writer | None = None
-        self._pending: list[tuple[Command, asyncio.Future[list[RecordedEvent]]]] = []
+        self._pending: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]] = []
         self._inflight = False
-        self._batch: list[tuple[Command, asyncio.Future[list[RecordedEvent]]]] = []
+        self._flush_scheduled = False
+        self._batch: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]] = []
         self._drained = asyncio.Event()
         self._drained.set()
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
@@ -138,19 +139,31 @@ class SQLiteStore:
         self._check_open()
         if not command.events:
             return []
-        future: asyncio.Future[list[RecordedEvent]] = asyncio.get_running_loop().create_future()
-        self._pending.append((command, future))
-        if not self._inflight:
-            self._flush()
+        # Encoding here, on the loop, overlaps with the writer's fsync.
+        encoded = tuple(
+            (stored_type(new.event), encode_data(new.event).decode()) for new in command.events
+        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[RecordedEvent]] = loop.create_future()
+        self._pending.append((Prepared(command=command, encoded=encoded), future))
+        self._drained.clear()
+        if not self._inflight and not self._flush_scheduled:
+            # Flush on the next tick, not now: producers that are already
+            # runnable (typically everyone the last COMMIT just woke) get to
+            # join this batch instead of queueing behind a batch of one.
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
         return await future
 
     def _flush(self) -> None:
         assert self._writer is not None
+        self._flush_scheduled = False
+        if self._inflight or not self._pending:
+            return
         batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
         self._inflight = True
-        self._drained.clear()
         self._batch = batch
-        self._writer.submit([command for command, _ in batch])
+        self._writer.submit([prepared for prepared, _ in batch])
 
     def _batch_done(self, outcomes: list[Outcome]) -> None:
         batch, self._batch = self._batch, []
@@ -165,7 +178,9 @@ class SQLiteStore:
             elif not future.done():
                 future.set_exception(outcome.error or StorageBrokenError("no outcome"))
         if self._pending:
-            self._flush()
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
         else:
             self._drained.set()
         if published:
