@@ -13,7 +13,7 @@ Names and fields follow ``reference/opencode-v2.md`` §2.2.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import attrs
 import orjson
@@ -22,20 +22,44 @@ from protocol import codec
 from protocol.shapes import Delivery, InboxItemType, Location, ModelRef
 
 __all__ = [
+    "LIVE_TYPES",
     "REGISTRY",
     "AgentSelected",
     "EnqueuedItem",
+    "ErrorInfo",
     "Event",
+    "ExecutionFailed",
+    "ExecutionInterrupted",
+    "ExecutionStarted",
+    "ExecutionSucceeded",
     "InboxCancelled",
     "InboxDelivered",
     "InboxDeliveryChanged",
     "InboxEnqueued",
+    "InterruptReason",
     "MetadataUpdated",
     "ModelSelected",
+    "ReasoningDelta",
+    "ReasoningEnded",
+    "ReasoningStarted",
     "SessionCreated",
     "SessionDeleted",
     "SessionRenamed",
+    "StepEnded",
+    "StepFailed",
+    "StepStarted",
+    "StepTokens",
     "SyntheticRecorded",
+    "TextDelta",
+    "TextEnded",
+    "TextStarted",
+    "ToolCalled",
+    "ToolFailed",
+    "ToolInputDelta",
+    "ToolInputEnded",
+    "ToolInputStarted",
+    "ToolProgress",
+    "ToolSucceeded",
     "decode_event",
     "encode_data",
     "envelope",
@@ -142,6 +166,205 @@ class SyntheticRecorded(Event):
     metadata: Mapping[str, Any] | None = None
 
 
+# -- execution ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ErrorInfo:
+    """A session error: ``aborted``, ``provider.transport``, ``tool.error`` …"""
+
+    type: str
+    message: str
+
+
+InterruptReason = Literal["user", "shutdown", "superseded", "inactivity"]
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionStarted(Event):
+    """A busy period began here; commits the write-ahead claim with it."""
+
+    TYPE = "session.execution.started"
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionSucceeded(Event):
+    TYPE = "session.execution.succeeded"
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionFailed(Event):
+    TYPE = "session.execution.failed"
+    error: ErrorInfo
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionInterrupted(Event):
+    TYPE = "session.execution.interrupted"
+    reason: InterruptReason
+
+
+# -- steps ----------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class StepTokens:
+    input: int = 0
+    output: int = 0
+    reasoning: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class StepStarted(Event):
+    TYPE = "session.step.started"
+    assistant_message_id: str
+    agent: str
+    model: ModelRef
+    #: Dispatch time, epoch ms.
+    started: int
+
+
+@attrs.frozen(kw_only=True)
+class StepEnded(Event):
+    TYPE = "session.step.ended"
+    assistant_message_id: str
+    finish: str
+    cost: float = 0.0
+    tokens: StepTokens = attrs.field(factory=StepTokens)
+
+
+@attrs.frozen(kw_only=True)
+class StepFailed(Event):
+    TYPE = "session.step.failed"
+    assistant_message_id: str
+    error: ErrorInfo
+    finish: str | None = None
+    cost: float | None = None
+    tokens: StepTokens | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TextStarted(Event):
+    TYPE = "session.text.started"
+    assistant_message_id: str
+    ordinal: int
+
+
+@attrs.frozen(kw_only=True)
+class TextEnded(Event):
+    TYPE = "session.text.ended"
+    assistant_message_id: str
+    ordinal: int
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ReasoningStarted(Event):
+    TYPE = "session.reasoning.started"
+    assistant_message_id: str
+    ordinal: int
+
+
+@attrs.frozen(kw_only=True)
+class ReasoningEnded(Event):
+    TYPE = "session.reasoning.ended"
+    assistant_message_id: str
+    ordinal: int
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolInputStarted(Event):
+    TYPE = "session.tool.input.started"
+    assistant_message_id: str
+    id: str
+    name: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolInputEnded(Event):
+    TYPE = "session.tool.input.ended"
+    assistant_message_id: str
+    id: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolCalled(Event):
+    """Durable before the tool's side effects begin."""
+
+    TYPE = "session.tool.called"
+    assistant_message_id: str
+    id: str
+    name: str
+    input: Mapping[str, Any]
+    executed: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class ToolSucceeded(Event):
+    TYPE = "session.tool.success"
+    VERSION = 2
+    assistant_message_id: str
+    id: str
+    content: tuple[Mapping[str, Any], ...]
+    metadata: Mapping[str, Any] | None = None
+    executed: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class ToolFailed(Event):
+    TYPE = "session.tool.failed"
+    VERSION = 2
+    assistant_message_id: str
+    id: str
+    error: ErrorInfo
+    content: tuple[Mapping[str, Any], ...] | None = None
+    metadata: Mapping[str, Any] | None = None
+    executed: bool = True
+
+
+# -- live only: published to followers of the instance feed, never stored ------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TextDelta(Event):
+    TYPE = "session.text.delta"
+    DURABLE = False
+    assistant_message_id: str
+    ordinal: int
+    delta: str
+
+
+@attrs.frozen(kw_only=True)
+class ReasoningDelta(Event):
+    TYPE = "session.reasoning.delta"
+    DURABLE = False
+    assistant_message_id: str
+    ordinal: int
+    delta: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolInputDelta(Event):
+    TYPE = "session.tool.input.delta"
+    DURABLE = False
+    assistant_message_id: str
+    id: str
+    delta: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolProgress(Event):
+    TYPE = "session.tool.progress"
+    DURABLE = False
+    assistant_message_id: str
+    id: str
+    metadata: Mapping[str, Any]
+
+
 def stored_type(event: Event | type[Event]) -> str:
     """The versioned type the log stores: ``session.inbox.enqueued.1``."""
     return f"{event.TYPE}.{event.VERSION}"
@@ -161,7 +384,28 @@ REGISTRY: Mapping[str, type[Event]] = {
         InboxCancelled,
         InboxDeliveryChanged,
         SyntheticRecorded,
+        ExecutionStarted,
+        ExecutionSucceeded,
+        ExecutionFailed,
+        ExecutionInterrupted,
+        StepStarted,
+        StepEnded,
+        StepFailed,
+        TextStarted,
+        TextEnded,
+        ReasoningStarted,
+        ReasoningEnded,
+        ToolInputStarted,
+        ToolInputEnded,
+        ToolCalled,
+        ToolSucceeded,
+        ToolFailed,
     )
+}
+
+#: Live-only event types: never stored, so never in :data:`REGISTRY`.
+LIVE_TYPES: Mapping[str, type[Event]] = {
+    cls.TYPE: cls for cls in (TextDelta, ReasoningDelta, ToolInputDelta, ToolProgress)
 }
 
 

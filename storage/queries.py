@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
+import attrs
 import orjson
 
 from protocol import codec
@@ -22,6 +23,7 @@ from protocol.cursor import (
     encode_cursor,
 )
 from protocol.shapes import (
+    AssistantMessage,
     CacheTokens,
     FileAttachment,
     InboxItem,
@@ -39,9 +41,27 @@ from protocol.shapes import (
     UserMessage,
 )
 
-__all__ = ["Fetch", "Queries", "Row"]
+__all__ = ["Claim", "Fetch", "OpenToolCall", "Queries", "Row"]
 
 Row = Sequence[Any]
+
+
+@attrs.frozen(kw_only=True)
+class Claim:
+    session_id: str
+    parent_id: str | None
+    time_claimed: int
+    resume_attempts: int
+
+
+@attrs.frozen(kw_only=True)
+class OpenToolCall:
+    assistant_message_id: str
+    id: str
+    name: str
+    status: str
+
+
 Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Row]]]
 
 _SESSION_COLUMNS: Final = (
@@ -121,7 +141,7 @@ class Queries:
             None if anchor is None else anchor.direction,
             limit,
         )
-        items = [message_from_row(r) for r in rows]
+        items = await self._with_parts(rows)
 
         def link(m: SessionMessage, direction: Direction) -> str:
             a = MessageAnchor(id=m.id, seq=m.seq, direction=direction)
@@ -136,14 +156,62 @@ class Queries:
             f"SELECT {_MESSAGE_COLUMNS} FROM session_message WHERE id = ? AND session_id = ?",
             (message_id, session_id),
         )
-        return message_from_row(rows[0]) if rows else None
+        return (await self._with_parts(rows))[0] if rows else None
 
     async def context(self, session_id: str) -> list[SessionMessage]:
         rows = await self._fetch(
             f"SELECT {_MESSAGE_COLUMNS} FROM session_message WHERE session_id = ? ORDER BY seq",
             (session_id,),
         )
-        return [message_from_row(r) for r in rows]
+        return await self._with_parts(rows)
+
+    async def _with_parts(self, rows: Sequence[Row]) -> list[SessionMessage]:
+        assistant = [r[0] for r in rows if r[2] == "assistant"]
+        parts: dict[str, list[Any]] = {}
+        for start in range(0, len(assistant), 500):
+            chunk = assistant[start : start + 500]
+            marks = ", ".join("?" * len(chunk))
+            for message_id, data in await self._fetch(
+                f"SELECT message_id, data FROM session_part WHERE message_id IN ({marks})"
+                " ORDER BY message_id, position",
+                chunk,
+            ):
+                parts.setdefault(message_id, []).append(orjson.loads(data))
+        return [message_from_row(r, parts.get(r[0], ())) for r in rows]
+
+    # -- execution ------------------------------------------------------------------------------
+
+    async def claims(self) -> list[Claim]:
+        """Sessions holding a write-ahead execution claim."""
+        rows = await self._fetch(
+            "SELECT id, parent_id, time_claimed, resume_attempts FROM session"
+            " WHERE time_claimed IS NOT NULL ORDER BY time_claimed, id",
+            (),
+        )
+        return [
+            Claim(session_id=r[0], parent_id=r[1], time_claimed=r[2], resume_attempts=r[3])
+            for r in rows
+        ]
+
+    async def open_tool_calls(self, session_id: str) -> list[OpenToolCall]:
+        """Tool parts still streaming or running (stale after a crash or restart)."""
+        rows = await self._fetch(
+            "SELECT message_id, data FROM session_part"
+            " WHERE session_id = ? AND status IN ('streaming', 'running') ORDER BY position",
+            (session_id,),
+        )
+        calls = []
+        for message_id, data in rows:
+            part = orjson.loads(data)
+            calls.append(
+                OpenToolCall(
+                    assistant_message_id=message_id,
+                    id=part["id"],
+                    name=part.get("name", ""),
+                    status=part["status"],
+                )
+            )
+        return calls
 
     # -- inbox ----------------------------------------------------------------------------------
 
@@ -271,9 +339,22 @@ def _receipt_from_message(r: Row) -> InboxItem:
     )
 
 
-def message_from_row(r: Row) -> SessionMessage:
+def message_from_row(r: Row, parts: Sequence[Any] = ()) -> SessionMessage:
     """Columns: id, session_id, type, seq, time_created, time_updated, data."""
     data: Mapping[str, Any] = orjson.loads(r[6])
+    if r[2] == "assistant":
+        return codec.from_json(
+            AssistantMessage,
+            {
+                **data,
+                "type": "assistant",
+                "id": r[0],
+                "sessionID": r[1],
+                "seq": r[3],
+                "time": {"created": r[4], "updated": r[5]},
+                "parts": list(parts),
+            },
+        )
     payload: Mapping[str, Any] = data.get("payload", {})
     time = MessageTime(created=r[4], updated=r[5])
     if r[2] == "user":

@@ -72,12 +72,33 @@ CREATE TABLE session_inbox (
 CREATE INDEX session_inbox_delivery ON session_inbox (session_id, delivery, enqueued_seq);
 """
 
+# v2: execution claims (the write-ahead claim is time_claimed; the name says
+# what it is) and assistant message parts, one row per text/reasoning/tool part
+# so a part can be updated in place and open tool calls can be found by index.
+_V2: Final = """
+ALTER TABLE session ADD COLUMN time_claimed INTEGER;
+ALTER TABLE session ADD COLUMN resume_attempts INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX session_claimed ON session (time_claimed) WHERE time_claimed IS NOT NULL;
+
+CREATE TABLE session_part (
+    message_id TEXT NOT NULL REFERENCES session_message (id) ON DELETE CASCADE,
+    session_id TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    position   INTEGER NOT NULL,
+    status     TEXT,
+    data       TEXT NOT NULL,
+    PRIMARY KEY (message_id, key)
+);
+CREATE INDEX session_part_open ON session_part (session_id, status)
+    WHERE status IN ('streaming', 'running');
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1,)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).
-PROJECTION_TABLES: Final = ("session", "session_message", "session_inbox")
+PROJECTION_TABLES: Final = ("session", "session_message", "session_inbox", "session_part")
 
 
 def migrate(conn: sqlite3.Connection) -> int:

@@ -146,3 +146,28 @@ async def test_unknown_stored_types_are_read_but_not_decoded(
         # The writer continues after the unknown row: seq stays gapless.
         more = await reopened.append(Command.of(ev.SessionRenamed(session_id="ses_a", title="x")))
         assert more[0].seq == 3
+
+
+async def test_a_version_1_database_is_migrated_forward(db_path: Path) -> None:
+    from storage import schema
+
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    for statement in schema.MIGRATIONS[0].split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("INSERT INTO schema_version VALUES (1)")
+    conn.execute(
+        "INSERT INTO session (id, title, directory, time_created, time_updated)"
+        " VALUES ('ses_old', 'old', '/', 1, 1)"
+    )
+    conn.close()
+    async with SQLiteStore(db_path) as store:
+        rows = await store.fetch("SELECT version FROM schema_version")
+        assert rows[0][0] == SCHEMA_VERSION >= 2
+        claim = await store.fetch(
+            "SELECT time_claimed, resume_attempts FROM session WHERE id = 'ses_old'"
+        )
+        assert tuple(claim[0]) == (None, 0)
+        session = await store.queries.session("ses_old")
+        assert session is not None and session.title == "old"

@@ -1,0 +1,180 @@
+"""Projections of execution and step events: claims, assistant messages, parts."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from protocol import AssistantMessage, Location, ModelRef
+from protocol import events as ev
+from storage import Command, ProjectionConflict, SQLiteStore, rebuild_projections
+
+SID = "ses_exec"
+AID = "msg_assistant1"
+MODEL = ModelRef(id="m", provider_id="scripted")
+
+
+async def setup(store: SQLiteStore) -> None:
+    await store.append(
+        Command.of(ev.SessionCreated(session_id=SID, title="t", location=Location(directory="/")))
+    )
+
+
+async def append(store: SQLiteStore, *events: ev.Event) -> None:
+    for e in events:
+        await store.append(Command.of(e))
+
+
+async def claim_of(store: SQLiteStore) -> tuple[int | None, int]:
+    rows = await store.fetch(
+        "SELECT time_claimed, resume_attempts FROM session WHERE id = ?", (SID,)
+    )
+    return rows[0][0], rows[0][1]
+
+
+@pytest.mark.parametrize(
+    ("terminal", "released"),
+    [
+        (ev.ExecutionSucceeded(session_id=SID), True),
+        (ev.ExecutionFailed(session_id=SID, error=ev.ErrorInfo(type="x", message="y")), True),
+        (ev.ExecutionInterrupted(session_id=SID, reason="user"), True),
+        (ev.ExecutionInterrupted(session_id=SID, reason="shutdown"), False),
+    ],
+)
+async def test_the_claim_is_taken_at_start_and_released_by_terminals(
+    store: SQLiteStore, terminal: ev.Event, released: bool
+) -> None:
+    await setup(store)
+    [started] = await store.append(Command.of(ev.ExecutionStarted(session_id=SID)))
+    assert await claim_of(store) == (started.created, 0)
+    await store.fetch("SELECT 1")  # readers see the commit
+    await store.append(Command.of(terminal))
+    claimed, _ = await claim_of(store)
+    assert (claimed is None) == released
+    listed = await store.queries.claims()
+    assert [c.session_id for c in listed] == ([] if released else [SID])
+
+
+async def test_a_resumed_execution_keeps_the_first_claim_time(store: SQLiteStore) -> None:
+    await setup(store)
+    [first] = await store.append(Command.of(ev.ExecutionStarted(session_id=SID)))
+    await append(store, ev.ExecutionInterrupted(session_id=SID, reason="shutdown"))
+    await append(store, ev.ExecutionStarted(session_id=SID))
+    assert (await claim_of(store))[0] == first.created
+
+
+async def test_a_step_projects_one_assistant_message_with_ordered_parts(
+    store: SQLiteStore, db_path: Path
+) -> None:
+    await setup(store)
+    await append(
+        store,
+        ev.StepStarted(
+            session_id=SID, assistant_message_id=AID, agent="build", model=MODEL, started=5
+        ),
+        ev.ReasoningStarted(session_id=SID, assistant_message_id=AID, ordinal=0),
+        ev.TextStarted(session_id=SID, assistant_message_id=AID, ordinal=0),
+        ev.ReasoningEnded(session_id=SID, assistant_message_id=AID, ordinal=0, text="think"),
+        ev.TextEnded(session_id=SID, assistant_message_id=AID, ordinal=0, text="hello"),
+        ev.ToolInputStarted(session_id=SID, assistant_message_id=AID, id="call_1", name="bash"),
+        ev.ToolInputEnded(session_id=SID, assistant_message_id=AID, id="call_1", text="{}"),
+        ev.ToolCalled(
+            session_id=SID, assistant_message_id=AID, id="call_1", name="bash", input={"c": 1}
+        ),
+        ev.ToolCalled(session_id=SID, assistant_message_id=AID, id="call_2", name="read", input={}),
+    )
+    open_calls = await store.queries.open_tool_calls(SID)
+    assert [(c.id, c.status) for c in open_calls] == [("call_1", "running"), ("call_2", "running")]
+    await append(
+        store,
+        ev.ToolSucceeded(
+            session_id=SID,
+            assistant_message_id=AID,
+            id="call_1",
+            content=({"type": "text", "text": "out"},),
+            metadata={"truncated": False},
+        ),
+        ev.ToolFailed(
+            session_id=SID,
+            assistant_message_id=AID,
+            id="call_2",
+            error=ev.ErrorInfo(type="aborted", message="stopped"),
+        ),
+        ev.StepEnded(
+            session_id=SID,
+            assistant_message_id=AID,
+            finish="tool-calls",
+            cost=0.5,
+            tokens=ev.StepTokens(input=10, output=3, cache_read=2),
+        ),
+    )
+    assert await store.queries.open_tool_calls(SID) == []
+    message = await store.queries.message(SID, AID)
+    assert isinstance(message, AssistantMessage)
+    assert (message.agent, message.model, message.finish, message.cost) == (
+        "build",
+        MODEL,
+        "tool-calls",
+        0.5,
+    )
+    assert message.tokens is not None and message.tokens.cache.read == 2
+    kinds = [
+        (p.type, getattr(p, "text", None) or getattr(p, "status", None)) for p in message.parts
+    ]
+    assert kinds == [
+        ("reasoning", "think"),
+        ("text", "hello"),
+        ("tool", "completed"),
+        ("tool", "error"),
+    ]
+    session = await store.queries.session(SID)
+    assert session is not None
+    assert (session.cost, session.tokens.input, session.tokens.output) == (0.5, 10, 3)
+    await store.close()
+    stored, rebuilt = await asyncio.to_thread(rebuild_projections, str(db_path))
+    assert stored == rebuilt
+
+
+async def test_a_tool_terminal_needs_its_call(store: SQLiteStore) -> None:
+    await setup(store)
+    with pytest.raises(ProjectionConflict):
+        await store.append(
+            Command.of(
+                ev.ToolSucceeded(session_id=SID, assistant_message_id=AID, id="nope", content=())
+            )
+        )
+
+
+async def test_a_failed_step_keeps_partial_content(store: SQLiteStore) -> None:
+    await setup(store)
+    await append(
+        store,
+        ev.StepStarted(session_id=SID, assistant_message_id=AID, agent="a", model=MODEL, started=1),
+        ev.TextStarted(session_id=SID, assistant_message_id=AID, ordinal=0),
+        ev.TextEnded(session_id=SID, assistant_message_id=AID, ordinal=0, text="partial"),
+        ev.StepFailed(
+            session_id=SID,
+            assistant_message_id=AID,
+            finish="content-filter",
+            error=ev.ErrorInfo(type="provider.content-filter", message="filtered"),
+        ),
+    )
+    message = await store.queries.message(SID, AID)
+    assert isinstance(message, AssistantMessage)
+    assert message.error == {"type": "provider.content-filter", "message": "filtered"}
+    assert message.finish == "content-filter"
+    assert [getattr(p, "text", None) for p in message.parts] == ["partial"]
+
+
+async def test_deleting_a_session_removes_its_parts(store: SQLiteStore) -> None:
+    await setup(store)
+    await append(
+        store,
+        ev.StepStarted(session_id=SID, assistant_message_id=AID, agent="a", model=MODEL, started=1),
+        ev.TextStarted(session_id=SID, assistant_message_id=AID, ordinal=0),
+        ev.SessionDeleted(session_id=SID),
+    )
+    rows = await store.fetch("SELECT count(*) FROM session_part")
+    assert rows[0][0] == 0
