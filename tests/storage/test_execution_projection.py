@@ -119,7 +119,8 @@ async def test_a_step_projects_one_assistant_message_with_ordered_parts(
         "tool-calls",
         0.5,
     )
-    assert message.tokens is not None and message.tokens.cache.read == 2
+    assert message.tokens is not None
+    assert message.tokens.cache.read == 2
     kinds = [
         (p.type, getattr(p, "text", None) or getattr(p, "status", None)) for p in message.parts
     ]

@@ -170,4 +170,5 @@ async def test_a_version_1_database_is_migrated_forward(db_path: Path) -> None:
         )
         assert tuple(claim[0]) == (None, 0)
         session = await store.queries.session("ses_old")
-        assert session is not None and session.title == "old"
+        assert session is not None
+        assert session.title == "old"
