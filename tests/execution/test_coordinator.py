@@ -1,0 +1,356 @@
+"""The execution coordinator's rules, one by one (opencode-v2.md §4.3 / §5.1).
+
+Drains are fakes that block on futures the test controls, so every
+interleaving is forced by the test, never by timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator
+
+import attrs
+import pytest
+
+from actors import ActorRegistry
+from actors.execution import Execution, SessionActor, Terminal
+from actors.inbox import Scope
+
+
+@attrs.define
+class DrainCall:
+    session_id: str
+    scope: Scope
+    force: bool
+    release: asyncio.Future[None]
+
+
+class Hooks:
+    def __init__(self) -> None:
+        self.log: list[tuple[object, ...]] = []
+        self.drains: asyncio.Queue[DrainCall] = asyncio.Queue()
+        self.settle_gate: asyncio.Future[None] | None = None
+        self.settling = asyncio.Event()
+
+    async def started(self, session_id: str) -> None:
+        self.log.append(("started", session_id))
+
+    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
+        self.log.append(("drain", session_id, scope, force))
+        call = DrainCall(session_id, scope, force, asyncio.get_running_loop().create_future())
+        self.drains.put_nowait(call)
+        await call.release
+
+    async def settled(self, session_id: str, terminal: Terminal) -> None:
+        self.settling.set()
+        if self.settle_gate is not None:
+            await self.settle_gate
+        self.log.append(("settled", session_id, terminal))
+
+    def kinds(self) -> list[object]:
+        return [entry[0] for entry in self.log]
+
+    def scopes(self) -> list[tuple[Scope, bool]]:
+        return [(e[2], e[3]) for e in self.log if e[0] == "drain"]  # type: ignore[misc]
+
+
+@pytest.fixture
+async def hooks() -> Hooks:
+    return Hooks()
+
+
+@pytest.fixture
+async def execution(hooks: Hooks) -> AsyncIterator[Execution]:
+    ex = await Execution.start(hooks)
+    yield ex
+    await ex.shutdown()
+
+
+async def next_drain(hooks: Hooks) -> DrainCall:
+    return await asyncio.wait_for(hooks.drains.get(), 5)
+
+
+OK = Terminal(kind="succeeded")
+
+
+async def delivered(execution: Execution) -> None:
+    """Wait until every wake told so far has reached its session actor.
+
+    Wakes are tells through the supervisor's mailbox and then the session's;
+    an ask takes the same two mailboxes after them, so its answer is a barrier.
+    """
+    await execution.active()
+
+
+async def test_starts_execution_when_woken_while_idle(execution: Execution, hooks: Hooks) -> None:
+    execution.wake("ses_a")
+    call = await next_drain(hooks)
+    assert (call.scope, call.force) == ("input", False)
+    assert await execution.active() == ["ses_a"]
+    call.release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert hooks.log == [
+        ("started", "ses_a"),
+        ("drain", "ses_a", "input", False),
+        ("settled", "ses_a", OK),
+    ]
+    assert await execution.active() == []
+
+
+async def test_coalesces_wakes_received_during_a_drain(execution: Execution, hooks: Hooks) -> None:
+    execution.wake("ses_a")
+    first = await next_drain(hooks)
+    for _ in range(3):
+        execution.wake("ses_a")
+    await delivered(execution)
+    first.release.set_result(None)
+    second = await next_drain(hooks)
+    second.release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert hooks.kinds() == ["started", "drain", "drain", "settled"]
+
+
+async def test_runs_again_when_woken_during_the_follow_up(
+    execution: Execution, hooks: Hooks
+) -> None:
+    execution.wake("ses_a")
+    first = await next_drain(hooks)
+    execution.wake("ses_a")
+    await delivered(execution)
+    first.release.set_result(None)
+    second = await next_drain(hooks)
+    execution.wake("ses_a")
+    await delivered(execution)
+    second.release.set_result(None)
+    (await next_drain(hooks)).release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert hooks.kinds() == ["started", "drain", "drain", "drain", "settled"]
+
+
+async def test_input_scope_wins_when_coalescing(execution: Execution, hooks: Hooks) -> None:
+    execution.wake("ses_a", "steer")
+    first = await next_drain(hooks)
+    execution.wake("ses_a", "steer")
+    execution.wake("ses_a", "input")
+    execution.wake("ses_a", "steer")
+    await delivered(execution)
+    first.release.set_result(None)
+    (await next_drain(hooks)).release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert hooks.scopes() == [("steer", False), ("input", False)]
+
+
+async def test_a_consumed_input_scope_is_not_carried_into_a_steer_drain(
+    execution: Execution, hooks: Hooks
+) -> None:
+    execution.wake("ses_a", "input")
+    first = await next_drain(hooks)
+    execution.wake("ses_a", "input")
+    await delivered(execution)
+    first.release.set_result(None)
+    second = await next_drain(hooks)
+    execution.wake("ses_a", "steer")
+    await delivered(execution)
+    second.release.set_result(None)
+    (await next_drain(hooks)).release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert hooks.scopes() == [("input", False), ("input", False), ("steer", False)]
+
+
+async def test_concurrent_resumes_join_one_drain(execution: Execution, hooks: Hooks) -> None:
+    waiters = [asyncio.ensure_future(execution.resume("ses_a")) for _ in range(5)]
+    call = await next_drain(hooks)
+    assert call.force is True
+    call.release.set_result(None)
+    assert await asyncio.gather(*waiters) == [OK] * 5
+    assert hooks.kinds() == ["started", "drain", "settled"]
+
+
+async def test_resume_joins_a_wake_started_execution_without_forcing(
+    execution: Execution, hooks: Hooks
+) -> None:
+    execution.wake("ses_a")
+    call = await next_drain(hooks)
+    waiter = asyncio.ensure_future(execution.resume("ses_a"))
+    await delivered(execution)
+    call.release.set_result(None)
+    assert await waiter == OK
+    assert hooks.scopes() == [("input", False)]
+
+
+async def test_interrupting_a_joined_waiter_does_not_cancel_the_execution(
+    execution: Execution, hooks: Hooks
+) -> None:
+    impatient = asyncio.ensure_future(execution.resume("ses_a"))
+    patient = asyncio.ensure_future(execution.resume("ses_a"))
+    call = await next_drain(hooks)
+    impatient.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await impatient
+    assert not call.release.done()
+    call.release.set_result(None)
+    assert await patient == OK
+
+
+async def test_interrupt_while_idle_is_a_no_op(execution: Execution, hooks: Hooks) -> None:
+    assert await execution.interrupt("ses_a") is False
+    assert hooks.log == []
+
+
+async def test_interrupt_answers_before_cleanup_and_clears_the_doorbell(
+    execution: Execution, hooks: Hooks
+) -> None:
+    hooks.settle_gate = asyncio.get_running_loop().create_future()
+    waiter = asyncio.ensure_future(execution.resume("ses_a"))
+    await next_drain(hooks)
+    execution.wake("ses_a")  # belongs to the intent being cancelled
+    await delivered(execution)
+    assert await execution.interrupt("ses_a") is True
+    await hooks.settling.wait()
+    # Acknowledged while settlement is still blocked; the waiter is not told yet.
+    assert not waiter.done()
+    assert await execution.interrupt("ses_a") is False  # repeated: a no-op
+    hooks.settle_gate.set_result(None)
+    assert await waiter == Terminal(kind="interrupted", reason="user")
+    await execution.wait_idle("ses_a")
+    assert hooks.kinds() == ["started", "drain", "settled"]  # no successor
+
+
+async def test_a_wake_during_interrupt_cleanup_starts_a_successor_with_its_scope(
+    execution: Execution, hooks: Hooks
+) -> None:
+    hooks.settle_gate = asyncio.get_running_loop().create_future()
+    execution.wake("ses_a")
+    await next_drain(hooks)
+    assert await execution.interrupt("ses_a") is True
+    await hooks.settling.wait()
+    execution.wake("ses_a", "steer")
+    await delivered(execution)
+    hooks.settle_gate.set_result(None)
+    successor = await next_drain(hooks)
+    assert (successor.scope, successor.force) == ("steer", False)
+    successor.release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert hooks.kinds() == ["started", "drain", "settled", "started", "drain", "settled"]
+
+
+async def test_a_resume_during_interrupt_cleanup_starts_a_forced_successor(
+    execution: Execution, hooks: Hooks
+) -> None:
+    hooks.settle_gate = asyncio.get_running_loop().create_future()
+    first_waiter = asyncio.ensure_future(execution.resume("ses_a"))
+    await next_drain(hooks)
+    assert await execution.interrupt("ses_a") is True
+    await hooks.settling.wait()
+    second_waiter = asyncio.ensure_future(execution.resume("ses_a"))
+    await delivered(execution)
+    hooks.settle_gate.set_result(None)
+    successor = await next_drain(hooks)
+    successor.release.set_result(None)
+    assert await first_waiter == Terminal(kind="interrupted", reason="user")
+    assert await second_waiter == OK
+    assert hooks.scopes() == [("input", True), ("input", True)]
+
+
+async def test_a_wake_racing_a_failure_starts_one_follow_up(
+    execution: Execution, hooks: Hooks
+) -> None:
+    waiter = asyncio.ensure_future(execution.resume("ses_a"))
+    call = await next_drain(hooks)
+    execution.wake("ses_a")
+    await delivered(execution)
+    boom = RuntimeError("drain exploded")
+    call.release.set_exception(boom)
+    terminal = await waiter
+    assert terminal.kind == "failed"
+    assert terminal.error is not None
+    assert terminal.error.message == "drain exploded"
+    (await next_drain(hooks)).release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert hooks.kinds() == ["started", "drain", "settled", "started", "drain", "settled"]
+
+
+async def test_different_sessions_run_concurrently(execution: Execution, hooks: Hooks) -> None:
+    execution.wake("ses_a")
+    execution.wake("ses_b")
+    first, second = await next_drain(hooks), await next_drain(hooks)
+    assert {first.session_id, second.session_id} == {"ses_a", "ses_b"}
+    assert sorted(await execution.active()) == ["ses_a", "ses_b"]
+    first.release.set_result(None)
+    second.release.set_result(None)
+    await execution.wait_idle("ses_a")
+    await execution.wait_idle("ses_b")
+    assert await execution.active() == []
+
+
+async def test_settles_once_per_busy_period_and_retires_idle_actors(
+    execution: Execution, hooks: Hooks
+) -> None:
+    execution.wake("ses_a")
+    first = await next_drain(hooks)
+    execution.wake("ses_a")
+    await delivered(execution)
+    first.release.set_result(None)
+    (await next_drain(hooks)).release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert hooks.kinds().count("started") == 1
+    assert hooks.kinds().count("settled") == 1
+    for _ in range(20):  # the retirement travels through two mailboxes
+        if not ActorRegistry.get_by_class(SessionActor):
+            break
+        await asyncio.sleep(0)
+    assert ActorRegistry.get_by_class(SessionActor) == []
+
+
+async def test_shutdown_interrupts_with_reason_shutdown(hooks: Hooks) -> None:
+    execution = await Execution.start(hooks)
+    execution.wake("ses_a")
+    await next_drain(hooks)
+    await execution.shutdown()
+    assert hooks.log[-1] == ("settled", "ses_a", Terminal(kind="interrupted", reason="shutdown"))
+    execution.wake("ses_a")  # after shutdown: ignored, not an error
+    assert ActorRegistry.get_all() == []
+
+
+def stack_depth() -> int:
+    frame, depth = inspect.currentframe(), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+class SelfWaking:
+    def __init__(self, execution: list[Execution], limit: int) -> None:
+        self.execution = execution
+        self.limit = limit
+        self.count = 0
+        self.starts = 0
+        self.settles = 0
+        self.depths: set[int] = set()
+
+    async def started(self, session_id: str) -> None:
+        self.starts += 1
+
+    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
+        self.count += 1
+        self.depths.add(stack_depth())
+        if self.count < self.limit:
+            self.execution[0].wake(session_id)
+            await delivered(self.execution[0])  # rung during this drain
+
+    async def settled(self, session_id: str, terminal: Terminal) -> None:
+        self.settles += 1
+
+
+async def test_self_waking_drains_keep_a_flat_stack() -> None:
+    holder: list[Execution] = []
+    hooks = SelfWaking(holder, limit=20_000)
+    execution = await Execution.start(hooks)
+    holder.append(execution)
+    execution.wake("ses_loop")
+    await execution.wait_idle("ses_loop")
+    await execution.shutdown()
+    assert hooks.count == 20_000
+    assert (hooks.starts, hooks.settles) == (1, 1)  # one busy period throughout
+    assert len(hooks.depths) == 1
