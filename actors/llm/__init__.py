@@ -1,0 +1,130 @@
+"""Models: the provider seam, its normalized stream, and the built-in scripted model.
+
+- The request a runner sends (``_request``): :class:`ModelRequest` with its
+  history of :class:`ChatMessage` values and the :class:`ToolSpec` list.
+- The stream a provider yields (``_stream``): text, reasoning and tool-input
+  parts, :class:`ToolCall`, and one closing :class:`Finish` with :class:`Usage`.
+- Typed failures and their retry classification (``_errors``):
+  :class:`ProviderError` and its subclasses, :func:`classify`.
+- :class:`Provider`, the protocol adapters implement (``_provider``), and
+  :class:`ProviderRegistry`, which picks one for a model (``_registry``).
+- :class:`ScriptedProvider` (``scripted``, script language in ``_script``):
+  deterministic answers with no key and no network, the embedded default.
+- The step allowance directive (``max_steps``) and :class:`RetryPolicy`
+  (``retry``).
+"""
+
+from actors.llm._errors import (
+    AuthenticationError,
+    ContentPolicyError,
+    ContextOverflowError,
+    Delivery,
+    IncompleteStreamError,
+    InvalidRequestError,
+    NoRouteError,
+    ProviderError,
+    ProviderInternalError,
+    QuotaExceededError,
+    RateLimitError,
+    TransportError,
+    UnsupportedOperationError,
+    classify,
+)
+from actors.llm._provider import Provider
+from actors.llm._registry import SCRIPTED_MODEL, SCRIPTED_PROVIDER_ID, ProviderRegistry
+from actors.llm._request import (
+    ChatMessage,
+    ContentPart,
+    FileContent,
+    ModelRequest,
+    ReasoningContent,
+    Role,
+    TextContent,
+    ToolCallContent,
+    ToolChoice,
+    ToolResultContent,
+    ToolSpec,
+)
+from actors.llm._script import ScriptError, parse_script
+from actors.llm._stream import (
+    FINISH_REASONS,
+    Finish,
+    FinishReason,
+    ReasoningDelta,
+    ReasoningEnd,
+    ReasoningStart,
+    StreamPart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ToolCall,
+    ToolInputDelta,
+    ToolInputEnd,
+    ToolInputStart,
+    Usage,
+)
+from actors.llm.max_steps import (
+    MAX_STEPS_MESSAGE,
+    MAX_STEPS_TEXT,
+    TOOLS_DISABLED_ERROR,
+    is_max_steps_message,
+    with_max_steps,
+)
+from actors.llm.retry import RetryPolicy
+from actors.llm.scripted import ScriptedProvider
+
+__all__ = [
+    "FINISH_REASONS",
+    "MAX_STEPS_MESSAGE",
+    "MAX_STEPS_TEXT",
+    "SCRIPTED_MODEL",
+    "SCRIPTED_PROVIDER_ID",
+    "TOOLS_DISABLED_ERROR",
+    "AuthenticationError",
+    "ChatMessage",
+    "ContentPart",
+    "ContentPolicyError",
+    "ContextOverflowError",
+    "Delivery",
+    "FileContent",
+    "Finish",
+    "FinishReason",
+    "IncompleteStreamError",
+    "InvalidRequestError",
+    "ModelRequest",
+    "NoRouteError",
+    "Provider",
+    "ProviderError",
+    "ProviderInternalError",
+    "ProviderRegistry",
+    "QuotaExceededError",
+    "RateLimitError",
+    "ReasoningContent",
+    "ReasoningDelta",
+    "ReasoningEnd",
+    "ReasoningStart",
+    "RetryPolicy",
+    "Role",
+    "ScriptError",
+    "ScriptedProvider",
+    "StreamPart",
+    "TextContent",
+    "TextDelta",
+    "TextEnd",
+    "TextStart",
+    "ToolCall",
+    "ToolCallContent",
+    "ToolChoice",
+    "ToolInputDelta",
+    "ToolInputEnd",
+    "ToolInputStart",
+    "ToolResultContent",
+    "ToolSpec",
+    "TransportError",
+    "UnsupportedOperationError",
+    "Usage",
+    "classify",
+    "is_max_steps_message",
+    "parse_script",
+    "with_max_steps",
+]

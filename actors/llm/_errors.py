@@ -1,0 +1,202 @@
+"""Typed provider failures and their retry classification (reference §4.6).
+
+Every failure of a model call reaches the runner as a :class:`ProviderError`.
+Adapters translate their transport's and API's errors here, once; the
+runner never looks at HTTP statuses. Each class carries a wire ``type`` and
+whether retrying the *same* request can help::
+
+    SessionRtError
+    └── ProviderError                 provider.unknown            retryable
+        ├── RateLimitError            provider.rate-limit         retryable (retry_after_ms)
+        ├── ProviderInternalError     provider.internal           retryable (retry_after_ms)
+        ├── TransportError            provider.transport          retryable unless delivery
+        │                                                         is "sent" (delivery)
+        ├── IncompleteStreamError     provider.incomplete-stream  retryable
+        ├── ContextOverflowError      provider.context-overflow   never (compaction handles it)
+        ├── AuthenticationError       provider.authentication     no
+        ├── QuotaExceededError        provider.quota-exceeded     no
+        ├── ContentPolicyError        provider.content-policy     no
+        ├── InvalidRequestError       provider.invalid-request    no
+        ├── UnsupportedOperationError provider.unsupported-operation no
+        └── NoRouteError              provider.no-route           no
+
+:class:`ProviderError` itself stands for a failure the adapter could not
+classify ("UnknownProvider" in the reference), which is retryable.
+
+``should_retry_override`` holds a provider's ``x-should-retry: true|false``
+response header; adapters set it and it wins over the class's default.
+Context overflow is the one exception: the same request would overflow
+again, so it is never retried, whatever the header says.
+
+Whether a failure happened *before* or *after* durable output is not the
+error's business: the runner knows what it has published and decides between
+retry, continuation and compaction (§4.4).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Final, Literal
+
+from protocol.errors import SessionRtError
+
+__all__ = [
+    "AuthenticationError",
+    "ContentPolicyError",
+    "ContextOverflowError",
+    "Delivery",
+    "IncompleteStreamError",
+    "InvalidRequestError",
+    "NoRouteError",
+    "ProviderError",
+    "ProviderInternalError",
+    "QuotaExceededError",
+    "RateLimitError",
+    "TransportError",
+    "UnsupportedOperationError",
+    "classify",
+]
+
+#: How far a request got before the transport failed: ``sent`` means the
+#: provider may have acted on it, so replaying it could duplicate work.
+Delivery = Literal["unknown", "not-sent", "sent"]
+_DELIVERIES: Final[tuple[Delivery, ...]] = ("unknown", "not-sent", "sent")
+
+
+class ProviderError(SessionRtError):
+    """A model call failed. Used directly for failures no subclass describes."""
+
+    type: ClassVar[str] = "provider.unknown"
+    _retryable: ClassVar[bool] = True
+
+    def __init__(self, message: str, *, should_retry_override: bool | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.should_retry_override = should_retry_override
+
+    @property
+    def retryable(self) -> bool:
+        """Whether retrying the same request may succeed (the override wins)."""
+        if self.should_retry_override is not None:
+            return self.should_retry_override
+        return self._retryable
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+class RateLimitError(ProviderError):
+    """Too many requests; ``retry_after_ms`` is the provider's hint, if it gave one."""
+
+    type = "provider.rate-limit"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_ms: int | None = None,
+        should_retry_override: bool | None = None,
+    ) -> None:
+        super().__init__(message, should_retry_override=should_retry_override)
+        self.retry_after_ms = retry_after_ms
+
+
+class ProviderInternalError(ProviderError):
+    """The provider failed on its side (a 5xx, an overloaded model)."""
+
+    type = "provider.internal"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_ms: int | None = None,
+        should_retry_override: bool | None = None,
+    ) -> None:
+        super().__init__(message, should_retry_override=should_retry_override)
+        self.retry_after_ms = retry_after_ms
+
+
+class TransportError(ProviderError):
+    """The connection broke; ``delivery`` says whether the request got through."""
+
+    type = "provider.transport"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        delivery: Delivery = "unknown",
+        should_retry_override: bool | None = None,
+    ) -> None:
+        if delivery not in _DELIVERIES:
+            raise ValueError(f"delivery must be one of {_DELIVERIES}, not {delivery!r}")
+        super().__init__(message, should_retry_override=should_retry_override)
+        self.delivery: Delivery = delivery
+
+    @property
+    def retryable(self) -> bool:
+        if self.should_retry_override is not None:
+            return self.should_retry_override
+        return self.delivery != "sent"
+
+
+class IncompleteStreamError(ProviderError):
+    """The response ended without a finish (or with an unintelligible one)."""
+
+    type = "provider.incomplete-stream"
+
+
+class ContextOverflowError(ProviderError):
+    """The request does not fit the model's context window."""
+
+    type = "provider.context-overflow"
+    _retryable = False
+
+    @property
+    def retryable(self) -> bool:
+        # Replaying the same oversized request cannot succeed; the runner
+        # compacts instead, so not even x-should-retry: true makes it retryable.
+        return False
+
+
+class AuthenticationError(ProviderError):
+    type = "provider.authentication"
+    _retryable = False
+
+
+class QuotaExceededError(ProviderError):
+    type = "provider.quota-exceeded"
+    _retryable = False
+
+
+class ContentPolicyError(ProviderError):
+    type = "provider.content-policy"
+    _retryable = False
+
+
+class InvalidRequestError(ProviderError):
+    """The provider (or the scripted provider's script parser) rejected the request."""
+
+    type = "provider.invalid-request"
+    _retryable = False
+
+
+class UnsupportedOperationError(ProviderError):
+    type = "provider.unsupported-operation"
+    _retryable = False
+
+
+class NoRouteError(ProviderError):
+    """No provider is configured for the requested model."""
+
+    type = "provider.no-route"
+    _retryable = False
+
+
+def classify(error: BaseException) -> bool:
+    """Whether the runner may retry after ``error`` (reference §4.6).
+
+    A :class:`ProviderError` answers for itself (:attr:`ProviderError.retryable`).
+    Anything else escaping a provider is a bug, not weather, and is not retried.
+    """
+    return isinstance(error, ProviderError) and error.retryable

@@ -1,0 +1,147 @@
+"""The normalized request: what the runner asks of a model for one step.
+
+A request is provider-neutral. Adapters translate it to their wire format;
+the scripted provider reads it directly. History is a tuple of
+:class:`ChatMessage` values whose parts are limited by role:
+
+    ======== ==================================================
+    role      parts allowed
+    ======== ==================================================
+    system    TextContent
+    user      TextContent, FileContent
+    assistant TextContent, ReasoningContent, ToolCallContent
+    tool      ToolResultContent
+    ======== ==================================================
+
+A message breaking that table is a bug in whoever built it, so construction
+raises :class:`ValueError` at once rather than letting an adapter guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+import attrs
+
+from protocol.shapes import ModelRef
+
+__all__ = [
+    "ChatMessage",
+    "ContentPart",
+    "FileContent",
+    "ModelRequest",
+    "ReasoningContent",
+    "Role",
+    "TextContent",
+    "ToolCallContent",
+    "ToolChoice",
+    "ToolResultContent",
+    "ToolSpec",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+ToolChoice = Literal["auto", "none"]
+
+
+@attrs.frozen(kw_only=True)
+class ToolSpec:
+    """A tool the model may call: its name, what it does, its JSON Schema input."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class TextContent:
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ReasoningContent:
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallContent:
+    """A call the assistant made earlier in the history."""
+
+    id: str
+    name: str
+    input: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class ToolResultContent:
+    """The outcome of the call with the same ``id``, as text for the model."""
+
+    id: str
+    name: str
+    output: str
+    is_error: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class FileContent:
+    """A file attached to a user message, base64 in ``data``."""
+
+    mime: str
+    data: str
+    name: str | None = None
+
+
+ContentPart = TextContent | ReasoningContent | ToolCallContent | ToolResultContent | FileContent
+
+_ALLOWED: Final[Mapping[Role, tuple[type[Any], ...]]] = {
+    "system": (TextContent,),
+    "user": (TextContent, FileContent),
+    "assistant": (TextContent, ReasoningContent, ToolCallContent),
+    "tool": (ToolResultContent,),
+}
+
+
+def _check_parts(instance: ChatMessage, _attribute: Any, parts: tuple[ContentPart, ...]) -> None:
+    allowed = _ALLOWED[instance.role]
+    for part in parts:
+        if not isinstance(part, allowed):
+            raise ValueError(f"a {instance.role} message cannot hold {type(part).__name__}")
+
+
+@attrs.frozen(kw_only=True)
+class ChatMessage:
+    """One message of the history sent to the model."""
+
+    role: Role = attrs.field(validator=attrs.validators.in_(tuple(_ALLOWED)))
+    parts: tuple[ContentPart, ...] = attrs.field(validator=_check_parts)
+
+    @property
+    def text(self) -> str:
+        """The message's text parts joined by newlines (reasoning excluded)."""
+        return "\n".join(p.text for p in self.parts if isinstance(p, TextContent))
+
+
+@attrs.frozen(kw_only=True)
+class ModelRequest:
+    """Everything a provider needs for one model call.
+
+    ``tool_choice="none"`` keeps ``tools`` in the request (so a provider's
+    prompt cache still matches) but forbids calling them; the runner sets it,
+    with ``max_steps_reached``, through :func:`actors.llm.with_max_steps`.
+
+    ``metadata`` is for the runtime and the scripted provider, never sent to
+    a real model: ``attempt`` is the physical attempt number of this step
+    (1 for the first try), ``script`` the configured script, if any.
+    """
+
+    session_id: str
+    agent: str
+    model: ModelRef
+    system: tuple[str, ...] = ()
+    messages: tuple[ChatMessage, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = attrs.field(
+        default="auto", validator=attrs.validators.in_(("auto", "none"))
+    )
+    max_steps_reached: bool = False
+    metadata: Mapping[str, Any] = attrs.field(factory=dict)
