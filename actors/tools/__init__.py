@@ -1,0 +1,61 @@
+"""Tools: what a model can call, how a call runs, and how its output is bounded.
+
+- :class:`Tool`, :class:`ToolContext`, :class:`ToolResult`, :class:`ToolError`,
+  :class:`ToolOutcome`: the values of one call (``_types``).
+- :class:`ToolRegistry`, :class:`ToolSpec`: tools by name, specs for a model
+  request, input validation against each tool's JSON Schema (``_registry``).
+- :func:`permission`: an agent's allow/deny rule table (``_permission``).
+- :class:`ToolExecutor`: validate → run on a :class:`~actors.BlockingRunner`
+  thread → bound, as one settled :class:`ToolOutcome` (``_executor``).
+- :class:`OutputBounding`, :func:`run_sweeper`: the 2,000-line / 50 KiB limit,
+  managed output files and their 7-day retention (``_bounding``).
+- :mod:`actors.tools.builtin`: read, write, edit, list, glob, grep, bash.
+"""
+
+from actors.tools._bounding import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_LINES,
+    DEFAULT_RETENTION_DAYS,
+    SWEEP_INTERVAL_S,
+    OutputBounding,
+    run_sweeper,
+)
+from actors.tools._executor import ToolExecutor
+from actors.tools._permission import Decision, permission
+from actors.tools._registry import ToolRegistry, ToolSpec
+from actors.tools._types import (
+    DEFAULT_BASH_TIMEOUT_S,
+    Content,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolOutcome,
+    ToolResult,
+    ToolStatus,
+    text_item,
+)
+from actors.tools.builtin import builtin_tools
+
+__all__ = [
+    "DEFAULT_BASH_TIMEOUT_S",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_LINES",
+    "DEFAULT_RETENTION_DAYS",
+    "SWEEP_INTERVAL_S",
+    "Content",
+    "Decision",
+    "OutputBounding",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolExecutor",
+    "ToolOutcome",
+    "ToolRegistry",
+    "ToolResult",
+    "ToolSpec",
+    "ToolStatus",
+    "builtin_tools",
+    "permission",
+    "run_sweeper",
+    "text_item",
+]

@@ -1,0 +1,283 @@
+"""OutputBounding: the final size limit on a tool's model-visible output.
+
+The algorithm follows OpenCode's ``tool-output.ts`` (reference §4.7):
+
+- A result whose metadata already has ``truncated`` (true *or* false) has been
+  bounded, by the tool itself or earlier, and passes through untouched.
+- All text items are joined with ``"\\n"``; a trailing newline is not another
+  line. If the lines fit ``max_lines`` and the UTF-8 bytes fit ``max_bytes``,
+  the content is unchanged and ``metadata.truncated`` is ``False``.
+- Otherwise the preview is the **head**: whole lines, at most ``max_lines``,
+  stopping before the byte budget (newlines included) would be exceeded. The
+  omitted amount is counted in bytes when the byte budget ended the head, else
+  in lines. Text items are cut in order to the kept character budget; non-text
+  items keep their place; the marker
+  ``... <N> <unit> truncated; full content saved to <path> ...`` follows the
+  cut item.
+- The complete joined text is written to ``output_dir/tool_<id>`` *before* the
+  preview is returned, and ``metadata`` gets ``truncated: True`` and
+  ``outputPath``.
+
+If that file cannot be written, the call still succeeds (a storage failure
+must not turn a successful operation into a failed one) with an explicitly
+lossy preview: the marker says the content could not be saved, ``metadata``
+has ``truncated: True`` and ``outputError`` but no ``outputPath``, and the
+failure is logged for operators. (OpenCode's ``specs/v2/tools.md`` fails the
+settlement instead; the seed rules in CONTEXT.md and this project choose the
+lossy success.)
+
+Managed files expire: :meth:`OutputBounding.sweep` deletes ``tool_…`` files
+whose *modification time* is older than the retention period; ids are not
+trusted as clocks. :func:`run_sweeper` runs it at start and then hourly.
+
+Everything here that touches the filesystem blocks: call it on a worker thread
+(the executor bounds inside the tool's own job; :func:`run_sweeper` goes
+through the :class:`~actors.BlockingRunner`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from actors._exceptions import ActorDeadError
+from actors._threaded import BlockingRunner
+from actors.tools._types import Content, ToolResult, text_item
+from protocol import ids
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_LINES",
+    "DEFAULT_RETENTION_DAYS",
+    "SWEEP_INTERVAL_S",
+    "OutputBounding",
+    "run_sweeper",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_LINES: Final = 2_000
+DEFAULT_MAX_BYTES: Final = 50 * 1024
+DEFAULT_RETENTION_DAYS: Final = 7
+SWEEP_INTERVAL_S: Final = 3600.0
+
+# Only names we mint are ever deleted (``tool_`` + at least 12 hex digits of
+# the time-ascending id), so a stray file an operator put there survives.
+_MANAGED_NAME: Final = re.compile(r"tool_[0-9a-f]{12}")
+# Lone surrogates (from surrogateescape-decoded output) still count and are
+# still saved, byte for byte, instead of failing the settlement.
+_ERRORS: Final = "surrogatepass"
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", _ERRORS))
+
+
+def _is_text(item: Content) -> bool:
+    return item.get("type") == "text" and isinstance(item.get("text"), str)
+
+
+def _amount(count: int, unit: str) -> str:
+    return f"{count} {unit}" if count == 1 else f"{count} {unit}s"
+
+
+class OutputBounding:
+    """Bounds tool results and owns the managed tool-output directory.
+
+    ``clock`` returns epoch seconds and is only used by :meth:`sweep`; tests
+    inject one (or pass ``now``) instead of sleeping.
+    """
+
+    def __init__(
+        self,
+        *,
+        output_dir: Path,
+        max_lines: int = DEFAULT_MAX_LINES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        retention_days: float = DEFAULT_RETENTION_DAYS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_lines < 1 or max_bytes < 1:
+            raise ValueError("max_lines and max_bytes must be positive")
+        if retention_days <= 0:
+            raise ValueError("retention_days must be positive")
+        # absolute(), not resolve(): no filesystem access on whatever thread builds us.
+        self._output_dir = Path(output_dir).absolute()
+        self._max_lines = max_lines
+        self._max_bytes = max_bytes
+        self._retention_s = retention_days * 86_400.0
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return (
+            f"<OutputBounding {self._max_lines} lines / {self._max_bytes} bytes"
+            f" -> {self._output_dir}>"
+        )
+
+    @property
+    def output_dir(self) -> Path:
+        return self._output_dir
+
+    @property
+    def max_lines(self) -> int:
+        return self._max_lines
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
+    @property
+    def retention_s(self) -> float:
+        return self._retention_s
+
+    def bound(self, result: ToolResult) -> ToolResult:
+        """Return ``result`` bounded to the limits (blocking: may write a file)."""
+        if "truncated" in result.metadata:
+            return result
+        text = "\n".join(item["text"] for item in result.content if _is_text(item))
+        lines = text.split("\n")
+        if text.endswith("\n"):
+            lines.pop()
+        total_bytes = _utf8_len(text)
+        if len(lines) <= self._max_lines and total_bytes <= self._max_bytes:
+            return attrs.evolve(result, metadata={**result.metadata, "truncated": False})
+
+        kept_lines = kept_chars = kept_bytes = 0
+        hit_bytes = False
+        for line in lines[: self._max_lines]:
+            separator = 1 if kept_lines else 0
+            size = _utf8_len(line) + separator
+            if kept_bytes + size > self._max_bytes:
+                hit_bytes = True
+                break
+            kept_lines += 1
+            kept_bytes += size
+            kept_chars += len(line) + separator
+        # Every line fits yet bytes are left over: the dropped trailing newline.
+        if not hit_bytes and kept_lines == len(lines) and total_bytes > kept_bytes:
+            hit_bytes = True
+        omitted = (
+            _amount(total_bytes - kept_bytes, "byte")
+            if hit_bytes
+            else _amount(len(lines) - kept_lines, "line")
+        )
+
+        metadata: dict[str, Any] = {**result.metadata, "truncated": True}
+        try:
+            path = self._save(text)
+        except (OSError, ValueError) as exc:
+            logger.warning("could not save full tool output to %s: %s", self._output_dir, exc)
+            marker = f"... {omitted} truncated; full content could not be saved ..."
+            metadata["outputError"] = f"{type(exc).__name__}: {exc}"
+        else:
+            marker = f"... {omitted} truncated; full content saved to {path} ..."
+            metadata["outputPath"] = str(path)
+        return ToolResult(
+            content=_cut(result.content, kept_chars, text_item(marker)), metadata=metadata
+        )
+
+    def _save(self, text: str) -> Path:
+        self._output_dir.mkdir(parents=True, exist_ok=True)
+        path = self._output_dir / ids.tool_output_id()
+        try:
+            # "x": ids are unique, so an existing file means something is badly wrong.
+            with open(path, "x", encoding="utf-8", errors=_ERRORS, newline="") as file:
+                file.write(text)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
+        return path
+
+    def is_managed(self, path: Path) -> bool:
+        """Whether ``path`` (already resolved) names a file in the managed directory."""
+        return path.parent == self._output_dir.resolve() and path.name.startswith("tool_")
+
+    def sweep(self, now: float | None = None) -> int:
+        """Delete managed files last modified before ``now - retention``; return how many.
+
+        Blocking. Errors on individual files are skipped (another sweeper, or
+        the file vanished); a missing directory is an empty one.
+        """
+        cutoff = (self._clock() if now is None else now) - self._retention_s
+        removed = 0
+        try:
+            entries = os.scandir(self._output_dir)
+        except OSError:
+            return 0
+        with entries:
+            for entry in entries:
+                if not _MANAGED_NAME.match(entry.name):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                    if not stat.S_ISREG(info.st_mode) or info.st_mtime >= cutoff:
+                        continue
+                    os.unlink(entry.path)
+                except OSError:
+                    continue
+                removed += 1
+        return removed
+
+
+def _cut(content: tuple[Content, ...], budget: int, marker: Content) -> list[Content]:
+    """Keep the first ``budget`` characters of the joined text; place ``marker`` after the cut."""
+    bounded: list[Content] = []
+    remaining = budget
+    seen_text = marked = False
+    for item in content:
+        if not _is_text(item):
+            bounded.append(item)
+            continue
+        text: str = item["text"]
+        # The "\n" that joined this item to the previous one is part of the budget.
+        if seen_text and remaining > 0:
+            remaining -= 1
+        seen_text = True
+        if remaining >= len(text):
+            bounded.append(item)
+            remaining -= len(text)
+            continue
+        if remaining > 0:
+            bounded.append({**item, "text": text[:remaining]})
+        if not marked:
+            bounded.append(marker)
+        remaining = 0
+        marked = True
+    if not marked:
+        bounded.append(marker)
+    return bounded
+
+
+async def run_sweeper(
+    bounding: OutputBounding,
+    runner: BlockingRunner,
+    interval_s: float = SWEEP_INTERVAL_S,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    on_sweep: Callable[[int], None] | None = None,
+) -> None:
+    """Sweep now and then every ``interval_s``, until cancelled or the runner closes.
+
+    Meant to be owned by the runtime as a task in its task group; cancelling
+    it is the way to stop it. The file work runs on ``runner``'s threads.
+    ``on_sweep`` receives each sweep's count (for diagnostics and tests).
+    """
+    while True:
+        try:
+            removed = await runner.run(bounding.sweep)
+        except ActorDeadError:
+            return  # the runner closed under us: the runtime is shutting down
+        if on_sweep is not None:
+            on_sweep(removed)
+        await sleep(interval_s)

@@ -1,0 +1,116 @@
+"""ToolExecutor: one tool call from input to settled outcome, off the event loop.
+
+``execute`` never raises for anything the model or the tool did wrong; every
+such case is a failed :class:`ToolOutcome`:
+
+- unknown tool name → ``unknown-tool``;
+- input that breaks the tool's JSON Schema → ``invalid-input`` (the tool does
+  not run);
+- ``ctx.cancel`` already set → ``aborted`` (the tool does not run);
+- :class:`ToolError` from the tool → its ``type`` and message;
+- any other exception → ``tool.error`` with the exception text;
+- the runner closed → ``aborted``.
+
+The tool's ``run`` and the bounding of its successful result happen in *one*
+job on the :class:`~actors.BlockingRunner` (one thread, one slot): bounding
+may write a managed output file, and a success is never handed back unbounded.
+
+Cancellation
+------------
+``ctx.cancel`` is the cooperative stop signal; it is passed to the runner as
+the job's cancel event. Two ways to stop a call:
+
+- Somebody sets ``ctx.cancel`` (the task keeps awaiting): the tool notices,
+  raises ``ToolError(type="aborted")``, and ``execute`` *returns* that failed
+  outcome.
+- The task awaiting ``execute`` is cancelled (an interrupt): the runner sets
+  ``ctx.cancel``, waits until the job has returned (the tool has stopped its
+  subprocess, bounding has finished writing if the tool had already
+  succeeded), and then ``CancelledError`` **propagates** out of ``execute``.
+  No outcome is returned; the caller publishes the failed terminal itself
+  (``{"type": "aborted"}``). ``execute`` never swallows a cancellation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from actors._exceptions import ActorDeadError
+from actors._threaded import BlockingRunner
+from actors.tools._bounding import OutputBounding
+from actors.tools._registry import ToolRegistry
+from actors.tools._types import Tool, ToolContext, ToolError, ToolOutcome, ToolResult
+
+__all__ = ["ToolExecutor"]
+
+logger = logging.getLogger(__name__)
+
+
+class ToolExecutor:
+    """Validates, runs on a worker thread, and bounds tool calls."""
+
+    def __init__(
+        self, registry: ToolRegistry, runner: BlockingRunner, bounding: OutputBounding
+    ) -> None:
+        self._registry = registry
+        self._runner = runner
+        self._bounding = bounding
+
+    @property
+    def registry(self) -> ToolRegistry:
+        return self._registry
+
+    @property
+    def bounding(self) -> OutputBounding:
+        return self._bounding
+
+    async def execute(self, name: str, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+        """Run tool ``name`` with ``input`` and return its settled outcome.
+
+        Raises:
+            asyncio.CancelledError: the awaiting task was cancelled; the tool has
+                been asked to stop (``ctx.cancel``) and has returned.
+        """
+        try:
+            tool = self._registry.lookup(name)
+            problem = self._registry.validate(name, input)
+        except ToolError as exc:
+            return ToolOutcome.from_error(exc)
+        if problem is not None:
+            return ToolOutcome.failure("invalid-input", problem)
+        if ctx.cancel.is_set():
+            return ToolOutcome.failure("aborted", f"Tool execution aborted: {name}")
+        try:
+            return await self._runner.run(self._settle, tool, input, ctx, cancel=ctx.cancel)
+        except ActorDeadError as exc:
+            return ToolOutcome.failure("aborted", f"Tool execution aborted: {name} ({exc})")
+        except Exception as exc:
+            # Only the runner itself can get here (the job converts its own errors).
+            return ToolOutcome.failure("tool.error", _describe(exc))
+
+    def _settle(self, tool: Tool, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+        """Worker-thread side: run the tool, then bound a success."""
+        try:
+            result: object = tool.run(input, ctx)
+            if not isinstance(result, ToolResult):
+                raise TypeError(f"tool {tool.name!r} returned {type(result).__name__}")
+        except ToolError as exc:
+            return ToolOutcome.from_error(exc)
+        except Exception as exc:
+            logger.warning("tool %r raised unexpectedly", tool.name, exc_info=True)
+            return ToolOutcome.failure("tool.error", _describe(exc))
+        # No cancel check from here on: once the tool has succeeded, bounding it and
+        # handing it back is one region; a late interrupt only stops the hand-back.
+        try:
+            bounded = self._bounding.bound(result)
+        except Exception as exc:
+            logger.warning("bounding the output of %r failed", tool.name, exc_info=True)
+            return ToolOutcome.failure("tool.error", f"bounding tool output failed: {exc}")
+        return ToolOutcome.success(bounded)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,125 @@
+"""ToolRegistry: the tools a runtime offers, by name, with their input validators.
+
+Schemas are checked when a tool is registered, so a broken schema fails at
+start-up rather than on the model's first call, and each tool's validator is
+built once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
+from jsonschema.protocols import Validator
+
+from actors.tools._types import Tool, ToolError
+
+__all__ = ["ToolRegistry", "ToolSpec"]
+
+
+@attrs.frozen(kw_only=True)
+class ToolSpec:
+    """A tool as a model request describes it."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+@attrs.frozen
+class _Entry:
+    tool: Tool
+    validator: Validator
+
+
+class ToolRegistry:
+    """Tools by name, in registration order."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._entries: dict[str, _Entry] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def __repr__(self) -> str:
+        return f"<ToolRegistry {list(self._entries)}>"
+
+    def register(self, tool: Tool) -> None:
+        """Add ``tool``.
+
+        Raises:
+            ValueError: the name is taken, or the input schema is not a valid
+                JSON Schema for an object.
+        """
+        if tool.name in self._entries:
+            raise ValueError(f"a tool named {tool.name!r} is already registered")
+        schema = tool.input_schema
+        if schema.get("type") != "object":
+            raise ValueError(f"tool {tool.name!r}: input_schema must have type 'object'")
+        cls = jsonschema.validators.validator_for(schema)
+        try:
+            cls.check_schema(dict(schema))
+        except jsonschema.exceptions.SchemaError as exc:
+            raise ValueError(f"tool {tool.name!r}: invalid input_schema: {exc.message}") from exc
+        self._entries[tool.name] = _Entry(tool, cls(dict(schema)))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[Tool]:
+        return (entry.tool for entry in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, name: str) -> Tool | None:
+        """The tool called ``name``, or ``None``."""
+        entry = self._entries.get(name)
+        return None if entry is None else entry.tool
+
+    def lookup(self, name: str) -> Tool:
+        """The tool called ``name``.
+
+        Raises:
+            ToolError: type ``unknown-tool``.
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ToolError(_unknown(name, self._entries), type="unknown-tool")
+        return entry.tool
+
+    def specs(self, names: Iterable[str] | None = None) -> tuple[ToolSpec, ...]:
+        """Specs for a model request: every tool, or those in ``names`` that exist."""
+        wanted = None if names is None else set(names)
+        return tuple(
+            ToolSpec(
+                name=entry.tool.name,
+                description=entry.tool.description,
+                input_schema=entry.tool.input_schema,
+            )
+            for entry in self._entries.values()
+            if wanted is None or entry.tool.name in wanted
+        )
+
+    def validate(self, name: str, input: Any) -> str | None:
+        """Check ``input`` against the tool's schema: ``None`` if valid, else why not.
+
+        Raises:
+            ToolError: type ``unknown-tool``.
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ToolError(_unknown(name, self._entries), type="unknown-tool")
+        error = jsonschema.exceptions.best_match(entry.validator.iter_errors(input))
+        if error is None:
+            return None
+        where = "" if not error.absolute_path else f" at {error.json_path}"
+        return f"Invalid input for tool {name!r}{where}: {error.message}"
+
+
+def _unknown(name: str, known: Mapping[str, object]) -> str:
+    available = ", ".join(sorted(known)) or "none"
+    return f"Unknown tool {name!r}; available tools: {available}"

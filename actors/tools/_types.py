@@ -1,0 +1,160 @@
+"""The values a tool call is made of: context, result, error, settled outcome.
+
+A call goes ``input`` → :meth:`Tool.run` (on a worker thread, given a
+:class:`ToolContext`) → :class:`ToolResult` or :class:`ToolError` → one
+:class:`ToolOutcome`, the settled form the runner publishes as
+``session.tool.success`` or ``session.tool.failed``.
+
+Errors
+------
+Every tool failure is a :class:`ToolError`; its ``type`` tag says who ended
+the call, and becomes ``error.type`` of the failed outcome::
+
+    ToolError                     base: the tool did not produce a result
+      type "aborted"              closed by us: ctx.cancel was set (interrupt,
+                                  shutdown) or the runner was closed
+      type "timeout"              closed by us: the tool's own deadline passed
+      type "invalid-input"        the model's input broke the rules the schema
+                                  cannot express (bad regex, empty edit ...)
+      type "denied"               the request reaches outside the session's
+                                  authority (a path outside its Location)
+      type "tool.error"           the default: the environment broke it
+                                  (missing file, I/O error, unexpected bug)
+
+The executor adds two tags of its own that no tool raises: ``unknown-tool``
+and (for schema violations) ``invalid-input``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final, Literal, Protocol
+
+import attrs
+
+__all__ = [
+    "DEFAULT_BASH_TIMEOUT_S",
+    "Content",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolOutcome",
+    "ToolResult",
+    "ToolStatus",
+    "text_item",
+]
+
+#: One content item: ``{"type": "text", "text": ...}`` or a non-text item such
+#: as ``{"type": "file", "mime": ..., "data": <base64>}``, which is kept as is.
+Content = Mapping[str, Any]
+ToolStatus = Literal["success", "failed"]
+
+DEFAULT_BASH_TIMEOUT_S: Final = 120.0
+
+
+def text_item(text: str) -> Content:
+    """A text content item."""
+    return {"type": "text", "text": text}
+
+
+def _content(items: Iterable[Content]) -> tuple[Content, ...]:
+    return tuple(items)
+
+
+def _ignore_progress(_update: Mapping[str, Any]) -> None:
+    pass
+
+
+@attrs.frozen(kw_only=True)
+class ToolContext:
+    """What a running tool may know about its call and use to report back.
+
+    ``progress`` is called from the worker thread, so whoever builds the
+    context supplies a thread-safe function (typically one that hops to the
+    loop with ``loop.call_soon_threadsafe``). ``cancel`` is the cooperative
+    stop signal: long-running tools poll it and raise ``ToolError(type="aborted")``.
+    """
+
+    session_id: str
+    call_id: str
+    assistant_message_id: str
+    #: The session's Location, absolute. File tools are confined to it.
+    directory: Path
+    #: The managed tool-output directory; ``tool_…`` files in it are readable.
+    output_dir: Path
+    cancel: threading.Event = attrs.field(factory=threading.Event)
+    progress: Callable[[Mapping[str, Any]], None] = _ignore_progress
+    timeout_s: float = DEFAULT_BASH_TIMEOUT_S
+
+
+@attrs.frozen(kw_only=True)
+class ToolResult:
+    """What a tool returns: model-visible content items plus metadata."""
+
+    content: tuple[Content, ...] = attrs.field(converter=_content)
+    metadata: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @classmethod
+    def text(cls, text: str, **metadata: Any) -> ToolResult:
+        """A result with a single text item."""
+        return cls(content=(text_item(text),), metadata=metadata)
+
+
+class ToolError(Exception):
+    """A tool failed; ``type`` tags the failure (see the module docstring)."""
+
+    def __init__(self, message: str, *, type: str = "tool.error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.type = type
+
+    def __repr__(self) -> str:
+        return f"ToolError({self.message!r}, type={self.type!r})"
+
+
+class Tool(Protocol):
+    """A tool the model can call.
+
+    ``run`` blocks and runs on a worker thread; it may do file I/O and wait on
+    subprocesses, must poll ``ctx.cancel`` if it can take long, and reports
+    failure by raising :class:`ToolError` (any other exception also fails the
+    call, as ``tool.error``).
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def input_schema(self) -> Mapping[str, Any]:
+        """A JSON Schema (an ``object`` schema) the input is validated against."""
+        ...
+
+    def run(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolResult: ...
+
+
+@attrs.frozen(kw_only=True)
+class ToolOutcome:
+    """A settled tool call: the form published as the call's terminal event."""
+
+    status: ToolStatus
+    content: tuple[Content, ...] = attrs.field(converter=_content, default=())
+    metadata: Mapping[str, Any] = attrs.field(factory=dict)
+    #: ``{"type": ..., "message": ...}`` when failed, else ``None``.
+    error: Mapping[str, Any] | None = None
+
+    @classmethod
+    def success(cls, result: ToolResult) -> ToolOutcome:
+        return cls(status="success", content=result.content, metadata=result.metadata)
+
+    @classmethod
+    def failure(cls, type: str, message: str) -> ToolOutcome:
+        return cls(status="failed", error={"type": type, "message": message})
+
+    @classmethod
+    def from_error(cls, error: ToolError) -> ToolOutcome:
+        return cls.failure(error.type, error.message)

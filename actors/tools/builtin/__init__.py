@@ -1,0 +1,37 @@
+"""The built-in tools, confined to the session's Location.
+
+- ``read``, ``write``, ``edit``, ``list`` (``_files``)
+- ``glob``, ``grep`` (``_search``)
+- ``bash`` (``_bash``)
+
+Path confinement and the confined directory walk live in ``_paths``.
+"""
+
+from actors.tools._types import Tool
+from actors.tools.builtin._bash import BashTool
+from actors.tools.builtin._files import EditTool, ListTool, ReadTool, WriteTool
+from actors.tools.builtin._search import GlobTool, GrepTool
+
+__all__ = [
+    "BashTool",
+    "EditTool",
+    "GlobTool",
+    "GrepTool",
+    "ListTool",
+    "ReadTool",
+    "WriteTool",
+    "builtin_tools",
+]
+
+
+def builtin_tools() -> tuple[Tool, ...]:
+    """A fresh instance of every built-in tool, in a stable order."""
+    return (
+        ReadTool(),
+        WriteTool(),
+        EditTool(),
+        ListTool(),
+        GlobTool(),
+        GrepTool(),
+        BashTool(),
+    )

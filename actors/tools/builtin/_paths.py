@@ -1,0 +1,172 @@
+"""Location confinement for the file tools, and a confined directory walk.
+
+A session's file tools act inside its Location (``ctx.directory``) only. A
+path is taken relative to the Location (or as given, if absolute) and then
+resolved with :meth:`Path.resolve`, which removes ``..`` and follows every
+symlink, so ``../x``, ``/etc/passwd`` and ``link-to-outside/x`` are all
+judged by where they really lead. The one exception is read-only: managed
+tool-output files (``<output_dir>/tool_…``) are readable by ``read`` and
+``grep``, so a model can page through output that bounding moved aside.
+Nothing writes into the output directory.
+
+The check and the later open are separate system calls; a process that swaps
+a symlink in between can still race us. Confinement here keeps an honest model
+inside its Location; it is not a sandbox against a hostile local process.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+from actors.tools._types import ToolContext, ToolError
+
+__all__ = [
+    "Glob",
+    "check_cancel",
+    "display",
+    "readable_path",
+    "walk_files",
+    "writable_path",
+]
+
+#: Directories the walking tools (glob, grep) never descend into.
+SKIPPED_DIRS: Final = frozenset({".git"})
+_CANCEL_EVERY: Final = 256
+
+
+def check_cancel(ctx: ToolContext) -> None:
+    """Raise ``ToolError(type="aborted")`` if the call was asked to stop."""
+    if ctx.cancel.is_set():
+        raise ToolError("Tool execution aborted", type="aborted")
+
+
+def _resolve(ctx: ToolContext, raw: str) -> tuple[Path, Path]:
+    location = ctx.directory.resolve()
+    try:
+        candidate = Path(raw)
+        target = (candidate if candidate.is_absolute() else location / candidate).resolve()
+    except (ValueError, OSError) as exc:  # NUL bytes, symlink loops
+        raise ToolError(f"Invalid path {raw!r}: {exc}", type="invalid-input") from exc
+    return location, target
+
+
+def _outside(raw: str, location: Path) -> ToolError:
+    return ToolError(f"Path {raw!r} is outside the session's location ({location})", type="denied")
+
+
+def _is_managed(ctx: ToolContext, target: Path) -> bool:
+    return target.parent == ctx.output_dir.resolve() and target.name.startswith("tool_")
+
+
+def readable_path(ctx: ToolContext, raw: str, *, managed: bool = False) -> Path:
+    """Resolve ``raw`` for reading; with ``managed``, managed output files are allowed too.
+
+    Raises:
+        ToolError: ``denied`` outside the Location, ``invalid-input`` if unparsable.
+    """
+    location, target = _resolve(ctx, raw)
+    if target.is_relative_to(location) or (managed and _is_managed(ctx, target)):
+        return target
+    raise _outside(raw, location)
+
+
+def writable_path(ctx: ToolContext, raw: str) -> Path:
+    """Resolve ``raw`` for writing: inside the Location and never in the output directory.
+
+    Raises:
+        ToolError: ``denied`` or ``invalid-input``.
+    """
+    location, target = _resolve(ctx, raw)
+    if not target.is_relative_to(location):
+        raise _outside(raw, location)
+    if target.is_relative_to(ctx.output_dir.resolve()):
+        raise ToolError(f"Path {raw!r} is in the managed tool-output directory", type="denied")
+    return target
+
+
+def display(ctx: ToolContext, path: Path) -> str:
+    """``path`` as the model should see it: relative to the Location, else absolute."""
+    location = ctx.directory.resolve()
+    if path.is_relative_to(location):
+        relative = path.relative_to(location).as_posix()
+        return relative or "."
+    return str(path)
+
+
+def walk_files(ctx: ToolContext, root: Path, *, max_depth: int | None = None) -> Iterator[Path]:
+    """Files under ``root`` (depth-first, names sorted), confined to the Location.
+
+    Directory symlinks are not followed; a file symlink is yielded (as its
+    link path) only if it resolves to a file inside the Location. ``.git`` is
+    skipped. ``max_depth`` counts path components below ``root`` (1 = files
+    directly in it). Polls ``ctx.cancel``.
+    """
+    location = ctx.directory.resolve()
+    stack: list[tuple[Path, int]] = [(root, 1)]
+    seen = 0
+    while stack:
+        directory, depth = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        subdirs: list[Path] = []
+        for entry in entries:
+            seen += 1
+            if seen % _CANCEL_EVERY == 0:
+                check_cancel(ctx)
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name not in SKIPPED_DIRS and (max_depth is None or depth < max_depth):
+                        subdirs.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    yield Path(entry.path)
+                elif entry.is_symlink():
+                    real = Path(entry.path).resolve()
+                    if real.is_relative_to(location) and real.is_file():
+                        yield Path(entry.path)
+            except OSError:
+                continue
+        stack.extend((sub, depth + 1) for sub in reversed(subdirs))
+
+
+class Glob:
+    """A glob over ``/``-separated paths relative to some directory.
+
+    Each component is an :mod:`fnmatch` pattern (``*``, ``?``, ``[...]``,
+    ``[!...]``; ``*`` also matches a leading dot); a component that is exactly
+    ``**`` matches any number of components, including none.
+    """
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        parts = [part for part in pattern.split("/") if part not in ("", ".")]
+        self._parts: tuple[re.Pattern[str] | None, ...] = tuple(
+            None if part == "**" else re.compile(fnmatch.translate(part)) for part in parts
+        )
+
+    @property
+    def depth(self) -> int | None:
+        """How many components a match can have at most (``None`` with ``**``)."""
+        return None if None in self._parts else len(self._parts)
+
+    def matches(self, relative: str) -> bool:
+        names = tuple(relative.split("/"))
+
+        @functools.cache
+        def match(p: int, n: int) -> bool:
+            if p == len(self._parts):
+                return n == len(names)
+            part = self._parts[p]
+            if part is None:
+                return any(match(p + 1, k) for k in range(n, len(names) + 1))
+            return n < len(names) and part.match(names[n]) is not None and match(p + 1, n + 1)
+
+        return match(0, 0)

@@ -1,0 +1,94 @@
+"""Fixtures for the tool tests: a Location, a managed output dir, contexts, a runner.
+
+Everything is real: files under ``tmp_path``, pykka worker threads, and (in the
+bash tests) real subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pykka
+import pytest
+
+from actors import BlockingRunner
+from actors.tools import (
+    OutputBounding,
+    ToolContext,
+    ToolExecutor,
+    ToolRegistry,
+    builtin_tools,
+)
+
+MakeCtx = Callable[..., ToolContext]
+
+
+@pytest.fixture
+def location(tmp_path: Path) -> Path:
+    path = tmp_path / "location"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def output_dir(tmp_path: Path) -> Path:
+    # Not created: bounding creates it on first use.
+    return tmp_path / "tool-output"
+
+
+@pytest.fixture
+def make_ctx(location: Path, output_dir: Path) -> MakeCtx:
+    def make(**overrides: Any) -> ToolContext:
+        fields: dict[str, Any] = {
+            "session_id": "ses_test",
+            "call_id": "call_1",
+            "assistant_message_id": "msg_test",
+            "directory": location,
+            "output_dir": output_dir,
+        }
+        fields.update(overrides)
+        return ToolContext(**fields)
+
+    return make
+
+
+@pytest.fixture
+def ctx(make_ctx: MakeCtx) -> ToolContext:
+    return make_ctx()
+
+
+@pytest.fixture
+async def loop_hygiene() -> AsyncIterator[None]:
+    """No task left behind and nothing reported to the loop's exception handler."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    yield
+    gc.collect()
+    loop.set_exception_handler(previous)
+    leftover = asyncio.all_tasks() - {asyncio.current_task()}
+    assert not leftover, f"tasks outlived the test: {leftover}"
+    assert not reported, f"the loop's exception handler was called: {reported}"
+
+
+@pytest.fixture
+async def runner(loop_hygiene: None) -> AsyncIterator[BlockingRunner]:
+    async with BlockingRunner(limit=4) as r:
+        yield r
+    # Every worker thread the calls used has stopped.
+    assert pykka.ActorRegistry.get_all() == []
+
+
+@pytest.fixture
+def bounding(output_dir: Path) -> OutputBounding:
+    return OutputBounding(output_dir=output_dir)
+
+
+@pytest.fixture
+def executor(runner: BlockingRunner, bounding: OutputBounding) -> ToolExecutor:
+    return ToolExecutor(ToolRegistry(builtin_tools()), runner, bounding)

@@ -1,0 +1,217 @@
+"""The bash tool against real subprocesses: output, exit codes, progress, timeouts, cancellation.
+
+A killed background process is checked with :func:`alive`: ``os.kill(pid, 0)``
+raising ``ProcessLookupError`` proves it gone, but an orphan's corpse may wait
+as a zombie for an init that never reaps it (as in some containers), so a
+zombie counts as gone too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors import BlockingRunner
+from actors.tools import ToolContext, ToolError, ToolExecutor
+from actors.tools.builtin import BashTool
+
+GUARD = 10.0
+#: Starts a background sleep, records its pid, says so, and waits for it.
+BACKGROUND = "sleep 60 & echo $! > bg.pid; echo started; wait"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def text_of(result: Any) -> str:
+    text: str = result.content[0]["text"]
+    return text
+
+
+@pytest.fixture
+def background_pid(location: Path) -> Iterator[Callable[[], int]]:
+    """The pid the command wrote to bg.pid; killed at teardown if it is still around."""
+    pids: list[int] = []
+
+    def read() -> int:
+        pid = int((location / "bg.pid").read_text())
+        pids.append(pid)
+        return pid
+
+    yield read
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_output_with_stderr_merged(ctx: ToolContext) -> None:
+    result = BashTool().run({"command": "echo hello; echo oops >&2"}, ctx)
+    assert text_of(result) == "hello\noops\n"
+    assert result.metadata == {"exitCode": 0}
+
+
+def test_runs_in_the_location(location: Path, ctx: ToolContext) -> None:
+    assert text_of(BashTool().run({"command": "pwd -P"}, ctx)) == f"{location.resolve()}\n"
+
+
+def test_no_output_says_so(ctx: ToolContext) -> None:
+    assert text_of(BashTool().run({"command": "true"}, ctx)) == "(no output)"
+
+
+async def test_a_non_zero_exit_is_a_successful_call_with_the_code(
+    executor: ToolExecutor, ctx: ToolContext
+) -> None:
+    outcome = await executor.execute("bash", {"command": "echo failing; exit 3"}, ctx)
+    assert outcome.status == "success"
+    assert text_of(outcome) == "failing\nExit code: 3"
+    assert outcome.metadata == {"exitCode": 3, "truncated": False}
+
+
+def test_death_by_signal_is_reported(ctx: ToolContext) -> None:
+    result = BashTool().run({"command": "kill -9 $$"}, ctx)
+    assert text_of(result) == "Terminated by signal 9"
+    assert result.metadata == {"exitCode": -9}
+
+
+def test_output_beyond_the_cap_is_counted_not_kept(ctx: ToolContext) -> None:
+    result = BashTool(max_output_bytes=10).run({"command": "printf 0123456789abcdef"}, ctx)
+    assert text_of(result) == "0123456789\n(… 6 more bytes of output were discarded)"
+
+
+def test_a_missing_location_fails(location: Path, make_ctx: Callable[..., ToolContext]) -> None:
+    ctx = make_ctx(directory=location / "missing")
+    with pytest.raises(ToolError, match="Could not start"):
+        BashTool().run({"command": "true"}, ctx)
+
+
+def test_a_background_job_holding_the_pipe_does_not_hold_the_call(
+    ctx: ToolContext, background_pid: Callable[[], int]
+) -> None:
+    started = time.monotonic()
+    result = BashTool().run({"command": "sleep 60 & echo $! > bg.pid; echo done"}, ctx)
+    assert text_of(result) == "done\n"
+    assert time.monotonic() - started < 30  # returned on bash's exit, not the sleep's
+    assert alive(background_pid())  # left running, like a shell would
+
+
+def test_progress_streams_output_while_the_command_runs(location: Path, make_ctx: Any) -> None:
+    updates: list[str] = []
+
+    def progress(update: Mapping[str, Any]) -> None:
+        updates.append(update["output"])
+        if "ready" in update["output"]:
+            (location / "go").touch()  # the command waits for this file
+
+    ctx = make_ctx(progress=progress)
+    command = "echo ready; while [ ! -e go ]; do sleep 0.01; done; echo done"
+    result = BashTool().run({"command": command, "timeout_s": GUARD}, ctx)
+    assert text_of(result) == "ready\ndone\n"
+    assert updates[0] == "ready\n"
+
+
+def test_progress_is_rate_limited(make_ctx: Any) -> None:
+    stamps: list[float] = []
+    outputs: list[str] = []
+
+    def progress(update: Mapping[str, Any]) -> None:
+        stamps.append(time.monotonic())
+        outputs.append(update["output"])
+
+    ctx = make_ctx(progress=progress)
+    command = "for i in $(seq 1 40); do echo line$i; sleep 0.01; done"
+    result = BashTool(progress_interval_s=0.1).run({"command": command}, ctx)
+    assert text_of(result).endswith("line40\n")
+    assert stamps
+    assert all(b - a >= 0.099 for a, b in itertools.pairwise(stamps))
+    # Each update is the output so far: a growing prefix of the final text.
+    assert all(text_of(result).startswith(out) for out in outputs)
+
+
+def test_a_timeout_kills_the_whole_process_group(
+    ctx: ToolContext, background_pid: Callable[[], int]
+) -> None:
+    with pytest.raises(ToolError) as raised:
+        BashTool().run({"command": BACKGROUND, "timeout_s": 1}, ctx)
+    assert raised.value.type == "timeout"
+    assert "timed out after 1 s" in raised.value.message
+    assert "started" in raised.value.message  # the partial output
+    assert not alive(background_pid())
+
+
+def test_cancel_kills_the_group_even_a_child_that_ignores_sigterm(
+    make_ctx: Any, background_pid: Callable[[], int]
+) -> None:
+    def progress(update: Mapping[str, Any]) -> None:
+        if "trapped" in update["output"] and "started" in update["output"]:
+            ctx.cancel.set()
+
+    ctx = make_ctx(progress=progress)
+    # The child announces that it ignores SIGTERM, so only the SIGKILL can end it.
+    command = "(trap '' TERM; echo trapped; exec sleep 60) & echo $! > bg.pid; echo started; wait"
+    with pytest.raises(ToolError) as raised:
+        BashTool(kill_grace_s=0.2).run({"command": command, "timeout_s": GUARD}, ctx)
+    assert raised.value.type == "aborted"
+    assert not alive(background_pid())
+
+
+def test_an_exception_in_progress_still_kills_the_group(
+    make_ctx: Any, background_pid: Callable[[], int]
+) -> None:
+    def progress(update: Mapping[str, Any]) -> None:
+        if "started" in update["output"]:
+            raise RuntimeError("progress sink broke")
+
+    ctx = make_ctx(progress=progress)
+    with pytest.raises(RuntimeError, match="sink broke"):
+        BashTool().run({"command": BACKGROUND, "timeout_s": GUARD}, ctx)
+    assert not alive(background_pid())
+
+
+async def test_cancelling_the_awaiting_task_kills_the_command(
+    executor: ToolExecutor,
+    runner: BlockingRunner,
+    make_ctx: Any,
+    background_pid: Callable[[], int],
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    def progress(update: Mapping[str, Any]) -> None:
+        if "started" in update["output"]:
+            loop.call_soon_threadsafe(started.set)
+
+    ctx = make_ctx(progress=progress)
+    call = asyncio.create_task(executor.execute("bash", {"command": BACKGROUND}, ctx))
+    async with asyncio.timeout(GUARD):
+        await started.wait()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert ctx.cancel.is_set()
+    assert not await runner.run(lambda: alive(background_pid()))
+
+
+async def test_an_invalid_timeout_is_rejected_before_running(
+    executor: ToolExecutor, ctx: ToolContext
+) -> None:
+    outcome = await executor.execute("bash", {"command": "touch ran", "timeout_s": 0}, ctx)
+    assert outcome.error is not None
+    assert outcome.error["type"] == "invalid-input"
+    assert "timeout_s" in outcome.error["message"]

@@ -1,0 +1,273 @@
+"""Output bounding: the cases of OpenCode's tool-output.test.ts, plus lossy saving and retention."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from actors import BlockingRunner
+from actors.tools import OutputBounding, ToolResult, run_sweeper, text_item
+from protocol import ids
+
+DAY = 86_400.0
+NOW = 2_000_000_000.0  # an injected "now", far from the real clock on purpose
+
+
+def text(value: str) -> ToolResult:
+    return ToolResult(content=[text_item(value)])
+
+
+def marker_path(item: object) -> str:
+    assert isinstance(item, dict)
+    body: str = item["text"]
+    assert body.startswith("... ")
+    assert body.endswith(" ...")
+    return body.split("full content saved to ", 1)[1][: -len(" ...")]
+
+
+def test_writes_oversized_text_and_returns_a_bounded_preview(output_dir: Path) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=2, max_bytes=1_000)
+    result = bounding.bound(
+        ToolResult(content=[text_item("one\ntwo\nthree")], metadata={"source": "tool"})
+    )
+    path = result.metadata["outputPath"]
+    assert result.metadata == {"source": "tool", "truncated": True, "outputPath": path}
+    assert Path(path).is_absolute()
+    assert Path(path).parent == output_dir
+    assert ids.is_valid("tool", Path(path).name)
+    # The whole text was saved before the preview came back.
+    assert Path(path).read_text() == "one\ntwo\nthree"
+    assert result.content == (
+        text_item("one\ntwo"),
+        text_item(f"... 1 line truncated; full content saved to {path} ..."),
+    )
+
+
+def test_reports_bytes_omitted_by_the_byte_limit(output_dir: Path) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=100, max_bytes=5)
+    result = bounding.bound(text("one\ntwo"))
+    path = result.metadata["outputPath"]
+    assert result.content == (
+        text_item("one"),
+        text_item(f"... 4 bytes truncated; full content saved to {path} ..."),
+    )
+
+
+def test_preserves_mixed_content_ordering(output_dir: Path) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=2, max_bytes=1_000)
+    file = {"type": "file", "mime": "image/png", "data": "iVBORw0KGgo="}
+    result = bounding.bound(
+        ToolResult(content=[text_item("before"), file, text_item("after\nomitted")])
+    )
+    path = result.metadata["outputPath"]
+    assert result.content == (
+        text_item("before"),
+        file,
+        text_item("after"),
+        text_item(f"... 1 line truncated; full content saved to {path} ..."),
+    )
+    assert Path(path).read_text() == "before\nafter\nomitted"
+
+
+@pytest.mark.parametrize("state", [True, False])
+def test_skips_results_that_report_a_truncation_state(output_dir: Path, state: bool) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=1, max_bytes=1)
+    result = ToolResult(content=[text_item("one\ntwo")], metadata={"truncated": state, "x": 1})
+    assert bounding.bound(result) is result
+    assert not output_dir.exists()
+
+
+def test_marks_results_that_fit_without_changing_their_content(output_dir: Path) -> None:
+    bounding = OutputBounding(output_dir=output_dir)
+    result = bounding.bound(text("small"))
+    assert result == ToolResult(content=[text_item("small")], metadata={"truncated": False})
+    assert not output_dir.exists()
+
+
+def test_does_not_count_a_trailing_newline_as_another_line(output_dir: Path) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=2, max_bytes=1_000)
+    result = bounding.bound(text("one\ntwo\n"))
+    assert result == ToolResult(content=[text_item("one\ntwo\n")], metadata={"truncated": False})
+
+
+def test_reports_a_trailing_newline_omitted_by_the_byte_limit(output_dir: Path) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=2, max_bytes=3)
+    result = bounding.bound(text("one\n"))
+    path = result.metadata["outputPath"]
+    assert result.content == (
+        text_item("one"),
+        text_item(f"... 1 byte truncated; full content saved to {path} ..."),
+    )
+    assert Path(path).read_text() == "one\n"
+
+
+def test_plural_lines_and_the_default_limits(output_dir: Path) -> None:
+    bounding = OutputBounding(output_dir=output_dir)
+    assert (bounding.max_lines, bounding.max_bytes) == (2_000, 51_200)
+    lines = "\n".join(str(n) for n in range(2_005))
+    result = bounding.bound(text(lines))
+    assert result.content[0] == text_item("\n".join(str(n) for n in range(2_000)))
+    assert result.content[1]["text"].startswith("... 5 lines truncated; full content saved to ")
+
+
+def test_the_byte_budget_counts_utf8_bytes_and_newlines(output_dir: Path) -> None:
+    # "ééé" is 6 bytes; the next line would need 1 (newline) + 1 more.
+    bounding = OutputBounding(output_dir=output_dir, max_lines=10, max_bytes=7)
+    result = bounding.bound(text("ééé\nx"))
+    assert result.content[0] == text_item("ééé")
+    assert result.content[1]["text"].startswith("... 2 bytes truncated; ")
+
+
+def test_a_single_oversized_line_leaves_only_the_marker(output_dir: Path) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_bytes=10)
+    result = bounding.bound(text("x" * 25))
+    assert len(result.content) == 1
+    assert result.content[0]["text"].startswith("... 25 bytes truncated; ")
+
+
+def test_text_items_are_cut_in_order_and_non_text_items_keep_their_place(
+    output_dir: Path,
+) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=3, max_bytes=1_000)
+    image = {"type": "file", "mime": "image/gif", "data": "R0lGODlh"}
+    result = bounding.bound(
+        ToolResult(content=[text_item("a\nb"), text_item("c\nd"), image, text_item("e")])
+    )
+    path = result.metadata["outputPath"]
+    assert result.content == (
+        text_item("a\nb"),
+        text_item("c"),
+        text_item(f"... 2 lines truncated; full content saved to {path} ..."),
+        image,
+    )
+    assert Path(path).read_text() == "a\nb\nc\nd\ne"
+
+
+def test_a_result_without_text_is_left_alone(output_dir: Path) -> None:
+    image = {"type": "file", "mime": "image/png", "data": "AAAA"}
+    result = OutputBounding(output_dir=output_dir).bound(ToolResult(content=[image]))
+    assert result.content == (image,)
+    assert result.metadata == {"truncated": False}
+
+
+def test_an_unwritable_output_dir_gives_an_explicitly_lossy_preview(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the output directory should be")
+    bounding = OutputBounding(output_dir=blocker, max_lines=2, max_bytes=1_000)
+    with caplog.at_level(logging.WARNING, logger="actors.tools._bounding"):
+        result = bounding.bound(text("one\ntwo\nthree"))
+    assert result.content == (
+        text_item("one\ntwo"),
+        text_item("... 1 line truncated; full content could not be saved ..."),
+    )
+    assert result.metadata["truncated"] is True
+    assert "outputPath" not in result.metadata
+    assert result.metadata["outputError"]
+    assert "could not save full tool output" in caplog.text
+
+
+def test_every_truncation_gets_its_own_file(output_dir: Path) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=1)
+    first = bounding.bound(text("a\nb")).metadata["outputPath"]
+    second = bounding.bound(text("c\nd")).metadata["outputPath"]
+    assert first != second
+    assert sorted(p.name for p in output_dir.iterdir()) == sorted(
+        [Path(first).name, Path(second).name]
+    )
+
+
+def _aged(path: Path, content: str, age_s: float) -> Path:
+    path.write_text(content)
+    os.utime(path, (NOW - age_s, NOW - age_s))
+    return path
+
+
+def test_cleanup_uses_file_modification_time_when_ids_wrap(output_dir: Path) -> None:
+    output_dir.mkdir()
+    # The old file's id sorts *after* the recent one's: only mtime may decide.
+    old = _aged(output_dir / ("tool_ffffffffffff" + "Z" * 14), "old", 8 * DAY)
+    recent = _aged(output_dir / ("tool_000000000000" + "A" * 14), "recent", 6 * DAY)
+    bounding = OutputBounding(output_dir=output_dir, clock=lambda: NOW)
+    assert bounding.sweep() == 1
+    assert not old.exists()
+    assert recent.exists()
+
+
+def test_cleanup_only_deletes_managed_files(output_dir: Path) -> None:
+    output_dir.mkdir()
+    stray = _aged(output_dir / "notes.txt", "keep", 30 * DAY)
+    short = _aged(output_dir / "tool_abc", "keep: not one of our ids", 30 * DAY)
+    subdir = output_dir / ("tool_" + "0" * 12 + "dir")
+    subdir.mkdir()
+    os.utime(subdir, (NOW - 30 * DAY, NOW - 30 * DAY))
+    managed = _aged(output_dir / ids.tool_output_id(), "gone", 7 * DAY + 1)
+    bounding = OutputBounding(output_dir=output_dir)
+    assert bounding.sweep(now=NOW) == 1
+    assert not managed.exists()
+    assert stray.exists()
+    assert short.exists()
+    assert subdir.is_dir()
+
+
+def test_cleanup_keeps_a_file_exactly_at_the_retention_age(output_dir: Path) -> None:
+    output_dir.mkdir()
+    edge = _aged(output_dir / ids.tool_output_id(), "edge", 7 * DAY)
+    assert OutputBounding(output_dir=output_dir).sweep(now=NOW) == 0
+    assert edge.exists()
+
+
+def test_cleanup_of_a_missing_directory_removes_nothing(output_dir: Path) -> None:
+    assert OutputBounding(output_dir=output_dir).sweep(now=NOW) == 0
+
+
+def test_limits_must_be_positive(output_dir: Path) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        OutputBounding(output_dir=output_dir, max_lines=0)
+    with pytest.raises(ValueError, match="positive"):
+        OutputBounding(output_dir=output_dir, retention_days=0)
+
+
+async def test_the_sweeper_runs_at_start_and_after_each_interval(
+    runner: BlockingRunner, output_dir: Path
+) -> None:
+    def age_one(content: str, age_s: float) -> None:
+        output_dir.mkdir(exist_ok=True)
+        _aged(output_dir / ids.tool_output_id(), content, age_s)
+
+    await runner.run(age_one, "old", 8 * DAY)
+    bounding = OutputBounding(output_dir=output_dir, clock=lambda: NOW)
+    counts: asyncio.Queue[int] = asyncio.Queue()
+    ticks: asyncio.Queue[None] = asyncio.Queue()
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await ticks.get()
+
+    sweeper = asyncio.create_task(
+        run_sweeper(bounding, runner, interval_s=3600.0, sleep=sleep, on_sweep=counts.put_nowait)
+    )
+    try:
+        async with asyncio.timeout(10):
+            assert await counts.get() == 1  # at start, before any interval
+            await runner.run(age_one, "old too", 9 * DAY)
+            ticks.put_nowait(None)
+            assert await counts.get() == 1
+            assert slept == [3600.0, 3600.0]
+    finally:
+        sweeper.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sweeper
+
+
+async def test_the_sweeper_ends_when_the_runner_closes(output_dir: Path) -> None:
+    runner = BlockingRunner(limit=1)
+    async with runner:
+        pass
+    await run_sweeper(OutputBounding(output_dir=output_dir), runner)

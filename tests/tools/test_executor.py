@@ -1,0 +1,325 @@
+"""Registry, permission rules, and the executor: validation, errors, bounding, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors import BlockingRunner
+from actors.tools import (
+    OutputBounding,
+    ToolContext,
+    ToolError,
+    ToolExecutor,
+    ToolOutcome,
+    ToolRegistry,
+    ToolResult,
+    ToolSpec,
+    builtin_tools,
+    permission,
+    text_item,
+)
+
+#: Only a guard: thread-side waits give up after this instead of hanging.
+GUARD = 10.0
+
+Run = Callable[[Mapping[str, Any], ToolContext], ToolResult]
+
+SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}, "text": {"type": "string"}},
+    "additionalProperties": False,
+}
+
+
+class FnTool:
+    """A tool whose run is a test function; records every input it ran with."""
+
+    description = "a test tool"
+
+    def __init__(self, name: str, fn: Run, schema: Mapping[str, Any] = SCHEMA) -> None:
+        self.name = name
+        self.input_schema = schema
+        self._fn = fn
+        self.calls: list[Mapping[str, Any]] = []
+
+    def run(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        self.calls.append(input)
+        return self._fn(input, ctx)
+
+
+def echo(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    return ToolResult.text(str(input.get("text", "")))
+
+
+def executor_for(runner: BlockingRunner, bounding: OutputBounding, *tools: FnTool) -> ToolExecutor:
+    return ToolExecutor(ToolRegistry(tools), runner, bounding)
+
+
+# -- registry ----------------------------------------------------------------------------------
+
+
+def test_specs_list_every_tool_in_registration_order() -> None:
+    registry = ToolRegistry(builtin_tools())
+    specs = registry.specs()
+    assert [s.name for s in specs] == ["read", "write", "edit", "list", "glob", "grep", "bash"]
+    assert all(s.description and s.input_schema["type"] == "object" for s in specs)
+    assert registry.specs(["bash", "nope"]) == (
+        ToolSpec(
+            name="bash",
+            description=registry.lookup("bash").description,
+            input_schema=registry.lookup("bash").input_schema,
+        ),
+    )
+    assert "read" in registry
+    assert len(registry) == 7
+
+
+def test_registering_a_name_twice_is_refused() -> None:
+    registry = ToolRegistry([FnTool("t", echo)])
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(FnTool("t", echo))
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": "string"}, {"type": "object", "properties": {"n": {"type": "nonsense"}}}],
+)
+def test_a_broken_schema_is_refused_at_registration(schema: Mapping[str, Any]) -> None:
+    with pytest.raises(ValueError, match="input_schema"):
+        ToolRegistry([FnTool("t", echo, schema)])
+
+
+def test_lookup_of_an_unknown_name_raises_an_unknown_tool_error() -> None:
+    with pytest.raises(ToolError) as raised:
+        ToolRegistry().lookup("ghost")
+    assert raised.value.type == "unknown-tool"
+    assert ToolRegistry().get("ghost") is None
+
+
+# -- permission --------------------------------------------------------------------------------
+
+
+def test_permission_defaults_to_allow() -> None:
+    assert permission({}, "bash") == "allow"
+
+
+def test_permission_star_applies_to_every_tool() -> None:
+    assert permission({"*": "deny"}, "bash") == "deny"
+
+
+@pytest.mark.parametrize(("exact", "star"), [("allow", "deny"), ("deny", "allow")])
+def test_an_exact_rule_wins_over_star(exact: Any, star: Any) -> None:
+    assert permission({"*": star, "bash": exact}, "bash") == exact
+    assert permission({"*": star, "bash": exact}, "read") == star
+
+
+def test_a_malformed_rule_is_an_error() -> None:
+    with pytest.raises(ValueError, match="allow"):
+        permission({"bash": "maybe"}, "bash")  # type: ignore[dict-item]
+
+
+# -- executor: refusals --------------------------------------------------------------------------
+
+
+async def test_an_unknown_tool_fails(
+    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    outcome = await executor_for(runner, bounding).execute("ghost", {}, ctx)
+    assert outcome.status == "failed"
+    assert outcome.error is not None
+    assert outcome.error["type"] == "unknown-tool"
+    assert "ghost" in outcome.error["message"]
+
+
+@pytest.mark.parametrize(
+    ("input", "problem"),
+    [
+        ({"n": "three"}, "$.n: 'three' is not of type 'integer'"),
+        ({"extra": 1}, "Additional properties are not allowed ('extra' was unexpected)"),
+        ([1, 2], "[1, 2] is not of type 'object'"),
+    ],
+)
+async def test_invalid_input_fails_without_running_the_tool(
+    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext, input: Any, problem: str
+) -> None:
+    tool = FnTool("t", echo)
+    outcome = await executor_for(runner, bounding, tool).execute("t", input, ctx)
+    assert outcome.status == "failed"
+    assert outcome.error is not None
+    assert outcome.error["type"] == "invalid-input"
+    assert problem in outcome.error["message"]
+    assert tool.calls == []
+
+
+async def test_a_missing_required_property_is_named(
+    executor: ToolExecutor, ctx: ToolContext
+) -> None:
+    outcome = await executor.execute("read", {}, ctx)
+    assert outcome.error == {
+        "type": "invalid-input",
+        "message": "Invalid input for tool 'read': 'path' is a required property",
+    }
+
+
+async def test_a_preset_cancel_fails_the_call_without_running_it(
+    runner: BlockingRunner, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
+) -> None:
+    tool = FnTool("t", echo)
+    cancel = threading.Event()
+    cancel.set()
+    outcome = await executor_for(runner, bounding, tool).execute("t", {}, make_ctx(cancel=cancel))
+    assert outcome.error is not None
+    assert outcome.error["type"] == "aborted"
+    assert tool.calls == []
+
+
+async def test_a_closed_runner_fails_the_call_as_aborted(
+    bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    runner = BlockingRunner(limit=1)
+    async with runner:
+        pass
+    outcome = await executor_for(runner, bounding, FnTool("t", echo)).execute("t", {}, ctx)
+    assert outcome.error is not None
+    assert outcome.error["type"] == "aborted"
+
+
+# -- executor: results and failures ------------------------------------------------------------
+
+
+async def test_a_result_that_fits_is_marked_not_truncated(
+    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    outcome = await executor_for(runner, bounding, FnTool("t", echo)).execute(
+        "t", {"text": "hi"}, ctx
+    )
+    assert outcome == ToolOutcome(
+        status="success", content=[text_item("hi")], metadata={"truncated": False}
+    )
+
+
+async def test_a_large_result_is_bounded_and_saved_before_it_is_returned(
+    runner: BlockingRunner, output_dir: Path, ctx: ToolContext
+) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=2)
+    outcome = await executor_for(runner, bounding, FnTool("t", echo)).execute(
+        "t", {"text": "1\n2\n3\n4"}, ctx
+    )
+    assert outcome.status == "success"
+    assert outcome.metadata["truncated"] is True
+    saved = await runner.run(Path(outcome.metadata["outputPath"]).read_text)
+    assert saved == "1\n2\n3\n4"
+    assert outcome.content[0] == text_item("1\n2")
+    assert outcome.content[1]["text"].startswith("... 2 lines truncated; ")
+
+
+async def test_a_tool_error_becomes_a_failed_outcome_with_its_type(
+    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    def fail(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        raise ToolError("no such thing", type="denied")
+
+    outcome = await executor_for(runner, bounding, FnTool("t", fail)).execute("t", {}, ctx)
+    assert outcome == ToolOutcome(
+        status="failed", error={"type": "denied", "message": "no such thing"}
+    )
+
+
+async def test_an_unexpected_exception_becomes_a_tool_error(
+    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    def crash(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        raise KeyError("boom")
+
+    outcome = await executor_for(runner, bounding, FnTool("t", crash)).execute("t", {}, ctx)
+    assert outcome.error == {"type": "tool.error", "message": "KeyError: 'boom'"}
+
+
+# -- executor: cancellation ----------------------------------------------------------------------
+
+
+def waits_for_cancel(started: Callable[[], object]) -> Run:
+    def run(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        started()
+        if not ctx.cancel.wait(GUARD):
+            return ToolResult.text("never cancelled")
+        raise ToolError("stopped on request", type="aborted")
+
+    return run
+
+
+async def test_setting_ctx_cancel_returns_an_aborted_outcome(
+    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    tool = FnTool("t", waits_for_cancel(ctx.cancel.set))
+    outcome = await executor_for(runner, bounding, tool).execute("t", {}, ctx)
+    assert outcome.error == {"type": "aborted", "message": "stopped on request"}
+
+
+async def test_cancelling_the_awaiting_task_sets_ctx_cancel_and_propagates(
+    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    returned = threading.Event()
+
+    def run(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        try:
+            return waits_for_cancel(lambda: loop.call_soon_threadsafe(started.set))(input, ctx)
+        finally:
+            returned.set()
+
+    executor = executor_for(runner, bounding, FnTool("t", run))
+    call = asyncio.create_task(executor.execute("t", {}, ctx))
+    async with asyncio.timeout(GUARD):
+        await started.wait()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert ctx.cancel.is_set()
+    # The tool had returned before the cancellation reached us: nothing runs on.
+    assert returned.is_set()
+
+
+# -- executor: concurrency -----------------------------------------------------------------------
+
+
+async def test_twenty_calls_never_run_more_than_the_runner_limit(
+    runner: BlockingRunner, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
+) -> None:
+    assert runner.limit == 4
+    lock = threading.Lock()
+    full = threading.Event()
+    active = peak = 0
+
+    def run(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+            if active == runner.limit:
+                full.set()
+        try:
+            # Each call holds its thread until the limit is reached once, so the
+            # first four are provably running together.
+            assert full.wait(GUARD)
+        finally:
+            with lock:
+                active -= 1
+        return ToolResult.text(str(input["n"]))
+
+    executor = executor_for(runner, bounding, FnTool("t", run))
+    async with asyncio.timeout(GUARD), asyncio.TaskGroup() as group:
+        calls = [
+            group.create_task(executor.execute("t", {"n": n}, make_ctx(call_id=f"call_{n}")))
+            for n in range(20)
+        ]
+    outcomes = [call.result() for call in calls]
+    assert [o.content for o in outcomes] == [(text_item(str(n)),) for n in range(20)]
+    assert peak == runner.limit
