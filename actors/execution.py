@@ -35,13 +35,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import attrs
 
 from actors._actor import Actor
 from actors._ref import ActorRef
+from actors._shield import finish
 from actors.inbox import Scope
 from protocol.events import ErrorInfo, InterruptReason
 
@@ -243,7 +244,7 @@ class SessionActor(Actor):
     async def _run(self, scope: Scope, force: bool, terminal: asyncio.Future[Terminal]) -> None:
         outcome: Terminal
         try:
-            await _finish(self._hooks.started(self.session_id))
+            await finish(self._hooks.started(self.session_id))
             while True:
                 await self._hooks.drain(self.session_id, scope, force)
                 if self._pending is None:
@@ -260,7 +261,7 @@ class SessionActor(Actor):
             outcome = Terminal(kind="failed", error=error_info(exc))
         self._settling = True
         try:
-            await _finish(self._hooks.settled(self.session_id, outcome))
+            await finish(self._hooks.settled(self.session_id, outcome))
         except Exception:
             log.exception("settling %s failed", self.session_id)
         finally:
@@ -285,27 +286,6 @@ class SessionActor(Actor):
             if not waiter.done():
                 waiter.set_result(None)
         self._on_idle(self.session_id)
-
-
-async def _finish(work: Awaitable[None]) -> None:
-    """Run ``work`` to completion even if the caller is cancelled meanwhile.
-
-    ``started`` and ``settled`` publish durable facts that must not be cut in
-    half; a cancellation that arrives during them is delivered afterwards.
-    """
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while True:
-        try:
-            await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                break
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    task.result()
 
 
 # -- the supervisor -------------------------------------------------------------------------------

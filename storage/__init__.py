@@ -1,5 +1,6 @@
 """The append-only SQLite event log and its projections. Depends on protocol only."""
 
+from storage._writer import Synchronous
 from storage.errors import (
     AppendConflictError,
     DivergedError,
@@ -10,7 +11,7 @@ from storage.errors import (
     StoreClosedError,
     StoreLockedError,
 )
-from storage.queries import Queries
+from storage.queries import Claim, OpenToolCall, Queries
 from storage.rebuild import dump_projections, rebuild_projections
 from storage.recorder import Command, NewEvent, RecordedEvent, Recorder, Subscriber, now_ms
 from storage.schema import SCHEMA_VERSION
@@ -19,9 +20,11 @@ from storage.sqlite import SQLiteStore
 __all__ = [
     "SCHEMA_VERSION",
     "AppendConflictError",
+    "Claim",
     "Command",
     "DivergedError",
     "NewEvent",
+    "OpenToolCall",
     "ProjectionConflict",
     "Queries",
     "RecordedEvent",
@@ -33,6 +36,7 @@ __all__ = [
     "StoreClosedError",
     "StoreLockedError",
     "Subscriber",
+    "Synchronous",
     "dump_projections",
     "now_ms",
     "rebuild_projections",

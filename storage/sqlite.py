@@ -136,15 +136,24 @@ class SQLiteStore:
         Cancelling the caller does not withdraw a submitted command: it commits
         (or fails) with its batch either way.
         """
+        return await asyncio.shield(self.submit(command))
+
+    def submit(self, command: Command) -> asyncio.Future[list[RecordedEvent]]:
+        """Queue ``command`` and return a future of its records, without waiting.
+
+        Commands commit in submission order, so a caller may submit several
+        and await only the last one it needs to be durable.
+        """
         self._check_open()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[RecordedEvent]] = loop.create_future()
         if not command.events:
-            return []
+            future.set_result([])
+            return future
         # Encoding here, on the loop, overlaps with the writer's fsync.
         encoded = tuple(
             (stored_type(new.event), encode_data(new.event).decode()) for new in command.events
         )
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[RecordedEvent]] = loop.create_future()
         self._pending.append((Prepared(command=command, encoded=encoded), future))
         self._drained.clear()
         if not self._inflight and not self._flush_scheduled:
@@ -153,7 +162,7 @@ class SQLiteStore:
             # join this batch instead of queueing behind a batch of one.
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        return await future
+        return future
 
     def _flush(self) -> None:
         assert self._writer is not None

@@ -1,0 +1,73 @@
+"""The instance feed: every public event of this process, durable and live-only.
+
+Durable events arrive from the store after COMMIT; live-only events (text and
+reasoning deltas, tool input deltas, tool progress) are published here and
+never stored. Subscribers are plain callables run on the event loop; the
+SSE layer gives each connection its own bounded queue on top of this.
+No replay: an event published before a subscriber joined is not seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from protocol import ids
+from protocol.events import Event, envelope
+from storage import RecordedEvent, Recorder, now_ms
+
+__all__ = ["Envelope", "EventBus"]
+
+log = logging.getLogger(__name__)
+
+Envelope = dict[str, Any]
+
+
+class EventBus:
+    def __init__(self) -> None:
+        self._subscribers: list[Callable[[Envelope], None]] = []
+        self._detach: Callable[[], None] | None = None
+
+    def attach(self, recorder: Recorder) -> None:
+        """Forward the recorder's committed events."""
+        self._detach = recorder.subscribe(self._committed)
+
+    def close(self) -> None:
+        if self._detach is not None:
+            self._detach()
+            self._detach = None
+        self._subscribers.clear()
+
+    def subscribe(self, subscriber: Callable[[Envelope], None]) -> Callable[[], None]:
+        self._subscribers.append(subscriber)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def live(self, event: Event) -> None:
+        """Publish a live-only event (no ``durable`` member, never stored)."""
+        if self._subscribers:
+            self._publish(envelope(id=ids.event_id(), created=now_ms(), event=event, seq=None))
+
+    def _committed(self, records: Sequence[RecordedEvent]) -> None:
+        if not self._subscribers:
+            return
+        for record in records:
+            if record.event is not None:
+                self._publish(
+                    envelope(
+                        id=record.id, created=record.created, event=record.event, seq=record.seq
+                    )
+                )
+
+    def _publish(self, message: Envelope) -> None:
+        for subscriber in list(self._subscribers):
+            try:
+                subscriber(message)
+            except Exception:
+                log.exception("event bus subscriber failed")

@@ -1,0 +1,89 @@
+"""From projected Session History to the model's view of it.
+
+The runner never keeps a conversation in memory between steps: before each
+step it reloads the projected transcript and turns it into the normalized
+request messages here. Tool parts become an assistant tool call plus a tool
+result message; a call that never settled (it cannot, by the time a step is
+built) is sent as an error result so the model sees what happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+
+from actors.llm import (
+    ChatMessage,
+    ContentPart,
+    FileContent,
+    ReasoningContent,
+    TextContent,
+    ToolCallContent,
+    ToolResultContent,
+)
+from protocol.shapes import (
+    AssistantMessage,
+    ReasoningPart,
+    SessionMessage,
+    SyntheticMessage,
+    SystemMessage,
+    TextPart,
+    ToolPart,
+    UserMessage,
+)
+
+__all__ = ["to_chat"]
+
+
+def to_chat(history: Sequence[SessionMessage]) -> tuple[ChatMessage, ...]:
+    out: list[ChatMessage] = []
+    for message in history:
+        match message:
+            case UserMessage():
+                parts: list[ContentPart] = []
+                if message.text:
+                    parts.append(TextContent(text=message.text))
+                for f in message.files or ():
+                    parts.append(FileContent(mime=f.mime, data=f.data, name=f.name))
+                if parts:
+                    out.append(ChatMessage(role="user", parts=tuple(parts)))
+            case SyntheticMessage():
+                out.append(ChatMessage(role="user", parts=(TextContent(text=message.text),)))
+            case SystemMessage():
+                out.append(ChatMessage(role="system", parts=(TextContent(text=message.text),)))
+            case AssistantMessage():
+                out.extend(_assistant(message))
+    return tuple(out)
+
+
+def _assistant(message: AssistantMessage) -> list[ChatMessage]:
+    parts: list[ContentPart] = []
+    results: list[ContentPart] = []
+    for part in message.parts:
+        match part:
+            case TextPart(text=text) if text:
+                parts.append(TextContent(text=text))
+            case ReasoningPart(text=text) if text:
+                parts.append(ReasoningContent(text=text))
+            case ToolPart():
+                parts.append(ToolCallContent(id=part.id, name=part.name, input=part.input or {}))
+                results.append(_result(part))
+    out = []
+    if parts:
+        out.append(ChatMessage(role="assistant", parts=tuple(parts)))
+    if results:
+        out.append(ChatMessage(role="tool", parts=tuple(results)))
+    return out
+
+
+def _result(part: ToolPart) -> ToolResultContent:
+    if part.status == "completed":
+        texts = [str(c.get("text", "")) for c in part.content or () if c.get("type") == "text"]
+        return ToolResultContent(id=part.id, name=part.name, output="\n".join(texts))
+    if part.status == "error" and part.error is not None:
+        message = str(part.error.get("message", "")) or orjson.dumps(part.error).decode()
+        return ToolResultContent(id=part.id, name=part.name, output=message, is_error=True)
+    return ToolResultContent(
+        id=part.id, name=part.name, output="Tool call did not complete", is_error=True
+    )

@@ -1,0 +1,186 @@
+"""The runner: one drain of one session, step after step, from projected history.
+
+A drain (called by the session's busy period) works like this:
+
+1. At drain start, tool calls still projected as streaming/running belong to
+   an earlier process or an interrupted step: they fail with ``aborted``,
+   keeping their assistant message, before any model work. Nothing is replayed.
+2. Before each step, at the Safe Step Boundary: sample the session's agent and
+   model (a switch applies from the next step on), prepare instructions (a
+   hook; no sources yet), promote input — steers at every boundary while the
+   drain continues, one queued item only at the idle boundary — and reload the
+   projected history. Promotion that delivers input resets the step allowance.
+3. Run the step (:mod:`actors.step`). If it needs a continuation (the model
+   called tools), loop: the continuation is a new step built from history,
+   never an in-memory tool loop. Otherwise go back to the idle boundary, where
+   the next queued item (if the drain's scope allows) starts a new turn.
+
+A failed step ends the drain with :class:`StepFailedError`, which fails the
+execution with the step's error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from actors._threaded import BlockingRunner
+from actors.agents import Agent, AgentCatalog, load_catalog, project_file
+from actors.bus import EventBus
+from actors.history import to_chat
+from actors.inbox import Scope
+from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
+from actors.sessions import Sessions
+from actors.step import StepRunner
+from actors.tools import ToolExecutor, ToolRegistry
+from protocol import events as ev
+from protocol.errors import SessionNotFoundError
+from protocol.shapes import AssistantMessage, Session
+from storage import Command, SQLiteStore
+
+__all__ = ["InstructionSource", "NoInstructions", "Runner", "StepFailedError"]
+
+
+class StepFailedError(Exception):
+    """A step ended in ``session.step.failed``; the execution fails with its error."""
+
+    def __init__(self, error: ev.ErrorInfo) -> None:
+        super().__init__(error.message)
+        self.type = error.type
+
+
+class InstructionSource(Protocol):
+    """Prepares instructions at each Safe Step Boundary (the instructions issue fills it)."""
+
+    async def prepare(self, session: Session, agent: Agent) -> None: ...
+
+
+class NoInstructions:
+    async def prepare(self, session: Session, agent: Agent) -> None:
+        return None
+
+
+class Runner:
+    def __init__(
+        self,
+        *,
+        store: SQLiteStore,
+        sessions: Sessions,
+        providers: ProviderRegistry,
+        tools: ToolRegistry,
+        executor: ToolExecutor,
+        blocking: BlockingRunner,
+        bus: EventBus,
+        agent_files: Sequence[Path] = (),
+        output_dir: Path,
+        instructions: InstructionSource | None = None,
+    ) -> None:
+        self._store = store
+        self._sessions = sessions
+        self._providers = providers
+        self._tools = tools
+        self._blocking = blocking
+        self._agent_files = tuple(agent_files)
+        self._instructions = instructions or NoInstructions()
+        self._steps = StepRunner(
+            store=store,
+            bus=bus,
+            providers=providers,
+            executor=executor,
+            output_dir=output_dir,
+            tools=tools,
+        )
+
+    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
+        try:
+            await self._sessions.get(session_id)
+        except SessionNotFoundError:
+            return  # deleted meanwhile: nothing to run
+        await self.fail_stale_tools(session_id)
+        agents = await self._catalog(session_id)
+        continuing = False
+        first = True
+        step = 0
+        while True:
+            delivered = await self._sessions.promote(session_id, "steer" if continuing else scope)
+            if delivered:
+                step = 0  # new input resets the allowance, once per batch
+            idle = not continuing and not delivered
+            if idle and not (first and force and await self._awaits_reply(session_id)):
+                return
+            first = False
+            session = await self._sessions.get(session_id)
+            agent = agents.get(session.agent)
+            await self._instructions.prepare(session, agent)
+            step += 1
+            limited = agent.steps is not None and step >= agent.steps
+            request = await self._request(session, agent, step, limited)
+            outcome = await self._steps.run(session, agent, request, limited=limited)
+            if outcome.error is not None:
+                raise StepFailedError(outcome.error)
+            continuing = outcome.needs_continuation
+
+    async def fail_stale_tools(self, session_id: str) -> int:
+        """Fail every tool call still open in the projection (never replay it)."""
+        stale = await self._store.queries.open_tool_calls(session_id)
+        for call in stale:
+            await self._store.append(
+                Command.of(
+                    ev.ToolFailed(
+                        session_id=session_id,
+                        assistant_message_id=call.assistant_message_id,
+                        id=call.id,
+                        error=ev.ErrorInfo(
+                            type="aborted", message=f"Tool execution interrupted: {call.name}"
+                        ),
+                    )
+                )
+            )
+        return len(stale)
+
+    async def _request(
+        self, session: Session, agent: Agent, step: int, limited: bool
+    ) -> ModelRequest:
+        history = await self._sessions.context(session.id)
+        allowed = [t.name for t in self._tools]
+        metadata: dict[str, Any] = {"step": step, "attempt": 1}
+        script = _script(agent, session.metadata)
+        if script is not None:
+            metadata["script"] = script
+        request = ModelRequest(
+            session_id=session.id,
+            agent=agent.name,
+            model=session.model or agent.model or SCRIPTED_MODEL,
+            system=(agent.system,) if agent.system else (),
+            messages=to_chat(history),
+            tools=tuple(
+                ToolSpec(name=s.name, description=s.description, input_schema=s.input_schema)
+                for s in self._tools.specs(allowed)
+            ),
+            metadata=metadata,
+        )
+        return with_max_steps(request) if limited else request
+
+    async def _awaits_reply(self, session_id: str) -> bool:
+        """A forced resume with nothing to deliver runs only if the transcript wants it."""
+        history = await self._sessions.context(session_id)
+        if not history:
+            return False
+        last = history[-1]
+        if not isinstance(last, AssistantMessage):
+            return True
+        return last.finish == "tool-calls" and last.error is None
+
+    async def _catalog(self, session_id: str) -> AgentCatalog:
+        """Built-in agents, then the data dir's file, then the project's (re-read per drain)."""
+        session = await self._sessions.get(session_id)
+        files = (*self._agent_files, project_file(session.location.directory))
+        # Small TOML reads, on a worker thread like all file I/O.
+        return await self._blocking.run(load_catalog, *files)
+
+
+def _script(agent: Agent, metadata: Mapping[str, Any] | None) -> str | None:
+    if metadata is not None and isinstance(metadata.get("script"), str):
+        return str(metadata["script"])
+    return agent.script

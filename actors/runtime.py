@@ -1,0 +1,220 @@
+"""The runtime: the store, the session facade, execution, models and tools, wired.
+
+    async with Runtime(RuntimeConfig(data_dir=path)) as rt:
+        session = await rt.sessions.create()
+        await rt.sessions.prompt(session.id, PromptInput(text="hello"))
+        await rt.execution.wait_idle(session.id)
+
+This is what the HTTP server and the embedded host hold. Closing it interrupts
+running executions with reason ``shutdown`` (their claims stay, so the next
+start can recover them), lets running tools settle or fail, stops the
+sweeper, the tool threads and the store, in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import attrs
+
+from actors._threaded import BlockingRunner
+from actors.bus import EventBus
+from actors.execution import Execution, Terminal
+from actors.inbox import Scope, select_promotable
+from actors.llm import Provider, ProviderRegistry
+from actors.runner import InstructionSource, Runner
+from actors.sessions import Sessions
+from actors.tools import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_LINES,
+    OutputBounding,
+    Tool,
+    ToolExecutor,
+    ToolRegistry,
+    builtin_tools,
+    run_sweeper,
+)
+from protocol import events as ev
+from protocol.errors import ServiceUnavailableError
+from storage import Command, ProjectionConflict, SQLiteStore, Synchronous
+
+__all__ = ["DB_NAME", "Runtime", "RuntimeConfig"]
+
+DB_NAME = "sessionrt.sqlite"
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeConfig:
+    data_dir: Path
+    synchronous: Synchronous = "FULL"
+    #: Where sessions created without a location live (default: the cwd).
+    default_directory: str | None = None
+    max_tool_threads: int = 16
+    tool_output_max_lines: int = DEFAULT_MAX_LINES
+    tool_output_max_bytes: int = DEFAULT_MAX_BYTES
+    #: Extra model providers by provider id; the scripted model is always there.
+    providers: Mapping[str, Provider] = attrs.field(factory=dict)
+    #: Tools offered to models; the built-in set when None.
+    tools: tuple[Tool, ...] | None = None
+    instructions: InstructionSource | None = None
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / DB_NAME
+
+    @property
+    def agents_file(self) -> Path:
+        return self.data_dir / "agents.toml"
+
+    @property
+    def tool_output_dir(self) -> Path:
+        return self.data_dir / "tool-output"
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class _DurableHooks:
+    """Execution hooks that publish the execution facts and run the runner."""
+
+    def __init__(self, store: SQLiteStore, runner: Runner) -> None:
+        self._store = store
+        self._runner = runner
+
+    async def started(self, session_id: str) -> None:
+        await self._store.append(Command.of(ev.ExecutionStarted(session_id=session_id)))
+
+    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
+        await self._runner.drain(session_id, scope, force)
+
+    async def settled(self, session_id: str, terminal: Terminal) -> None:
+        event: ev.Event
+        if terminal.kind == "succeeded":
+            event = ev.ExecutionSucceeded(session_id=session_id)
+        elif terminal.kind == "interrupted":
+            event = ev.ExecutionInterrupted(session_id=session_id, reason=terminal.reason or "user")
+        else:
+            error = terminal.error or ev.ErrorInfo(type="unknown", message="execution failed")
+            event = ev.ExecutionFailed(session_id=session_id, error=error)
+        try:
+            await self._store.append(Command.of(event))
+        except ProjectionConflict as exc:
+            if exc.reason != "session.missing":
+                raise
+            # The session was deleted while it ran: there is nothing to settle.
+
+
+class Runtime:
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
+        self._state = _State.UNOPENED
+        self._stack = contextlib.AsyncExitStack()
+        self.store = SQLiteStore(config.db_path, synchronous=config.synchronous)
+        self.bus = EventBus()
+        self.blocking = BlockingRunner(limit=config.max_tool_threads)
+        self.tools = ToolRegistry(builtin_tools() if config.tools is None else config.tools)
+        self.bounding = OutputBounding(
+            output_dir=config.tool_output_dir,
+            max_lines=config.tool_output_max_lines,
+            max_bytes=config.tool_output_max_bytes,
+        )
+        self.providers = ProviderRegistry(providers=config.providers)
+        self.sessions = Sessions(
+            self.store, wake=self._wake, default_directory=config.default_directory
+        )
+        self._execution: Execution | None = None
+
+    @property
+    def execution(self) -> Execution:
+        if self._execution is None:
+            raise ServiceUnavailableError("the runtime is not running", service="execution")
+        return self._execution
+
+    def _wake(self, session_id: str, scope: Scope) -> None:
+        if self._execution is not None:
+            self._execution.wake(session_id, scope)
+
+    async def __aenter__(self) -> Self:
+        if self._state is not _State.UNOPENED:
+            raise RuntimeError(f"runtime is {self._state.value}; a runtime opens once")
+        self._state = _State.OPEN
+        try:
+            await asyncio.to_thread(os.makedirs, self.config.data_dir, exist_ok=True)
+            await self._stack.enter_async_context(self.store)
+            self.bus.attach(self.store)
+            self._stack.callback(self.bus.close)
+            await self._stack.enter_async_context(self.blocking)
+            runner = Runner(
+                store=self.store,
+                sessions=self.sessions,
+                providers=self.providers,
+                tools=self.tools,
+                executor=ToolExecutor(self.tools, self.blocking, self.bounding),
+                blocking=self.blocking,
+                bus=self.bus,
+                agent_files=(self.config.agents_file,),
+                output_dir=self.config.tool_output_dir,
+                instructions=self.config.instructions,
+            )
+            self.runner = runner
+            sweeper = asyncio.get_running_loop().create_task(
+                run_sweeper(self.bounding, self.blocking), name="tool-output-sweeper"
+            )
+            self._stack.push_async_callback(_cancel, sweeper)
+            self._execution = await Execution.start(_DurableHooks(self.store, runner))
+            self._stack.push_async_callback(self._stop_execution)
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        await self._stack.aclose()
+
+    async def _stop_execution(self) -> None:
+        execution, self._execution = self._execution, None
+        if execution is not None:
+            await execution.shutdown()
+
+    async def interrupt(self, session_id: str, *, resume: bool = False) -> bool:
+        """Interrupt the session's local execution as the user; never deletes input.
+
+        With ``resume``, the session is woken again at steer scope when its next
+        promotable input is a steer or a control item (queued prompts stay parked).
+        """
+        await self.sessions.get(session_id)
+        interrupted = await self.execution.interrupt(session_id, "user")
+        if resume:
+            pending = await self.sessions.pending(session_id)
+            steers = select_promotable(pending, "steer")
+            head = next((i for i in pending if i.delivery == "steer"), None)
+            if steers or (head is not None and head.type in ("compaction", "move")):
+                self.execution.wake(session_id, "steer")
+        return interrupted
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

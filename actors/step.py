@@ -1,0 +1,359 @@
+"""One step: a model call streamed into durable events, and its tool calls settled.
+
+Order of facts for a step (all carry ``assistantMessageID``):
+``step.started`` -> text/reasoning ``started``/``ended`` (deltas live only)
+-> per tool ``tool.input.started``/``ended`` -> ``tool.called`` (durable
+*before* the tool starts) -> the tool's single terminal -> ... -> exactly one
+``step.ended`` or ``step.failed`` once every call has settled.
+
+Tool calls start eagerly, as soon as the model finishes each one, and run
+concurrently; their terminals are published one at a time. Events that need
+not be awaited are submitted and committed with the next group commit; the
+step awaits durability where it matters (before a tool runs, and at its end).
+
+Interrupts: the drain task is cancelled; running tools are cancelled (a
+subprocess is killed with its process group), each still publishes its failed
+terminal, then the step publishes ``step.failed {type: "aborted"}`` and the
+cancellation continues upward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from actors._shield import finish
+from actors.agents import Agent
+from actors.bus import EventBus
+from actors.llm import (
+    TOOLS_DISABLED_ERROR,
+    Finish,
+    ModelRequest,
+    ProviderError,
+    ProviderRegistry,
+    ReasoningDelta,
+    ReasoningEnd,
+    ReasoningStart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ToolCall,
+    ToolInputDelta,
+    ToolInputEnd,
+    ToolInputStart,
+)
+from actors.tools import ToolContext, ToolExecutor, ToolOutcome, ToolRegistry, permission
+from protocol import events as ev
+from protocol import ids
+from protocol.shapes import Session
+from storage import Command, RecordedEvent, SQLiteStore, now_ms
+
+__all__ = ["StepOutcome", "StepRunner"]
+
+
+@attrs.frozen(kw_only=True)
+class StepOutcome:
+    needs_continuation: bool = False
+    #: Set when the step failed in a way that fails the execution.
+    error: ev.ErrorInfo | None = None
+
+
+class _Step:
+    """The mutable bookkeeping of one running step."""
+
+    def __init__(self, store: SQLiteStore, session_id: str, assistant_id: str) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.assistant_id = assistant_id
+        self.submitted: list[asyncio.Future[list[RecordedEvent]]] = []
+        self.texts: dict[int, list[str]] = {}
+        self.inputs: dict[str, list[str]] = {}
+        self.tools: dict[str, asyncio.Task[ToolOutcome]] = {}
+        self.terminals = asyncio.Lock()
+        self.denied: str | None = None
+
+    def emit(self, event: ev.Event) -> None:
+        self.submitted.append(self.store.submit(Command.of(event)))
+
+    async def durable(self, event: ev.Event) -> None:
+        self.emit(event)
+        await asyncio.shield(self.submitted[-1])
+
+    async def flushed(self) -> None:
+        """Everything submitted so far is committed (or its failure raised)."""
+        pending, self.submitted = self.submitted, []
+        for future in pending:
+            await asyncio.shield(future)
+
+
+class StepRunner:
+    def __init__(
+        self,
+        *,
+        store: SQLiteStore,
+        bus: EventBus,
+        providers: ProviderRegistry,
+        executor: ToolExecutor,
+        tools: ToolRegistry,
+        output_dir: Path,
+    ) -> None:
+        self._store = store
+        self._bus = bus
+        self._providers = providers
+        self._executor = executor
+        self._tools = tools
+        self._output_dir = output_dir
+
+    async def run(
+        self, session: Session, agent: Agent, request: ModelRequest, *, limited: bool
+    ) -> StepOutcome:
+        step = _Step(self._store, session.id, ids.message_id())
+        step.emit(
+            ev.StepStarted(
+                session_id=session.id,
+                assistant_message_id=step.assistant_id,
+                agent=agent.name,
+                model=request.model,
+                started=now_ms(),
+            )
+        )
+        try:
+            finished = await self._stream(step, session, agent, request, limited)
+            outcomes = [await task for task in step.tools.values()]
+        except asyncio.CancelledError:
+            await finish(self._abort(step, "aborted", "Step interrupted"))
+            raise
+        except ProviderError as exc:
+            error = ev.ErrorInfo(type=exc.type, message=exc.message)
+            await finish(self._abort(step, error.type, error.message))
+            return StepOutcome(error=error)
+        return await self._end(step, finished, outcomes, limited)
+
+    async def _stream(
+        self, step: _Step, session: Session, agent: Agent, request: ModelRequest, limited: bool
+    ) -> Finish | None:
+        provider = self._providers.resolve(request.model)
+        on = {"session_id": session.id, "assistant_message_id": step.assistant_id}
+        async with contextlib.aclosing(provider.stream(request)) as stream:
+            async for part in stream:
+                match part:
+                    case TextStart(ordinal=n):
+                        step.texts[n] = []
+                        step.emit(ev.TextStarted(**on, ordinal=n))
+                    case TextDelta(ordinal=n, delta=d):
+                        step.texts.setdefault(n, []).append(d)
+                        self._bus.live(ev.TextDelta(**on, ordinal=n, delta=d))
+                    case TextEnd(ordinal=n):
+                        text = "".join(step.texts.pop(n, []))
+                        step.emit(ev.TextEnded(**on, ordinal=n, text=text))
+                    case ReasoningStart(ordinal=n):
+                        step.texts[n] = []
+                        step.emit(ev.ReasoningStarted(**on, ordinal=n))
+                    case ReasoningDelta(ordinal=n, delta=d):
+                        step.texts.setdefault(n, []).append(d)
+                        self._bus.live(ev.ReasoningDelta(**on, ordinal=n, delta=d))
+                    case ReasoningEnd(ordinal=n):
+                        text = "".join(step.texts.pop(n, []))
+                        step.emit(ev.ReasoningEnded(**on, ordinal=n, text=text))
+                    case ToolInputStart(id=call_id, name=name):
+                        step.inputs[call_id] = []
+                        step.emit(ev.ToolInputStarted(**on, id=call_id, name=name))
+                    case ToolInputDelta(id=call_id, delta=d):
+                        step.inputs.setdefault(call_id, []).append(d)
+                        self._bus.live(ev.ToolInputDelta(**on, id=call_id, delta=d))
+                    case ToolInputEnd(id=call_id):
+                        step.emit(
+                            ev.ToolInputEnded(
+                                **on,
+                                id=call_id,
+                                text="".join(step.inputs.pop(call_id, [])),
+                            )
+                        )
+                    case ToolCall():
+                        await self._call(step, session, agent, part, limited)
+                        if step.denied is not None:
+                            return None  # a declined permission interrupts the step
+                    case Finish():
+                        return part
+        return None
+
+    async def _call(
+        self, step: _Step, session: Session, agent: Agent, call: ToolCall, limited: bool
+    ) -> None:
+        # Durable before any side effect: after a crash the call is known, and
+        # is failed as stale rather than silently run twice.
+        await step.durable(
+            ev.ToolCalled(
+                session_id=session.id,
+                assistant_message_id=step.assistant_id,
+                id=call.id,
+                name=call.name,
+                input=dict(call.input),
+            )
+        )
+        refusal: ToolOutcome | None = None
+        if limited:
+            refusal = ToolOutcome.failure("tool.disabled", TOOLS_DISABLED_ERROR)
+        elif permission(agent.permissions, call.name) == "deny":
+            step.denied = call.name
+            refusal = ToolOutcome.failure(
+                "aborted", f"Permission denied: agent {agent.name} may not use {call.name}"
+            )
+        loop = asyncio.get_running_loop()
+        step.tools[call.id] = loop.create_task(
+            self._settle(step, session, call, refusal), name=f"tool:{call.id}"
+        )
+
+    async def _settle(
+        self, step: _Step, session: Session, call: ToolCall, refusal: ToolOutcome | None
+    ) -> ToolOutcome:
+        if refusal is not None:
+            outcome = refusal
+        else:
+            ctx = ToolContext(
+                session_id=session.id,
+                call_id=call.id,
+                assistant_message_id=step.assistant_id,
+                directory=Path(session.location.directory),
+                output_dir=self._output_dir,
+                cancel=threading.Event(),
+                progress=self._progress(session.id, step.assistant_id, call.id),
+            )
+            try:
+                outcome = await self._executor.execute(call.name, call.input, ctx)
+            except asyncio.CancelledError:
+                interrupted = ToolOutcome.failure(
+                    "aborted", f"Tool execution interrupted: {call.name}"
+                )
+                await finish(self._terminal(step, call.id, interrupted))
+                raise
+        await finish(self._terminal(step, call.id, outcome))
+        return outcome
+
+    async def _terminal(self, step: _Step, call_id: str, outcome: ToolOutcome) -> None:
+        event: ev.Event
+        if outcome.status == "success":
+            event = ev.ToolSucceeded(
+                session_id=step.session_id,
+                assistant_message_id=step.assistant_id,
+                id=call_id,
+                content=tuple(outcome.content),
+                metadata=dict(outcome.metadata) or None,
+            )
+        else:
+            error = outcome.error or {}
+            event = ev.ToolFailed(
+                session_id=step.session_id,
+                assistant_message_id=step.assistant_id,
+                id=call_id,
+                error=ev.ErrorInfo(
+                    type=str(error.get("type", "tool.error")),
+                    message=str(error.get("message", "")),
+                ),
+                content=tuple(outcome.content) or None,
+                metadata=dict(outcome.metadata) or None,
+            )
+        # One terminal at a time, in the order the calls finish.
+        async with step.terminals:
+            await step.durable(event)
+
+    def _progress(self, session_id: str, assistant_id: str, call_id: str) -> Any:
+        loop = asyncio.get_running_loop()
+        bus = self._bus
+
+        def report(metadata: Mapping[str, Any]) -> None:  # called on the tool's thread
+            event = ev.ToolProgress(
+                session_id=session_id,
+                assistant_message_id=assistant_id,
+                id=call_id,
+                metadata=dict(metadata),
+            )
+            with contextlib.suppress(RuntimeError):  # loop closed: nobody listens
+                loop.call_soon_threadsafe(bus.live, event)
+
+        return report
+
+    async def _abort(self, step: _Step, type_: str, message: str) -> None:
+        for task in step.tools.values():
+            task.cancel()
+        for task in step.tools.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        step.emit(
+            ev.StepFailed(
+                session_id=step.session_id,
+                assistant_message_id=step.assistant_id,
+                error=ev.ErrorInfo(type=type_, message=message),
+            )
+        )
+        await step.flushed()
+
+    async def _end(
+        self, step: _Step, finished: Finish | None, outcomes: list[ToolOutcome], limited: bool
+    ) -> StepOutcome:
+        sid, aid = step.session_id, step.assistant_id
+        if step.denied is not None:
+            step.emit(
+                ev.StepFailed(
+                    session_id=sid,
+                    assistant_message_id=aid,
+                    error=ev.ErrorInfo(type="aborted", message=f"Permission denied: {step.denied}"),
+                )
+            )
+            await step.flushed()
+            return StepOutcome()
+        if finished is None or finished.reason in ("unknown", "content-filter"):
+            if finished is None:
+                error = ev.ErrorInfo(
+                    type="provider.incomplete-stream", message="The model stream ended early"
+                )
+            elif finished.reason == "content-filter":
+                error = ev.ErrorInfo(
+                    type="provider.content-filter", message="The provider filtered the response"
+                )
+            else:
+                error = ev.ErrorInfo(
+                    type="provider.incomplete-stream", message="Unknown finish reason"
+                )
+            usage = finished.usage if finished is not None else None
+            step.emit(
+                ev.StepFailed(
+                    session_id=sid,
+                    assistant_message_id=aid,
+                    error=error,
+                    finish=None if finished is None else finished.reason,
+                    cost=None if usage is None else usage.cost,
+                    tokens=None if usage is None else _tokens(usage),
+                )
+            )
+            await step.flushed()
+            return StepOutcome(error=error)
+        step.emit(
+            ev.StepEnded(
+                session_id=sid,
+                assistant_message_id=aid,
+                finish=finished.reason,
+                cost=finished.usage.cost,
+                tokens=_tokens(finished.usage),
+            )
+        )
+        await step.flushed()
+        return StepOutcome(
+            needs_continuation=finished.reason == "tool-calls" and bool(outcomes) and not limited
+        )
+
+
+def _tokens(usage: Any) -> ev.StepTokens:
+    return ev.StepTokens(
+        input=usage.input,
+        output=usage.output,
+        reasoning=usage.reasoning,
+        cache_read=usage.cache_read,
+        cache_write=usage.cache_write,
+    )
