@@ -13,6 +13,8 @@ client turns such a body back into the same class with :func:`from_wire`.
         ├── ForbiddenError              403
         ├── SessionNotFoundError        404  (sessionID)
         ├── MessageNotFoundError        404  (sessionID, messageID)
+        ├── RouteNotFoundError          404  no such route
+        ├── MethodNotAllowedError       405  the route exists, not with this method
         ├── ConflictError               409  (resource?) state forbids the change
         ├── SessionBusyError            409  (sessionID)
         ├── InstructionEntryValueTooLargeError  413  (actualBytes, maxBytes)
@@ -36,7 +38,9 @@ __all__ = [
     "InvalidCursorError",
     "InvalidRequestError",
     "MessageNotFoundError",
+    "MethodNotAllowedError",
     "PayloadTooLargeError",
+    "RouteNotFoundError",
     "ServiceUnavailableError",
     "SessionBusyError",
     "SessionNotFoundError",
@@ -143,6 +147,16 @@ class MessageNotFoundError(DomainError):
         )
 
 
+class RouteNotFoundError(DomainError):
+    tag = "RouteNotFoundError"
+    status = 404
+
+
+class MethodNotAllowedError(DomainError):
+    tag = "MethodNotAllowedError"
+    status = 405
+
+
 class ConflictError(DomainError):
     tag = "ConflictError"
     status = 409
@@ -215,6 +229,8 @@ _ALL: tuple[type[DomainError], ...] = (
     ForbiddenError,
     SessionNotFoundError,
     MessageNotFoundError,
+    RouteNotFoundError,
+    MethodNotAllowedError,
     ConflictError,
     SessionBusyError,
     InstructionEntryValueTooLargeError,

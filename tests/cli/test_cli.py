@@ -2,46 +2,123 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-import subprocess
+import re
+import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+EXE = str(Path(sys.executable).with_name("sessionrt"))
 
-def sessionrt(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).with_name("sessionrt")
-    return subprocess.run(
-        [str(exe), *args], capture_output=True, text=True, timeout=60, env=env, check=False
+
+class Served:
+    def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
+        self.proc = proc
+        self.url = url
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        "serve",
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path / "data"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+    match = re.search(r"http://\S+", line)
+    assert match, line
+    try:
+        yield Served(proc, match.group(0))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
-def test_serve_creates_and_reports_the_database(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    done = sessionrt("serve", "--data-dir", str(data))
-    assert done.returncode == 0, done.stderr
-    assert (data / "sessionrt.sqlite").exists()
-    assert "0 sessions, 0 events" in done.stdout
+async def test_serve_answers_http_and_stops_cleanly_on_sigterm(
+    served: Served, tmp_path: Path
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{served.url}/api/session", json={"title": "cli"}) as response:
+            assert response.status == 200
+            session = (await response.json())["data"]
+        async with http.post(
+            f"{served.url}/api/session/{session['id']}/prompt", json={"text": "hi"}
+        ) as response:
+            assert response.status == 200
+    served.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(served.proc.wait(), 30) == 0
+    assert (tmp_path / "data" / "sessionrt.sqlite").exists()
 
 
-def test_serve_defaults_to_the_xdg_data_home(tmp_path: Path) -> None:
+async def test_serve_defaults_to_the_xdg_data_home(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
-    done = sessionrt("serve", env=env)
-    assert done.returncode == 0, done.stderr
+    proc = await asyncio.create_subprocess_exec(
+        EXE, "serve", "--port", "0", env=env, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    await asyncio.wait_for(proc.stdout.readline(), 30)
+    proc.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
     assert (tmp_path / "sessionrt" / "sessionrt.sqlite").exists()
 
 
-def test_an_unusable_data_dir_is_a_clean_error(tmp_path: Path) -> None:
+async def test_binding_beyond_loopback_without_a_password_warns(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        "serve",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k != "SESSIONRT_SERVER_PASSWORD"},
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    warning = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+    await asyncio.wait_for(proc.stdout.readline(), 30)  # listening
+    assert "WARNING" in warning
+    assert "without a password" in warning
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+async def test_an_unusable_data_dir_is_a_clean_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    done = sessionrt("serve", "--data-dir", str(blocker / "sub"))
-    assert done.returncode != 0
-    assert "Traceback" not in done.stderr
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        "serve",
+        "--data-dir",
+        str(blocker / "sub"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1
+    assert b"Traceback" not in err
 
 
 @pytest.mark.parametrize("args", [(), ("bogus",)])
-def test_usage_errors(args: tuple[str, ...]) -> None:
-    done = sessionrt(*args)
-    assert done.returncode == 2
-    assert "usage" in done.stderr
+async def test_usage_errors(args: tuple[str, ...]) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        EXE, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert b"usage" in err

@@ -15,6 +15,8 @@ from protocol import errors
         (errors.SessionNotFoundError("ses_1"), 404),
         (errors.MessageNotFoundError("ses_1", "msg_1"), 404),
         (errors.ConflictError("taken", resource="inbox"), 409),
+        (errors.RouteNotFoundError("no route"), 404),
+        (errors.MethodNotAllowedError("no"), 405),
         (errors.SessionBusyError("ses_1"), 409),
         (errors.InstructionEntryValueTooLargeError(10, 5), 413),
         (errors.PayloadTooLargeError(5), 413),
@@ -51,5 +53,5 @@ def test_unknown_tag_is_not_ours() -> None:
 
 def test_tags_are_unique() -> None:
     registry = errors.error_types()
-    assert len(registry) == 12
+    assert len(registry) == 14
     assert all(issubclass(cls, errors.SessionRtError) for cls in registry.values())

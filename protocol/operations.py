@@ -1,0 +1,377 @@
+"""The operation table: every public operation, declared once.
+
+Each :class:`Operation` names its method, path, inputs (path parameters,
+query, body), output and declared errors. The server derives its routes and
+request validation from it, ``GET /doc`` derives the OpenAPI document from it
+(:mod:`protocol.openapi`), and the Python client derives its calls from it
+(:mod:`protocol.client`). Nothing here knows about aiohttp.
+
+Outputs:
+
+- ``data``: ``{"data": <output>}``;
+- ``page``: ``{"data": [<output>...], "cursor": {"previous"?, "next"?}}``;
+- ``items``: ``{"data": [<output>...]}``;
+- ``no_content``: 204, no body;
+- ``raw``: the output as it is (``session.interrupt`` answers ``{interrupted}``);
+- ``sse``: a ``text/event-stream``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+import attrs
+
+from protocol import errors as e
+from protocol.ids import IdKind
+from protocol.requests import (
+    CreateSessionInput,
+    PromptInput,
+    SyntheticInput,
+    UpdateSessionInput,
+)
+from protocol.shapes import Delivery, InboxItem, ModelRef, Order, Session, SessionMessage
+
+__all__ = [
+    "OPERATIONS",
+    "ActiveSession",
+    "AgentInput",
+    "DeliveryInput",
+    "InterruptQuery",
+    "InterruptResult",
+    "LogQuery",
+    "MessagesQuery",
+    "ModelInput",
+    "Operation",
+    "OutputKind",
+    "SessionListQuery",
+    "by_id",
+]
+
+OutputKind = Literal["data", "page", "items", "no_content", "raw", "sse"]
+Method = Literal["GET", "POST", "PATCH", "DELETE"]
+
+
+# -- inputs only the table uses ---------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SessionListQuery:
+    limit: int | None = None
+    order: Order | None = None
+    search: str | None = None
+    #: A session id, or the literal ``null`` for root sessions only.
+    parent_id: str | None = None
+    cursor: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class MessagesQuery:
+    limit: int | None = None
+    order: Order | None = None
+    cursor: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class InterruptQuery:
+    resume: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class LogQuery:
+    after: int = 0
+    follow: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class AgentInput:
+    agent: str
+
+
+@attrs.frozen(kw_only=True)
+class ModelInput:
+    model: ModelRef
+
+
+@attrs.frozen(kw_only=True)
+class DeliveryInput:
+    delivery: Delivery
+
+
+@attrs.frozen(kw_only=True)
+class InterruptResult:
+    interrupted: bool
+
+
+@attrs.frozen(kw_only=True)
+class ActiveSession:
+    type: Literal["running"] = "running"
+
+
+# -- the table --------------------------------------------------------------------------------
+
+_PARAM: Final = re.compile(r"{(\w+)}")
+_ID_KINDS: Final[dict[str, IdKind]] = {"sessionID": "ses", "inboxID": "msg", "messageID": "msg"}
+
+#: Every route can fail these: a malformed request, or missing credentials.
+COMMON_ERRORS: Final[tuple[type[e.DomainError], ...]] = (e.InvalidRequestError, e.UnauthorizedError)
+
+
+@attrs.frozen(kw_only=True)
+class Operation:
+    id: str
+    method: Method
+    path: str
+    summary: str
+    output_kind: OutputKind
+    output: Any = None
+    query: type[Any] | None = None
+    body: type[Any] | None = None
+    errors: tuple[type[e.DomainError], ...] = ()
+    #: (client group, method name), e.g. ("sessions", "prompt").
+    client: tuple[str, str]
+
+    @property
+    def path_params(self) -> tuple[str, ...]:
+        return tuple(_PARAM.findall(self.path))
+
+    def id_kind(self, param: str) -> IdKind:
+        return _ID_KINDS[param]
+
+    @property
+    def streaming(self) -> bool:
+        return self.output_kind == "sse"
+
+    @property
+    def all_errors(self) -> tuple[type[e.DomainError], ...]:
+        seen: dict[str, type[e.DomainError]] = {}
+        for cls in (*COMMON_ERRORS, *self.errors):
+            seen.setdefault(cls.tag, cls)
+        return tuple(seen.values())
+
+    def url(self, **params: str) -> str:
+        return _PARAM.sub(lambda m: params[m.group(1)], self.path)
+
+
+_NF = (e.SessionNotFoundError,)
+
+OPERATIONS: Final[tuple[Operation, ...]] = (
+    Operation(
+        id="session.list",
+        method="GET",
+        path="/api/session",
+        summary="List sessions, newest first by default, in cursor pages",
+        query=SessionListQuery,
+        output_kind="page",
+        output=Session,
+        errors=(e.InvalidCursorError,),
+        client=("sessions", "list"),
+    ),
+    Operation(
+        id="session.create",
+        method="POST",
+        path="/api/session",
+        summary="Create a session; reusing an id adopts the existing session",
+        body=CreateSessionInput,
+        output_kind="data",
+        output=Session,
+        errors=(*_NF, e.ConflictError),
+        client=("sessions", "create"),
+    ),
+    Operation(
+        id="session.active",
+        method="GET",
+        path="/api/session/active",
+        summary="Sessions with an execution running in this process",
+        output_kind="data",
+        output=Mapping[str, ActiveSession],
+        client=("sessions", "active"),
+    ),
+    Operation(
+        id="session.get",
+        method="GET",
+        path="/api/session/{sessionID}",
+        summary="Get a session",
+        output_kind="data",
+        output=Session,
+        errors=_NF,
+        client=("sessions", "get"),
+    ),
+    Operation(
+        id="session.update",
+        method="PATCH",
+        path="/api/session/{sessionID}",
+        summary="Rename a session or replace its metadata",
+        body=UpdateSessionInput,
+        output_kind="no_content",
+        errors=_NF,
+        client=("sessions", "update"),
+    ),
+    Operation(
+        id="session.remove",
+        method="DELETE",
+        path="/api/session/{sessionID}",
+        summary="Delete a session and its descendants",
+        output_kind="no_content",
+        errors=_NF,
+        client=("sessions", "remove"),
+    ),
+    Operation(
+        id="session.prompt",
+        method="POST",
+        path="/api/session/{sessionID}/prompt",
+        summary="Admit a user prompt durably; the receipt returns before anything runs",
+        body=PromptInput,
+        output_kind="data",
+        output=InboxItem,
+        errors=(*_NF, e.ConflictError),
+        client=("sessions", "prompt"),
+    ),
+    Operation(
+        id="session.synthetic",
+        method="POST",
+        path="/api/session/{sessionID}/synthetic",
+        summary="Admit synthetic input durably",
+        body=SyntheticInput,
+        output_kind="data",
+        output=InboxItem,
+        errors=(*_NF, e.ConflictError),
+        client=("sessions", "synthetic"),
+    ),
+    Operation(
+        id="session.interrupt",
+        method="POST",
+        path="/api/session/{sessionID}/interrupt",
+        summary="Interrupt this process's execution of the session; pending input stays",
+        query=InterruptQuery,
+        output_kind="raw",
+        output=InterruptResult,
+        errors=_NF,
+        client=("sessions", "interrupt"),
+    ),
+    Operation(
+        id="session.resume",
+        method="POST",
+        path="/api/session/{sessionID}/resume",
+        summary="Start or join the session's execution; answers when it settles",
+        output_kind="no_content",
+        errors=(*_NF, e.ServiceUnavailableError),
+        client=("sessions", "resume"),
+    ),
+    Operation(
+        id="session.wait",
+        method="POST",
+        path="/api/experimental/session/{sessionID}/wait",
+        summary="Answer once the session is idle; never starts work",
+        output_kind="no_content",
+        errors=(*_NF, e.ServiceUnavailableError),
+        client=("sessions", "wait"),
+    ),
+    Operation(
+        id="session.switchAgent",
+        method="POST",
+        path="/api/session/{sessionID}/agent",
+        summary="Select the agent for later steps",
+        body=AgentInput,
+        output_kind="no_content",
+        errors=_NF,
+        client=("sessions", "switch_agent"),
+    ),
+    Operation(
+        id="session.switchModel",
+        method="POST",
+        path="/api/session/{sessionID}/model",
+        summary="Select the model for later steps",
+        body=ModelInput,
+        output_kind="no_content",
+        errors=_NF,
+        client=("sessions", "switch_model"),
+    ),
+    Operation(
+        id="session.inbox.list",
+        method="GET",
+        path="/api/session/{sessionID}/inbox",
+        summary="Pending input in enqueue order",
+        output_kind="items",
+        output=InboxItem,
+        errors=_NF,
+        client=("sessions", "inbox"),
+    ),
+    Operation(
+        id="session.inbox.cancel",
+        method="DELETE",
+        path="/api/session/{sessionID}/inbox/{inboxID}",
+        summary="Cancel a pending input; its id may be admitted again",
+        output_kind="no_content",
+        errors=(*_NF, e.ConflictError),
+        client=("sessions", "cancel"),
+    ),
+    Operation(
+        id="session.inbox.update",
+        method="PATCH",
+        path="/api/session/{sessionID}/inbox/{inboxID}",
+        summary="Move a pending input between steer and queue; steering wakes",
+        body=DeliveryInput,
+        output_kind="no_content",
+        errors=(*_NF, e.ConflictError),
+        client=("sessions", "change_delivery"),
+    ),
+    Operation(
+        id="session.messages",
+        method="GET",
+        path="/api/session/{sessionID}/message",
+        summary="The transcript in cursor pages",
+        query=MessagesQuery,
+        output_kind="page",
+        output=SessionMessage,
+        errors=(*_NF, e.InvalidCursorError),
+        client=("sessions", "messages"),
+    ),
+    Operation(
+        id="session.message.get",
+        method="GET",
+        path="/api/session/{sessionID}/message/{messageID}",
+        summary="One transcript message",
+        output_kind="data",
+        output=SessionMessage,
+        errors=(*_NF, e.MessageNotFoundError),
+        client=("sessions", "message"),
+    ),
+    Operation(
+        id="session.context",
+        method="GET",
+        path="/api/session/{sessionID}/context",
+        summary="The model-visible history after the last compaction",
+        output_kind="items",
+        output=SessionMessage,
+        errors=_NF,
+        client=("sessions", "context"),
+    ),
+    Operation(
+        id="session.log",
+        method="GET",
+        path="/api/experimental/session/{sessionID}/log",
+        summary="Durable session events after a seq, then (follow) live ones",
+        query=LogQuery,
+        output_kind="sse",
+        errors=_NF,
+        client=("sessions", "log"),
+    ),
+    Operation(
+        id="event.subscribe",
+        method="GET",
+        path="/api/event",
+        summary="Every public event of this instance, live; no replay",
+        output_kind="sse",
+        client=("events", "subscribe"),
+    ),
+)
+
+
+def by_id(op_id: str) -> Operation:
+    for op in OPERATIONS:
+        if op.id == op_id:
+            return op
+    raise KeyError(op_id)

@@ -1,0 +1,105 @@
+"""Turning an aiohttp request into an operation's validated inputs.
+
+Path parameters are checked against their id prefix, query strings are
+coerced to the query class's field types (``limit=abc`` or ``order=sideways``
+is a 400 naming the parameter), and bodies are decoded by the one codec. Any
+failure is an :class:`~protocol.errors.InvalidRequestError`; nothing here can
+produce a 500.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from typing import Any, Final
+
+import attrs
+from aiohttp import web
+
+from protocol import codec, ids
+from protocol.errors import InvalidRequestError, PayloadTooLargeError
+from protocol.operations import Operation
+
+__all__ = ["decode_body", "decode_path", "decode_query"]
+
+_INT: Final = re.compile(r"-?\d{1,18}")
+_TRUE: Final = frozenset({"true", "1"})
+_FALSE: Final = frozenset({"false", "0"})
+
+
+def decode_path(op: Operation, request: web.Request) -> dict[str, str]:
+    return {
+        name: ids.validate(op.id_kind(name), request.match_info[name], field=name)
+        for name in op.path_params
+    }
+
+
+def decode_query(op: Operation, request: web.Request) -> Any:
+    if op.query is None:
+        return None
+    hints = typing.get_type_hints(op.query)
+    values: dict[str, Any] = {}
+    for field in attrs.fields(op.query):
+        wire = codec.wire_name(field.name)
+        raw = request.query.get(wire)
+        if raw is None:
+            continue
+        values[field.name] = _coerce(hints[field.name], raw, wire)
+    try:
+        return op.query(**values)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"invalid query: {exc}", kind="query") from None
+
+
+def _coerce(tp: Any, raw: str, name: str) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = options[0]
+    if tp is int:
+        if not _INT.fullmatch(raw):
+            raise InvalidRequestError(f"{name} must be an integer", kind="query", field=name)
+        return int(raw)
+    if tp is bool:
+        lowered = raw.lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise InvalidRequestError(f"{name} must be true or false", kind="query", field=name)
+    if typing.get_origin(tp) is typing.Literal:
+        allowed = typing.get_args(tp)
+        if raw not in allowed:
+            raise InvalidRequestError(
+                f"{name} must be one of {', '.join(allowed)}", kind="query", field=name
+            )
+        return raw
+    return raw
+
+
+async def decode_body(op: Operation, request: web.Request) -> Any:
+    if op.body is None:
+        return None
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLargeError(exc.max_size if hasattr(exc, "max_size") else 0) from None
+    if not raw.strip():
+        data: Any = {}
+    else:
+        data = codec.loads(raw)
+    if op.id == "session.prompt" and isinstance(data, dict):
+        data = _flatten_prompt(data)
+    return codec.from_json(op.body, data)
+
+
+def _flatten_prompt(data: dict[str, Any]) -> dict[str, Any]:
+    """Accept the released v2 client's nested ``{"prompt": {"text", "files"}}`` body."""
+    nested = data.get("prompt")
+    if not isinstance(nested, dict):
+        return data
+    flat = {k: v for k, v in data.items() if k != "prompt"}
+    for key in ("text", "files"):
+        if key in nested and key not in flat:
+            flat[key] = nested[key]
+    return flat

@@ -1,0 +1,231 @@
+"""The aiohttp application: routes derived from the operation table.
+
+For each :class:`~protocol.operations.Operation` the app registers its method
+and path, decodes and validates the inputs (:mod:`server._decode`), calls the
+handler and encodes the output by the operation's output kind. Domain errors
+become their tagged JSON with the tag's status in one middleware; anything
+unexpected becomes a logged ``UnknownError`` 500 with a reference, never a
+traceback on the wire.
+
+The runtime's lifecycle hangs on the app's ``cleanup_ctx`` when the app owns
+it (``make_app(config=...)``); an embedding host may pass a running runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
+
+import attrs
+import orjson
+from aiohttp import web
+
+from actors.runtime import Runtime, RuntimeConfig
+from protocol import codec, ids
+from protocol.errors import (
+    DomainError,
+    MethodNotAllowedError,
+    PayloadTooLargeError,
+    RouteNotFoundError,
+    UnauthorizedError,
+    UnknownError,
+)
+from protocol.openapi import document
+from protocol.operations import OPERATIONS, LogQuery, Operation, by_id
+from server import sse
+from server._decode import decode_body, decode_path, decode_query
+from server.auth import authorized
+from server.handlers import HANDLERS, Call
+
+__all__ = ["RUNTIME", "SETTINGS", "ServerSettings", "make_app"]
+
+log = logging.getLogger("sessionrt.server")
+
+DEFAULT_MAX_BODY: Final = 32 * 1024 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class ServerSettings:
+    password: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    heartbeat_s: float = 15.0
+    event_queue_frames: int = 4096
+
+
+RUNTIME: Final = web.AppKey("runtime", Runtime)
+SETTINGS: Final = web.AppKey("settings", ServerSettings)
+STREAMS: Final = web.AppKey("streams", sse.StreamSettings)
+FEED: Final = web.AppKey("feed", sse.EventFeed)
+
+Endpoint = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(status: int, body: Any) -> web.Response:
+    return web.Response(
+        status=status, body=orjson.dumps(codec.to_json(body)), content_type="application/json"
+    )
+
+
+def _error(err: DomainError) -> web.Response:
+    response = _json(err.status, err.to_wire())
+    if isinstance(err, UnauthorizedError):
+        response.headers["WWW-Authenticate"] = 'Basic realm="sessionrt"'
+    return response
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Endpoint) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except DomainError as err:
+        return _error(err)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error(PayloadTooLargeError(request.app[SETTINGS].max_body_bytes, str(exc.text)))
+    except web.HTTPNotFound:
+        return _error(RouteNotFoundError(f"No route for {request.method} {request.path}"))
+    except web.HTTPMethodNotAllowed:
+        return _error(MethodNotAllowedError(f"{request.method} is not allowed on {request.path}"))
+    except web.HTTPException:
+        raise
+    except ConnectionResetError:
+        raise
+    except Exception:
+        ref = ids.event_id()
+        log.exception("unhandled error (ref %s) on %s %s", ref, request.method, request.path)
+        return _error(UnknownError("Internal error", ref=ref))
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Endpoint) -> web.StreamResponse:
+    password = request.app[SETTINGS].password
+    if password and not authorized(request.headers.get("Authorization"), password):
+        raise UnauthorizedError()
+    return await handler(request)
+
+
+def _directory(request: web.Request) -> str | None:
+    """The request's Location: ``directory`` / ``location[directory]`` or the header."""
+    value = request.query.get("directory") or request.query.get("location[directory]")
+    if value is None:
+        header = request.headers.get("x-opencode-directory")
+        if header is not None:
+            value = urllib.parse.unquote(header)
+    return value or None
+
+
+def _endpoint(op: Operation) -> Endpoint:
+    async def endpoint(request: web.Request) -> web.StreamResponse:
+        runtime = request.app[RUNTIME]
+        path = decode_path(op, request)
+        query = decode_query(op, request)
+        if op.id == "session.log":
+            return await sse.session_log(
+                runtime, request.app[STREAMS], request, path["sessionID"], query
+            )
+        if op.id == "event.subscribe":
+            return await request.app[FEED].stream(request)
+        body = await decode_body(op, request)
+        call = Call(
+            runtime=runtime,
+            path=path,
+            query=query,
+            body=body,
+            request=request,
+            directory=_directory(request),
+        )
+        result = await HANDLERS[op.id](call)
+        return _encode(op, result)
+
+    endpoint.__name__ = op.id.replace(".", "_")
+    return endpoint
+
+
+def _encode(op: Operation, result: Any) -> web.Response:
+    if op.output_kind == "no_content":
+        return web.Response(status=204)
+    if op.output_kind == "data":
+        return _json(200, {"data": codec.to_json(result)})
+    if op.output_kind == "items":
+        return _json(200, {"data": [codec.to_json(r) for r in result]})
+    if op.output_kind == "page":
+        return _json(
+            200, {"data": codec.to_json(result.data), "cursor": codec.to_json(result.cursor)}
+        )
+    return _json(200, result)
+
+
+async def _doc(request: web.Request) -> web.Response:
+    return _json(200, document())
+
+
+async def _compat_event_log(request: web.Request) -> web.StreamResponse:
+    """The released v2 client's ``GET /api/session/{id}/event?after=``: the log, followed."""
+    op = by_id("session.log")
+    path = decode_path(op, request)
+    query = decode_query(op, request)
+    return await sse.session_log(
+        request.app[RUNTIME],
+        request.app[STREAMS],
+        request,
+        path["sessionID"],
+        attrs.evolve(query or LogQuery(), follow=True),
+    )
+
+
+async def _compat_feed(request: web.Request) -> web.StreamResponse:
+    return await request.app[FEED].stream(request)
+
+
+def make_app(
+    *,
+    runtime: Runtime | None = None,
+    config: RuntimeConfig | None = None,
+    settings: ServerSettings | None = None,
+) -> web.Application:
+    """The app over a given running ``runtime``, or one it opens from ``config``."""
+    if (runtime is None) == (config is None):
+        raise ValueError("pass exactly one of runtime or config")
+    settings = settings or ServerSettings()
+    app = web.Application(middlewares=[_errors, _auth], client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[STREAMS] = sse.StreamSettings(
+        heartbeat_s=settings.heartbeat_s, queue_frames=settings.event_queue_frames
+    )
+    for op in OPERATIONS:
+        app.router.add_route(op.method, op.path, _endpoint(op), name=op.id)
+    app.router.add_get("/doc", _doc, name="openapi")
+    app.router.add_get("/api/session/{sessionID}/event", _compat_event_log, name="compat.log")
+    app.router.add_get("/event", _compat_feed, name="compat.event")
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        if config is not None:
+            async with Runtime(config) as owned:
+                app[RUNTIME] = owned
+                async for _ in _feed(app, owned):
+                    yield
+        else:
+            assert runtime is not None
+            app[RUNTIME] = runtime
+            async for _ in _feed(app, runtime):
+                yield
+
+    app.cleanup_ctx.append(lifecycle)
+
+    async def on_shutdown(app: web.Application) -> None:
+        app[STREAMS].closing.set()
+        if FEED in app:
+            app[FEED].dispose()
+
+    app.on_shutdown.append(on_shutdown)
+    return app
+
+
+async def _feed(app: web.Application, runtime: Runtime) -> AsyncIterator[None]:
+    feed = sse.EventFeed(runtime.bus, app[STREAMS])
+    app[FEED] = feed
+    try:
+        yield
+    finally:
+        feed.close()

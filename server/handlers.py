@@ -1,0 +1,178 @@
+"""One handler per operation id: validated inputs in, domain values out.
+
+Handlers never build HTTP responses (the app encodes outputs by the table's
+output kind) except the two streams, which live in :mod:`server.sse`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+from aiohttp import web
+
+from actors.runtime import Runtime
+from protocol.cursor import SessionQuery
+from protocol.errors import ServiceUnavailableError
+from protocol.operations import (
+    ActiveSession,
+    AgentInput,
+    DeliveryInput,
+    InterruptQuery,
+    InterruptResult,
+    MessagesQuery,
+    ModelInput,
+    SessionListQuery,
+)
+from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput, UpdateSessionInput
+from protocol.shapes import Location
+
+__all__ = ["HANDLERS", "Call", "Handler"]
+
+
+@attrs.frozen(kw_only=True)
+class Call:
+    runtime: Runtime
+    path: dict[str, str]
+    query: Any
+    body: Any
+    request: web.Request
+    #: The request's Location (``directory`` query / ``x-opencode-directory`` header).
+    directory: str | None
+
+    @property
+    def session_id(self) -> str:
+        return self.path["sessionID"]
+
+
+Handler = Callable[[Call], Awaitable[Any]]
+
+
+async def session_list(call: Call) -> Any:
+    q: SessionListQuery = call.query or SessionListQuery()
+    if q.cursor is not None and all(v is None for v in (q.limit, q.order, q.search, q.parent_id)):
+        return await call.runtime.sessions.list(cursor=q.cursor)
+    query = SessionQuery(
+        order=q.order or "desc",
+        limit=50 if q.limit is None else q.limit,
+        search=q.search or None,
+        parent_id=None if q.parent_id in (None, "null") else q.parent_id,
+        roots=q.parent_id == "null",
+    )
+    return await call.runtime.sessions.list(query, cursor=q.cursor)
+
+
+async def session_create(call: Call) -> Any:
+    body: CreateSessionInput = call.body
+    if body.location is None and call.directory is not None:
+        body = attrs.evolve(body, location=Location(directory=call.directory))
+    return await call.runtime.sessions.create(body)
+
+
+async def session_active(call: Call) -> Any:
+    return {sid: ActiveSession() for sid in await call.runtime.execution.active()}
+
+
+async def session_get(call: Call) -> Any:
+    return await call.runtime.sessions.get(call.session_id)
+
+
+async def session_update(call: Call) -> Any:
+    body: UpdateSessionInput = call.body
+    await call.runtime.sessions.update(call.session_id, body)
+
+
+async def session_remove(call: Call) -> Any:
+    await call.runtime.sessions.remove(call.session_id)
+
+
+async def session_prompt(call: Call) -> Any:
+    body: PromptInput = call.body
+    return await call.runtime.sessions.prompt(call.session_id, body)
+
+
+async def session_synthetic(call: Call) -> Any:
+    body: SyntheticInput = call.body
+    return await call.runtime.sessions.synthetic(call.session_id, body)
+
+
+async def session_interrupt(call: Call) -> Any:
+    q: InterruptQuery = call.query or InterruptQuery()
+    interrupted = await call.runtime.interrupt(call.session_id, resume=q.resume)
+    return InterruptResult(interrupted=interrupted)
+
+
+async def session_resume(call: Call) -> Any:
+    await call.runtime.sessions.get(call.session_id)
+    terminal = await call.runtime.execution.resume(call.session_id)
+    if terminal.kind == "interrupted" and terminal.reason == "shutdown":
+        raise ServiceUnavailableError("the server is shutting down", service="execution")
+
+
+async def session_wait(call: Call) -> Any:
+    await call.runtime.sessions.get(call.session_id)
+    await call.runtime.execution.wait_idle(call.session_id)
+
+
+async def session_switch_agent(call: Call) -> Any:
+    body: AgentInput = call.body
+    await call.runtime.sessions.switch_agent(call.session_id, body.agent)
+
+
+async def session_switch_model(call: Call) -> Any:
+    body: ModelInput = call.body
+    await call.runtime.sessions.switch_model(call.session_id, body.model)
+
+
+async def inbox_list(call: Call) -> Any:
+    return await call.runtime.sessions.pending(call.session_id)
+
+
+async def inbox_cancel(call: Call) -> Any:
+    await call.runtime.sessions.cancel(call.session_id, call.path["inboxID"])
+
+
+async def inbox_update(call: Call) -> Any:
+    body: DeliveryInput = call.body
+    await call.runtime.sessions.change_delivery(
+        call.session_id, call.path["inboxID"], body.delivery
+    )
+
+
+async def session_messages(call: Call) -> Any:
+    q: MessagesQuery = call.query or MessagesQuery()
+    return await call.runtime.sessions.messages(
+        call.session_id, order=q.order, limit=q.limit, cursor=q.cursor
+    )
+
+
+async def session_message(call: Call) -> Any:
+    return await call.runtime.sessions.message(call.session_id, call.path["messageID"])
+
+
+async def session_context(call: Call) -> Any:
+    return await call.runtime.sessions.context(call.session_id)
+
+
+HANDLERS: dict[str, Handler] = {
+    "session.list": session_list,
+    "session.create": session_create,
+    "session.active": session_active,
+    "session.get": session_get,
+    "session.update": session_update,
+    "session.remove": session_remove,
+    "session.prompt": session_prompt,
+    "session.synthetic": session_synthetic,
+    "session.interrupt": session_interrupt,
+    "session.resume": session_resume,
+    "session.wait": session_wait,
+    "session.switchAgent": session_switch_agent,
+    "session.switchModel": session_switch_model,
+    "session.inbox.list": inbox_list,
+    "session.inbox.cancel": inbox_cancel,
+    "session.inbox.update": inbox_update,
+    "session.messages": session_messages,
+    "session.message.get": session_message,
+    "session.context": session_context,
+}

@@ -1,0 +1,81 @@
+"""Running the app as a server: bind, report, and shut down gracefully on signals.
+
+SIGINT/SIGTERM: stop accepting connections, tell feed subscribers the
+instance is going away, interrupt running executions with reason ``shutdown``
+(their claims stay, so the next start recovers them), flush and close the
+store. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import signal
+import sys
+from typing import TextIO
+
+from aiohttp import web
+
+from actors.runtime import RuntimeConfig
+from server.app import ServerSettings, make_app
+
+__all__ = ["is_loopback", "serve"]
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def serve(
+    config: RuntimeConfig,
+    settings: ServerSettings,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 4096,
+    out: TextIO = sys.stdout,
+    ready: asyncio.Event | None = None,
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            # A second signal: the operator does not want to wait for a clean stop.
+            os._exit(130)
+        stop.set()
+
+    # Signals are ours from the first moment: a SIGTERM during start-up still
+    # gets the orderly stop below.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    if not is_loopback(host) and not settings.password:
+        print(
+            f"sessionrt: WARNING: listening on {host} without a password; anyone who can"
+            " reach it can run sessions. Set SESSIONRT_SERVER_PASSWORD or --password.",
+            file=sys.stderr,
+            flush=True,
+        )
+    app = make_app(config=config, settings=settings)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0]
+        shown = f"[{bound[0]}]" if ":" in str(bound[0]) else bound[0]
+        print(f"sessionrt listening on http://{shown}:{bound[1]}", file=out, flush=True)
+        print(f"  data: {config.db_path}", file=out, flush=True)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        print("sessionrt: shutting down", file=out, flush=True)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
