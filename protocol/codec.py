@@ -62,6 +62,8 @@ def to_json(value: Any) -> Any:
         return _plan(type(value)).encode(value)
     if isinstance(value, tuple | list):
         return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
     return value
 
 
