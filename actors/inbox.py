@@ -26,7 +26,7 @@ import asyncio
 import base64
 import binascii
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -38,28 +38,39 @@ from protocol.requests import FileInput, PromptInput, SyntheticInput
 from protocol.shapes import Delivery, InboxItem, InboxItemType
 from storage import Command, ProjectionConflict, SQLiteStore
 
-__all__ = ["CONTROL_TYPES", "Inbox", "Scope", "WakeHook"]
+__all__ = ["CONTROL_TYPES", "Blocking", "Inbox", "Scope", "WakeHook", "select_promotable"]
 
 #: ``input``: the idle/entry boundary (queued input may deliver); ``steer``: a
 #: step boundary inside a running drain (only steers deliver).
 Scope = Literal["input", "steer"]
 WakeHook = Callable[[str, Scope], None]
+#: Runs a short blocking call off the loop (the runtime passes its tool-thread runner).
+Blocking = Callable[..., Awaitable[Any]]
 
 CONTROL_TYPES: Final[frozenset[str]] = frozenset({"compaction", "move"})
 MAX_FILE_BYTES: Final = 20 * 1024 * 1024
 
 
 class Inbox:
-    def __init__(self, store: SQLiteStore, wake: WakeHook, locks: KeyedLock) -> None:
+    def __init__(
+        self,
+        store: SQLiteStore,
+        wake: WakeHook,
+        locks: KeyedLock,
+        blocking: Blocking = asyncio.to_thread,
+    ) -> None:
         self._store = store
         self._wake = wake
         self._locks = locks
+        self._blocking = blocking
 
     # -- admission ------------------------------------------------------------------------------
 
     async def prompt(self, session_id: str, request: PromptInput) -> InboxItem:
         async def payload() -> dict[str, Any]:
-            files = None if request.files is None else await _materialise(request.files)
+            files = (
+                None if request.files is None else await _materialise(request.files, self._blocking)
+            )
             return _compact({"text": request.text, "files": files, "metadata": request.metadata})
 
         return await self._admit(
@@ -241,7 +252,7 @@ def _compact(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-async def _materialise(files: Sequence[FileInput]) -> list[dict[str, Any]]:
+async def _materialise(files: Sequence[FileInput], blocking: Blocking) -> list[dict[str, Any]]:
     """Turn attachments into inline base64 data, as they are admitted."""
     out = []
     for index, file in enumerate(files):
@@ -251,7 +262,7 @@ async def _materialise(files: Sequence[FileInput]) -> list[dict[str, Any]]:
             source: dict[str, Any] = {"type": "inline"}
         else:
             assert file.uri is not None
-            data = await _read_uri(file.uri, field=f"{field}.uri")
+            data = await _read_uri(file.uri, blocking, field=f"{field}.uri")
             source = {"type": "uri", "uri": file.uri}
         out.append(_compact({"data": data, "mime": file.mime, "source": source, "name": file.name}))
     return out
@@ -271,7 +282,7 @@ def _checked_base64(text: str, *, field: str) -> str:
     return text
 
 
-async def _read_uri(uri: str, *, field: str) -> str:
+async def _read_uri(uri: str, blocking: Blocking, *, field: str) -> str:
     parsed = urllib.parse.urlsplit(uri)
     if parsed.scheme == "data":
         header, sep, body = parsed.path.partition(",")
@@ -283,8 +294,7 @@ async def _read_uri(uri: str, *, field: str) -> str:
     if parsed.scheme == "file":
         path = Path(urllib.parse.unquote(parsed.path))
         try:
-            # A bounded, local read: short enough for a worker thread.
-            raw = await asyncio.to_thread(_read_bounded, path)
+            raw: bytes = await blocking(_read_bounded, path)
         except OSError as exc:
             raise InvalidRequestError(
                 f"{field}: cannot read {path}: {exc.strerror}", kind="file", field=field

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -130,7 +131,10 @@ class Runtime:
         )
         self.providers = ProviderRegistry(providers=config.providers)
         self.sessions = Sessions(
-            self.store, wake=self._wake, default_directory=config.default_directory
+            self.store,
+            wake=self._wake,
+            default_directory=config.default_directory,
+            blocking=self.blocking.run,
         )
         self._execution: Execution | None = None
 
@@ -149,11 +153,13 @@ class Runtime:
             raise RuntimeError(f"runtime is {self._state.value}; a runtime opens once")
         self._state = _State.OPEN
         try:
-            await asyncio.to_thread(os.makedirs, self.config.data_dir, exist_ok=True)
+            await self._stack.enter_async_context(self.blocking)
+            await self.blocking.run(
+                functools.partial(os.makedirs, exist_ok=True), self.config.data_dir
+            )
             await self._stack.enter_async_context(self.store)
             self.bus.attach(self.store)
             self._stack.callback(self.bus.close)
-            await self._stack.enter_async_context(self.blocking)
             runner = Runner(
                 store=self.store,
                 sessions=self.sessions,

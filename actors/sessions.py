@@ -11,13 +11,14 @@ conflicts are translated here.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import datetime
 import os
 from typing import Any, Final
 
 from actors._keyed_lock import KeyedLock
-from actors.inbox import Inbox, Scope, WakeHook
+from actors.inbox import Blocking, Inbox, Scope, WakeHook
 from protocol import events as ev
 from protocol import ids
 from protocol.cursor import (
@@ -69,10 +70,11 @@ class Sessions:
         *,
         wake: WakeHook = no_wake,
         default_directory: str | None = None,
+        blocking: Blocking = asyncio.to_thread,
     ) -> None:
         self._store = store
         self._locks = KeyedLock()
-        self.inbox = Inbox(store, wake, self._locks)
+        self.inbox = Inbox(store, wake, self._locks, blocking)
         self._default_directory = default_directory or os.getcwd()
 
     # -- lifecycle ------------------------------------------------------------------------------

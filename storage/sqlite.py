@@ -21,6 +21,7 @@ import enum
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
+from threading import Thread
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -117,6 +118,7 @@ class SQLiteStore:
             for conn in self._all_readers:
                 with contextlib.suppress(Exception):
                     await conn.close()
+            await _threads_gone(self._all_readers)
             self._all_readers.clear()
             self._state = _State.CLOSED
 
@@ -252,6 +254,19 @@ class SQLiteStore:
             "SELECT coalesce(max(seq), 0) FROM event WHERE aggregate_id = ?", (aggregate_id,)
         )
         return int(rows[0][0])
+
+
+async def _threads_gone(readers: Sequence[aiosqlite.Connection]) -> None:
+    """Wait (briefly, without blocking the loop) for the readers' threads to exit.
+
+    aiosqlite resolves ``close()`` from inside its worker thread just before the
+    thread ends; a closed store must not leave a thread behind, even briefly.
+    """
+    threads = [t for c in readers if isinstance(t := getattr(c, "_thread", None), Thread)]
+    for _ in range(1000):
+        if not any(t.is_alive() for t in threads):
+            return
+        await asyncio.sleep(0.001)
 
 
 def record_from_row(r: Row) -> RecordedEvent:

@@ -1,0 +1,120 @@
+"""Embedded sessionrt: the whole runtime in your process, the client API on top.
+
+    async with Embedded(data_dir="./data") as oc:
+        session = await oc.sessions.create()
+        await oc.sessions.prompt(session.id, PromptInput(text="hello"))
+        async for event in oc.sessions.log(session.id, LogQuery(follow=True)):
+            ...
+
+``oc.sessions`` and ``oc.events`` are the very methods of the networked
+:class:`~protocol.client.Client`; calls travel over an in-process transport
+(:mod:`server._inprocess`) through the same aiohttp routing, middleware,
+codecs and errors, without opening a listening socket. Embedded-only extras
+sit beside them: ``oc.runtime`` (the running :class:`~actors.runtime.Runtime`).
+
+Closing releases everything it started: client, HTTP server side, runtime
+(execution, tool threads, store). It opens once (unopened -> open -> closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from aiohttp import web
+
+from actors.runtime import Runtime, RuntimeConfig
+from protocol.client import Client, EventsAPI, SessionsAPI
+from server._inprocess import InProcessConnector
+from server.app import ServerSettings, make_app
+
+__all__ = ["Embedded"]
+
+#: Requests never leave the process; the host part only names it.
+BASE_URL = "http://sessionrt.embedded"
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Embedded:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        config: RuntimeConfig | None = None,
+        settings: ServerSettings | None = None,
+    ) -> None:
+        if (data_dir is None) == (config is None):
+            raise ValueError("pass exactly one of data_dir or config")
+        self.config = config or RuntimeConfig(data_dir=Path(os.fspath(data_dir)))  # type: ignore[arg-type]
+        self._settings = settings or ServerSettings()
+        self._state = _State.UNOPENED
+        self._stack = contextlib.AsyncExitStack()
+        self._runtime: Runtime | None = None
+        self._client: Client | None = None
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            raise RuntimeError(f"embedded host is {self._state.value}")
+        return self._runtime
+
+    @property
+    def sessions(self) -> SessionsAPI:
+        return self._open_client().sessions
+
+    @property
+    def events(self) -> EventsAPI:
+        return self._open_client().events
+
+    def _open_client(self) -> Client:
+        if self._client is None:
+            raise RuntimeError(f"embedded host is {self._state.value}")
+        return self._client
+
+    async def __aenter__(self) -> Self:
+        if self._state is not _State.UNOPENED:
+            raise RuntimeError(f"embedded host is {self._state.value}; it opens once")
+        self._state = _State.OPEN
+        try:
+            runtime = await self._stack.enter_async_context(Runtime(self.config))
+            self._runtime = runtime
+            app = make_app(runtime=runtime, settings=self._settings)
+            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+            await runner.setup()
+            self._stack.push_async_callback(runner.cleanup)
+            assert runner.server is not None
+            connector = InProcessConnector(runner.server)
+            self._stack.push_async_callback(connector.close)
+            client = Client(BASE_URL, connector=connector, timeout=None)
+            self._client = await self._stack.enter_async_context(client)
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        try:
+            await self._stack.aclose()
+        finally:
+            self._client = None
+            self._runtime = None

@@ -1,0 +1,97 @@
+"""The embedded host: the client API in-process, and nothing left behind on close."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from actors.runtime import RuntimeConfig
+from protocol import SessionNotFoundError
+from protocol.operations import LogQuery
+from protocol.requests import PromptInput
+from server.embedded import Embedded
+
+
+async def test_embedded_runs_sessions_and_releases_everything(tmp_path: Path) -> None:
+    threads_before = set(threading.enumerate())
+    tasks_before = asyncio.all_tasks()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    async with Embedded(tmp_path / "data") as oc:
+        session = await oc.sessions.create()
+        await oc.sessions.prompt(session.id, PromptInput(text="hello"))
+        await oc.sessions.wait(session.id)
+        events = [e.event async for e in oc.sessions.log(session.id)]
+        assert events[-1] == "log.synced"
+        assert "session.execution.succeeded" in events
+        page = await oc.sessions.messages(session.id, None)
+        assert [m.type for m in page.data] == ["assistant", "user"]
+        assert oc.runtime.store.is_open  # embedded-only extra
+        with pytest.raises(SessionNotFoundError):
+            await oc.sessions.get("ses_missing")
+    assert set(threading.enumerate()) == threads_before
+    assert asyncio.all_tasks() == tasks_before
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+async def test_embedded_opens_no_listening_socket(tmp_path: Path) -> None:
+    def listening() -> set[int]:
+        inodes = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except FileNotFoundError:  # the directory listing's own descriptor
+                continue
+            if target.startswith("socket:"):
+                inodes.add(int(target[8:-1]))
+        found = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6", "/proc/net/unix"):
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    if table.endswith("unix"):
+                        # Flags 00010000 = __SO_ACCEPTCON: a listening unix socket.
+                        if cols[3] == "00010000" and int(cols[6]) in inodes:
+                            found.add(int(cols[6]))
+                    elif cols[3] == "0A" and int(cols[9]) in inodes:  # TCP_LISTEN
+                        found.add(int(cols[9]))
+        return found
+
+    async with Embedded(tmp_path / "data") as oc:
+        await oc.sessions.create()
+        assert listening() == set()
+
+
+async def test_embedded_streams_follow_live(tmp_path: Path) -> None:
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+    async with Embedded(config=config) as oc:
+        session = await oc.sessions.create()
+        stream = oc.sessions.log(session.id, LogQuery(follow=True))
+        seen = []
+        async with stream:
+            async for event in stream:
+                seen.append(event.event)
+                if event.event == "log.synced":
+                    await oc.sessions.prompt(session.id, PromptInput(text="go"))
+                if event.event == "session.execution.succeeded":
+                    break
+        assert seen[0] == "session.created"
+        assert "session.step.ended" in seen
+
+
+async def test_lifecycle_is_explicit(tmp_path: Path) -> None:
+    oc = Embedded(tmp_path / "data")
+    with pytest.raises(RuntimeError):
+        _ = oc.sessions
+    async with oc:
+        pass
+    with pytest.raises(RuntimeError):
+        await oc.__aenter__()
+    with pytest.raises(RuntimeError):
+        _ = oc.runtime
+    with pytest.raises(ValueError, match="exactly one"):
+        Embedded()
