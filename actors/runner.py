@@ -21,9 +21,10 @@ execution with the step's error.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from actors._threaded import BlockingRunner
 from actors.agents import Agent, AgentCatalog, load_catalog, project_file
@@ -39,7 +40,9 @@ from protocol.errors import SessionNotFoundError
 from protocol.shapes import AssistantMessage, Session
 from storage import Command, SQLiteStore
 
-__all__ = ["InstructionSource", "NoInstructions", "Runner", "StepFailedError"]
+__all__ = ["CATALOG_TTL_S", "InstructionSource", "NoInstructions", "Runner", "StepFailedError"]
+
+CATALOG_TTL_S: Final = 1.0
 
 
 class StepFailedError(Exception):
@@ -82,6 +85,7 @@ class Runner:
         self._tools = tools
         self._blocking = blocking
         self._agent_files = tuple(agent_files)
+        self._catalogs: dict[tuple[Path, ...], tuple[float, AgentCatalog]] = {}
         self._instructions = instructions or NoInstructions()
         self._steps = StepRunner(
             store=store,
@@ -94,11 +98,11 @@ class Runner:
 
     async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
         try:
-            await self._sessions.get(session_id)
+            session = await self._sessions.get(session_id)
         except SessionNotFoundError:
             return  # deleted meanwhile: nothing to run
         await self.fail_stale_tools(session_id)
-        agents = await self._catalog(session_id)
+        agents = await self._catalog(session.location.directory)
         continuing = False
         first = True
         step = 0
@@ -172,12 +176,23 @@ class Runner:
             return True
         return last.finish == "tool-calls" and last.error is None
 
-    async def _catalog(self, session_id: str) -> AgentCatalog:
-        """Built-in agents, then the data dir's file, then the project's (re-read per drain)."""
-        session = await self._sessions.get(session_id)
-        files = (*self._agent_files, project_file(session.location.directory))
-        # Small TOML reads, on a worker thread like all file I/O.
-        return await self._blocking.run(load_catalog, *files)
+    async def _catalog(self, directory: str) -> AgentCatalog:
+        """Built-in agents, then the data dir's file, then the project's.
+
+        The files are re-read (on a worker thread, like all file I/O) at most
+        once per :data:`CATALOG_TTL_S` per Location, so an edit applies to the
+        next drain within a second without a thread hop on every drain.
+        """
+        files = (*self._agent_files, project_file(directory))
+        now = time.monotonic()
+        cached = self._catalogs.get(files)
+        if cached is not None and now - cached[0] < CATALOG_TTL_S:
+            return cached[1]
+        catalog = await self._blocking.run(load_catalog, *files)
+        if len(self._catalogs) >= 256:
+            self._catalogs.clear()  # many Locations: keep the cache bounded
+        self._catalogs[files] = (now, catalog)
+        return catalog
 
 
 def _script(agent: Agent, metadata: Mapping[str, Any] | None) -> str | None:

@@ -71,11 +71,14 @@ _SESSION_COLUMNS: Final = (
 )
 _MESSAGE_COLUMNS: Final = "id, session_id, type, seq, time_created, time_updated, data"
 _INBOX_COLUMNS: Final = "id, session_id, type, payload, delivery, time_created"
+#: Decoded messages kept, oldest evicted first (values are immutable).
+DECODE_CACHE: Final = 20_000
 
 
 class Queries:
     def __init__(self, fetch: Fetch) -> None:
         self._fetch = fetch
+        self._cache: dict[tuple[Any, ...], SessionMessage] = {}
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -167,7 +170,7 @@ class Queries:
 
     async def _with_parts(self, rows: Sequence[Row]) -> list[SessionMessage]:
         assistant = [r[0] for r in rows if r[2] == "assistant"]
-        parts: dict[str, list[Any]] = {}
+        parts: dict[str, list[str]] = {}
         for start in range(0, len(assistant), 500):
             chunk = assistant[start : start + 500]
             marks = ", ".join("?" * len(chunk))
@@ -176,8 +179,21 @@ class Queries:
                 " ORDER BY message_id, position",
                 chunk,
             ):
-                parts.setdefault(message_id, []).append(orjson.loads(data))
-        return [message_from_row(r, parts.get(r[0], ())) for r in rows]
+                parts.setdefault(message_id, []).append(data)
+        return [self._decoded(r, tuple(parts.get(r[0], ()))) for r in rows]
+
+    def _decoded(self, row: Row, parts: tuple[str, ...]) -> SessionMessage:
+        # Steps reload the whole history; decoding it again each time was the
+        # cost that grew with the session. The key is the raw stored text, so a
+        # changed message or part can never be served stale.
+        key = (*row, *parts)
+        message = self._cache.get(key)
+        if message is None:
+            message = message_from_row(row, [orjson.loads(p) for p in parts])
+            if len(self._cache) >= DECODE_CACHE:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = message
+        return message
 
     # -- execution ------------------------------------------------------------------------------
 
