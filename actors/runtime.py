@@ -30,6 +30,7 @@ from actors.bus import EventBus
 from actors.execution import Execution, Terminal
 from actors.inbox import Scope, select_promotable
 from actors.llm import Provider, ProviderRegistry
+from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.runner import InstructionSource, Runner
 from actors.sessions import Sessions
 from actors.tools import (
@@ -65,6 +66,9 @@ class RuntimeConfig:
     #: Tools offered to models; the built-in set when None.
     tools: tuple[Tool, ...] | None = None
     instructions: InstructionSource | None = None
+    #: Run the startup sweep (resume claimed sessions) before accepting work.
+    recover: bool = True
+    max_resume_attempts: int = DEFAULT_MAX_ATTEMPTS
 
     @property
     def db_path(self) -> Path:
@@ -137,6 +141,7 @@ class Runtime:
             blocking=self.blocking.run,
         )
         self._execution: Execution | None = None
+        self.recovery = RecoveryReport()
 
     @property
     def execution(self) -> Execution:
@@ -179,6 +184,8 @@ class Runtime:
             self._stack.push_async_callback(_cancel, sweeper)
             self._execution = await Execution.start(_DurableHooks(self.store, runner))
             self._stack.push_async_callback(self._stop_execution)
+            if self.config.recover:
+                self.recovery = await self.recover()
         except BaseException:
             await self.aclose()
             raise
@@ -202,6 +209,15 @@ class Runtime:
         execution, self._execution = self._execution, None
         if execution is not None:
             await execution.shutdown()
+
+    async def recover(self) -> RecoveryReport:
+        """Run the recovery sweep now (it also runs once at start unless disabled)."""
+        return await recover(
+            self.store,
+            self.sessions,
+            self.execution,
+            max_attempts=self.config.max_resume_attempts,
+        )
 
     async def interrupt(self, session_id: str, *, resume: bool = False) -> bool:
         """Interrupt the session's local execution as the user; never deletes input.

@@ -30,6 +30,7 @@ __all__ = [
     "Event",
     "ExecutionFailed",
     "ExecutionInterrupted",
+    "ExecutionRecovering",
     "ExecutionStarted",
     "ExecutionSucceeded",
     "InboxCancelled",
@@ -202,6 +203,18 @@ class ExecutionFailed(Event):
 class ExecutionInterrupted(Event):
     TYPE = "session.execution.interrupted"
     reason: InterruptReason
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionRecovering(Event):
+    """Startup recovery is about to resume a claimed execution (attempt n).
+
+    Recorded before the resume, so a crash during recovery still counts the
+    attempt and the bound on attempts cannot be dodged by crash-looping.
+    """
+
+    TYPE = "session.execution.recovering"
+    attempt: int
 
 
 # -- steps ----------------------------------------------------------------------------------------
@@ -388,6 +401,7 @@ REGISTRY: Mapping[str, type[Event]] = {
         ExecutionSucceeded,
         ExecutionFailed,
         ExecutionInterrupted,
+        ExecutionRecovering,
         StepStarted,
         StepEnded,
         StepFailed,

@@ -294,6 +294,18 @@ def _execution_interrupted(rec: RecordedEvent, e: ev.ExecutionInterrupted) -> tu
     return (_touch(rec),) if e.reason == "shutdown" else _release(rec)
 
 
+def _execution_recovering(rec: RecordedEvent, e: ev.ExecutionRecovering) -> tuple[Op, ...]:
+    return (
+        Op(
+            "UPDATE session SET resume_attempts = ? WHERE id = ?",
+            (e.attempt, e.session_id),
+            expect=1,
+            reason="session.missing",
+            subject=e.session_id,
+        ),
+    )
+
+
 # -- steps and parts ------------------------------------------------------------------------------
 
 
@@ -539,6 +551,7 @@ _PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
     ev.ExecutionSucceeded: _typed(_execution_succeeded),
     ev.ExecutionFailed: _typed(_execution_failed),
     ev.ExecutionInterrupted: _typed(_execution_interrupted),
+    ev.ExecutionRecovering: _typed(_execution_recovering),
     ev.StepStarted: _typed(_step_started),
     ev.StepEnded: _typed(_step_ended),
     ev.StepFailed: _typed(_step_failed),
