@@ -420,25 +420,23 @@ def _part(
     )
 
 
-def _text_started(rec: RecordedEvent, e: ev.TextStarted) -> tuple[Op, ...]:
-    data = {"type": "text", "ordinal": e.ordinal, "text": ""}
-    return (_part(_PART_INSERT, rec, e.assistant_message_id, f"text:{e.ordinal}", None, data),)
+def _block_started(kind: str) -> Callable[..., tuple[Op, ...]]:
+    """Text and reasoning blocks: an empty part at start, filled in at the end."""
+
+    def ops(rec: RecordedEvent, e: ev.TextStarted | ev.ReasoningStarted) -> tuple[Op, ...]:
+        data = {"type": kind, "ordinal": e.ordinal, "text": ""}
+        key = f"{kind}:{e.ordinal}"
+        return (_part(_PART_INSERT, rec, e.assistant_message_id, key, None, data),)
+
+    return ops
 
 
-def _text_ended(rec: RecordedEvent, e: ev.TextEnded) -> tuple[Op, ...]:
-    data = {"type": "text", "ordinal": e.ordinal, "text": e.text}
-    return (_part_fill(rec, e.assistant_message_id, f"text:{e.ordinal}", data),)
+def _block_ended(kind: str) -> Callable[..., tuple[Op, ...]]:
+    def ops(rec: RecordedEvent, e: ev.TextEnded | ev.ReasoningEnded) -> tuple[Op, ...]:
+        data = {"type": kind, "ordinal": e.ordinal, "text": e.text}
+        return (_part_fill(rec, e.assistant_message_id, f"{kind}:{e.ordinal}", data),)
 
-
-def _reasoning_started(rec: RecordedEvent, e: ev.ReasoningStarted) -> tuple[Op, ...]:
-    data = {"type": "reasoning", "ordinal": e.ordinal, "text": ""}
-    key = f"reasoning:{e.ordinal}"
-    return (_part(_PART_INSERT, rec, e.assistant_message_id, key, None, data),)
-
-
-def _reasoning_ended(rec: RecordedEvent, e: ev.ReasoningEnded) -> tuple[Op, ...]:
-    data = {"type": "reasoning", "ordinal": e.ordinal, "text": e.text}
-    return (_part_fill(rec, e.assistant_message_id, f"reasoning:{e.ordinal}", data),)
+    return ops
 
 
 def _part_fill(rec: RecordedEvent, message_id: str, key: str, data: Any) -> Op:
@@ -555,10 +553,10 @@ _PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
     ev.StepStarted: _typed(_step_started),
     ev.StepEnded: _typed(_step_ended),
     ev.StepFailed: _typed(_step_failed),
-    ev.TextStarted: _typed(_text_started),
-    ev.TextEnded: _typed(_text_ended),
-    ev.ReasoningStarted: _typed(_reasoning_started),
-    ev.ReasoningEnded: _typed(_reasoning_ended),
+    ev.TextStarted: _block_started("text"),
+    ev.TextEnded: _block_ended("text"),
+    ev.ReasoningStarted: _block_started("reasoning"),
+    ev.ReasoningEnded: _block_ended("reasoning"),
     ev.ToolInputStarted: _typed(_tool_input_started),
     ev.ToolInputEnded: _typed(_tool_input_ended),
     ev.ToolCalled: _typed(_tool_called),

@@ -12,11 +12,10 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from protocol.events import decode_event
 from storage import schema
 from storage.errors import ProjectionConflict
 from storage.projectors import project
-from storage.recorder import RecordedEvent
+from storage.sqlite import record_from_row
 
 __all__ = ["dump_projections", "rebuild_projections"]
 
@@ -49,16 +48,7 @@ def rebuild_projections(path: str) -> tuple[Dump, Dump]:
             " ORDER BY position"
         )
         for row in rows:
-            record = RecordedEvent(
-                position=row[0],
-                id=row[1],
-                aggregate_id=row[2],
-                seq=row[3],
-                type=row[4],
-                created=row[5],
-                data=row[6],
-                event=decode_event(row[4], row[6]),
-            )
+            record = record_from_row(row)
             for op in project(record):
                 cursor = target.execute(op.sql, op.params)
                 if op.expect is not None and cursor.rowcount != op.expect:

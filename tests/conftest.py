@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,3 +44,23 @@ def wakes() -> WakeRecorder:
 @pytest.fixture
 def sessions(store: SQLiteStore, wakes: WakeRecorder, tmp_path: Path) -> Sessions:
     return Sessions(store, wake=wakes, default_directory=str(tmp_path))
+
+
+@pytest.fixture
+async def loop_hygiene() -> AsyncIterator[None]:
+    """No task outlives the test and nothing reaches the loop's exception handler.
+
+    Leaked tasks and "exception was never retrieved" are bugs no assertion
+    sees, so directories that own tasks and threads use this for every test.
+    """
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    yield
+    # A dropped future with an unread exception only reports when it is collected.
+    gc.collect()
+    loop.set_exception_handler(previous)
+    leftover = asyncio.all_tasks() - {asyncio.current_task()}
+    assert not leftover, f"tasks outlived the test: {leftover}"
+    assert not reported, f"the loop's exception handler was called: {reported}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -79,10 +80,10 @@ class Network:
         self.events = client.events
 
 
-@pytest.fixture(params=["network", "embedded"])
-async def api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
-    if request.param == "embedded":
+@contextlib.asynccontextmanager
+async def serving(mode: str, config: RuntimeConfig) -> AsyncIterator[Any]:
+    """The client API over a real loopback server, or embedded."""
+    if mode == "embedded":
         async with Embedded(config=config) as oc:
             yield oc
         return
@@ -96,6 +97,13 @@ async def api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[A
             yield Network(client)
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture(params=["network", "embedded"])
+async def api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+    async with serving(request.param, config) as served:
+        yield served
 
 
 async def test_the_scenario_holds_in_both_transports(api: Any, tmp_path: Path) -> None:
@@ -116,20 +124,8 @@ async def test_both_transports_give_identical_results(tmp_path: Path) -> None:
         workdir = base / "work"
         workdir.mkdir()
         config = RuntimeConfig(data_dir=base / "data", default_directory=str(base))
-        if mode == "embedded":
-            async with Embedded(config=config) as oc:
-                results.append(normalize(await scenario(oc, workdir)))
-            continue
-        runner = web.AppRunner(make_app(config=config), handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        try:
-            async with Client(f"http://{host}:{port}") as client:
-                results.append(normalize(await scenario(Network(client), workdir)))
-        finally:
-            await runner.cleanup()
+        async with serving(mode, config) as served:
+            results.append(normalize(await scenario(served, workdir)))
     network, embedded = results
     # Locations differ by the mode's directory name only.
     assert str(network).replace("network", "X") == str(embedded).replace("embedded", "X")

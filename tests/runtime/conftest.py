@@ -30,3 +30,8 @@ def feed(runtime: Runtime) -> Feed:
     f = Feed()
     runtime.bus.subscribe(f)
     return f
+
+
+@pytest.fixture(autouse=True)
+def _hygiene(loop_hygiene: None) -> None:
+    """Every test here runs under tests/conftest.py's loop_hygiene."""

@@ -30,3 +30,8 @@ def make_client(
 @pytest.fixture
 async def client(make_client: Callable[..., Awaitable[Client]]) -> Client:
     return await make_client()
+
+
+@pytest.fixture(autouse=True)
+def _hygiene(loop_hygiene: None) -> None:
+    """Every test here runs under tests/conftest.py's loop_hygiene."""

@@ -6,8 +6,6 @@ bash tests) real subprocesses.
 
 from __future__ import annotations
 
-import asyncio
-import gc
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -59,21 +57,6 @@ def make_ctx(location: Path, output_dir: Path) -> MakeCtx:
 @pytest.fixture
 def ctx(make_ctx: MakeCtx) -> ToolContext:
     return make_ctx()
-
-
-@pytest.fixture
-async def loop_hygiene() -> AsyncIterator[None]:
-    """No task left behind and nothing reported to the loop's exception handler."""
-    loop = asyncio.get_running_loop()
-    reported: list[dict[str, Any]] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: reported.append(context))
-    yield
-    gc.collect()
-    loop.set_exception_handler(previous)
-    leftover = asyncio.all_tasks() - {asyncio.current_task()}
-    assert not leftover, f"tasks outlived the test: {leftover}"
-    assert not reported, f"the loop's exception handler was called: {reported}"
 
 
 @pytest.fixture
