@@ -130,15 +130,20 @@ async def _backoff(attempt: int) -> None:
 
 
 async def follow_log(
-    client: Client,
+    sessions: SessionsAPI,
     session_id: str,
     after: int = 0,
     *,
+    follow: bool = True,
     retries: int = 5,
     backoff: Callable[[int], Awaitable[None]] = _backoff,
     options: CallOptions | None = None,
 ) -> AsyncGenerator[SSEEvent, None]:
     """Follow a session's durable log from ``after``, resuming after a lost connection.
+
+    Takes a client's ``sessions`` group (``client.sessions``, or an embedded
+    host's ``oc.sessions``). Without ``follow`` it is one replay up to the
+    ``log.synced`` marker, and a lost connection is raised, not resumed.
 
     The resume recipe, built only on the public client: ``sessions.log`` never
     reconnects, so this keeps the ``seq`` (the SSE ``id``) of the last durable
@@ -160,9 +165,7 @@ async def follow_log(
     last_seq = after
     failures = 0
     while True:
-        stream = client.sessions.log(
-            session_id, LogQuery(after=last_seq, follow=True), options=options
-        )
+        stream = sessions.log(session_id, LogQuery(after=last_seq, follow=follow), options=options)
         try:
             async for event in stream:
                 if event.id is not None:
@@ -173,7 +176,7 @@ async def follow_log(
                 yield event
             return
         except ClientError as exc:
-            if exc.reason != "transport" or failures >= retries:
+            if not follow or exc.reason != "transport" or failures >= retries:
                 raise
             failures += 1
         finally:

@@ -3,23 +3,41 @@
 ``sessionrt serve`` starts the HTTP/SSE server on the embedded defaults: the
 SQLite database in the data directory (``$XDG_DATA_HOME/sessionrt``), the
 built-in scripted model, loopback only.
+
+``run``, ``sessions`` and ``log`` work on the same data directory through an
+embedded host (the whole runtime in this process), or on a running server
+with ``--url``. A data directory has one writer at a time: while ``serve``
+holds it, use ``--url``. ``openapi`` prints the API's OpenAPI document.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 from actors.runtime import RuntimeConfig
+from protocol import codec
+from protocol.client import ClientError, follow_log
+from protocol.errors import DomainError, SessionNotFoundError, UnauthorizedError
+from protocol.openapi import document
+from protocol.operations import SessionListQuery
+from protocol.shapes import ModelRef
+from server._cli_run import Host, RunOptions, Sigint, open_host, run
 from server.app import ServerSettings
 from server.serve import serve
-from storage import StorageError
+from storage import StorageError, StoreLockedError
 
 __all__ = ["default_data_dir", "main"]
+
+_PASSWORD_ENV = "SESSIONRT_SERVER_PASSWORD"
 
 
 def default_data_dir() -> Path:
@@ -28,26 +46,89 @@ def default_data_dir() -> Path:
     return Path(base) / "sessionrt"
 
 
+def _add_data_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the database lives (default: $XDG_DATA_HOME/sessionrt)",
+    )
+
+
+def _add_host(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--url", type=_url, help="use the server at URL instead of an embedded runtime"
+    )
+    where.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="the embedded runtime's data directory (default: $XDG_DATA_HOME/sessionrt)",
+    )
+    parser.add_argument(
+        "--password",
+        default=os.environ.get(_PASSWORD_ENV),
+        help=f"the server's password, with --url (default ${_PASSWORD_ENV})",
+    )
+
+
+def _url(value: str) -> str:
+    parsed = urlsplit(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise argparse.ArgumentTypeError(f"expected an http(s)://host[:port] URL, got {value!r}")
+    return value
+
+
+def _model(value: str) -> ModelRef:
+    provider, slash, model = value.partition("/")
+    if not slash or not provider or not model:
+        raise argparse.ArgumentTypeError(f"expected PROVIDER/MODEL, got {value!r}")
+    return ModelRef(id=model, provider_id=provider)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sessionrt", description=__doc__.split("\n")[2])
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the HTTP/SSE server")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=4096, help="port (default 4096; 0 = any)")
-    serve.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        help="where the database lives (default: $XDG_DATA_HOME/sessionrt)",
-    )
+    _add_data_dir(serve)
     serve.add_argument(
         "--password",
-        default=os.environ.get("SESSIONRT_SERVER_PASSWORD"),
-        help="require this password (Basic or Bearer); default $SESSIONRT_SERVER_PASSWORD",
+        default=os.environ.get(_PASSWORD_ENV),
+        help=f"require this password (Basic or Bearer); default ${_PASSWORD_ENV}",
     )
     serve.add_argument(
         "--synchronous", choices=["FULL", "NORMAL"], default="FULL", help="SQLite durability"
     )
+
+    run = commands.add_parser("run", help="send a prompt and show the answer as it streams")
+    run.add_argument("prompt", help="the prompt text")
+    run.add_argument("--session", help="continue this session (default: a new one)")
+    run.add_argument("--agent", help="switch the session to this agent")
+    run.add_argument("--model", type=_model, help="switch the session to PROVIDER/MODEL")
+    run.add_argument("--queue", action="store_true", help="queue behind the current turn")
+    run.add_argument(
+        "--no-follow",
+        dest="follow",
+        action="store_false",
+        help="print the admission receipt as JSON and exit",
+    )
+    _add_host(run)
+
+    sessions = commands.add_parser("sessions", help="list sessions, newest first")
+    sessions.add_argument("--limit", type=int, default=50, help="at most N (default 50)")
+    sessions.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_host(sessions)
+
+    log = commands.add_parser("log", help="print a session's durable log, one event per line")
+    log.add_argument("session", help="the session id")
+    log.add_argument("--after", type=int, default=0, help="only events after this seq")
+    log.add_argument("--follow", action="store_true", help="keep printing new events")
+    _add_host(log)
+
+    commands.add_parser("openapi", help="print the OpenAPI document")
     return parser
 
 
@@ -60,14 +141,121 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- commands on a host -----------------------------------------------------------------------
+
+
+async def _run(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
+    options = RunOptions(
+        text=args.prompt,
+        session_id=args.session,
+        agent=args.agent,
+        model=args.model,
+        queue=args.queue,
+        follow=args.follow,
+        remote=bool(args.url),
+    )
+    return await run(host, options, sigint, sys.stdout, sys.stderr)
+
+
+async def _sessions(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
+    page = await host.sessions.list(SessionListQuery(limit=args.limit))
+    if args.json:
+        rows = [codec.to_json(session) for session in page.data]
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return 0
+    table = [("ID", "UPDATED", "TITLE")]
+    for session in page.data:
+        updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(session.time.updated / 1000))
+        table.append((session.id, updated, session.title))
+    widths = [max(len(row[i]) for row in table) for i in range(2)]
+    for row in table:
+        print(f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}".rstrip())
+    return 0
+
+
+async def _log(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
+    async def lines() -> int:
+        events = follow_log(host.sessions, args.session, args.after, follow=args.follow)
+        async for event in events:
+            print(json.dumps(event.data, ensure_ascii=False), flush=True)
+        return 0
+
+    code = await sigint.guard(lines())
+    if code is None:  # Ctrl-C: the normal way to stop following
+        return 0 if args.follow else 130
+    return code
+
+
+_Command = Callable[[Host, argparse.Namespace, Sigint], Coroutine[Any, Any, int]]
+_ON_HOST: dict[str, _Command] = {"run": _run, "sessions": _sessions, "log": _log}
+
+
+async def _on_host(command: _Command, args: argparse.Namespace, data_dir: Path) -> int:
+    sigint = Sigint()
+    release = sigint.install()
+    try:
+        async with open_host(args.url, args.password, data_dir) as host:
+            return await command(host, args, sigint)
+    finally:
+        release()
+
+
+def _on_host_sync(args: argparse.Namespace) -> int:
+    data_dir = args.data_dir or default_data_dir()
+    try:
+        return asyncio.run(_on_host(_ON_HOST[args.command], args, data_dir))
+    except StoreLockedError:
+        _error(
+            f"the data directory {data_dir} is in use by another process"
+            " (a running `sessionrt serve`?); talk to it with --url"
+        )
+        return 1
+    except SessionNotFoundError as exc:
+        _error(f"session {exc.fields.get('sessionID', '')} not found")
+        return 1
+    except UnauthorizedError as exc:
+        hint = f"; pass --password or set ${_PASSWORD_ENV}" if args.url else ""
+        _error(f"{exc.tag}: {exc.message}{hint}")
+        return 1
+    except DomainError as exc:
+        _error(f"{exc.tag}: {exc.message}")
+        return 1
+    except ClientError as exc:
+        where = f" {args.url}" if args.url else ""
+        if exc.reason == "transport":
+            _error(f"cannot reach the server{where}: {exc.message}")
+        else:
+            _error(f"unexpected answer from the server{where}: {exc.message}")
+        return 1
+
+
+def _openapi() -> int:
+    print(json.dumps(document(), indent=2, ensure_ascii=False))
+    return 0
+
+
+def _error(message: str) -> None:
+    print(f"sessionrt: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "openapi":
+            return _openapi()
+        if args.command in _ON_HOST:
+            return _on_host_sync(args)
     except (StorageError, OSError) as exc:
-        print(f"sessionrt: {exc}", file=sys.stderr)
+        if isinstance(exc, BrokenPipeError):
+            # The reader went away (`sessionrt log ... | head`): not an error of ours.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        _error(str(exc))
         return 1
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return 130
     return 2  # pragma: no cover - argparse rejects unknown commands first
 
 

@@ -105,6 +105,7 @@ async def session_log(
 
     # Subscribe before reading the watermark: nothing committed after it is missed.
     unsubscribe = runtime.store.subscribe(ring) if query.follow else None
+    response: web.StreamResponse | None = None
     try:
         watermark = await runtime.store.last_seq(session_id)
         response = await _open(request)
@@ -126,6 +127,11 @@ async def session_log(
             sent, deleted = await _replay(runtime, response, session_id, sent, None)
             if deleted:
                 break
+        return response
+    except ConnectionResetError:
+        # The reader went away: the normal end of a followed stream.
+        if response is None:
+            raise
         return response
     finally:
         if unsubscribe is not None:
@@ -203,6 +209,7 @@ class EventFeed:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         connection = _Connection(self._settings.queue_frames)
         self._connections.add(connection)
+        response: web.StreamResponse | None = None
         try:
             response = await _open(request)
             hello = {"type": "server.connected", "created": now_ms(), "data": {}}
@@ -219,6 +226,10 @@ class EventFeed:
                 if data.startswith(b"event: server.instance.disposed"):
                     break
             return response
+        except ConnectionResetError:
+            if response is None:
+                raise
+            return response  # the subscriber went away
         finally:
             self._connections.discard(connection)
 

@@ -44,7 +44,7 @@ async def test_resumes_after_a_lost_connection_from_the_last_seq(
     )
     backoff = Backoff()
 
-    async with contextlib.aclosing(follow_log(client, "ses_1", backoff=backoff)) as events:
+    async with contextlib.aclosing(follow_log(client.sessions, "ses_1", backoff=backoff)) as events:
         got = [(e.id, e.event) async for e in events]
 
     assert got == [
@@ -64,7 +64,7 @@ async def test_resumes_after_a_lost_connection_from_the_last_seq(
 async def test_starts_after_the_given_seq(client: Client, fake: FakeServer) -> None:
     fake.sse("GET", LOG, [frame(5)])
 
-    got = [e async for e in follow_log(client, "ses_1", after=4, backoff=Backoff())]
+    got = [e async for e in follow_log(client.sessions, "ses_1", after=4, backoff=Backoff())]
 
     assert got == [SSEEvent(id=5, event="session.x", data={"seq": 5})]
     assert fake.last.query == (("after", "4"), ("follow", "true"))
@@ -75,7 +75,7 @@ async def test_gives_up_after_the_retries(client: Client, fake: FakeServer) -> N
     backoff = Backoff()
 
     with pytest.raises(ClientError) as caught:
-        async for _ in follow_log(client, "ses_1", retries=2, backoff=backoff):
+        async for _ in follow_log(client.sessions, "ses_1", retries=2, backoff=backoff):
             pass
 
     assert caught.value.reason == "transport"
@@ -91,7 +91,7 @@ async def test_progress_resets_the_retry_count(client: Client, fake: FakeServer)
     )
     backoff = Backoff()
 
-    got = [e.id async for e in follow_log(client, "ses_1", retries=1, backoff=backoff)]
+    got = [e.id async for e in follow_log(client.sessions, "ses_1", retries=1, backoff=backoff)]
 
     assert got == [1, 2, 3]
     assert backoff.attempts == [1, 1, 1]
@@ -107,7 +107,7 @@ async def test_a_declared_error_is_not_retried(client: Client, fake: FakeServer)
     backoff = Backoff()
 
     with pytest.raises(SessionNotFoundError):
-        async for _ in follow_log(client, "ses_1", backoff=backoff):
+        async for _ in follow_log(client.sessions, "ses_1", backoff=backoff):
             pass
 
     assert backoff.attempts == []

@@ -1,0 +1,281 @@
+"""``sessionrt run | sessions | log | openapi``, run as real subprocesses of the console script."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+EXE = str(Path(sys.executable).with_name("sessionrt"))
+TIMEOUT = 30
+TOOL_SCRIPT = '#tool bash {"command": "echo hi"}\n#step\n#text finished'
+
+
+@attrs.frozen
+class Done:
+    code: int | None
+    out: str
+    err: str
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.out.splitlines()]
+
+
+async def sessionrt(*args: str, env: dict[str, str] | None = None) -> Done:
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    done = Done(proc.returncode, out.decode(), err.decode())
+    assert "Traceback" not in done.err, done.err
+    return done
+
+
+def session_of(done: Done) -> str:
+    match = re.search(r"session (ses_\w+)", done.err)
+    assert match, done.err
+    return match.group(1)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> list[str]:
+    return ["--data-dir", str(tmp_path / "data")]
+
+
+# -- run, embedded ------------------------------------------------------------------------------
+
+
+async def test_run_streams_the_answer_to_stdout(data: list[str]) -> None:
+    done = await sessionrt("run", "hello", *data)
+    assert done.code == 0, done.err
+    assert done.out == "Scripted reply: hello\n"
+    session_of(done)
+
+
+async def test_run_shows_tool_activity_on_stderr_without_a_spinner(data: list[str]) -> None:
+    done = await sessionrt("run", TOOL_SCRIPT, *data)
+    assert done.code == 0, done.err
+    assert done.out == "finished\n"
+    assert '⚙ bash {"command": "echo hi"}' in done.err
+    assert "✓ bash" in done.err
+    assert "\r" not in done.err  # stderr is not a terminal: no spinner
+
+
+async def test_a_failed_tool_is_shown_with_its_error(data: list[str]) -> None:
+    done = await sessionrt("run", "#tool nosuch {}\n#step\n#text after", *data)
+    assert done.code == 0, done.err
+    assert "✗ nosuch: Unknown tool 'nosuch'" in done.err
+    assert done.out == "after\n"
+
+
+async def test_a_failed_run_exits_1_with_the_error(data: list[str]) -> None:
+    done = await sessionrt("run", "#fail auth", *data)
+    assert done.code == 1
+    assert "provider.authentication: Scripted auth failure" in done.err
+    assert done.out == ""
+
+
+async def test_continuing_a_session_switching_agent_and_model(data: list[str]) -> None:
+    first = await sessionrt("run", "one", *data)
+    session = session_of(first)
+    again = await sessionrt(
+        "run", "two", "--session", session, "--agent", "plan", "--model", "scripted/other", *data
+    )
+    assert again.code == 0, again.err
+    assert again.out == "Scripted reply: two\n"
+    assert session_of(again) == session
+    log = (await sessionrt("log", session, *data)).lines()
+    steps = [e["data"] for e in log if e.get("type") == "session.step.started"]
+    assert steps[-1]["agent"] == "plan"
+    assert steps[-1]["model"] == {"id": "other", "providerID": "scripted"}
+
+
+async def test_an_unknown_provider_fails_the_run(data: list[str]) -> None:
+    done = await sessionrt("run", "hi", "--model", "nowhere/m", *data)
+    assert done.code == 1
+    assert "provider.no-route" in done.err
+
+
+async def test_a_missing_session_is_a_clear_error(data: list[str]) -> None:
+    done = await sessionrt("run", "hi", "--session", "ses_1a22a3be2a7000JvJTfrpOXG6sZp", *data)
+    assert done.code == 1
+    assert done.err.strip() == "sessionrt: session ses_1a22a3be2a7000JvJTfrpOXG6sZp not found"
+    bad = await sessionrt("log", "nope", *data)
+    assert bad.code == 1
+    assert bad.err.startswith("sessionrt: InvalidRequestError: ")
+
+
+async def test_no_follow_prints_the_receipt_and_log_shows_it(data: list[str]) -> None:
+    done = await sessionrt("run", "later", "--no-follow", "--queue", *data)
+    assert done.code == 0, done.err
+    receipt = json.loads(done.out)
+    session = session_of(done)
+    assert receipt["sessionID"] == session
+    assert receipt["id"].startswith("msg_")
+    assert receipt["delivery"] == "queue"
+    assert receipt["payload"] == {"text": "later"}
+    log = (await sessionrt("log", session, *data)).lines()
+    types = [e["type"] for e in log]
+    assert "session.inbox.enqueued" in types
+    assert types[-1] == "log.synced"
+    assert log[-1]["seq"] == log[-2]["durable"]["seq"]
+    after = (await sessionrt("log", session, "--after", "1", *data)).lines()
+    assert [e["type"] for e in after] == types[1:]
+
+
+async def test_ctrl_c_interrupts_the_run_and_exits_130(data: list[str]) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        "run",
+        "#delay 100\n#chunk 2\n#text " + "x" * 200,
+        *data,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert await asyncio.wait_for(proc.stdout.read(2), TIMEOUT) == b"xx"  # it is streaming
+    proc.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    assert proc.returncode == 130, err
+    assert b"Traceback" not in err
+    assert b"sessionrt: interrupted" in err
+    session = session_of(Done(0, "", err.decode()))
+    log = (await sessionrt("log", session, *data)).lines()
+    assert log[-2]["type"] == "session.execution.interrupted"
+    assert log[-2]["data"]["reason"] == "user"
+
+
+# -- sessions, log --follow, openapi ------------------------------------------------------------
+
+
+async def test_sessions_lists_what_run_created_in_the_xdg_data_home(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    first = session_of(await sessionrt("run", "one", env=env))
+    second = session_of(await sessionrt("run", "two", env=env))
+    assert (tmp_path / "sessionrt" / "sessionrt.sqlite").exists()
+    listed = json.loads((await sessionrt("sessions", "--json", env=env)).out)
+    assert [s["id"] for s in listed] == [second, first]
+    assert {"title", "time"} <= listed[0].keys()
+    limited = json.loads((await sessionrt("sessions", "--json", "--limit", "1", env=env)).out)
+    assert [s["id"] for s in limited] == [second]
+    table = (await sessionrt("sessions", env=env)).out.splitlines()
+    assert table[0].split() == ["ID", "UPDATED", "TITLE"]
+    assert [row.split()[0] for row in table[1:]] == [second, first]
+
+
+async def test_log_follow_stops_cleanly_on_ctrl_c(data: list[str]) -> None:
+    session = session_of(await sessionrt("run", "hello", *data))
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        "log",
+        session,
+        "--follow",
+        *data,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    seen: list[dict[str, Any]] = []
+    while not seen or seen[-1]["type"] != "log.synced":
+        line = await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)
+        assert line, "the log ended before log.synced"
+        seen.append(json.loads(line))
+    assert seen[0]["type"] == "session.created"
+    proc.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    assert proc.returncode == 0
+    assert err == b""
+
+
+async def test_openapi_prints_the_document() -> None:
+    done = await sessionrt("openapi")
+    assert done.code == 0
+    doc = json.loads(done.out)
+    assert doc["openapi"] == "3.1.0"
+    assert "/api/session/{sessionID}/prompt" in doc["paths"]
+
+
+# -- against a running server -------------------------------------------------------------------
+
+
+@attrs.frozen
+class Served:
+    url: str
+    data: list[str]
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    data = ["--data-dir", str(tmp_path / "served")]
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        "serve",
+        "--port",
+        "0",
+        "--password",
+        "s3cret",
+        *data,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)).decode()
+    match = re.search(r"http://\S+", line)
+    assert match, line
+    try:
+        yield Served(match.group(0), data)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.communicate(), TIMEOUT)
+
+
+async def test_run_sessions_and_log_over_the_network(served: Served) -> None:
+    env = {**os.environ, "SESSIONRT_SERVER_PASSWORD": "s3cret"}
+    remote = ["--url", served.url]
+    done = await sessionrt("run", TOOL_SCRIPT, *remote, env=env)
+    assert done.code == 0, done.err
+    assert done.out == "finished\n"
+    assert '⚙ bash {"command": "echo hi"}' in done.err
+    session = session_of(done)
+    listed = json.loads((await sessionrt("sessions", "--json", *remote, env=env)).out)
+    assert [s["id"] for s in listed] == [session]
+    log = (await sessionrt("log", session, *remote, env=env)).lines()
+    assert log[-2]["type"] == "session.execution.succeeded"
+    # --no-follow on a server: the server runs what was admitted.
+    queued = await sessionrt("run", "later", "--no-follow", *remote, "--password", "s3cret")
+    assert queued.code == 0, queued.err
+    assert json.loads(queued.out)["payload"] == {"text": "later"}
+
+
+async def test_a_server_refuses_a_missing_password(served: Served) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SESSIONRT_SERVER_PASSWORD"}
+    done = await sessionrt("sessions", "--url", served.url, env=env)
+    assert done.code == 1
+    assert "UnauthorizedError" in done.err
+    assert "--password" in done.err
+
+
+async def test_embedded_use_of_a_served_data_dir_suggests_url(served: Served) -> None:
+    done = await sessionrt("run", "hi", *served.data)
+    assert done.code == 1
+    assert "in use by another process" in done.err
+    assert "--url" in done.err
+
+
+async def test_an_unreachable_server_is_a_clear_error() -> None:
+    done = await sessionrt("sessions", "--url", "http://127.0.0.1:9")
+    assert done.code == 1
+    assert done.err.startswith("sessionrt: cannot reach the server http://127.0.0.1:9")
