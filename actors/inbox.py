@@ -103,8 +103,9 @@ class Inbox:
         ids.validate("ses", session_id, field="sessionID")
         receipt = None if item_id is None else await self._reconcile(session_id, type_, item_id)
         if receipt is None:
-            if await self._store.queries.session(session_id) is None:
-                raise SessionNotFoundError(session_id)
+            # No existence check here: the enqueue's projection refuses an
+            # unknown or deleted session in the same transaction (one read
+            # fewer per admission); only attachment reading happens first.
             payload = await prepare()
             receipt = await self._enqueue(session_id, type_, item_id, delivery, payload)
         if resume:

@@ -63,9 +63,8 @@ Endpoint = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json(status: int, body: Any) -> web.Response:
-    return web.Response(
-        status=status, body=orjson.dumps(codec.to_json(body)), content_type="application/json"
-    )
+    """``body`` is JSON-ready data (already through the codec)."""
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
 def _error(err: DomainError) -> web.Response:
@@ -153,7 +152,7 @@ def _encode(op: Operation, result: Any) -> web.Response:
         return _json(
             200, {"data": codec.to_json(result.data), "cursor": codec.to_json(result.cursor)}
         )
-    return _json(200, result)
+    return _json(200, codec.to_json(result))
 
 
 async def _doc(request: web.Request) -> web.Response:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import orjson
@@ -174,12 +174,17 @@ class EventFeed:
     """One encoding of the bus for many ``event.subscribe`` connections."""
 
     def __init__(self, bus: EventBus, settings: StreamSettings) -> None:
+        self._bus = bus
         self._settings = settings
         self._connections: set[_Connection] = set()
-        self._unsubscribe = bus.subscribe(self._publish)
+        # Subscribed only while someone listens: with no connection, committed
+        # events are not turned into envelopes and frames for nobody.
+        self._unsubscribe: Callable[[], None] | None = None
 
     def close(self) -> None:
-        self._unsubscribe()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
 
     def dispose(self) -> None:
         """Tell every connection the instance is going away (bypasses capacity)."""
@@ -209,6 +214,8 @@ class EventFeed:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         connection = _Connection(self._settings.queue_frames)
         self._connections.add(connection)
+        if self._unsubscribe is None:
+            self._unsubscribe = self._bus.subscribe(self._publish)
         response: web.StreamResponse | None = None
         try:
             response = await _open(request)
@@ -232,6 +239,8 @@ class EventFeed:
             return response  # the subscriber went away
         finally:
             self._connections.discard(connection)
+            if not self._connections:
+                self.close()
 
     def __len__(self) -> int:
         return len(self._connections)
