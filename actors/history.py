@@ -33,28 +33,54 @@ from protocol.shapes import (
     UserMessage,
 )
 
-__all__ = ["to_chat"]
+__all__ = ["ChatCache", "to_chat"]
 
 
-def to_chat(history: Sequence[SessionMessage]) -> tuple[ChatMessage, ...]:
-    out: list[ChatMessage] = []
-    for message in history:
-        match message:
-            case UserMessage():
-                parts: list[ContentPart] = []
-                if message.text:
-                    parts.append(TextContent(text=message.text))
-                for f in message.files or ():
-                    parts.append(FileContent(mime=f.mime, data=f.data, name=f.name))
-                if parts:
-                    out.append(ChatMessage(role="user", parts=tuple(parts)))
-            case SyntheticMessage():
-                out.append(ChatMessage(role="user", parts=(TextContent(text=message.text),)))
-            case SystemMessage():
-                out.append(ChatMessage(role="system", parts=(TextContent(text=message.text),)))
-            case AssistantMessage():
-                out.extend(_assistant(message))
-    return tuple(out)
+class ChatCache:
+    """Converted messages by the identity of their decoded value.
+
+    The store hands back the same decoded object for an unchanged stored row
+    (and a new one when the row changed), so identity is a safe key as long as
+    the object is kept alive here with its conversion.
+    """
+
+    def __init__(self, size: int = 20_000) -> None:
+        self._size = size
+        self._entries: dict[int, tuple[SessionMessage, tuple[ChatMessage, ...]]] = {}
+
+    def get(self, message: SessionMessage) -> tuple[ChatMessage, ...]:
+        entry = self._entries.get(id(message))
+        if entry is not None and entry[0] is message:
+            return entry[1]
+        converted = _convert(message)
+        if len(self._entries) >= self._size:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[id(message)] = (message, converted)
+        return converted
+
+
+def to_chat(
+    history: Sequence[SessionMessage], cache: ChatCache | None = None
+) -> tuple[ChatMessage, ...]:
+    convert = _convert if cache is None else cache.get
+    return tuple(chat for message in history for chat in convert(message))
+
+
+def _convert(message: SessionMessage) -> tuple[ChatMessage, ...]:
+    match message:
+        case UserMessage():
+            parts: list[ContentPart] = []
+            if message.text:
+                parts.append(TextContent(text=message.text))
+            for f in message.files or ():
+                parts.append(FileContent(mime=f.mime, data=f.data, name=f.name))
+            return (ChatMessage(role="user", parts=tuple(parts)),) if parts else ()
+        case SyntheticMessage():
+            return (ChatMessage(role="user", parts=(TextContent(text=message.text),)),)
+        case SystemMessage():
+            return (ChatMessage(role="system", parts=(TextContent(text=message.text),)),)
+        case AssistantMessage():
+            return tuple(_assistant(message))
 
 
 def _assistant(message: AssistantMessage) -> list[ChatMessage]:

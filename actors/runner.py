@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol
 from actors._threaded import BlockingRunner
 from actors.agents import Agent, AgentCatalog, load_catalog, project_file
 from actors.bus import EventBus
-from actors.history import to_chat
+from actors.history import ChatCache, to_chat
 from actors.inbox import Scope
 from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
 from actors.sessions import Sessions
@@ -86,6 +86,7 @@ class Runner:
         self._blocking = blocking
         self._agent_files = tuple(agent_files)
         self._catalogs: dict[tuple[Path, ...], tuple[float, AgentCatalog]] = {}
+        self._chat = ChatCache()
         self._instructions = instructions or NoInstructions()
         self._steps = StepRunner(
             store=store,
@@ -157,7 +158,7 @@ class Runner:
             agent=agent.name,
             model=session.model or agent.model or SCRIPTED_MODEL,
             system=(agent.system,) if agent.system else (),
-            messages=to_chat(history),
+            messages=to_chat(history, self._chat),
             tools=tuple(
                 ToolSpec(name=s.name, description=s.description, input_schema=s.input_schema)
                 for s in self._tools.specs(allowed)
