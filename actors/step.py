@@ -74,6 +74,8 @@ class _Step:
         self.submitted: list[asyncio.Future[list[RecordedEvent]]] = []
         self.texts: dict[int, list[str]] = {}
         self.inputs: dict[str, list[str]] = {}
+        #: Calls whose input started streaming but that were never completed (id -> name).
+        self.unfinished: dict[str, str] = {}
         self.tools: dict[str, asyncio.Task[ToolOutcome]] = {}
         self.terminals = asyncio.Lock()
         self.denied: str | None = None
@@ -163,6 +165,7 @@ class StepRunner:
                         step.emit(ev.ReasoningEnded(**on, ordinal=n, text=text))
                     case ToolInputStart(id=call_id, name=name):
                         step.inputs[call_id] = []
+                        step.unfinished[call_id] = name
                         step.emit(ev.ToolInputStarted(**on, id=call_id, name=name))
                     case ToolInputDelta(id=call_id, delta=d):
                         step.inputs.setdefault(call_id, []).append(d)
@@ -186,6 +189,7 @@ class StepRunner:
     async def _call(
         self, step: _Step, session: Session, agent: Agent, call: ToolCall, limited: bool
     ) -> None:
+        step.unfinished.pop(call.id, None)
         # Durable before any side effect: after a crash the call is known, and
         # is failed as stale rather than silently run twice.
         await step.durable(
@@ -285,6 +289,7 @@ class StepRunner:
         for task in step.tools.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self._fail_unfinished(step, "Tool input interrupted")
         step.emit(
             ev.StepFailed(
                 session_id=step.session_id,
@@ -294,10 +299,25 @@ class StepRunner:
         )
         await step.flushed()
 
+    def _fail_unfinished(self, step: _Step, message: str) -> None:
+        """Every call the step started reaches a terminal, even one never completed."""
+        for call_id, name in step.unfinished.items():
+            step.emit(
+                ev.ToolFailed(
+                    session_id=step.session_id,
+                    assistant_message_id=step.assistant_id,
+                    id=call_id,
+                    error=ev.ErrorInfo(type="aborted", message=f"{message}: {name}"),
+                    executed=False,
+                )
+            )
+        step.unfinished.clear()
+
     async def _end(
         self, step: _Step, finished: Finish | None, outcomes: list[ToolOutcome], limited: bool
     ) -> StepOutcome:
         sid, aid = step.session_id, step.assistant_id
+        self._fail_unfinished(step, "The model never completed the tool call")
         if step.denied is not None:
             step.emit(
                 ev.StepFailed(

@@ -247,3 +247,20 @@ async def test_resume_false_records_without_running(runtime: Runtime, feed: Feed
     terminal = await runtime.execution.resume(s.id)
     assert terminal.kind == "succeeded"
     assert len(await messages(runtime, s.id)) == 2
+
+
+async def test_an_interrupt_while_a_tool_input_streams_still_fails_that_call(
+    runtime: Runtime, feed: Feed
+) -> None:
+    # Found by scripts/crashsim: the part stayed 'streaming' after the step's terminal.
+    s = await runtime.sessions.create()
+    await runtime.sessions.prompt(
+        s.id, PromptInput(text='#delay 50\n#tool bash {"command": "echo hi"}')
+    )
+    await feed.wait("session.tool.input.started", sessionID=s.id)
+    assert await runtime.interrupt(s.id) is True
+    await runtime.execution.wait_idle(s.id)
+    types = feed.types(s.id)
+    assert types.index("session.tool.failed") < types.index("session.step.failed")
+    assert "session.tool.called" not in types
+    assert await runtime.store.queries.open_tool_calls(s.id) == []

@@ -1,0 +1,1365 @@
+#!/usr/bin/env python3
+"""Crash simulator: SIGKILL a real ``sessionrt serve`` under load, restart it, check invariants.
+
+    scripts/crashsim                                     # 8 sessions, 5 kills, a random seed
+    .venv/bin/python scripts/crashsim.py --seed 7 --sessions 4 --iterations 10 --keep
+    .venv/bin/python scripts/crashsim.py --json          # one JSON object on stdout
+
+The run, on a fresh temporary directory (``--keep`` keeps it and prints its path):
+
+1. ``sessionrt serve --port 0 --data-dir DIR/data`` (the console script next to
+   ``sys.executable``) is started as a real subprocess, cwd ``DIR`` (where the sessions
+   live, so where tools run), and driven over loopback HTTP with the Python client.
+2. Each of ``--iterations`` boots runs a randomized workload against ``--sessions``
+   sessions (created on the first boot): prompts with and without ids, steer and queue
+   deliveries, synthetic input, exact retries of an id (same payload, a different payload,
+   and two copies of one request concurrently), interrupts (with and without resume), and
+   scripted tool calls (``#tool bash``) that append to a side-effect ledger. Then the
+   server is killed with SIGKILL at a moment chosen by the boot's *kill mode*:
+
+   * ``group-commit``: a burst of 40-120 concurrent admissions is fired and the server is
+     killed when the k-th receipt (k random, at most a third of the burst) arrives, i.e.
+     while most of the burst is in flight inside the store's group commit;
+   * ``mid-tool``: 1-3 tool prompts are sent and the server is killed 0-350 ms after the
+     first ``session.tool.called`` of this boot shows up on the instance feed
+     (``GET /api/event``): before, during or after the bash command's side effect;
+   * ``random``: killed 0.3-1.5 s into the workload;
+   * ``startup``: no workload; killed 70-110 % of the previous boot's start-up time after
+     spawn, so late in start-up (the recovery sweep) or in the executions it resumed.
+
+   Every boot after the first begins by retrying, exactly (same id, same payload), every
+   request with an id whose outcome the kill left unknown.
+3. A final boot settles everything: it retries the unknown requests, waits until
+   ``GET /api/session/active`` is empty and ``POST /api/experimental/session/{id}/wait``
+   has answered for every session, checks the API's view of every admission, and stops
+   the server with SIGTERM (graceful). The database is then opened read-only.
+
+Every tool call runs ``echo "S <marker> $PPID <ms>" >> LEDGER; sleep <s>;
+echo "D <marker> $PPID <ms>" >> LEDGER`` with a marker unique to that call, so each side
+effect is attributed to the ``session.tool.called`` event carrying the marker, and to the
+server process that ran it (bash's ``$PPID`` is the server's pid; the bash tool starts the
+command directly).
+
+Checks (:func:`check_database`, importable; each finding is a :class:`Violation`):
+
+(a) admissions: every admission the client got a receipt for has exactly one
+    ``session.inbox.enqueued`` (the workload never cancels) matching the receipt
+    (session, type, payload, time); at most one ``session.inbox.delivered``; it is pending
+    (``session_inbox``) when undelivered and in ``session_message`` when delivered; every
+    receipt for one id is the same receipt;
+(b) per-session ``seq`` runs 1..n with no gap or duplicate;
+(c) tool calls: at most one terminal per (session, assistantMessageID, call id); every
+    marker's start line appears at most once in the ledger (nothing ran twice, an aborted
+    call was never replayed); a start line belongs to a durable ``session.tool.called``;
+    it was written by the process that recorded that call, never by a later boot; a call
+    failed ``aborted`` has no start line later than its failure; after the settle no call
+    or tool part is left open;
+(d) claims: ``time_claimed`` is NULL or ``resume_attempts`` within the bound (the
+    server's default, ``actors.recovery.DEFAULT_MAX_ATTEMPTS``); after the settle, NULL;
+(e) ``storage.rebuild.rebuild_projections``: stored projections == rebuilt.
+
+Plus the API (final boot): every receipt is pending in ``inbox`` or delivered in
+``messages``, and nothing is left active. A server that fails to start after a crash is a
+violation too.
+
+Time to recover, per restart, is measured two ways: *sweep done* is from spawning the
+process to its ``listening`` line; the startup sweep (``session.execution.recovering`` and
+the restart notice admitted for every claimed session) runs inside app start-up, before the
+server binds, so this is "until every notice is admitted". *Resumed* is from spawning to the
+last recovered session's ``session.execution.started`` after its ``recovering``, from the
+events' ``created`` timestamps (same clock); ``-`` when the boot was killed before all had
+resumed. ``GET /api/session/active`` is not used for it: a resumed session can finish before
+any poll sees it.
+
+``--seed`` makes every choice reproducible (the workload, the schedule, ids and markers come
+from ``random.Random`` instances derived from the seed); timing, and so what a kill
+interrupts, still varies. The exit status is 1 on any violation, 2 when the harness itself
+fails. Every wait has a timeout, and the server is killed on any exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from actors.recovery import DEFAULT_MAX_ATTEMPTS
+from protocol.client import Client, ClientError
+from protocol.errors import DomainError
+from protocol.operations import InterruptQuery, MessagesQuery
+from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
+from protocol.shapes import Delivery, InboxItem
+from storage.rebuild import rebuild_projections
+
+__all__ = [
+    "Boot",
+    "Receipt",
+    "Violation",
+    "check_admissions",
+    "check_claims",
+    "check_database",
+    "check_rebuild",
+    "check_sequences",
+    "check_tools",
+    "main",
+    "read_ledger",
+    "recovery_timeline",
+]
+
+DB_NAME: Final = "sessionrt.sqlite"
+KILL_MODES: Final = ("mid-tool", "group-commit", "random", "startup")
+MARKER: Final = re.compile(r"\bCSM_[0-9A-Za-z_]+")
+START_TIMEOUT_S: Final = 30.0
+SETTLE_TIMEOUT_S: Final = 40.0
+REQUEST_TIMEOUT_S: Final = 15.0
+WORKERS: Final = 4
+
+# -- what the checks work on -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    check: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.check}] {self.detail}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Receipt:
+    """An admission receipt the client got back (first admissions and retries alike)."""
+
+    session_id: str
+    inbox_id: str
+    type: str
+    delivery: str
+    time_created: int
+    payload: Mapping[str, Any]
+    retry: bool = False
+
+    @classmethod
+    def of(cls, item: InboxItem, *, retry: bool = False) -> Receipt:
+        return cls(
+            session_id=item.session_id,
+            inbox_id=item.id,
+            type=item.type,
+            delivery=item.delivery,
+            time_created=item.time_created,
+            payload=dict(item.payload),
+            retry=retry,
+        )
+
+    def key(self) -> tuple[Any, ...]:
+        return (
+            self.session_id,
+            self.type,
+            self.delivery,
+            self.time_created,
+            json.dumps(self.payload, sort_keys=True),
+        )
+
+
+@dataclasses.dataclass
+class Boot:
+    """One server process: when it started (wall ms, same clock as events) and its pid."""
+
+    index: int
+    pid: int
+    spawn_ms: int
+    mode: str = "final"
+    listening_s: float | None = None
+    killed: bool = False
+    kill_after_s: float | None = None
+    in_flight_at_kill: int | None = None
+    exit_code: int | None = None
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerLine:
+    kind: str  # "S" (started) or "D" (done)
+    marker: str
+    ppid: int
+    ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    position: int
+    aggregate_id: str
+    seq: int
+    type: str  # without the version suffix
+    created: int
+    data: Mapping[str, Any]
+
+
+def _open_ro(path: str | Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+
+
+def load_events(conn: sqlite3.Connection) -> list[Event]:
+    rows = conn.execute(
+        "SELECT position, aggregate_id, seq, type, created, data FROM event ORDER BY position"
+    )
+    return [
+        Event(
+            position=r[0],
+            aggregate_id=r[1],
+            seq=r[2],
+            type=r[3].rsplit(".", 1)[0],
+            created=r[4],
+            data=json.loads(r[5]),
+        )
+        for r in rows
+    ]
+
+
+def read_ledger(path: str | Path) -> tuple[list[LedgerLine], list[Violation]]:
+    lines: list[LedgerLine] = []
+    bad: list[Violation] = []
+    try:
+        text = Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        return lines, bad
+    for n, raw in enumerate(text.splitlines(), 1):
+        parts = raw.split()
+        if len(parts) != 4 or parts[0] not in ("S", "D") or not MARKER.fullmatch(parts[1]):
+            bad.append(Violation("ledger.malformed", f"line {n}: {raw!r}"))
+            continue
+        try:
+            lines.append(LedgerLine(parts[0], parts[1], int(parts[2]), int(parts[3])))
+        except ValueError:
+            bad.append(Violation("ledger.malformed", f"line {n}: {raw!r}"))
+    return lines, bad
+
+
+def _boot_at(boots: Sequence[Boot], ms: int) -> Boot | None:
+    found = None
+    for boot in boots:
+        if boot.spawn_ms <= ms:
+            found = boot
+    return found
+
+
+def _short(value: object, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- the checks --------------------------------------------------------------------------------
+
+
+def check_admissions(
+    conn: sqlite3.Connection, events: Sequence[Event], receipts: Iterable[Receipt]
+) -> list[Violation]:
+    """(a) every receipt: enqueued once, delivered at most once, pending xor delivered."""
+    out: list[Violation] = []
+    enqueued: dict[str, list[Event]] = collections.defaultdict(list)
+    delivered: collections.Counter[str] = collections.Counter()
+    cancelled: collections.Counter[str] = collections.Counter()
+    for e in events:
+        if e.type == "session.inbox.enqueued":
+            enqueued[e.data["inboxID"]].append(e)
+        elif e.type == "session.inbox.delivered":
+            delivered[e.data["inboxID"]] += 1
+        elif e.type == "session.inbox.cancelled":
+            cancelled[e.data["inboxID"]] += 1
+    pending = dict(conn.execute("SELECT id, session_id FROM session_inbox").fetchall())
+    messages = dict(conn.execute("SELECT id, session_id FROM session_message").fetchall())
+    for inbox_id, count in delivered.items():
+        if count > 1:
+            out.append(
+                Violation("admission.delivered-twice", f"{inbox_id}: {count} inbox.delivered")
+            )
+    by_id: dict[str, list[Receipt]] = collections.defaultdict(list)
+    for receipt in receipts:
+        by_id[receipt.inbox_id].append(receipt)
+    for inbox_id, group in by_id.items():
+        first = group[0]
+        where = f"{inbox_id} (session {first.session_id}, {first.type})"
+        for other in group[1:]:
+            if other.key() != first.key():
+                out.append(
+                    Violation(
+                        "receipt.mismatch",
+                        f"{where}: receipts differ: {_short(first.key())} vs {_short(other.key())}",
+                    )
+                )
+        found = enqueued.get(inbox_id, [])
+        if not found:
+            out.append(Violation("admission.lost", f"{where}: receipt but no inbox.enqueued"))
+            continue
+        if len(found) > 1 + cancelled[inbox_id]:
+            out.append(
+                Violation(
+                    "admission.duplicated",
+                    f"{where}: {len(found)} inbox.enqueued (seqs "
+                    f"{[e.seq for e in found]}), {cancelled[inbox_id]} cancelled",
+                )
+            )
+        e = found[0]
+        item = e.data.get("item", {})
+        stored = (e.aggregate_id, item.get("type"), item.get("delivery"), e.created)
+        expected = (first.session_id, first.type, first.delivery, first.time_created)
+        if stored != expected or item.get("payload") != first.payload:
+            out.append(
+                Violation(
+                    "admission.mismatch",
+                    f"{where}: enqueued {_short([*stored, item.get('payload')])} "
+                    f"vs receipt {_short([*expected, first.payload])}",
+                )
+            )
+        if cancelled[inbox_id]:
+            continue  # a cancel (+ readmit) makes the final state a matter of order
+        if delivered[inbox_id]:
+            if inbox_id not in messages or inbox_id in pending:
+                out.append(
+                    Violation(
+                        "admission.projection",
+                        f"{where}: delivered but in_messages={inbox_id in messages} "
+                        f"in_inbox={inbox_id in pending}",
+                    )
+                )
+        elif inbox_id not in pending or inbox_id in messages:
+            out.append(
+                Violation(
+                    "admission.projection",
+                    f"{where}: undelivered but in_inbox={inbox_id in pending} "
+                    f"in_messages={inbox_id in messages}",
+                )
+            )
+    return out
+
+
+def check_sequences(events: Sequence[Event]) -> list[Violation]:
+    """(b) each aggregate's seqs are exactly 1..n."""
+    seqs: dict[str, list[int]] = collections.defaultdict(list)
+    for e in events:
+        seqs[e.aggregate_id].append(e.seq)
+    out: list[Violation] = []
+    for aggregate, found in seqs.items():
+        ordered = sorted(found)
+        if ordered != list(range(1, len(ordered) + 1)):
+            dups = sorted(s for s, n in collections.Counter(ordered).items() if n > 1)
+            missing = sorted(set(range(1, max(ordered) + 1)) - set(ordered))
+            out.append(
+                Violation(
+                    "seq.not-contiguous",
+                    f"{aggregate}: {len(ordered)} events, max seq {max(ordered)}, "
+                    f"duplicates {dups[:10]}, missing {missing[:10]}",
+                )
+            )
+    return out
+
+
+CallKey = tuple[str, str, str]
+
+
+def check_tools(
+    conn: sqlite3.Connection,
+    events: Sequence[Event],
+    ledger: Sequence[LedgerLine],
+    boots: Sequence[Boot] = (),
+    *,
+    settled: bool = True,
+) -> list[Violation]:
+    """(c) one terminal per call; every side effect once, by its caller, never after an abort."""
+    out: list[Violation] = []
+    called: dict[CallKey, Event] = {}
+    terminals: dict[CallKey, list[Event]] = collections.defaultdict(list)
+    marker_calls: dict[str, list[CallKey]] = collections.defaultdict(list)
+    for e in events:
+        if e.type not in ("session.tool.called", "session.tool.success", "session.tool.failed"):
+            continue
+        key = (e.aggregate_id, e.data["assistantMessageID"], e.data["id"])
+        if e.type == "session.tool.called":
+            if key in called:
+                out.append(
+                    Violation("tool.called-twice", f"{key}: seqs {called[key].seq}, {e.seq}")
+                )
+            called[key] = e
+            command = str(e.data.get("input", {}).get("command", ""))
+            for marker in set(MARKER.findall(command)):
+                marker_calls[marker].append(key)
+        else:
+            terminals[key].append(e)
+    for key, ends in terminals.items():
+        if len(ends) > 1:
+            kinds = [f"{t.type.rsplit('.', 1)[1]}@{t.seq}" for t in ends]
+            out.append(Violation("tool.terminals", f"{key}: {len(ends)} terminals {kinds}"))
+    starts: dict[str, list[LedgerLine]] = collections.defaultdict(list)
+    for line in ledger:
+        if line.kind == "S":
+            starts[line.marker].append(line)
+    pids = {boot.pid: boot for boot in boots}
+    for marker, lines in starts.items():
+        keys = marker_calls.get(marker, [])
+        if len(lines) > 1:
+            out.append(
+                Violation(
+                    "tool.executed-twice",
+                    f"{marker}: {len(lines)} start lines (pids "
+                    f"{[line.ppid for line in lines]}), carried by calls {keys}",
+                )
+            )
+        if not keys:
+            out.append(
+                Violation(
+                    "tool.undurable", f"{marker}: a side effect without a durable tool.called"
+                )
+            )
+            continue
+        if len(keys) != 1:
+            continue  # attribution is ambiguous; executed-twice (if so) said it
+        key = keys[0]
+        call = called[key]
+        line = lines[0]
+        if boots:
+            caller = _boot_at(boots, call.created)
+            runner = pids.get(line.ppid)
+            if caller is not None and runner is not None and runner.index != caller.index:
+                out.append(
+                    Violation(
+                        "tool.wrong-process",
+                        f"{marker} {key}: called by boot {caller.index} (pid {caller.pid}) "
+                        f"but run by boot {runner.index} (pid {runner.pid})",
+                    )
+                )
+        for end in terminals.get(key, []):
+            error = end.data.get("error") or {}
+            aborted = end.type == "session.tool.failed" and error.get("type") == "aborted"
+            if aborted and line.ms > end.created:
+                out.append(
+                    Violation(
+                        "tool.after-abort",
+                        f"{marker} {key}: started at {line.ms}, after the call was failed "
+                        f"aborted at {end.created} (seq {end.seq})",
+                    )
+                )
+    if settled:
+        for key, call in called.items():
+            if not terminals.get(key):
+                out.append(
+                    Violation("tool.unsettled", f"{key}: tool.called (seq {call.seq}), no terminal")
+                )
+        for row in conn.execute(
+            "SELECT session_id, message_id, key, status FROM session_part"
+            " WHERE status IN ('streaming', 'running')"
+        ):
+            out.append(Violation("tool.part-open", f"part {tuple(row)} still open after settle"))
+    return out
+
+
+def check_claims(
+    conn: sqlite3.Connection, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS, settled: bool = True
+) -> list[Violation]:
+    """(d) a claim is released or within its attempt bound; released by all after a settle."""
+    out: list[Violation] = []
+    rows = conn.execute(
+        "SELECT id, time_claimed, resume_attempts FROM session WHERE time_claimed IS NOT NULL"
+    )
+    for session_id, claimed, attempts in rows:
+        if attempts > max_attempts:
+            out.append(
+                Violation(
+                    "claim.unbounded",
+                    f"{session_id}: claimed since {claimed}, {attempts} resume attempts "
+                    f"> bound {max_attempts}",
+                )
+            )
+        elif settled:
+            out.append(
+                Violation(
+                    "claim.unreleased",
+                    f"{session_id}: still claimed (since {claimed}, {attempts} attempts) "
+                    "after the settle",
+                )
+            )
+    return out
+
+
+def check_rebuild(path: str | Path) -> list[Violation]:
+    """(e) replaying the log gives the stored projections."""
+    try:
+        stored, rebuilt = rebuild_projections(str(path))
+    except Exception as exc:
+        return [Violation("rebuild.failed", f"{type(exc).__name__}: {exc}")]
+    out: list[Violation] = []
+    for table in stored:
+        a = collections.Counter(stored[table])
+        b = collections.Counter(rebuilt.get(table, []))
+        if a != b:
+            only_stored = list((a - b).elements())
+            only_rebuilt = list((b - a).elements())
+            out.append(
+                Violation(
+                    "rebuild.mismatch",
+                    f"{table}: {len(only_stored)} rows only stored, {len(only_rebuilt)} only "
+                    f"rebuilt; e.g. stored {_short(only_stored[:2], 400)} "
+                    f"rebuilt {_short(only_rebuilt[:2], 400)}",
+                )
+            )
+    return out
+
+
+def check_database(
+    path: str | Path,
+    receipts: Iterable[Receipt],
+    ledger: str | Path,
+    boots: Sequence[Boot] = (),
+    *,
+    settled: bool = True,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> list[Violation]:
+    """Every database check, (a) to (e), on the database file at ``path`` (read-only)."""
+    lines, out = read_ledger(ledger)
+    conn = _open_ro(path)
+    try:
+        conn.execute("BEGIN")
+        events = load_events(conn)
+        out += check_admissions(conn, events, receipts)
+        out += check_sequences(events)
+        out += check_tools(conn, events, lines, boots, settled=settled)
+        out += check_claims(conn, max_attempts=max_attempts, settled=settled)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    out += check_rebuild(path)
+    return out
+
+
+def recovery_timeline(
+    path: str | Path, boots: Sequence[Boot], *, max_attempts: int = DEFAULT_MAX_ATTEMPTS
+) -> list[dict[str, Any]]:
+    """Per boot: the sessions its sweep recovered and when the last of them resumed."""
+    conn = _open_ro(path)
+    try:
+        events = load_events(conn)
+    finally:
+        conn.close()
+    out = []
+    for i, boot in enumerate(boots):
+        end = boots[i + 1].spawn_ms if i + 1 < len(boots) else None
+        window = [
+            e for e in events if e.created >= boot.spawn_ms and (end is None or e.created < end)
+        ]
+        recovering = {e.aggregate_id: e for e in window if e.type == "session.execution.recovering"}
+        exhausted = {s for s, e in recovering.items() if e.data.get("attempt", 0) > max_attempts}
+        resumed: dict[str, int] = {}
+        notices = 0
+        for e in window:
+            rec = recovering.get(e.aggregate_id)
+            if rec is None or e.position <= rec.position:
+                continue
+            if e.type == "session.execution.started" and e.aggregate_id not in resumed:
+                resumed[e.aggregate_id] = e.created
+            elif e.type == "session.inbox.enqueued":
+                metadata = e.data.get("item", {}).get("payload", {}).get("metadata") or {}
+                notices += metadata.get("notice") == "restart"
+        todo = set(recovering) - exhausted
+        all_resumed = bool(todo) and todo <= set(resumed)
+        last = max((resumed[s] for s in todo), default=0) if all_resumed else 0
+        out.append(
+            {
+                "boot": boot.index,
+                "recovered": len(recovering),
+                "exhausted": len(exhausted),
+                "notices": notices,
+                "resumed": len(todo & set(resumed)),
+                "sweep_done_s": boot.listening_s,
+                "resumed_s": round((last - boot.spawn_ms) / 1000, 3) if all_resumed else None,
+            }
+        )
+    return out
+
+
+def tool_summary(
+    path: str | Path, ledger: Sequence[LedgerLine], boots: Sequence[Boot]
+) -> dict[str, int]:
+    """Counts for the report: stale fails (a later boot failed the call), pid attribution."""
+    conn = _open_ro(path)
+    try:
+        events = load_events(conn)
+    finally:
+        conn.close()
+    origin: dict[CallKey, Event] = {}
+    marker_of: dict[CallKey, str] = {}
+    stale = stale_with_effect = 0
+    started = {line.marker for line in ledger if line.kind == "S"}
+    for e in events:
+        if not e.type.startswith("session.tool."):
+            continue
+        key = (e.aggregate_id, e.data.get("assistantMessageID", ""), e.data.get("id", ""))
+        if e.type == "session.tool.input.started":
+            origin.setdefault(key, e)
+        elif e.type == "session.tool.called":
+            origin.setdefault(key, e)
+            found = MARKER.findall(str(e.data.get("input", {}).get("command", "")))
+            if found:
+                marker_of[key] = found[0]
+        elif e.type == "session.tool.failed" and key in origin:
+            first, failing = _boot_at(boots, origin[key].created), _boot_at(boots, e.created)
+            if first is not None and failing is not None and first.index != failing.index:
+                stale += 1
+                stale_with_effect += marker_of.get(key) in started
+    pids = {boot.pid for boot in boots}
+    return {
+        "stale_failed": stale,
+        "stale_failed_after_side_effect": stale_with_effect,
+        "ledger_lines_by_a_known_server_pid": sum(line.ppid in pids for line in ledger),
+    }
+
+
+# -- the server process ------------------------------------------------------------------------
+
+
+class Server:
+    """One ``sessionrt serve`` subprocess; stdout is read by a thread for the listening line."""
+
+    live: Final[set[subprocess.Popen[bytes]]] = set()
+
+    def __init__(self, exe: Path, data_dir: Path, cwd: Path, log: Path, index: int) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "SESSIONRT_SERVER_PASSWORD"}
+        self._log = log.open("ab")
+        self._loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        self.url: str | None = None
+        self.stdout: list[str] = []
+        spawn_ms = int(time.time() * 1000)
+        self._t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [str(exe), "serve", "--port", "0", "--data-dir", str(data_dir)],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+        )
+        Server.live.add(self.proc)
+        self.boot = Boot(index=index, pid=self.proc.pid, spawn_ms=spawn_ms)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if self.url is None and " listening on " in line:
+                self.boot.listening_s = round(time.monotonic() - self._t0, 4)
+                self.url = line.rsplit(" ", 1)[-1]
+                self._signal()
+            self.stdout.append(line)
+        self._signal()  # end of output: the process is gone
+
+    def _signal(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    async def listening(self) -> str | None:
+        """The URL once the listening line is out; None if the process ended or took too long."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), START_TIMEOUT_S)
+        return self.url
+
+    def kill(self) -> None:
+        """SIGKILL: the simulated crash."""
+        if self.proc.poll() is None:
+            self.boot.kill_after_s = round(self.elapsed(), 3)
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.boot.killed = True
+        self._reap(10)
+
+    def terminate(self, timeout: float = 20) -> bool:
+        """SIGTERM, the graceful stop; True when it exited in time."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        return self._reap(timeout)
+
+    def _reap(self, timeout: float) -> bool:
+        graceful = True
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            graceful = False
+            self.proc.kill()
+            self.proc.wait(10)
+        self.boot.exit_code = self.proc.returncode
+        Server.live.discard(self.proc)
+        self._reader.join(5)
+        self._log.close()
+        return graceful
+
+    @classmethod
+    def kill_all(cls) -> None:
+        for proc in list(cls.live):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            cls.live.discard(proc)
+
+
+# -- the workload ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """An admission the client sent; with an id it can be retried exactly."""
+
+    session_id: str
+    kind: str  # "user" | "synthetic"
+    text: str
+    inbox_id: str | None
+    delivery: Delivery
+    resume: bool
+
+
+@dataclasses.dataclass
+class Stats:
+    sent: int = 0
+    with_id: int = 0
+    receipts: int = 0
+    unknown_no_id: int = 0
+    retries_same: int = 0
+    retries_different: int = 0
+    retries_concurrent: int = 0
+    retries_after_crash: int = 0
+    committed_before_kill: int = 0
+    interrupts: int = 0
+    tool_prompts: int = 0
+    markers: int = 0
+
+
+class Sim:
+    def __init__(self, args: argparse.Namespace, workdir: Path, exe: Path) -> None:
+        self.args = args
+        self.seed: int = args.seed
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.ledger = workdir / "ledger.txt"
+        self.exe = exe
+        self.sessions: list[str] = []
+        self.receipts: list[Receipt] = []
+        self.unknown: dict[str, Request] = {}
+        self.history: dict[str, list[Request]] = collections.defaultdict(list)
+        self.stats = Stats()
+        self.boots: list[Boot] = []
+        self.violations: list[Violation] = []
+        self.notes: list[str] = []
+        self._counter = 0
+        self._armed = ""
+        self._tool_seen = asyncio.Event()
+        self._server: Server | None = None
+
+    # -- helpers
+
+    def rng(self, *parts: object) -> random.Random:
+        return random.Random("/".join(map(str, (self.seed, *parts))))
+
+    def log(self, message: str) -> None:
+        if not self.args.quiet:
+            print(f"crashsim: {message}", file=sys.stderr, flush=True)
+
+    def _name(self, tag: str) -> str:
+        self._counter += 1
+        return f"{tag}n{self._counter}"
+
+    def marker(self, tag: str) -> str:
+        self.stats.markers += 1
+        return f"CSM_{self._name(tag)}"
+
+    def tool_line(self, rng: random.Random, tag: str) -> str:
+        marker = self.marker(tag)
+        ledger = shlex.quote(str(self.ledger))
+        pause = rng.choice(("0.1", "0.2", "0.3"))
+        stamp = '$PPID $(date +%s%3N)"'
+        command = (
+            f'echo "S {marker} {stamp} >> {ledger}; sleep {pause}; '
+            f'echo "D {marker} {stamp} >> {ledger}'
+        )
+        return "#tool bash " + json.dumps({"command": command})
+
+    def text(
+        self, rng: random.Random, tag: str, *, tools: bool | None = None, fast: bool = False
+    ) -> str:
+        """A prompt: prose, or a script of 1-2 steps with 1-2 tool calls each."""
+        if tools is None:
+            tools = rng.random() < 0.5
+        if not tools:
+            if rng.random() < 0.4:
+                return f"crashsim {tag}: plain prose, the default reply"
+            delay = rng.randint(2, 15)
+            return f"crashsim {tag}\n#delay {delay}\n#text a slow answer for {tag}, chunk by chunk"
+        self.stats.tool_prompts += 1
+        lines = [f"crashsim {tag}"]
+        for step in range(rng.randint(1, 2)):
+            if step:
+                lines.append("#step")
+            if not fast and rng.random() < 0.5:
+                lines.append(f"#delay {rng.randint(1, 8)}")
+            lines.append(f"#text step {step} of {tag}")
+            lines += [self.tool_line(rng, tag) for _ in range(rng.randint(1, 2))]
+        return "\n".join(lines)
+
+    def request(self, rng: random.Random, tag: str, **text: Any) -> Request:
+        with_id = rng.random() < 0.6
+        kind = "synthetic" if rng.random() < 0.12 else "user"
+        return Request(
+            session_id=rng.choice(self.sessions),
+            kind=kind,
+            text=self.text(rng, tag, **text) if kind == "user" else f"crashsim note {tag}",
+            inbox_id=f"msg_cs{self._name(tag)}" if with_id else None,
+            delivery="steer" if rng.random() < 0.65 else "queue",
+            resume=rng.random() < 0.85,
+        )
+
+    async def send(self, client: Client, req: Request, *, retry: bool = False) -> bool:
+        """Send one admission; record its receipt, or an unknown outcome."""
+        self.stats.sent += 1
+        if req.inbox_id is not None:
+            self.stats.with_id += 1
+            self.history[req.session_id].append(req)
+        done = False
+        try:
+            if req.kind == "user":
+                item = await client.sessions.prompt(
+                    req.session_id,
+                    PromptInput(
+                        id=req.inbox_id, text=req.text, delivery=req.delivery, resume=req.resume
+                    ),
+                )
+            else:
+                item = await client.sessions.synthetic(
+                    req.session_id,
+                    SyntheticInput(
+                        id=req.inbox_id, text=req.text, delivery=req.delivery, resume=req.resume
+                    ),
+                )
+            done = True
+        except ClientError:
+            return False  # the kill: the outcome is unknown
+        except DomainError as exc:
+            done = True
+            self.violations.append(
+                Violation("api.error", f"{req.kind} {req.inbox_id} on {req.session_id}: {exc!r}")
+            )
+            return False
+        finally:
+            if not done:
+                if req.inbox_id is not None:
+                    self.unknown.setdefault(req.inbox_id, req)
+                else:
+                    self.stats.unknown_no_id += 1
+        self.stats.receipts += 1
+        receipt = Receipt.of(item, retry=retry)
+        self.receipts.append(receipt)
+        if req.inbox_id is not None:
+            self.unknown.pop(req.inbox_id, None)
+            if item.id != req.inbox_id:
+                self.violations.append(
+                    Violation("receipt.id", f"asked for {req.inbox_id}, receipt says {item.id}")
+                )
+        return True
+
+    async def retry_unknown(self, client: Client) -> None:
+        todo = list(self.unknown.values())
+        if not todo:
+            return
+        self.stats.retries_after_crash += len(todo)
+        before = len(self.receipts)
+        await asyncio.gather(*(self.send(client, req, retry=True) for req in todo))
+        # A receipt older than this process: the killed one had committed it, unanswered.
+        spawned = self.boots[-1].spawn_ms
+        old = sum(r.time_created < spawned for r in self.receipts[before:])
+        self.stats.committed_before_kill += old
+        self.log(f"  retried {len(todo)} requests with an unknown outcome ({old} had committed)")
+
+    async def worker(self, client: Client, rng: random.Random, tag: str) -> None:
+        while True:
+            roll = rng.random()
+            if roll < 0.45:
+                await self.send(client, self.request(rng, self._name(tag)))
+            elif roll < 0.70:
+                mine = [r for reqs in self.history.values() for r in reqs]
+                original = mine[rng.randrange(len(mine))] if mine else None
+                if original is None:
+                    pass
+                elif roll < 0.56:
+                    self.stats.retries_same += 1
+                    await self.send(client, original, retry=True)
+                elif roll < 0.63:
+                    self.stats.retries_different += 1
+                    text = (
+                        self.text(rng, self._name(tag))
+                        if original.kind == "user"
+                        else f"crashsim other note {tag}"
+                    )
+                    await self.send(client, dataclasses.replace(original, text=text), retry=True)
+                else:
+                    self.stats.retries_concurrent += 2
+                    await asyncio.gather(
+                        self.send(client, original, retry=True),
+                        self.send(client, original, retry=True),
+                    )
+            elif roll < 0.80:
+                sid = rng.choice(self.sessions)
+                self.stats.interrupts += 1
+                with contextlib.suppress(ClientError):
+                    await client.sessions.interrupt(sid, InterruptQuery(resume=rng.random() < 0.5))
+            await asyncio.sleep(rng.uniform(0.005, 0.06))
+
+    async def feed(self, client: Client, connected: asyncio.Event) -> None:
+        with contextlib.suppress(ClientError):
+            async with contextlib.aclosing(client.events.subscribe()) as stream:
+                async for event in stream:
+                    if event.event == "server.connected":
+                        connected.set()
+                    elif event.event == "session.tool.called" and self._armed:
+                        command = str(event.data["data"].get("input", {}).get("command", ""))
+                        if any(m.startswith(self._armed) for m in MARKER.findall(command)):
+                            self._tool_seen.set()
+        connected.set()
+
+    # -- kill triggers: each returns when it is time to kill
+
+    async def trigger_random(self, rng: random.Random, client: Client, tag: str) -> None:
+        await asyncio.sleep(rng.uniform(0.3, 1.5))
+
+    async def trigger_mid_tool(self, rng: random.Random, client: Client, tag: str) -> list[Any]:
+        await asyncio.sleep(rng.uniform(0.1, 0.4))
+        self._armed = f"CSM_{tag}"
+        self._tool_seen.clear()
+        tasks = []
+        for _ in range(rng.randint(1, 3)):
+            name = self._name(tag)
+            req = Request(
+                session_id=rng.choice(self.sessions),
+                kind="user",
+                text=self.text(rng, name, tools=True, fast=True),
+                inbox_id=f"msg_cs{name}" if rng.random() < 0.6 else None,
+                delivery="steer",
+                resume=True,
+            )
+            tasks.append(asyncio.create_task(self.send(client, req)))
+        try:
+            await asyncio.wait_for(self._tool_seen.wait(), 8)
+        except TimeoutError:
+            self.notes.append(f"boot {tag}: no tool.called seen in 8 s; killed anyway")
+        await asyncio.sleep(rng.choice((0.0, rng.uniform(0, 0.05), rng.uniform(0.05, 0.35))))
+        return tasks
+
+    async def trigger_group_commit(
+        self, rng: random.Random, client: Client, tag: str
+    ) -> tuple[list[Any], int]:
+        await asyncio.sleep(rng.uniform(0.2, 0.6))
+        size = rng.randint(40, 120)
+        kill_at = rng.randint(1, max(1, size // 3))
+        got = 0
+        fire = asyncio.Event()
+
+        async def one(req: Request) -> None:
+            nonlocal got
+            if await self.send(client, req):
+                got += 1
+                if got >= kill_at:
+                    fire.set()
+
+        reqs = [self.request(rng, self._name(tag), tools=False) for _ in range(size)]
+        # A few exact duplicates inside the burst: concurrent retries of one id.
+        for _ in range(rng.randint(1, 4)):
+            original = rng.choice(reqs)
+            if original.inbox_id is not None:
+                reqs.insert(rng.randrange(len(reqs)), original)
+                self.stats.retries_concurrent += 1
+        tasks = [asyncio.create_task(one(r)) for r in reqs]
+        try:
+            await asyncio.wait_for(fire.wait(), 8)
+        except TimeoutError:
+            self.notes.append(f"boot {tag}: burst saw {got} receipts in 8 s; killed anyway")
+        return tasks, sum(not t.done() for t in tasks)
+
+    # -- boots
+
+    def spawn(self) -> Server:
+        index = len(self.boots)
+        server = Server(
+            self.exe, self.data_dir, self.workdir, self.workdir / f"boot-{index}.log", index
+        )
+        self.boots.append(server.boot)
+        self._server = server
+        return server
+
+    async def start(self, mode: str) -> Server | None:
+        server = self.spawn()
+        server.boot.mode = mode
+        if mode == "startup":
+            previous = [b.listening_s for b in self.boots if b.listening_s is not None]
+            estimate = previous[-1] if previous else 1.0
+            await asyncio.sleep(self.rng("startup", server.boot.index).uniform(0.7, 1.1) * estimate)
+            server.boot.note = (
+                "listening before the kill" if server.url else "killed while starting"
+            )
+            server.kill()
+            return None
+        url = await server.listening()
+        if url is None:
+            server.kill()
+            tail = "\n".join(
+                (self.workdir / f"boot-{server.boot.index}.log")
+                .read_text(errors="replace")
+                .splitlines()[-15:]
+            )
+            self.violations.append(
+                Violation(
+                    "server.start",
+                    f"boot {server.boot.index} did not start (exit {server.boot.exit_code}); "
+                    f"log tail:\n{tail}",
+                )
+            )
+            return None
+        return server
+
+    async def iteration(self, index: int, mode: str) -> None:
+        server = await self.start(mode)
+        self.log(
+            f"boot {index}: {mode}" + (f", up in {server.boot.listening_s:.2f} s" if server else "")
+        )
+        if server is None:
+            return
+        assert server.url is not None
+        tag = f"{index}_"
+        rng = self.rng("boot", index)
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            async with Client(server.url, timeout=REQUEST_TIMEOUT_S) as client:
+                connected = asyncio.Event()
+                tasks.append(asyncio.create_task(self.feed(client, connected)))
+                await asyncio.wait_for(connected.wait(), 10)
+                if not self.sessions:
+                    for k in range(self.args.sessions):
+                        session = await client.sessions.create(
+                            CreateSessionInput(title=f"crashsim {k}")
+                        )
+                        self.sessions.append(session.id)
+                await self.retry_unknown(client)
+                for w in range(WORKERS):
+                    worker_rng = self.rng("boot", index, "worker", w)
+                    tasks.append(asyncio.create_task(self.worker(client, worker_rng, f"{tag}w{w}")))
+                if mode == "mid-tool":
+                    tasks += await self.trigger_mid_tool(rng, client, tag)
+                elif mode == "group-commit":
+                    burst, in_flight = await self.trigger_group_commit(rng, client, tag)
+                    tasks += burst
+                    server.boot.in_flight_at_kill = in_flight
+                else:
+                    await self.trigger_random(rng, client, tag)
+                server.kill()
+                self._armed = ""
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            server.kill()
+
+    async def settle(self) -> None:
+        server = await self.start("final")
+        if server is None:
+            return
+        assert server.url is not None
+        self.log(
+            f"boot {server.boot.index}: final, up in {server.boot.listening_s:.2f} s; settling"
+        )
+        try:
+            async with Client(server.url, timeout=SETTLE_TIMEOUT_S) as client:
+                await self.retry_unknown(client)
+                deadline = time.monotonic() + SETTLE_TIMEOUT_S
+                while True:
+                    if not await client.sessions.active():
+                        await asyncio.wait_for(
+                            asyncio.gather(*(client.sessions.wait(s) for s in self.sessions)),
+                            max(1.0, deadline - time.monotonic()),
+                        )
+                        if not await client.sessions.active():
+                            break
+                    if time.monotonic() > deadline:
+                        active = sorted(await client.sessions.active())
+                        self.violations.append(
+                            Violation("settle.timeout", f"still active after settle: {active}")
+                        )
+                        break
+                    await asyncio.sleep(0.05)
+                await self.check_api(client)
+        finally:
+            if not server.terminate():
+                self.notes.append("the final server did not stop within 20 s of SIGTERM")
+
+    async def check_api(self, client: Client) -> None:
+        pending: set[str] = set()
+        delivered: set[str] = set()
+        for sid in self.sessions:
+            pending |= {item.id for item in await client.sessions.inbox(sid)}
+            page = await client.sessions.messages(sid, MessagesQuery(limit=200, order="asc"))
+            while True:
+                delivered |= {m.id for m in page.data}
+                if page.cursor.next is None:
+                    break
+                page = await client.sessions.messages_next(sid, page.cursor.next)
+        for inbox_id in sorted({r.inbox_id for r in self.receipts}):
+            if (inbox_id in pending) == (inbox_id in delivered):
+                self.violations.append(
+                    Violation(
+                        "api.admission",
+                        f"{inbox_id}: pending={inbox_id in pending} "
+                        f"delivered={inbox_id in delivered} in the API after settle",
+                    )
+                )
+
+    async def run(self) -> None:
+        rng = self.rng("schedule")
+        modes = [KILL_MODES[i % len(KILL_MODES)] for i in range(self.args.iterations)]
+        rng.shuffle(modes)
+        if modes and modes[0] == "startup":
+            swap = next((i for i, m in enumerate(modes) if m != "startup"), 0)
+            modes[0], modes[swap] = modes[swap], modes[0]
+        for index, mode in enumerate(modes):
+            await self.iteration(index, mode)
+        await self.settle()
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def build_report(sim: Sim, started: float) -> dict[str, Any]:
+    db = sim.data_dir / DB_NAME
+    counts: dict[str, int] = {}
+    timeline: list[dict[str, Any]] = []
+    ledger, _ = read_ledger(sim.ledger)
+    if db.exists():
+        conn = _open_ro(db)
+        try:
+            for type_, n in conn.execute("SELECT type, count(*) FROM event GROUP BY type"):
+                counts[type_.rsplit(".", 1)[0]] = counts.get(type_.rsplit(".", 1)[0], 0) + n
+            aborted = conn.execute(
+                "SELECT count(*) FROM event WHERE type LIKE 'session.tool.failed.%'"
+                " AND json_extract(data, '$.error.type') = 'aborted'"
+            ).fetchone()[0]
+        finally:
+            conn.close()
+        timeline = recovery_timeline(db, sim.boots)
+        tools = tool_summary(db, ledger, sim.boots)
+    else:
+        aborted = 0
+        tools = {}
+    logs = sorted(sim.workdir.glob("boot-*.log"))
+    tracebacks = sum(p.read_text(errors="replace").count("Traceback") for p in logs)
+    kills = [b for b in sim.boots if b.killed]
+    by_boot = {row["boot"]: row for row in timeline}
+    stats = sim.stats
+    return {
+        "seed": sim.seed,
+        "sessions": len(sim.sessions),
+        "iterations": sim.args.iterations,
+        "duration_s": round(time.monotonic() - started, 2),
+        "data_dir": str(sim.workdir) if sim.args.keep else None,
+        "kills": len(kills),
+        "kill_modes": dict(collections.Counter(b.mode for b in kills)),
+        "boots": [
+            {
+                **dataclasses.asdict(b),
+                **{k: by_boot.get(b.index, {}).get(k) for k in ("recovered", "resumed_s")},
+            }
+            for b in sim.boots
+        ],
+        "admissions": {
+            "sent": stats.sent,
+            "with_id": stats.with_id,
+            "receipts": stats.receipts,
+            "distinct_admitted": len({r.inbox_id for r in sim.receipts}),
+            "unknown_outcome_without_id": stats.unknown_no_id,
+            "enqueued_events": counts.get("session.inbox.enqueued", 0),
+            "delivered_events": counts.get("session.inbox.delivered", 0),
+        },
+        "retries": {
+            "same_payload": stats.retries_same,
+            "different_payload": stats.retries_different,
+            "concurrent_duplicates": stats.retries_concurrent,
+            "after_crash": stats.retries_after_crash,
+            "after_crash_already_committed": stats.committed_before_kill,
+        },
+        "interrupts": stats.interrupts,
+        "events": sum(counts.values()),
+        "tool_calls": {
+            "prompts_with_tools": stats.tool_prompts,
+            "markers_issued": stats.markers,
+            "called": counts.get("session.tool.called", 0),
+            "succeeded": counts.get("session.tool.success", 0),
+            "failed": counts.get("session.tool.failed", 0),
+            "failed_aborted": aborted,
+            "ledger_starts": sum(line.kind == "S" for line in ledger),
+            "ledger_done": sum(line.kind == "D" for line in ledger),
+            **tools,
+        },
+        "recovered_sessions": sum(row["recovered"] for row in timeline),
+        "recovery": [row for row in timeline if row["boot"] > 0],
+        "server_tracebacks_logged": tracebacks,
+        "notes": sim.notes,
+        "violations": [dataclasses.asdict(v) for v in sim.violations],
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    a, r, t = report["admissions"], report["retries"], report["tool_calls"]
+    modes = ", ".join(f"{k} {v}" for k, v in sorted(report["kill_modes"].items()))
+    lines = [
+        f"crashsim: seed {report['seed']}, {report['sessions']} sessions, "
+        f"{report['iterations']} iterations, {report['duration_s']:.1f} s",
+        f"  kills:        {report['kills']} ({modes})",
+        f"  admissions:   {a['sent']} sent ({a['with_id']} with an id), {a['receipts']} receipts"
+        f" for {a['distinct_admitted']} ids; {a['unknown_outcome_without_id']} lost to a kill"
+        f" without an id; {a['enqueued_events']} enqueued, {a['delivered_events']} delivered",
+        f"  retries:      {r['same_payload']} same payload, {r['different_payload']} different"
+        f" payload, {r['concurrent_duplicates']} concurrent duplicates, {r['after_crash']}"
+        f" after a crash ({r['after_crash_already_committed']} of them committed before the kill)",
+        f"  interrupts:   {report['interrupts']}",
+        f"  events:       {report['events']}",
+        f"  tool calls:   {t['called']} called, {t['succeeded']} succeeded, {t['failed']} failed"
+        f" ({t['failed_aborted']} aborted, {t.get('stale_failed', 0)} of them stale: failed by"
+        f" a later boot, {t.get('stale_failed_after_side_effect', 0)} after their side effect"
+        f" began)",
+        f"                ledger {t['ledger_starts']} started, {t['ledger_done']} done"
+        f" ({t.get('ledger_lines_by_a_known_server_pid', 0)} lines by a known server pid);"
+        f" {t['markers_issued']} markers issued",
+        f"  recovered:    {report['recovered_sessions']} sessions (sum over boots of"
+        " session.execution.recovering)",
+        "  time to recover (from spawn; sweep done = listening line, resumed = last recovered"
+        " session's execution.started):",
+        "    boot  mode          killed  in flight  recovered  sweep done  resumed",
+    ]
+    rows = {row["boot"]: row for row in report["recovery"]}
+    for boot in report["boots"]:
+        row = rows.get(boot["index"])
+        sweep = "-" if boot["listening_s"] is None else f"{boot['listening_s']:.3f} s"
+        resumed = "-" if row is None or row["resumed_s"] is None else f"{row['resumed_s']:.3f} s"
+        killed = "-" if boot["kill_after_s"] is None else f"{boot['kill_after_s']:.2f} s"
+        recovered = "-" if row is None else str(row["recovered"])
+        flight = boot["in_flight_at_kill"]
+        flight = "-" if flight is None else str(flight)
+        lines.append(
+            f"    {boot['index']:>4}  {boot['mode']:<12}  {killed:>6}  {flight:>9}  {recovered:>9}"
+            f"  {sweep:>10}  {resumed:>7}"
+        )
+    if report["server_tracebacks_logged"]:
+        lines.append(
+            f"  server logged {report['server_tracebacks_logged']} tracebacks (boot-*.log)"
+        )
+    for note in report["notes"]:
+        lines.append(f"  note: {note}")
+    if report["data_dir"]:
+        lines.append(f"  data dir kept: {report['data_dir']}")
+    violations = report["violations"]
+    lines.append(f"  violations:   {len(violations)}")
+    for v in violations:
+        lines.append(f"    [{v['check']}] {v['detail']}")
+    lines.append("PASS" if not violations else "FAIL")
+    return "\n".join(lines)
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--sessions", type=int, default=8, help="sessions (default: %(default)s)")
+    parser.add_argument(
+        "--iterations", type=int, default=5, help="boots killed with SIGKILL (default: %(default)s)"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="seed (default: a random one)")
+    parser.add_argument("--keep", action="store_true", help="keep the data dir, print its path")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(argv)
+    if args.sessions < 1 or args.iterations < 1:
+        parser.error("--sessions and --iterations must be positive")
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 1_000_000)
+    return args
+
+
+async def _bounded(sim: Sim, budget: float) -> bool:
+    """Run the simulation; False when it overran ``budget`` seconds (it is cancelled)."""
+    task = asyncio.create_task(sim.run())
+    done, _ = await asyncio.wait({task}, timeout=budget)
+    if not done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False
+    task.result()
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    exe = Path(sys.executable).parent / "sessionrt"
+    if not exe.exists():
+        print(f"crashsim: no sessionrt console script next to {sys.executable}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="crashsim-"))
+    sim = Sim(args, workdir, exe)
+    budget = 60 + args.iterations * 30
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        try:
+            if not asyncio.run(_bounded(sim, budget)):
+                sim.violations.append(Violation("harness.timeout", f"the run took over {budget} s"))
+        finally:
+            Server.kill_all()
+        db = sim.data_dir / DB_NAME
+        if db.exists():
+            settled = not any(
+                v.check in ("server.start", "settle.timeout", "harness.timeout")
+                for v in sim.violations
+            )
+            sim.violations += check_database(
+                db, sim.receipts, sim.ledger, sim.boots, settled=settled
+            )
+        report = build_report(sim, started)
+    except Exception:
+        traceback.print_exc()
+        kept = f"; data dir kept: {workdir}" if args.keep else ""
+        print(f"crashsim: the harness failed (seed {args.seed}){kept}", file=sys.stderr)
+        return 2
+    finally:
+        Server.kill_all()
+        signal.signal(signal.SIGTERM, previous)
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps(report, indent=2) if args.json else render(report), flush=True)
+    return 1 if report["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""scripts/crashsim.py: a short real run passes, and its checks catch corrupted histories."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from actors.runtime import Runtime, RuntimeConfig
+from protocol import ModelRef
+from protocol import events as ev
+from protocol.requests import CreateSessionInput, PromptInput
+from storage import Command
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "crashsim.py"
+VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("crashsim", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["crashsim"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+crashsim = _load()
+
+
+@pytest.mark.slow
+def test_a_short_run_passes_with_kills_and_admissions(tmp_path: Path) -> None:
+    python = VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable)
+    args = ["--sessions", "3", "--iterations", "3", "--seed", "1", "--json", "--quiet"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(python), str(SCRIPT), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert report["violations"] == []
+    assert report["kills"] >= 3
+    assert report["admissions"]["receipts"] > 0
+    assert report["events"] > 0
+    assert elapsed < 60
+    # Nothing is left behind: the temporary data dir is gone without --keep.
+    assert not list(tmp_path.glob("crashsim-*"))
+
+
+# -- the checker on a real database, then on corrupted copies ----------------------------------
+
+
+def _command(ledger: Path, marker: str) -> str:
+    return f'echo "S {marker} $PPID $(date +%s%3N)" >> {ledger}; sleep 0.05'
+
+
+async def _history(tmp_path: Path) -> tuple[Path, list[Any], Path]:
+    """A database with a delivered prompt whose tool ran, and a call failed as stale."""
+    ledger = tmp_path / "ledger.txt"
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+    receipts = []
+    async with Runtime(config) as rt:
+        s = await rt.sessions.create(CreateSessionInput())
+        text = "run it\n#tool bash " + json.dumps({"command": _command(ledger, "CSM_t_ran")})
+        item = await rt.sessions.prompt(s.id, PromptInput(id="msg_csT1", text=text))
+        receipts.append(crashsim.Receipt.of(item))
+        await rt.execution.wait_idle(s.id)
+        parked = PromptInput(text="park", delivery="queue", resume=False)
+        receipts.append(crashsim.Receipt.of(await rt.sessions.prompt(s.id, parked)))
+        # A call left running by a "dead process": the next start fails it, never runs it.
+        for event in (
+            ev.ExecutionStarted(session_id=s.id),
+            ev.StepStarted(
+                session_id=s.id,
+                assistant_message_id="msg_dead",
+                agent="build",
+                model=ModelRef(id="scripted", provider_id="scripted"),
+                started=1,
+            ),
+            ev.ToolCalled(
+                session_id=s.id,
+                assistant_message_id="msg_dead",
+                id="call_0_0",
+                name="bash",
+                input={"command": _command(ledger, "CSM_t_stale")},
+            ),
+        ):
+            await rt.store.append(Command.of(event))
+    async with Runtime(config) as rt:
+        await rt.execution.wait_idle(s.id)
+    return config.db_path, receipts, ledger
+
+
+def _copy(db: Path, to: Path) -> Path:
+    source = sqlite3.connect(db)
+    target = sqlite3.connect(to)
+    try:
+        source.backup(target)
+    finally:
+        source.close()
+        target.close()
+    return to
+
+
+def _checks(violations: list[Any]) -> set[str]:
+    return {v.check for v in violations}
+
+
+async def test_the_checker_passes_the_real_history(tmp_path: Path) -> None:
+    db, receipts, ledger = await _history(tmp_path)
+    assert ledger.read_text().count("S CSM_t_ran ") == 1
+    assert crashsim.check_database(db, receipts, ledger) == []
+
+
+async def test_the_checker_catches_a_lost_admission(tmp_path: Path) -> None:
+    db, receipts, ledger = await _history(tmp_path)
+    broken = _copy(db, tmp_path / "broken.sqlite")
+    conn = sqlite3.connect(broken)
+    with conn:
+        conn.execute(
+            "DELETE FROM event WHERE type LIKE 'session.inbox.enqueued.%'"
+            " AND json_extract(data, '$.inboxID') = ?",
+            (receipts[0].inbox_id,),
+        )
+    conn.close()
+    found = _checks(crashsim.check_database(broken, receipts, ledger))
+    # The replay trips over the delivery of an item never enqueued.
+    assert found == {"admission.lost", "seq.not-contiguous", "rebuild.failed"}
+
+
+async def test_the_checker_catches_a_replayed_aborted_call(tmp_path: Path) -> None:
+    db, receipts, ledger = await _history(tmp_path)
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    (failed,) = conn.execute(
+        "SELECT created FROM event WHERE type LIKE 'session.tool.failed.%'"
+        " AND json_extract(data, '$.error.type') = 'aborted'"
+    ).fetchone()
+    conn.close()
+    forged = tmp_path / "forged-ledger.txt"
+    replay = f"S CSM_t_stale {os.getpid()} {failed + 5}\n"
+    forged.write_text(ledger.read_text() + replay + replay)
+    found = _checks(crashsim.check_database(db, receipts, forged))
+    assert found == {"tool.executed-twice", "tool.after-abort"}
+
+
+async def test_the_checker_catches_a_duplicated_ledger_line_and_unknown_effects(
+    tmp_path: Path,
+) -> None:
+    db, receipts, ledger = await _history(tmp_path)
+    lines = ledger.read_text().splitlines()
+    forged = tmp_path / "forged-ledger.txt"
+    forged.write_text("\n".join([*lines, *lines, "S CSM_t_nobody 1 1", "garbage"]) + "\n")
+    found = _checks(crashsim.check_database(db, receipts, forged))
+    assert found == {"tool.executed-twice", "tool.undurable", "ledger.malformed"}
+
+
+async def test_the_checker_catches_a_run_by_a_later_process(tmp_path: Path) -> None:
+    db, receipts, ledger = await _history(tmp_path)
+    line = ledger.read_text().split()
+    called_by = crashsim.Boot(index=0, pid=int(line[2]), spawn_ms=0)
+    later = crashsim.Boot(index=1, pid=int(line[2]) + 1, spawn_ms=int(line[3]) + 10**9)
+    assert crashsim.check_database(db, receipts, ledger, [called_by, later]) == []
+    forged = tmp_path / "forged-ledger.txt"
+    forged.write_text(f"S {line[1]} {later.pid} {line[3]}\n")
+    found = _checks(crashsim.check_database(db, receipts, forged, [called_by, later]))
+    assert found == {"tool.wrong-process"}
+
+
+async def test_the_checker_catches_a_claim_left_and_mismatched_receipts(tmp_path: Path) -> None:
+    db, receipts, ledger = await _history(tmp_path)
+    broken = _copy(db, tmp_path / "broken.sqlite")
+    conn = sqlite3.connect(broken)
+    with conn:
+        conn.execute("UPDATE session SET time_claimed = 1, resume_attempts = 3")
+    conn.close()
+    lying = [*receipts, crashsim.Receipt(**{**receipts[0].__dict__, "time_created": 1})]
+    found = _checks(crashsim.check_database(broken, lying, ledger))
+    assert found == {"claim.unreleased", "receipt.mismatch", "rebuild.mismatch"}
+    unsettled = _checks(crashsim.check_database(broken, receipts, ledger, settled=False))
+    assert unsettled == {"rebuild.mismatch"}  # within the bound while still running
+    over = _checks(crashsim.check_database(broken, receipts, ledger, max_attempts=2))
+    assert "claim.unbounded" in over
+
+
+async def test_the_checker_catches_tool_calls_left_open(tmp_path: Path) -> None:
+    db, receipts, ledger = await _history(tmp_path)
+    broken = _copy(db, tmp_path / "broken.sqlite")
+    conn = sqlite3.connect(broken)
+    with conn:
+        conn.execute("DELETE FROM event WHERE type LIKE 'session.tool.success.%'")
+        conn.execute("UPDATE session_part SET status = 'running' WHERE key LIKE 'tool:%'")
+    conn.close()
+    found = _checks(crashsim.check_database(broken, receipts, ledger))
+    assert {"tool.unsettled", "tool.part-open", "seq.not-contiguous"} <= found
+    assert found & {"rebuild.mismatch", "rebuild.failed"}
+    assert "tool.unsettled" not in _checks(
+        crashsim.check_database(broken, receipts, ledger, settled=False)
+    )
