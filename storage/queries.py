@@ -70,6 +70,14 @@ _SESSION_COLUMNS: Final = (
     " time_created, time_updated"
 )
 _MESSAGE_COLUMNS: Final = "id, session_id, type, seq, time_created, time_updated, data"
+# Messages with their parts in one statement (one reader round trip): the parts'
+# stored JSON, in position order, as one JSON array; NULL for non-assistants.
+_WITH_PARTS: Final = (
+    f"SELECT {_MESSAGE_COLUMNS}, CASE WHEN type = 'assistant' THEN"
+    " (SELECT json_group_array(json(data)) FROM"
+    " (SELECT data FROM session_part WHERE message_id = session_message.id ORDER BY position))"
+    " END FROM session_message"
+)
 _INBOX_COLUMNS: Final = "id, session_id, type, payload, delivery, time_created"
 #: Decoded messages kept, oldest evicted first (values are immutable).
 DECODE_CACHE: Final = 20_000
@@ -136,7 +144,7 @@ class Queries:
             where.append(f"seq {_cmp(order, anchor.direction)} ?")
             params.append(anchor.seq)
         rows, more = await self._page(
-            f"SELECT {_MESSAGE_COLUMNS} FROM session_message",
+            _WITH_PARTS,
             where,
             params,
             "seq {dir}",
@@ -144,7 +152,7 @@ class Queries:
             None if anchor is None else anchor.direction,
             limit,
         )
-        items = await self._with_parts(rows)
+        items = [self._decoded(r) for r in rows]
 
         def link(m: SessionMessage, direction: Direction) -> str:
             a = MessageAnchor(id=m.id, seq=m.seq, direction=direction)
@@ -156,40 +164,27 @@ class Queries:
 
     async def message(self, session_id: str, message_id: str) -> SessionMessage | None:
         rows = await self._fetch(
-            f"SELECT {_MESSAGE_COLUMNS} FROM session_message WHERE id = ? AND session_id = ?",
+            f"{_WITH_PARTS} WHERE id = ? AND session_id = ?",
             (message_id, session_id),
         )
-        return (await self._with_parts(rows))[0] if rows else None
+        return self._decoded(rows[0]) if rows else None
 
     async def context(self, session_id: str) -> list[SessionMessage]:
         rows = await self._fetch(
-            f"SELECT {_MESSAGE_COLUMNS} FROM session_message WHERE session_id = ? ORDER BY seq",
+            f"{_WITH_PARTS} WHERE session_id = ? ORDER BY seq",
             (session_id,),
         )
-        return await self._with_parts(rows)
+        return [self._decoded(r) for r in rows]
 
-    async def _with_parts(self, rows: Sequence[Row]) -> list[SessionMessage]:
-        assistant = [r[0] for r in rows if r[2] == "assistant"]
-        parts: dict[str, list[str]] = {}
-        for start in range(0, len(assistant), 500):
-            chunk = assistant[start : start + 500]
-            marks = ", ".join("?" * len(chunk))
-            for message_id, data in await self._fetch(
-                f"SELECT message_id, data FROM session_part WHERE message_id IN ({marks})"
-                " ORDER BY message_id, position",
-                chunk,
-            ):
-                parts.setdefault(message_id, []).append(data)
-        return [self._decoded(r, tuple(parts.get(r[0], ()))) for r in rows]
-
-    def _decoded(self, row: Row, parts: tuple[str, ...]) -> SessionMessage:
+    def _decoded(self, row: Row) -> SessionMessage:
         # Steps reload the whole history; decoding it again each time was the
-        # cost that grew with the session. The key is the raw stored text, so a
-        # changed message or part can never be served stale.
-        key = (*row, *parts)
+        # cost that grew with the session. The key is the raw stored text (the
+        # message row and its parts), so a changed row is never served stale.
+        key = tuple(row)
         message = self._cache.get(key)
         if message is None:
-            message = message_from_row(row, [orjson.loads(p) for p in parts])
+            parts = [] if row[7] is None else orjson.loads(row[7])
+            message = message_from_row(row, parts)
             if len(self._cache) >= DECODE_CACHE:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = message
