@@ -136,7 +136,12 @@ class Writer:
         self._signal(lambda: _settle(self._ready, None))
         try:
             while (batch := self._inbox.get()) is not None:
-                outcomes = self._commit(batch)
+                try:
+                    outcomes = self._commit(batch)
+                except Exception as exc:
+                    # Never leave appenders waiting on a writer that is gone.
+                    broken = StorageBrokenError(f"writer failed: {exc!r}")
+                    outcomes = [Outcome(error=broken) for _ in batch]
                 self._signal(lambda o=outcomes: self._on_done(o))  # type: ignore[misc]
         finally:
             self._close()
@@ -210,20 +215,28 @@ class Writer:
             records = self._insert(conn, command.events, prepared.encoded, undo)
             conn.execute("RELEASE command")
             return Outcome(records=records)
-        except (AppendConflictError, sqlite3.IntegrityError, ValueError, TypeError) as exc:
-            # ValueError/TypeError: an event that does not encode. It fails its own
-            # command, like a conflict, instead of taking the batch down with it.
-            conn.execute("ROLLBACK TO command")
-            conn.execute("RELEASE command")
-            for aggregate_id, seq in reversed(undo):
-                if seq is None:
-                    self._seqs.pop(aggregate_id, None)
-                else:
-                    self._seqs[aggregate_id] = seq
-            self._position = position_before
-            if isinstance(exc, sqlite3.IntegrityError):
-                exc = AppendConflictError(f"constraint violated: {exc}")
+        except sqlite3.IntegrityError as exc:
+            self._undo(conn, undo, position_before)
+            return Outcome(error=AppendConflictError(f"constraint violated: {exc}"))
+        except sqlite3.Error:
+            raise  # the database itself failed: the whole batch fails (see _commit)
+        except Exception as exc:
+            # A conflict, or a bug in a projector: it fails its own command
+            # instead of taking the batch, or the writer thread, down with it.
+            self._undo(conn, undo, position_before)
             return Outcome(error=exc)
+
+    def _undo(
+        self, conn: sqlite3.Connection, undo: list[tuple[str, int | None]], position: int
+    ) -> None:
+        conn.execute("ROLLBACK TO command")
+        conn.execute("RELEASE command")
+        for aggregate_id, seq in reversed(undo):
+            if seq is None:
+                self._seqs.pop(aggregate_id, None)
+            else:
+                self._seqs[aggregate_id] = seq
+        self._position = position
 
     def _check_expected(
         self, conn: sqlite3.Connection, prepared: Prepared

@@ -172,3 +172,26 @@ async def test_a_version_1_database_is_migrated_forward(db_path: Path) -> None:
         session = await store.queries.session("ses_old")
         assert session is not None
         assert session.title == "old"
+
+
+async def test_a_failing_projector_fails_its_command_and_the_writer_goes_on(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage import projectors
+
+    def broken(rec: RecordedEvent, e: ev.SessionRenamed) -> tuple[projectors.Op, ...]:
+        raise RuntimeError("projector bug")
+
+    await store.append(Command.of(created("ses_a")))
+    monkeypatch.setitem(projectors._PROJECTORS, ev.SessionRenamed, broken)
+    results = await asyncio.gather(
+        store.append(Command.of(ev.SessionRenamed(session_id="ses_a", title="x"))),
+        store.append(Command.of(created("ses_b"))),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], RuntimeError)
+    assert not isinstance(results[1], BaseException)
+    assert await store.last_seq("ses_a") == 1  # nothing of the failed command stayed
+    monkeypatch.undo()
+    more = await store.append(Command.of(ev.SessionRenamed(session_id="ses_a", title="y")))
+    assert more[0].seq == 2
