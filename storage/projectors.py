@@ -179,30 +179,29 @@ _DELIVER_MESSAGE: Final = (
 )
 
 
+def _consume_pending(session_id: str, inbox_id: str) -> Op:
+    """Delivery and cancellation both remove the pending row; it must be there."""
+    return Op(
+        "DELETE FROM session_inbox WHERE id = ? AND session_id = ?",
+        (inbox_id, session_id),
+        expect=1,
+        reason="inbox.not-pending",
+        subject=inbox_id,
+    )
+
+
 def _delivered(rec: RecordedEvent, e: ev.InboxDelivered) -> tuple[Op, ...]:
     return (
         _touch(rec),
         Op(_DELIVER_MESSAGE, (rec.seq, rec.created, rec.created, e.inbox_id, e.session_id)),
-        Op(
-            "DELETE FROM session_inbox WHERE id = ? AND session_id = ?",
-            (e.inbox_id, e.session_id),
-            expect=1,
-            reason="inbox.not-pending",
-            subject=e.inbox_id,
-        ),
+        _consume_pending(e.session_id, e.inbox_id),
     )
 
 
 def _cancelled(rec: RecordedEvent, e: ev.InboxCancelled) -> tuple[Op, ...]:
     return (
         _touch(rec),
-        Op(
-            "DELETE FROM session_inbox WHERE id = ? AND session_id = ?",
-            (e.inbox_id, e.session_id),
-            expect=1,
-            reason="inbox.not-pending",
-            subject=e.inbox_id,
-        ),
+        _consume_pending(e.session_id, e.inbox_id),
     )
 
 

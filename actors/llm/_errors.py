@@ -84,36 +84,30 @@ class ProviderError(SessionRtError):
         return f"{type(self).__name__}({self.message!r})"
 
 
-class RateLimitError(ProviderError):
+class _RetryAfterError(ProviderError):
+    """A failure the provider may attach a retry-after hint to (``retry_after_ms``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_ms: int | None = None,
+        should_retry_override: bool | None = None,
+    ) -> None:
+        super().__init__(message, should_retry_override=should_retry_override)
+        self.retry_after_ms = retry_after_ms
+
+
+class RateLimitError(_RetryAfterError):
     """Too many requests; ``retry_after_ms`` is the provider's hint, if it gave one."""
 
     type = "provider.rate-limit"
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        retry_after_ms: int | None = None,
-        should_retry_override: bool | None = None,
-    ) -> None:
-        super().__init__(message, should_retry_override=should_retry_override)
-        self.retry_after_ms = retry_after_ms
 
-
-class ProviderInternalError(ProviderError):
+class ProviderInternalError(_RetryAfterError):
     """The provider failed on its side (a 5xx, an overloaded model)."""
 
     type = "provider.internal"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        retry_after_ms: int | None = None,
-        should_retry_override: bool | None = None,
-    ) -> None:
-        super().__init__(message, should_retry_override=should_retry_override)
-        self.retry_after_ms = retry_after_ms
 
 
 class TransportError(ProviderError):
