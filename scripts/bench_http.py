@@ -76,9 +76,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import faulthandler
 import itertools
-import json
 import math
 import multiprocessing
 import os
@@ -94,6 +92,7 @@ from typing import Any, Final
 
 import aiohttp
 import orjson
+from _benchlib import report_main
 from aiohttp import web
 
 from actors.runtime import RuntimeConfig
@@ -914,17 +913,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    # Last-resort guard against a hang: dump every thread's stack and exit.
-    faulthandler.dump_traceback_later(600, exit=True)
-    try:
-        report = asyncio.run(run(args))
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render(report))
-    return 0
+    return report_main(lambda: asyncio.run(run(args)), render, as_json=args.json, hard_limit_s=600)
 
 
 if __name__ == "__main__":

@@ -61,9 +61,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
-import faulthandler
 import gc
-import json
 import os
 import platform
 import sqlite3
@@ -77,6 +75,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
+from _benchlib import report_main
 
 from actors import ActorRegistry
 from actors.execution import SessionActor
@@ -915,17 +914,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    # Last-resort guard against a hang: dump every thread's stack and exit.
-    faulthandler.dump_traceback_later(2 * args.budget + 600, exit=True)
-    try:
-        report = run(args)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render(report))
-    return 0
+    return report_main(
+        lambda: run(args), render, as_json=args.json, hard_limit_s=2 * args.budget + 600
+    )
 
 
 if __name__ == "__main__":

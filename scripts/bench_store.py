@@ -40,8 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import faulthandler
-import json
 import os
 import platform
 import sqlite3
@@ -52,6 +50,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
+from _benchlib import report_main
 
 from protocol import events as ev
 from protocol import ids
@@ -472,18 +471,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    # Last-resort guard against a hang: dump every thread's stack and exit.
-    hard_limit = (len(args.producers) + 1) * (args.budget + 90) + 60
-    faulthandler.dump_traceback_later(hard_limit, exit=True)
-    try:
-        report = run(args)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render(report))
-    return 0
+    return report_main(
+        lambda: run(args),
+        render,
+        as_json=args.json,
+        hard_limit_s=(len(args.producers) + 1) * (args.budget + 90) + 60,
+    )
 
 
 if __name__ == "__main__":
