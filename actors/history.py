@@ -44,7 +44,7 @@ class ChatCache:
     the object is kept alive here with its conversion.
     """
 
-    def __init__(self, size: int = 20_000) -> None:
+    def __init__(self, size: int = 8_000) -> None:
         self._size = size
         self._entries: dict[int, tuple[SessionMessage, tuple[ChatMessage, ...]]] = {}
 

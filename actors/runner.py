@@ -114,8 +114,12 @@ class Runner:
             idle = not continuing and not delivered
             if idle and not (first and force and await self._awaits_reply(session_id)):
                 return
+            if not first:
+                # Sampled again before every later step: a switch of agent or
+                # model applies from the next step on. The first step uses the
+                # read made at drain start, a moment ago.
+                session = await self._sessions.get(session_id)
             first = False
-            session = await self._sessions.get(session_id)
             agent = agents.get(session.agent)
             await self._instructions.prepare(session, agent)
             step += 1
@@ -147,7 +151,7 @@ class Runner:
     async def _request(
         self, session: Session, agent: Agent, step: int, limited: bool
     ) -> ModelRequest:
-        history = await self._sessions.context(session.id)
+        history = await self._store.queries.context(session.id)
         allowed = [t.name for t in self._tools]
         metadata: dict[str, Any] = {"step": step, "attempt": 1}
         script = _script(agent, session.metadata)
@@ -169,7 +173,7 @@ class Runner:
 
     async def _awaits_reply(self, session_id: str) -> bool:
         """A forced resume with nothing to deliver runs only if the transcript wants it."""
-        history = await self._sessions.context(session_id)
+        history = await self._store.queries.context(session_id)
         if not history:
             return False
         last = history[-1]

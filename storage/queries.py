@@ -80,7 +80,7 @@ _WITH_PARTS: Final = (
 )
 _INBOX_COLUMNS: Final = "id, session_id, type, payload, delivery, time_created"
 #: Decoded messages kept, oldest evicted first (values are immutable).
-DECODE_CACHE: Final = 20_000
+DECODE_CACHE: Final = 8_000
 
 
 class Queries:
