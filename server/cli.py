@@ -32,6 +32,7 @@ from protocol.operations import SessionListQuery
 from protocol.shapes import ModelRef
 from server._cli_run import Host, RunOptions, Sigint, open_host, run
 from server.app import ServerSettings
+from server.config import ConfigError, load_config
 from server.serve import serve
 from storage import StorageError, StoreLockedError
 
@@ -91,8 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sessionrt", description=__doc__.split("\n")[2])
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the HTTP/SSE server")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=4096, help="port (default 4096; 0 = any)")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 4096; 0 = any)")
     _add_data_dir(serve)
     serve.add_argument(
         "--password",
@@ -100,8 +101,9 @@ def _parser() -> argparse.ArgumentParser:
         help=f"require this password (Basic or Bearer); default ${_PASSWORD_ENV}",
     )
     serve.add_argument(
-        "--synchronous", choices=["FULL", "NORMAL"], default="FULL", help="SQLite durability"
+        "--synchronous", choices=["FULL", "NORMAL"], help="SQLite durability (default FULL)"
     )
+    serve.add_argument("--config", type=Path, help="a TOML file of [server] and [runtime] settings")
 
     run = commands.add_parser("run", help="send a prompt and show the answer as it streams")
     run.add_argument("prompt", help="the prompt text")
@@ -133,11 +135,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    data_dir = args.data_dir or default_data_dir()
+    file = load_config(args.config) if args.config is not None else {}
+    server, runtime = file.get("server", {}), file.get("runtime", {})
+    data_dir = args.data_dir or Path(runtime.pop("data_dir", default_data_dir()))
     data_dir.mkdir(parents=True, exist_ok=True)
-    config = RuntimeConfig(data_dir=data_dir, synchronous=args.synchronous)
-    settings = ServerSettings(password=args.password or None)
-    asyncio.run(serve(config, settings, host=args.host, port=args.port))
+    if args.synchronous is not None:
+        runtime["synchronous"] = args.synchronous
+    config = RuntimeConfig(data_dir=data_dir, **runtime)
+    host = args.host or server.pop("host", "127.0.0.1")
+    port = args.port if args.port is not None else server.pop("port", 4096)
+    server.pop("host", None)
+    server.pop("port", None)
+    password = args.password or server.pop("password", None)
+    server.pop("password", None)
+    settings = ServerSettings(password=password or None, **server)
+    asyncio.run(serve(config, settings, host=host, port=port))
     return 0
 
 
@@ -247,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _openapi()
         if args.command in _ON_HOST:
             return _on_host_sync(args)
+    except ConfigError as exc:
+        _error(str(exc))
+        return 1
     except (StorageError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):
             # The reader went away (`sessionrt log ... | head`): not an error of ours.

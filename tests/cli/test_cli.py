@@ -122,3 +122,59 @@ async def test_usage_errors(args: tuple[str, ...]) -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert b"usage" in err
+
+
+async def test_serve_reads_a_config_file_and_flags_win(tmp_path: Path) -> None:
+    config = tmp_path / "sessionrt.toml"
+    config.write_text(
+        f'[server]\nport = 1\npassword = "from-file"\n\n'
+        f'[runtime]\ndata_dir = "{tmp_path / "from-config"}"\nsynchronous = "NORMAL"\n'
+    )
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k != "SESSIONRT_SERVER_PASSWORD"},
+    )
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+    url = re.search(r"http://\S+", line)
+    assert url  # --port 0 beat the file's port 1
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url.group(0)}/api/session") as response:
+                assert response.status == 401  # the file's password is on
+            bearer = {"Authorization": "Bearer from-file"}
+            async with http.get(f"{url.group(0)}/api/session", headers=bearer) as response:
+                assert response.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    assert (tmp_path / "from-config" / "sessionrt.sqlite").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[server]\nport = 'x'\n", "[nope]\n", "[runtime]\nsynchronous = 'OFF'\n", "not toml ["],
+)
+async def test_a_bad_config_file_is_a_clean_error(tmp_path: Path, text: str) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(text)
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        "serve",
+        "--config",
+        str(config),
+        "--data-dir",
+        str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1
+    assert b"Traceback" not in err
+    assert str(config).encode() in err

@@ -222,3 +222,37 @@ async def test_auth_when_a_password_is_set(make_client: Any) -> None:
 
 async def test_without_a_password_everything_is_open(client: Client) -> None:
     assert (await client.get("/api/session")).status == 200
+
+
+async def test_a_bug_is_a_500_unknown_error_with_a_reference(
+    client: Client, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from server import handlers
+
+    async def broken(call: Any) -> Any:
+        raise RuntimeError("a bug in a handler")
+
+    monkeypatch.setitem(handlers.HANDLERS, "session.get", broken)
+    sid = (await create_session(client))["id"]
+    response = await client.get(f"/api/session/{sid}")
+    body = await response.json()
+    assert (response.status, body["_tag"]) == (500, "UnknownError")
+    assert "a bug" not in body["message"]  # no internals on the wire
+    assert body["ref"] in caplog.text  # but the log says what it was
+
+
+async def test_resume_cut_short_by_shutdown_is_503(client: Client) -> None:
+    sid = (await create_session(client))["id"]
+    await client.post(
+        f"/api/session/{sid}/prompt",
+        json={"text": '#tool bash {"command": "sleep 30"}', "resume": False},
+    )
+    waiting = asyncio.ensure_future(client.post(f"/api/session/{sid}/resume"))
+    runtime = runtime_of(client)
+    for _ in range(500):
+        if sid in await runtime.execution.active():
+            break
+        await asyncio.sleep(0.01)
+    await runtime.execution.shutdown()
+    response = await waiting
+    assert (response.status, (await response.json())["_tag"]) == (503, "ServiceUnavailableError")
