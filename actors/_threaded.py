@@ -118,9 +118,10 @@ class _Worker(pykka.ThreadingActor):
     from some other code), its ``on_stop`` still settles the job.
     """
 
-    def __init__(self, job: _Job[Any]) -> None:
+    def __init__(self, job: _Job[Any], exiting: set[threading.Thread]) -> None:
         super().__init__()
         self._job = job
+        self._exiting = exiting
         self._report: Callable[[], None] = functools.partial(
             job.fail, ActorDeadError("blocking worker was stopped before running its job")
         )
@@ -146,6 +147,9 @@ class _Worker(pykka.ThreadingActor):
         self.stop()
 
     def on_stop(self) -> None:
+        # Registered before reporting: whoever learns the outcome can also
+        # learn that this thread is ending (see BlockingRunner.aclose).
+        self._exiting.add(threading.current_thread())
         self._report()
 
 
@@ -155,10 +159,16 @@ class _Spawner(pykka.ThreadingActor):
     # It holds no work of its own; a runner left open must not keep the process alive.
     use_daemon_thread = True
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stopped: asyncio.Future[None]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        stopped: asyncio.Future[None],
+        exiting: set[threading.Thread],
+    ) -> None:
         super().__init__()
         self._loop = loop
         self._stopped = stopped
+        self._exiting = exiting
 
     def on_receive(self, message: Any) -> None:
         if not isinstance(message, _Job):
@@ -166,13 +176,14 @@ class _Spawner(pykka.ThreadingActor):
             return
         job: _Job[Any] = message
         try:
-            _Worker.start(job).tell(job)
+            _Worker.start(job, self._exiting).tell(job)
         except pykka.ActorDeadError:
             pass  # stopped before it got the job; its on_stop has failed the job
         except Exception as exc:  # e.g. "can't start new thread"
             job.fail(exc)
 
     def on_stop(self) -> None:
+        self._exiting.add(threading.current_thread())
         stopped = self._stopped
         _post(self._loop, lambda: _set_result(stopped, None))
 
@@ -212,6 +223,8 @@ class BlockingRunner:
         self._state = _State.UNOPENED
         self._spawner: pykka.ActorRef[_Spawner] | None = None
         self._spawner_stopped: asyncio.Future[None] | None = None
+        #: Threads past their last report: aclose waits for them to be gone.
+        self._exiting: set[threading.Thread] = set()
         # Every job between tell and outcome, with its cancel event, so aclose can
         # ask them to finish and wait for their threads.
         self._running: dict[asyncio.Future[Any], threading.Event | None] = {}
@@ -228,7 +241,9 @@ class BlockingRunner:
         if self._state is not _State.UNOPENED:
             raise RuntimeError(f"BlockingRunner cannot be opened when {self._state.value}")
         self._spawner_stopped = asyncio.get_running_loop().create_future()
-        self._spawner = _Spawner.start(asyncio.get_running_loop(), self._spawner_stopped)
+        self._spawner = _Spawner.start(
+            asyncio.get_running_loop(), self._spawner_stopped, self._exiting
+        )
         # The spawner is this runner's private plumbing: only aclose() may stop it, after
         # every job has returned. Out of pykka's registry, a pykka.ActorRegistry.stop_all()
         # elsewhere cannot strand jobs still queued in its inbox.
@@ -263,6 +278,13 @@ class BlockingRunner:
             _ = spawner.stop(block=False)
         if self._spawner_stopped is not None:
             await asyncio.wait({self._spawner_stopped})
+        # A thread reports from its last lines; it is gone a moment later. Wait
+        # for that without blocking the loop, so a closed runner owns no thread.
+        for _ in range(5000):
+            if not any(t.is_alive() for t in self._exiting):
+                break
+            await asyncio.sleep(0.001)
+        self._exiting.clear()
 
     async def run(
         self,

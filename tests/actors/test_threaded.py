@@ -219,7 +219,7 @@ async def test_a_worker_stopped_before_its_job_fails_the_job() -> None:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[int] = loop.create_future()
     job = _Job(call=lambda: 1, loop=loop, done=done)
-    worker = _Worker.start(job)
+    worker = _Worker.start(job, set())
     _ = worker.stop(block=False)  # overtakes the job told next
     with contextlib.suppress(pykka.ActorDeadError):
         worker.tell(job)
