@@ -1,0 +1,56 @@
+"""The unit a projector returns: one SQL statement and the row count it must affect."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import attrs
+import orjson
+
+from protocol import codec
+from storage.errors import ProjectionConflict
+from storage.recorder import RecordedEvent
+
+__all__ = ["Op", "json_text", "touch"]
+
+
+# Conflict messages are formatted only when a conflict happens: building one
+# per op on the hot path would cost more than the op's own bookkeeping.
+_MESSAGES: Final = {
+    "session.missing": "session {} does not exist",
+    "session.exists": "session {} already exists",
+    "inbox.id-taken": "inbox id {} is already pending or delivered",
+    "inbox.not-pending": "inbox item {} is not pending",
+    "inbox.delivery-unchanged": "inbox item {} is not pending with the other delivery mode",
+    "message.id-taken": "message id {} is already used",
+    "message.missing": "assistant message {} does not exist",
+    "part.missing": "tool call {} has no projected part",
+}
+
+
+@attrs.frozen
+class Op:
+    sql: str
+    params: tuple[Any, ...]
+    #: Exact row count the statement must affect, or None for "any".
+    expect: int | None = None
+    #: Stable code of the rule the expectation enforces (see _MESSAGES).
+    reason: str = ""
+    subject: str = ""
+
+    def conflict(self) -> ProjectionConflict:
+        return ProjectionConflict(self.reason, _MESSAGES[self.reason].format(self.subject))
+
+
+def json_text(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(codec.to_json(value)).decode()
+
+
+def touch(rec: RecordedEvent) -> Op:
+    return Op(
+        "UPDATE session SET time_updated = ? WHERE id = ?",
+        (rec.created, rec.aggregate_id),
+        expect=1,
+        reason="session.missing",
+        subject=rec.aggregate_id,
+    )

@@ -1,0 +1,322 @@
+"""Projectors of execution and step events: claims, assistant messages, parts.
+
+See :mod:`storage.projectors` for what a projector is and promises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import orjson
+
+from protocol import codec
+from protocol import events as ev
+from storage._ops import Op, touch
+from storage.recorder import RecordedEvent
+
+__all__ = ["STEP_PROJECTORS"]
+
+E = TypeVar("E", bound=ev.Event)
+
+
+# -- execution ------------------------------------------------------------------------------------
+
+
+def _execution_started(rec: RecordedEvent, e: ev.ExecutionStarted) -> tuple[Op, ...]:
+    # The write-ahead claim. A resumed execution re-claims as a no-op, and the
+    # session's time_updated is left alone: running is not an edit.
+    return (
+        Op(
+            "UPDATE session SET time_claimed = coalesce(time_claimed, ?) WHERE id = ?",
+            (rec.created, e.session_id),
+            expect=1,
+            reason="session.missing",
+            subject=e.session_id,
+        ),
+    )
+
+
+_RELEASE: Final = (
+    "UPDATE session SET time_claimed = NULL, resume_attempts = 0, time_updated = ? WHERE id = ?"
+)
+
+
+def _release(rec: RecordedEvent) -> tuple[Op, ...]:
+    return (
+        Op(
+            _RELEASE,
+            (rec.created, rec.aggregate_id),
+            expect=1,
+            reason="session.missing",
+            subject=rec.aggregate_id,
+        ),
+    )
+
+
+def _execution_succeeded(rec: RecordedEvent, e: ev.ExecutionSucceeded) -> tuple[Op, ...]:
+    return _release(rec)
+
+
+def _execution_failed(rec: RecordedEvent, e: ev.ExecutionFailed) -> tuple[Op, ...]:
+    return _release(rec)
+
+
+def _execution_interrupted(rec: RecordedEvent, e: ev.ExecutionInterrupted) -> tuple[Op, ...]:
+    # A shutdown keeps the claim: the next boot resumes the session.
+    return (touch(rec),) if e.reason == "shutdown" else _release(rec)
+
+
+def _execution_recovering(rec: RecordedEvent, e: ev.ExecutionRecovering) -> tuple[Op, ...]:
+    return (
+        Op(
+            "UPDATE session SET resume_attempts = ? WHERE id = ?",
+            (e.attempt, e.session_id),
+            expect=1,
+            reason="session.missing",
+            subject=e.session_id,
+        ),
+    )
+
+
+# -- steps and parts ------------------------------------------------------------------------------
+
+
+def _tokens(t: ev.StepTokens) -> dict[str, Any]:
+    """Step tokens in the public Tokens shape."""
+    return {
+        "input": t.input,
+        "output": t.output,
+        "reasoning": t.reasoning,
+        "cache": {"read": t.cache_read, "write": t.cache_write},
+    }
+
+
+def _step_started(rec: RecordedEvent, e: ev.StepStarted) -> tuple[Op, ...]:
+    data = {"agent": e.agent, "model": codec.to_json(e.model), "started": e.started}
+    return (
+        touch(rec),
+        # A later physical attempt of the same step keeps its assistant message.
+        Op(
+            "INSERT INTO session_message"
+            " (id, session_id, type, seq, time_created, time_updated, data)"
+            " VALUES (?, ?, 'assistant', ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            (
+                e.assistant_message_id,
+                e.session_id,
+                rec.seq,
+                rec.created,
+                rec.created,
+                orjson.dumps(data).decode(),
+            ),
+        ),
+    )
+
+
+def _usage(rec: RecordedEvent, cost: float, tokens: ev.StepTokens) -> Op:
+    return Op(
+        "UPDATE session SET cost = cost + ?, tokens_input = tokens_input + ?,"
+        " tokens_output = tokens_output + ?, tokens_reasoning = tokens_reasoning + ?,"
+        " tokens_cache_read = tokens_cache_read + ?, tokens_cache_write = tokens_cache_write + ?,"
+        " time_updated = ? WHERE id = ?",
+        (
+            cost,
+            tokens.input,
+            tokens.output,
+            tokens.reasoning,
+            tokens.cache_read,
+            tokens.cache_write,
+            rec.created,
+            rec.aggregate_id,
+        ),
+        expect=1,
+        reason="session.missing",
+        subject=rec.aggregate_id,
+    )
+
+
+def _message_update(rec: RecordedEvent, message_id: str, fields: dict[str, Any]) -> Op:
+    # json_set with json() keeps nested values as JSON, not as quoted strings.
+    paths = ", ".join(f"'$.{k}', json(?)" for k in fields)
+    return Op(
+        f"UPDATE session_message SET data = json_set(data, {paths}), time_updated = ?"
+        " WHERE id = ? AND session_id = ?",
+        (
+            *(orjson.dumps(v).decode() for v in fields.values()),
+            rec.created,
+            message_id,
+            rec.aggregate_id,
+        ),
+        expect=1,
+        reason="message.missing",
+        subject=message_id,
+    )
+
+
+def _step_ended(rec: RecordedEvent, e: ev.StepEnded) -> tuple[Op, ...]:
+    fields = {"finish": e.finish, "cost": e.cost, "tokens": _tokens(e.tokens)}
+    return (
+        _message_update(rec, e.assistant_message_id, fields),
+        _usage(rec, e.cost, e.tokens),
+    )
+
+
+def _step_failed(rec: RecordedEvent, e: ev.StepFailed) -> tuple[Op, ...]:
+    fields: dict[str, Any] = {"error": codec.to_json(e.error)}
+    if e.finish is not None:
+        fields["finish"] = e.finish
+    ops = [_message_update(rec, e.assistant_message_id, fields)]
+    if e.cost is not None or e.tokens is not None:
+        ops.append(_usage(rec, e.cost or 0.0, e.tokens or ev.StepTokens()))
+    else:
+        ops.append(touch(rec))
+    return tuple(ops)
+
+
+_PART_INSERT: Final = (
+    "INSERT INTO session_part (message_id, session_id, key, position, status, data)"
+    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (message_id, key) DO NOTHING"
+)
+
+
+def _part(
+    sql: str, rec: RecordedEvent, message_id: str, key: str, status: str | None, data: Any
+) -> Op:
+    return Op(
+        sql,
+        (message_id, rec.aggregate_id, key, rec.seq, status, orjson.dumps(data).decode()),
+    )
+
+
+def _block_started(kind: str) -> Callable[..., tuple[Op, ...]]:
+    """Text and reasoning blocks: an empty part at start, filled in at the end."""
+
+    def ops(rec: RecordedEvent, e: ev.TextStarted | ev.ReasoningStarted) -> tuple[Op, ...]:
+        data = {"type": kind, "ordinal": e.ordinal, "text": ""}
+        key = f"{kind}:{e.ordinal}"
+        return (_part(_PART_INSERT, rec, e.assistant_message_id, key, None, data),)
+
+    return ops
+
+
+def _block_ended(kind: str) -> Callable[..., tuple[Op, ...]]:
+    def ops(rec: RecordedEvent, e: ev.TextEnded | ev.ReasoningEnded) -> tuple[Op, ...]:
+        data = {"type": kind, "ordinal": e.ordinal, "text": e.text}
+        return (_part_fill(rec, e.assistant_message_id, f"{kind}:{e.ordinal}", data),)
+
+    return ops
+
+
+def _part_fill(rec: RecordedEvent, message_id: str, key: str, data: Any) -> Op:
+    # Keeps the position of the started part; creates it if no start was recorded.
+    return Op(
+        "INSERT INTO session_part (message_id, session_id, key, position, status, data)"
+        " VALUES (?, ?, ?, ?, NULL, ?)"
+        " ON CONFLICT (message_id, key) DO UPDATE SET data = excluded.data",
+        (message_id, rec.aggregate_id, key, rec.seq, orjson.dumps(data).decode()),
+    )
+
+
+def _tool_input_started(rec: RecordedEvent, e: ev.ToolInputStarted) -> tuple[Op, ...]:
+    data = {"type": "tool", "id": e.id, "name": e.name, "status": "streaming"}
+    return (_part(_PART_INSERT, rec, e.assistant_message_id, f"tool:{e.id}", "streaming", data),)
+
+
+def _tool_input_ended(rec: RecordedEvent, e: ev.ToolInputEnded) -> tuple[Op, ...]:
+    return (
+        Op(
+            "UPDATE session_part SET data = json_set(data, '$.raw', ?)"
+            " WHERE message_id = ? AND key = ?",
+            (e.text, e.assistant_message_id, f"tool:{e.id}"),
+        ),
+    )
+
+
+def _tool_called(rec: RecordedEvent, e: ev.ToolCalled) -> tuple[Op, ...]:
+    data = {
+        "type": "tool",
+        "id": e.id,
+        "name": e.name,
+        "status": "running",
+        "input": dict(e.input),
+    }
+    return (
+        Op(
+            "INSERT INTO session_part (message_id, session_id, key, position, status, data)"
+            " VALUES (?, ?, ?, ?, 'running', ?)"
+            " ON CONFLICT (message_id, key) DO UPDATE SET status = 'running',"
+            " data = json_set(session_part.data, '$.status', 'running', '$.input', json(?))",
+            (
+                e.assistant_message_id,
+                e.session_id,
+                f"tool:{e.id}",
+                rec.seq,
+                orjson.dumps(data).decode(),
+                orjson.dumps(dict(e.input)).decode(),
+            ),
+        ),
+    )
+
+
+def _tool_settled(
+    rec: RecordedEvent, message_id: str, call_id: str, status: str, fields: dict[str, Any]
+) -> tuple[Op, ...]:
+    paths = "".join(f", '$.{k}', json(?)" for k in fields)
+    return (
+        Op(
+            f"UPDATE session_part SET status = ?, data = json_set(data, '$.status', ?{paths})"
+            " WHERE message_id = ? AND key = ? AND session_id = ?",
+            (
+                status,
+                status,
+                *(orjson.dumps(v).decode() for v in fields.values()),
+                message_id,
+                f"tool:{call_id}",
+                rec.aggregate_id,
+            ),
+            expect=1,
+            reason="part.missing",
+            subject=call_id,
+        ),
+    )
+
+
+def _tool_success(rec: RecordedEvent, e: ev.ToolSucceeded) -> tuple[Op, ...]:
+    fields: dict[str, Any] = {"content": [dict(c) for c in e.content]}
+    if e.metadata is not None:
+        fields["metadata"] = dict(e.metadata)
+    return _tool_settled(rec, e.assistant_message_id, e.id, "completed", fields)
+
+
+def _tool_failed(rec: RecordedEvent, e: ev.ToolFailed) -> tuple[Op, ...]:
+    fields: dict[str, Any] = {"error": codec.to_json(e.error)}
+    if e.content is not None:
+        fields["content"] = [dict(c) for c in e.content]
+    if e.metadata is not None:
+        fields["metadata"] = dict(e.metadata)
+    return _tool_settled(rec, e.assistant_message_id, e.id, "error", fields)
+
+
+def _typed(fn: Callable[[RecordedEvent, E], tuple[Op, ...]]) -> Callable[..., tuple[Op, ...]]:
+    return fn
+
+
+STEP_PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
+    ev.ExecutionStarted: _typed(_execution_started),
+    ev.ExecutionSucceeded: _typed(_execution_succeeded),
+    ev.ExecutionFailed: _typed(_execution_failed),
+    ev.ExecutionInterrupted: _typed(_execution_interrupted),
+    ev.ExecutionRecovering: _typed(_execution_recovering),
+    ev.StepStarted: _typed(_step_started),
+    ev.StepEnded: _typed(_step_ended),
+    ev.StepFailed: _typed(_step_failed),
+    ev.TextStarted: _block_started("text"),
+    ev.TextEnded: _block_ended("text"),
+    ev.ReasoningStarted: _block_started("reasoning"),
+    ev.ReasoningEnded: _block_ended("reasoning"),
+    ev.ToolInputStarted: _typed(_tool_input_started),
+    ev.ToolInputEnded: _typed(_tool_input_ended),
+    ev.ToolCalled: _typed(_tool_called),
+    ev.ToolSucceeded: _typed(_tool_success),
+    ev.ToolFailed: _typed(_tool_failed),
+}
