@@ -1,4 +1,4 @@
-"""What every benchmark script's entry point does the same way.
+"""What every benchmark script does the same way: its entry point and its targets block.
 
 Imported by the ``bench_*.py`` scripts next to it (a script's own directory is
 first on ``sys.path``).
@@ -28,3 +28,14 @@ def report_main(
         faulthandler.cancel_dump_traceback_later()
     print(json.dumps(report, indent=2) if as_json else render(report))
     return 0
+
+
+def target_lines(
+    targets: list[dict[str, Any]], show: Callable[[Any, str], str], *, heading: str
+) -> list[str]:
+    """The informational PASS/FAIL/SKIP block that ends every benchmark's table."""
+    lines = [heading]
+    for target in targets:
+        verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[target["pass"]]
+        lines.append(f"  [{verdict}] {target['name']}: {show(target['value'], target['unit'])}")
+    return [line.rstrip() for line in lines]

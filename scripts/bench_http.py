@@ -92,7 +92,7 @@ from typing import Any, Final
 
 import aiohttp
 import orjson
-from _benchlib import report_main
+from _benchlib import report_main, target_lines
 from aiohttp import web
 
 from actors.runtime import RuntimeConfig
@@ -847,13 +847,8 @@ def render(report: dict[str, Any]) -> str:
         + f" ({r['reads'][0]['bytes'] / 1e6:.1f} MB); raw SELECT "
         + ", ".join(f"{s:.3f} s" for s in r["raw_select_seconds"]),
         "",
-        "targets (informational):",
     ]
-    for target in report["targets"]:
-        verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[target["pass"]]
-        lines.append(
-            f"  [{verdict}] {target['name']}: {_num(target['value'], target['unit'])}".rstrip()
-        )
+    lines += target_lines(report["targets"], _num, heading="targets (informational):")
     return "\n".join(lines)
 
 

@@ -59,6 +59,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from _benchlib import target_lines
+
 from actors.runtime import DB_NAME, Runtime, RuntimeConfig
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
@@ -365,12 +367,11 @@ def render(report: dict[str, Any]) -> str:
             f"({(claimed - base) / report['sessions'] * 1000:.2f} ms per claimed session)"
         )
     lines.append("")
-    lines.append("targets (informational, 2 cores):")
-    for target in report["targets"]:
-        verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[target["pass"]]
-        value = target["value"]
-        shown = "n/a" if value is None else f"{value:.3f} {target['unit']}"
-        lines.append(f"  [{verdict}] {target['name']}: {shown}")
+    lines += target_lines(
+        report["targets"],
+        lambda value, unit: "n/a" if value is None else f"{value:.3f} {unit}",
+        heading="targets (informational, 2 cores):",
+    )
     return "\n".join(lines)
 
 

@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
-from _benchlib import report_main
+from _benchlib import report_main, target_lines
 
 from actors import ActorRegistry
 from actors.execution import SessionActor
@@ -856,10 +856,12 @@ def render(report: dict[str, Any]) -> str:
             for row in report["loop_lag"]
         ],
     )
-    lines += ["", "targets (informational, 2 cores):"]
-    for target in report["targets"]:
-        verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[target["pass"]]
-        lines.append(f"  [{verdict}] {target['name']}: {target['value']:,.2f} {target['unit']}")
+    lines.append("")
+    lines += target_lines(
+        report["targets"],
+        lambda value, unit: f"{value:,.2f} {unit}",
+        heading="targets (informational, 2 cores):",
+    )
     return "\n".join(lines)
 
 

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
-from _benchlib import report_main
+from _benchlib import report_main, target_lines
 
 from protocol import events as ev
 from protocol import ids
@@ -408,12 +408,11 @@ def render(report: dict[str, Any]) -> str:
             f"{single['events_per_s'] / per_row['events_per_s']:.2f}x that floor"
         )
     lines.append("")
-    lines.append("targets (informational):")
-    for target in report["targets"]:
-        verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[target["pass"]]
-        value = target["value"]
-        shown = "n/a" if value is None else f"{value:,.1f} {target['unit']}"
-        lines.append(f"  [{verdict}] {target['name']}: {shown}")
+    lines += target_lines(
+        report["targets"],
+        lambda value, unit: "n/a" if value is None else f"{value:,.1f} {unit}",
+        heading="targets (informational):",
+    )
     return "\n".join(lines)
 
 
