@@ -23,18 +23,15 @@ before a control item (compaction, move); at the idle boundary (scope
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from actors._keyed_lock import KeyedLock
+from actors.attachments import Blocking, materialise
 from protocol import events as ev
 from protocol import ids
-from protocol.errors import ConflictError, InvalidRequestError, SessionNotFoundError
-from protocol.requests import FileInput, PromptInput, SyntheticInput
+from protocol.errors import ConflictError, SessionNotFoundError
+from protocol.requests import PromptInput, SyntheticInput
 from protocol.shapes import Delivery, InboxItem, InboxItemType
 from storage import Command, ProjectionConflict, SQLiteStore
 
@@ -44,11 +41,8 @@ __all__ = ["CONTROL_TYPES", "Blocking", "Inbox", "Scope", "WakeHook", "select_pr
 #: step boundary inside a running drain (only steers deliver).
 Scope = Literal["input", "steer"]
 WakeHook = Callable[[str, Scope], None]
-#: Runs a short blocking call off the loop (the runtime passes its tool-thread runner).
-Blocking = Callable[..., Awaitable[Any]]
 
 CONTROL_TYPES: Final[frozenset[str]] = frozenset({"compaction", "move"})
-MAX_FILE_BYTES: Final = 20 * 1024 * 1024
 
 
 class Inbox:
@@ -69,7 +63,7 @@ class Inbox:
     async def prompt(self, session_id: str, request: PromptInput) -> InboxItem:
         async def payload() -> dict[str, Any]:
             files = (
-                None if request.files is None else await _materialise(request.files, self._blocking)
+                None if request.files is None else await materialise(request.files, self._blocking)
             )
             return _compact({"text": request.text, "files": files, "metadata": request.metadata})
 
@@ -251,66 +245,3 @@ def select_promotable(pending: Sequence[InboxItem], scope: Scope) -> list[InboxI
 
 def _compact(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
-
-
-async def _materialise(files: Sequence[FileInput], blocking: Blocking) -> list[dict[str, Any]]:
-    """Turn attachments into inline base64 data, as they are admitted."""
-    out = []
-    for index, file in enumerate(files):
-        field = f"files[{index}]"
-        if file.data is not None:
-            data = _checked_base64(file.data, field=f"{field}.data")
-            source: dict[str, Any] = {"type": "inline"}
-        else:
-            assert file.uri is not None
-            data = await _read_uri(file.uri, blocking, field=f"{field}.uri")
-            source = {"type": "uri", "uri": file.uri}
-        out.append(_compact({"data": data, "mime": file.mime, "source": source, "name": file.name}))
-    return out
-
-
-def _checked_base64(text: str, *, field: str) -> str:
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequestError(
-            f"{field} is not valid base64", kind="file", field=field
-        ) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise InvalidRequestError(
-            f"{field} is larger than {MAX_FILE_BYTES} bytes", kind="file", field=field
-        )
-    return text
-
-
-async def _read_uri(uri: str, blocking: Blocking, *, field: str) -> str:
-    parsed = urllib.parse.urlsplit(uri)
-    if parsed.scheme == "data":
-        header, sep, body = parsed.path.partition(",")
-        if not sep or not header.endswith(";base64"):
-            raise InvalidRequestError(
-                f"{field}: only base64 data URLs are accepted", kind="file", field=field
-            )
-        return _checked_base64(body, field=field)
-    if parsed.scheme == "file":
-        path = Path(urllib.parse.unquote(parsed.path))
-        try:
-            raw: bytes = await blocking(_read_bounded, path)
-        except OSError as exc:
-            raise InvalidRequestError(
-                f"{field}: cannot read {path}: {exc.strerror}", kind="file", field=field
-            ) from None
-        return base64.b64encode(raw).decode("ascii")
-    raise InvalidRequestError(
-        f"{field}: unsupported scheme {parsed.scheme!r} (use file: or data:)",
-        kind="file",
-        field=field,
-    )
-
-
-def _read_bounded(path: Path) -> bytes:
-    with path.open("rb") as f:
-        raw = f.read(MAX_FILE_BYTES + 1)
-    if len(raw) > MAX_FILE_BYTES:
-        raise OSError(27, "file too large")
-    return raw
