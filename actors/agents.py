@@ -3,11 +3,25 @@
 An agent has a model (optional: the session's selected model, else the
 built-in scripted model, is used), a step allowance (``steps``; absent means
 unlimited), a system prompt, tool permissions (tool name or ``"*"`` ->
-``allow``/``deny``) and, for the scripted model, an optional ``script``.
+``allow``/``deny``, plus the ``config`` capability, see
+:mod:`actors.tools._permission`) and, for the scripted model, an optional
+``script``.
 
-Configuration is TOML, read from the data directory's ``agents.toml`` and then
-from the project's ``.sessionrt/agents.toml`` (the session's Location); later
-files override earlier ones field by field, on top of the built-in agents::
+Configuration is TOML. Two owners, two powers:
+
+- **The operator's**: the built-in agents (``build``, ``plan``) and the data
+  directory's ``agents.toml``, which overrides them field by field and may
+  define more agents, with any permissions.
+- **The project's**: ``.sessionrt/agents.toml`` in the session's Location.
+  It may add agents and change an operator agent's system prompt, model or
+  script, but it can only take authority away: its permissions are
+  :func:`~actors.tools._permission.narrow`-ed under a *ceiling*, and its
+  ``steps`` can only lower the ceiling's. The ceiling of a project agent that
+  shadows an operator agent is that agent; the ceiling of a new project agent
+  is the operator's ``build``. So ``bash = "allow"`` for ``plan`` in a
+  project file leaves bash denied, and no project file grants ``config``.
+
+::
 
     [agents.build]
     steps = 25
@@ -31,10 +45,12 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import attrs
 
+from actors.confine import PROJECT_CONFIG_DIR
+from actors.tools._permission import Decision, narrow
 from protocol import codec
 from protocol.errors import InvalidRequestError
 from protocol.shapes import ModelRef
@@ -42,9 +58,7 @@ from protocol.shapes import ModelRef
 __all__ = ["DEFAULT_AGENT", "Agent", "AgentCatalog", "load_catalog", "project_file"]
 
 DEFAULT_AGENT: Final = "build"
-PROJECT_FILE: Final = Path(".sessionrt") / "agents.toml"
-
-Decision = Literal["allow", "deny"]
+PROJECT_FILE: Final = Path(PROJECT_CONFIG_DIR) / "agents.toml"
 
 
 @attrs.frozen(kw_only=True)
@@ -87,22 +101,45 @@ class AgentCatalog:
         return sorted(self.agents)
 
 
-def load_catalog(*files: Path) -> AgentCatalog:
-    """Built-in agents overridden by each existing TOML file in turn (blocking I/O)."""
+def load_catalog(*files: Path, project: Path | None = None) -> AgentCatalog:
+    """The operator's agents (built-ins, then each of ``files``), then ``project``'s.
+
+    Blocking I/O. A missing file is skipped; see the module docstring for
+    what a project file may and may not change.
+    """
     agents = dict(_BUILTIN)
     for path in files:
-        if not path.is_file():
-            continue
-        try:
-            document = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidRequestError(f"cannot read agents from {path}: {exc}") from None
-        section = document.get("agents", {})
-        if not isinstance(section, dict):
-            raise InvalidRequestError(f"{path}: [agents] must be a table")
-        for name, table in section.items():
+        for name, table in _tables(path):
             agents[name] = _merge(agents.get(name), name, table, path)
+    operator = dict(agents)
+    if project is not None:
+        for name, table in _tables(project):
+            ceiling = operator.get(name) or operator.get(DEFAULT_AGENT) or Agent(name=name)
+            agents[name] = _bounded(_merge(operator.get(name), name, table, project), ceiling)
     return AgentCatalog(agents=agents)
+
+
+def _tables(path: Path) -> list[tuple[str, Any]]:
+    if not path.is_file():
+        return []
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"cannot read agents from {path}: {exc}") from None
+    section = document.get("agents", {})
+    if not isinstance(section, dict):
+        raise InvalidRequestError(f"{path}: [agents] must be a table")
+    return list(section.items())
+
+
+def _bounded(agent: Agent, ceiling: Agent) -> Agent:
+    """``agent`` with no more authority than ``ceiling``: permissions and steps."""
+    steps = agent.steps
+    if ceiling.steps is not None:
+        steps = ceiling.steps if steps is None else min(steps, ceiling.steps)
+    return attrs.evolve(
+        agent, permissions=narrow(ceiling.permissions, agent.permissions), steps=steps
+    )
 
 
 def project_file(directory: str | Path) -> Path:

@@ -3,21 +3,34 @@
 An attachment is inline base64 (``data`` or a ``data:…;base64,`` URL) or a
 ``file:`` URL read once, at admission, so the log holds what the model will
 see even if the file changes later.
+
+A ``file:`` URL may only name a regular file inside the session's directory,
+by the same rule as the file tools (:mod:`actors.confine`: ``..`` and
+symlinks are judged by where they really lead), from any client, local or
+remote. The server's own files (the data directory, the database and its
+companions) are :class:`Withheld` even when they lie inside that directory.
+A refusal is an ``InvalidRequestError`` (kind ``file``) that names the field
+and the reason, never the file's contents; nothing is admitted.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import os
+import stat
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import attrs
+
+from actors.confine import PathRefused, confined, inside
 from protocol.errors import InvalidRequestError
 from protocol.requests import FileInput
 
-__all__ = ["MAX_FILE_BYTES", "Blocking", "materialise"]
+__all__ = ["MAX_FILE_BYTES", "Blocking", "Withheld", "materialise"]
 
 #: Runs a short blocking call off the loop (the runtime passes its tool-thread runner).
 Blocking = Callable[..., Awaitable[Any]]
@@ -25,12 +38,42 @@ Blocking = Callable[..., Awaitable[Any]]
 MAX_FILE_BYTES: Final = 20 * 1024 * 1024
 
 
+@attrs.frozen(kw_only=True)
+class Withheld:
+    """Server files no attachment may read, wherever the session's directory is."""
+
+    #: Nothing at or below these (the data directory).
+    directories: tuple[Path, ...] = ()
+    #: These files and their companions (``-wal``, ``-shm``, ``.lock`` …): the database.
+    files: tuple[Path, ...] = ()
+
+    def covers(self, target: Path) -> bool:
+        """Whether the resolved ``target`` is withheld (blocking: resolves the roots)."""
+        if inside(target, (d.resolve() for d in self.directories)):
+            return True
+        for file in self.files:
+            real = file.resolve()
+            if target.parent == real.parent and target.name.startswith(real.name):
+                return True
+        return False
+
+
 def _compact(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-async def materialise(files: Sequence[FileInput], blocking: Blocking) -> list[dict[str, Any]]:
-    """Turn attachments into inline base64 data, as they are admitted."""
+async def materialise(
+    files: Sequence[FileInput],
+    blocking: Blocking,
+    *,
+    directory: Path,
+    withheld: Withheld | None = None,
+) -> list[dict[str, Any]]:
+    """Turn attachments into inline base64 data, as they are admitted.
+
+    ``file:`` URLs are confined to ``directory`` (the session's) minus ``withheld``.
+    """
+    withheld = withheld or Withheld()
     out = []
     for index, file in enumerate(files):
         field = f"files[{index}]"
@@ -39,7 +82,7 @@ async def materialise(files: Sequence[FileInput], blocking: Blocking) -> list[di
             source: dict[str, Any] = {"type": "inline"}
         else:
             assert file.uri is not None
-            data = await _read_uri(file.uri, blocking, field=f"{field}.uri")
+            data = await _read_uri(file.uri, blocking, directory, withheld, field=f"{field}.uri")
             source = {"type": "uri", "uri": file.uri}
         out.append(_compact({"data": data, "mime": file.mime, "source": source, "name": file.name}))
     return out
@@ -59,7 +102,9 @@ def _checked_base64(text: str, *, field: str) -> str:
     return text
 
 
-async def _read_uri(uri: str, blocking: Blocking, *, field: str) -> str:
+async def _read_uri(
+    uri: str, blocking: Blocking, directory: Path, withheld: Withheld, *, field: str
+) -> str:
     parsed = urllib.parse.urlsplit(uri)
     if parsed.scheme == "data":
         header, sep, body = parsed.path.partition(",")
@@ -69,12 +114,20 @@ async def _read_uri(uri: str, blocking: Blocking, *, field: str) -> str:
             )
         return _checked_base64(body, field=field)
     if parsed.scheme == "file":
-        path = Path(urllib.parse.unquote(parsed.path))
+        if parsed.netloc not in ("", "localhost"):
+            raise InvalidRequestError(
+                f"{field}: file URLs must name a local file", kind="file", field=field
+            )
+        path = urllib.parse.unquote(parsed.path)
         try:
-            raw: bytes = await blocking(_read_bounded, path)
+            raw: bytes = await blocking(_read_confined, directory, path, withheld)
+        except PathRefused as exc:
+            raise InvalidRequestError(
+                f"{field}: {path!r} is refused: {exc.message}", kind="file", field=field
+            ) from None
         except OSError as exc:
             raise InvalidRequestError(
-                f"{field}: cannot read {path}: {exc.strerror}", kind="file", field=field
+                f"{field}: cannot read {path!r}: {exc.strerror}", kind="file", field=field
             ) from None
         return base64.b64encode(raw).decode("ascii")
     raise InvalidRequestError(
@@ -84,9 +137,17 @@ async def _read_uri(uri: str, blocking: Blocking, *, field: str) -> str:
     )
 
 
-def _read_bounded(path: Path) -> bytes:
-    with path.open("rb") as f:
-        raw = f.read(MAX_FILE_BYTES + 1)
-    if len(raw) > MAX_FILE_BYTES:
+def _read_confined(directory: Path, raw: str, withheld: Withheld) -> bytes:
+    target = confined(directory, raw)
+    if withheld.covers(target):
+        raise PathRefused("it belongs to the server", reason="outside")
+    # NOFOLLOW: the path was resolved, so a symlink here was swapped in since.
+    # NONBLOCK: a FIFO must not hold the admission; it is refused just below.
+    fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PathRefused("not a regular file", reason="invalid")
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
         raise OSError(27, "file too large")
-    return raw
+    return data

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final, Literal
 
 from actors._keyed_lock import KeyedLock
-from actors.attachments import Blocking, materialise
+from actors.attachments import Blocking, Withheld, materialise
 from protocol import events as ev
 from protocol import ids
 from protocol.errors import ConflictError, SessionNotFoundError
@@ -52,19 +53,26 @@ class Inbox:
         wake: WakeHook,
         locks: KeyedLock,
         blocking: Blocking = asyncio.to_thread,
+        withheld: Withheld | None = None,
     ) -> None:
         self._store = store
         self._wake = wake
         self._locks = locks
         self._blocking = blocking
+        self._withheld = withheld or Withheld(files=(Path(store.path),))
 
     # -- admission ------------------------------------------------------------------------------
 
     async def prompt(self, session_id: str, request: PromptInput) -> InboxItem:
         async def payload() -> dict[str, Any]:
-            files = (
-                None if request.files is None else await materialise(request.files, self._blocking)
-            )
+            files = None
+            if request.files is not None:
+                files = await materialise(
+                    request.files,
+                    self._blocking,
+                    directory=await self._directory(session_id),
+                    withheld=self._withheld,
+                )
             return _compact({"text": request.text, "files": files, "metadata": request.metadata})
 
         return await self._admit(
@@ -201,6 +209,13 @@ class Inbox:
             return chosen
 
     # -- helpers --------------------------------------------------------------------------------
+
+    async def _directory(self, session_id: str) -> Path:
+        """The session's Location: attachments are read from inside it only."""
+        session = await self._store.queries.session(session_id)
+        if session is None:
+            raise SessionNotFoundError(session_id)
+        return Path(session.location.directory)
 
     async def _require(self, session_id: str) -> None:
         ids.validate("ses", session_id, field="sessionID")

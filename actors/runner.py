@@ -21,6 +21,7 @@ execution with the step's error.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -78,6 +79,7 @@ class Runner:
         agent_files: Sequence[Path] = (),
         output_dir: Path,
         instructions: InstructionSource | None = None,
+        secret_env: frozenset[str] = frozenset(),
     ) -> None:
         self._store = store
         self._sessions = sessions
@@ -95,6 +97,7 @@ class Runner:
             executor=executor,
             output_dir=output_dir,
             tools=tools,
+            secret_env=secret_env,
         )
 
     async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
@@ -182,7 +185,7 @@ class Runner:
         return last.finish == "tool-calls" and last.error is None
 
     async def _catalog(self, directory: str) -> AgentCatalog:
-        """Built-in agents, then the data dir's file, then the project's.
+        """Built-in agents, then the data dir's file, then the project's (bounded by them).
 
         The files are re-read (on a worker thread, like all file I/O) at most
         once per :data:`CATALOG_TTL_S` per Location, so an edit applies to the
@@ -193,7 +196,9 @@ class Runner:
         cached = self._catalogs.get(files)
         if cached is not None and now - cached[0] < CATALOG_TTL_S:
             return cached[1]
-        catalog = await self._blocking.run(load_catalog, *files)
+        catalog = await self._blocking.run(
+            functools.partial(load_catalog, *self._agent_files, project=files[-1])
+        )
         if len(self._catalogs) >= 256:
             self._catalogs.clear()  # many Locations: keep the cache bounded
         self._catalogs[files] = (now, catalog)

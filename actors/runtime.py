@@ -30,6 +30,7 @@ from actors.bus import EventBus
 from actors.execution import Execution, Terminal
 from actors.inbox import Scope, select_promotable
 from actors.llm import Provider, ProviderRegistry
+from actors.locations import DirectoryRules
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.runner import InstructionSource, Runner
 from actors.sessions import Sessions
@@ -58,6 +59,12 @@ class RuntimeConfig:
     synchronous: Synchronous = "FULL"
     #: Where sessions created without a location live (default: the cwd).
     default_directory: str | None = None
+    #: Directories a session may live in although the rules refuse them
+    #: (``/``, the data directory): see :mod:`actors.locations`.
+    allow_directories: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: Environment variables no tool subprocess inherits, besides the built-in
+    #: rule (password, ``*_API_KEY``, ``*TOKEN*`` …): see ``actors.tools.tool_environment``.
+    secret_env: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     max_tool_threads: int = 16
     tool_output_max_lines: int = DEFAULT_MAX_LINES
     tool_output_max_bytes: int = DEFAULT_MAX_BYTES
@@ -134,11 +141,15 @@ class Runtime:
             max_bytes=config.tool_output_max_bytes,
         )
         self.providers = ProviderRegistry(providers=config.providers)
+        self.directories = DirectoryRules(
+            data_dir=config.data_dir, allowed=tuple(Path(d) for d in config.allow_directories)
+        )
         self.sessions = Sessions(
             self.store,
             wake=self._wake,
             default_directory=config.default_directory,
             blocking=self.blocking.run,
+            directories=self.directories,
         )
         self._execution: Execution | None = None
         self.recovery = RecoveryReport()
@@ -162,6 +173,12 @@ class Runtime:
             await self.blocking.run(
                 functools.partial(os.makedirs, exist_ok=True), self.config.data_dir
             )
+            if self.config.default_directory is not None:
+                # A misconfigured default fails the start, not every later create.
+                await self.blocking.run(
+                    functools.partial(self.directories.check, field="runtime.default_directory"),
+                    self.config.default_directory,
+                )
             await self._stack.enter_async_context(self.store)
             self.bus.attach(self.store)
             self._stack.callback(self.bus.close)
@@ -176,6 +193,7 @@ class Runtime:
                 agent_files=(self.config.agents_file,),
                 output_dir=self.config.tool_output_dir,
                 instructions=self.config.instructions,
+                secret_env=frozenset(self.config.secret_env),
             )
             self.runner = runner
             sweeper = asyncio.get_running_loop().create_task(

@@ -15,10 +15,13 @@ import asyncio
 import builtins
 import datetime
 import os
+from pathlib import Path
 from typing import Any, Final
 
 from actors._keyed_lock import KeyedLock
+from actors.attachments import Withheld
 from actors.inbox import Blocking, Inbox, Scope, WakeHook
+from actors.locations import DirectoryRules
 from protocol import events as ev
 from protocol import ids
 from protocol.cursor import (
@@ -71,10 +74,17 @@ class Sessions:
         wake: WakeHook = no_wake,
         default_directory: str | None = None,
         blocking: Blocking = asyncio.to_thread,
+        directories: DirectoryRules | None = None,
     ) -> None:
         self._store = store
         self._locks = KeyedLock()
-        self.inbox = Inbox(store, wake, self._locks, blocking)
+        self._blocking = blocking
+        self._directories = directories or DirectoryRules()
+        data_dir = self._directories.data_dir
+        withheld = Withheld(
+            directories=() if data_dir is None else (data_dir,), files=(Path(store.path),)
+        )
+        self.inbox = Inbox(store, wake, self._locks, blocking, withheld)
         self._default_directory = default_directory or os.getcwd()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -90,10 +100,7 @@ class Sessions:
         if request.parent_id is not None and not await self._exists(request.parent_id):
             raise SessionNotFoundError(request.parent_id)
         directory = (request.location or Location(directory=self._default_directory)).directory
-        if not os.path.isabs(directory):
-            raise InvalidRequestError(
-                "location.directory must be an absolute path", field="location.directory"
-            )
+        await self._blocking(self._directories.check, directory)
         event = ev.SessionCreated(
             session_id=session_id,
             parent_id=request.parent_id,

@@ -104,8 +104,10 @@ class StepRunner:
         executor: ToolExecutor,
         tools: ToolRegistry,
         output_dir: Path,
+        secret_env: frozenset[str] = frozenset(),
     ) -> None:
         self._store = store
+        self._secret_env = secret_env
         self._bus = bus
         self._providers = providers
         self._executor = executor
@@ -211,11 +213,16 @@ class StepRunner:
             )
         loop = asyncio.get_running_loop()
         step.tools[call.id] = loop.create_task(
-            self._settle(step, session, call, refusal), name=f"tool:{call.id}"
+            self._settle(step, session, agent, call, refusal), name=f"tool:{call.id}"
         )
 
     async def _settle(
-        self, step: _Step, session: Session, call: ToolCall, refusal: ToolOutcome | None
+        self,
+        step: _Step,
+        session: Session,
+        agent: Agent,
+        call: ToolCall,
+        refusal: ToolOutcome | None,
     ) -> ToolOutcome:
         if refusal is not None:
             outcome = refusal
@@ -228,6 +235,8 @@ class StepRunner:
                 output_dir=self._output_dir,
                 cancel=threading.Event(),
                 progress=self._progress(session.id, step.assistant_id, call.id),
+                config_writes=permission(agent.permissions, "config") == "allow",
+                secret_env=self._secret_env,
             )
             try:
                 outcome = await self._executor.execute(call.name, call.input, ctx)

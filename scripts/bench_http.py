@@ -486,8 +486,11 @@ class NoopRoutes:
 
 @contextlib.asynccontextmanager
 async def serving(args: argparse.Namespace, data_dir: Path) -> AsyncIterator[tuple[str, Any, Any]]:
+    # Sessions may not live in the data dir itself: give them a sibling.
+    workdir = data_dir.parent / "project"
+    workdir.mkdir(parents=True, exist_ok=True)
     config = RuntimeConfig(
-        data_dir=data_dir, synchronous=args.synchronous, default_directory=str(data_dir)
+        data_dir=data_dir, synchronous=args.synchronous, default_directory=str(workdir)
     )
     app = make_app(config=config, settings=ServerSettings())
     noop = NoopRoutes()

@@ -11,6 +11,8 @@
     data_dir = "/var/lib/sessionrt"
     synchronous = "FULL"        # or "NORMAL"
     default_directory = "/srv/work"
+    allow_directories = []      # e.g. ["/"]: let sessions live where the rules refuse
+    secret_env = []             # more variables tools must not inherit (provider keys)
     max_tool_threads = 16
     tool_output_max_lines = 2000
     tool_output_max_bytes = 51200
@@ -41,6 +43,8 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "data_dir": str,
         "synchronous": str,
         "default_directory": str,
+        "allow_directories": list,
+        "secret_env": list,
         "max_tool_threads": int,
         "tool_output_max_lines": int,
         "tool_output_max_bytes": int,
@@ -73,6 +77,8 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
             wrong_bool = isinstance(value, bool) and expected is not bool
             if wrong_bool or not isinstance(value, expected):
                 raise ConfigError(f"{path}: {section}.{key} has the wrong type")
+            if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{path}: {section}.{key} must be a list of strings")
         out[section] = dict(table)
     synchronous = out.get("runtime", {}).get("synchronous")
     if synchronous not in (None, "FULL", "NORMAL"):

@@ -5,6 +5,8 @@
 - :class:`ToolRegistry`, :class:`ToolSpec`: tools by name, specs for a model
   request, input validation against each tool's JSON Schema (``_registry``).
 - :func:`permission`: an agent's allow/deny rule table (``_permission``).
+- :func:`tool_environment`: the server's environment without its secrets,
+  for every subprocess a tool starts (``_environment``).
 - :class:`ToolExecutor`: validate → run on a :class:`~actors.BlockingRunner`
   thread → bound, as one settled :class:`ToolOutcome` (``_executor``).
 - :class:`OutputBounding`, :func:`run_sweeper`: the 2,000-line / 50 KiB limit,
@@ -20,6 +22,7 @@ from actors.tools._bounding import (
     OutputBounding,
     run_sweeper,
 )
+from actors.tools._environment import PASSWORD_ENV, is_secret, tool_environment
 from actors.tools._executor import ToolExecutor
 from actors.tools._permission import Decision, permission
 from actors.tools._registry import ToolRegistry, ToolSpec
@@ -41,6 +44,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_LINES",
     "DEFAULT_RETENTION_DAYS",
+    "PASSWORD_ENV",
     "SWEEP_INTERVAL_S",
     "Content",
     "Decision",
@@ -55,7 +59,9 @@ __all__ = [
     "ToolSpec",
     "ToolStatus",
     "builtin_tools",
+    "is_secret",
     "permission",
     "run_sweeper",
     "text_item",
+    "tool_environment",
 ]

@@ -17,7 +17,8 @@ the call, and becomes ``error.type`` of the failed outcome::
       type "invalid-input"        the model's input broke the rules the schema
                                   cannot express (bad regex, empty edit ...)
       type "denied"               the request reaches outside the session's
-                                  authority (a path outside its Location)
+                                  authority (a path outside its Location, a
+                                  write into .sessionrt/ without ``config``)
       type "tool.error"           the default: the environment broke it
                                   (missing file, I/O error, unexpected bug)
 
@@ -87,6 +88,11 @@ class ToolContext:
     cancel: threading.Event = attrs.field(factory=threading.Event)
     progress: Callable[[Mapping[str, Any]], None] = _ignore_progress
     timeout_s: float = DEFAULT_BASH_TIMEOUT_S
+    #: The operator's ``config`` permission: may this call write ``.sessionrt/``?
+    config_writes: bool = False
+    #: Names of environment variables a tool's subprocess must not inherit
+    #: (beyond the built-in rule of :func:`actors.tools.tool_environment`).
+    secret_env: frozenset[str] = frozenset()
 
 
 @attrs.frozen(kw_only=True)

@@ -16,7 +16,7 @@ from protocol import InboxItem, codec
 from storage import SQLiteStore, rebuild_projections
 
 CHILD = """
-import asyncio, sys
+import asyncio, os, sys
 import orjson
 from actors.sessions import Sessions
 from protocol import codec
@@ -25,7 +25,7 @@ from storage import SQLiteStore
 
 async def main(path):
     async with SQLiteStore(path) as store:
-        sessions = Sessions(store, default_directory="/")
+        sessions = Sessions(store, default_directory=os.path.dirname(path))
         session = await sessions.create(CreateSessionInput(id="ses_durable"))
         i = 0
         while True:

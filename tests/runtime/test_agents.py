@@ -33,7 +33,7 @@ def test_later_files_override_field_by_field(tmp_path: Path) -> None:
     project.write_text(
         '[agents.build]\nsystem = "project"\n[agents.build.permissions]\nread = "deny"\n'
     )
-    catalog = load_catalog(data, project)
+    catalog = load_catalog(data, project=project)
     build = catalog.get("build")
     assert (build.steps, build.system) == (5, "project")
     assert build.permissions == {"*": "allow", "bash": "deny", "read": "deny"}

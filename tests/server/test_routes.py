@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 from typing import Any
 
 import pytest
@@ -157,13 +158,16 @@ async def test_oversize_bodies_are_413(make_client: Any) -> None:
 async def test_released_client_compatibility(client: Client, tmp_path: Any) -> None:
     # Location from the header, URL-encoded, for a new session.
     directory = str(tmp_path / "dir with space")
+    os.mkdir(directory)
     response = await client.post(
         "/api/session", json={}, headers={"x-opencode-directory": directory.replace(" ", "%20")}
     )
     session = (await response.json())["data"]
     assert session["location"]["directory"] == directory
-    response = await client.post("/api/session?directory=/srv/q", json={})
-    assert (await response.json())["data"]["location"]["directory"] == "/srv/q"
+    other = tmp_path / "q"
+    other.mkdir()
+    response = await client.post(f"/api/session?directory={other}", json={})
+    assert (await response.json())["data"]["location"]["directory"] == str(other)
     # The nested prompt body.
     sid = session["id"]
     response = await client.post(

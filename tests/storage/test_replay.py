@@ -53,7 +53,7 @@ operations = st.lists(
 
 async def run(path: Path, ops: list[tuple[Any, ...]]) -> None:
     async with SQLiteStore(path) as store:
-        sessions = Sessions(store, default_directory="/")
+        sessions = Sessions(store, default_directory=str(path.parent))
         live: list[str] = []
 
         def session(i: int) -> str:

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from actors.tools._environment import tool_environment
 from actors.tools._types import ToolContext, ToolError, ToolResult
 
 __all__ = ["BashTool"]
@@ -111,6 +112,7 @@ class BashTool:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=tool_environment(secret_env=ctx.secret_env),
             )
         except OSError as exc:
             raise ToolError(f"Could not start {self._shell}: {exc}") from exc

@@ -1,17 +1,16 @@
 """Location confinement for the file tools, and a confined directory walk.
 
-A session's file tools act inside its Location (``ctx.directory``) only. A
-path is taken relative to the Location (or as given, if absolute) and then
-resolved with :meth:`Path.resolve`, which removes ``..`` and follows every
-symlink, so ``../x``, ``/etc/passwd`` and ``link-to-outside/x`` are all
-judged by where they really lead. The one exception is read-only: managed
-tool-output files (``<output_dir>/tool_…``) are readable by ``read`` and
-``grep``, so a model can page through output that bounding moved aside.
-Nothing writes into the output directory.
+A session's file tools act inside its Location (``ctx.directory``) only, by
+the rule of :mod:`actors.confine` (``..`` and symlinks are judged by where
+they really lead). Two exceptions:
 
-The check and the later open are separate system calls; a process that swaps
-a symlink in between can still race us. Confinement here keeps an honest model
-inside its Location; it is not a sandbox against a hostile local process.
+- read-only: managed tool-output files (``<output_dir>/tool_…``) are readable
+  by ``read`` and ``grep``, so a model can page through output that bounding
+  moved aside. Nothing writes into the output directory.
+- the project's configuration, ``<Location>/.sessionrt/``, is not writable
+  unless the operator gave the agent the ``config`` permission
+  (``ctx.config_writes``): an agent must not rewrite the ``agents.toml`` that
+  decides its own permissions on the next prompt.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from actors.confine import PROJECT_CONFIG_DIR, PathRefused, resolve
 from actors.tools._types import ToolContext, ToolError
 
 __all__ = [
@@ -49,10 +49,9 @@ def check_cancel(ctx: ToolContext) -> None:
 def _resolve(ctx: ToolContext, raw: str) -> tuple[Path, Path]:
     location = ctx.directory.resolve()
     try:
-        candidate = Path(raw)
-        target = (candidate if candidate.is_absolute() else location / candidate).resolve()
-    except (ValueError, OSError) as exc:  # NUL bytes, symlink loops
-        raise ToolError(f"Invalid path {raw!r}: {exc}", type="invalid-input") from exc
+        target = resolve(location, raw)
+    except PathRefused as exc:
+        raise ToolError(f"Invalid path {raw!r}: {exc.message}", type="invalid-input") from exc
     return location, target
 
 
@@ -87,6 +86,16 @@ def writable_path(ctx: ToolContext, raw: str) -> Path:
         raise _outside(raw, location)
     if target.is_relative_to(ctx.output_dir.resolve()):
         raise ToolError(f"Path {raw!r} is in the managed tool-output directory", type="denied")
+    if not ctx.config_writes:
+        config = location / PROJECT_CONFIG_DIR
+        # Both spellings: ``.sessionrt`` may itself be a symlink to elsewhere in
+        # the Location, and the catalog reads through it.
+        if target.is_relative_to(config) or target.is_relative_to(config.resolve()):
+            raise ToolError(
+                f"Path {raw!r} is in the project's configuration ({PROJECT_CONFIG_DIR}/);"
+                " writing it needs the operator's 'config' permission",
+                type="denied",
+            )
     return target
 
 
