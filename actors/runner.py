@@ -80,6 +80,7 @@ class Runner:
         output_dir: Path,
         instructions: InstructionSource | None = None,
         secret_env: frozenset[str] = frozenset(),
+        server_dirs: tuple[Path, ...] = (),
     ) -> None:
         self._store = store
         self._sessions = sessions
@@ -98,6 +99,7 @@ class Runner:
             output_dir=output_dir,
             tools=tools,
             secret_env=secret_env,
+            server_dirs=server_dirs,
         )
 
     async def drain(self, session_id: str, scope: Scope, force: bool) -> None:

@@ -194,6 +194,7 @@ class Runtime:
                 output_dir=self.config.tool_output_dir,
                 instructions=self.config.instructions,
                 secret_env=frozenset(self.config.secret_env),
+                server_dirs=(self.config.data_dir,),
             )
             self.runner = runner
             sweeper = asyncio.get_running_loop().create_task(

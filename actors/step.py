@@ -105,9 +105,11 @@ class StepRunner:
         tools: ToolRegistry,
         output_dir: Path,
         secret_env: frozenset[str] = frozenset(),
+        server_dirs: tuple[Path, ...] = (),
     ) -> None:
         self._store = store
         self._secret_env = secret_env
+        self._server_dirs = server_dirs
         self._bus = bus
         self._providers = providers
         self._executor = executor
@@ -237,6 +239,7 @@ class StepRunner:
                 progress=self._progress(session.id, step.assistant_id, call.id),
                 config_writes=permission(agent.permissions, "config") == "allow",
                 secret_env=self._secret_env,
+                server_dirs=self._server_dirs,
             )
             try:
                 outcome = await self._executor.execute(call.name, call.input, ctx)

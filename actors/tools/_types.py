@@ -90,6 +90,9 @@ class ToolContext:
     timeout_s: float = DEFAULT_BASH_TIMEOUT_S
     #: The operator's ``config`` permission: may this call write ``.sessionrt/``?
     config_writes: bool = False
+    #: The server's own directories (the data dir): no tool reads, lists or
+    #: writes in them, even inside the Location; managed output files excepted.
+    server_dirs: tuple[Path, ...] = ()
     #: Names of environment variables a tool's subprocess must not inherit
     #: (beyond the built-in rule of :func:`actors.tools.tool_environment`).
     secret_env: frozenset[str] = frozenset()

@@ -172,3 +172,23 @@ async def test_bash_in_a_session_does_not_see_the_servers_secrets(
     assert "SESSIONRT_VISIBLE=visible-canary" in text
     for canary in ("pw-canary-1", "key-canary-2", "login-canary-3"):
         assert canary not in text
+
+
+async def test_an_agent_cannot_rewrite_the_operators_agents_toml(tmp_path: Path) -> None:
+    # The session lives in a directory that holds the data dir (a home directory, say).
+    data = tmp_path / "data"
+    async with Runtime(RuntimeConfig(data_dir=data, default_directory=str(tmp_path))) as runtime:
+        feed = Feed()
+        runtime.bus.subscribe(feed)
+        s = await runtime.sessions.create()
+        script = (
+            '#tool write {"path": "data/agents.toml", "content": '
+            + json.dumps('[agents.build.permissions]\nconfig = "allow"\n')
+            + '}\n#tool read {"path": "data/sessionrt.sqlite-wal"}'
+        )
+        await runtime.sessions.prompt(s.id, PromptInput(text=script))
+        await feed.wait("session.execution.succeeded", sessionID=s.id)
+    failures = [m["data"]["error"] for m in feed.events if m["type"] == "session.tool.failed"]
+    assert [f["type"] for f in failures] == ["denied", "denied"]
+    assert all("belongs to the server" in f["message"] for f in failures)
+    assert not (data / "agents.toml").exists()

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from actors.tools import PASSWORD_ENV, ToolContext, ToolError, is_secret, tool_environment
-from actors.tools.builtin import BashTool, EditTool, WriteTool
+from actors.tools.builtin import (
+    BashTool,
+    EditTool,
+    GlobTool,
+    GrepTool,
+    ListTool,
+    ReadTool,
+    WriteTool,
+)
 
 MakeCtx = Callable[..., ToolContext]
 
@@ -119,3 +127,53 @@ def test_bash_does_not_inherit_the_servers_secrets(
     for canary in ("pw-canary-1", "key-canary-2", "login-canary-3"):
         assert canary not in text
     assert os.environ[PASSWORD_ENV] == "pw-canary-1"  # the server keeps its own
+
+
+# -- the server's directories ----------------------------------------------------------------
+
+
+@pytest.fixture
+def server_ctx(location: Path, make_ctx: MakeCtx) -> ToolContext:
+    """A Location that holds the data dir (say, a home directory)."""
+    data = location / "data"
+    (data / "tool-output").mkdir(parents=True)
+    (data / "sessionrt.sqlite-wal").write_text("canary from another session\n")
+    (data / "agents.toml").write_text('[agents.plan]\nsystem = "canary"\n')
+    (data / "tool-output" / "tool_01").write_text("managed output\n")
+    (location / "mine.txt").write_text("canary of my own\n")
+    (location / "link.toml").symlink_to(data / "agents.toml")
+    return make_ctx(server_dirs=(data,), output_dir=data / "tool-output")
+
+
+@pytest.mark.parametrize("path", ["data/agents.toml", "link.toml", "data", "./data/../data/x"])
+def test_the_data_dir_is_out_of_bounds_inside_the_location(
+    server_ctx: ToolContext, path: str
+) -> None:
+    error = denied(lambda: ReadTool().run({"path": path}, server_ctx))
+    assert "belongs to the server" in error.message
+    denied(lambda: WriteTool().run({"path": path, "content": "x"}, server_ctx))
+    denied(lambda: ListTool().run({"path": path}, server_ctx))
+
+
+def test_walks_skip_the_data_dir(server_ctx: ToolContext) -> None:
+    found = GrepTool().run({"pattern": "canary"}, server_ctx).content[0]["text"]
+    assert "mine.txt" in found
+    assert "another session" not in found
+    assert "data/" not in found
+    assert "link.toml" not in found
+    listed = GlobTool().run({"pattern": "**"}, server_ctx).content[0]["text"]
+    assert "mine.txt" in listed
+    assert "data/" not in listed
+    assert "link.toml" not in listed
+
+
+def test_managed_output_stays_readable(location: Path, server_ctx: ToolContext) -> None:
+    managed = str(location / "data" / "tool-output" / "tool_01")
+    assert "managed output" in ReadTool().run({"path": managed}, server_ctx).content[0]["text"]
+
+
+def test_an_allowed_location_inside_the_data_dir_works(location: Path, make_ctx: MakeCtx) -> None:
+    # The operator listed the data dir in allow_directories: its tools work there.
+    (location / "a.txt").write_text("here\n")
+    ctx = make_ctx(server_dirs=(location,))
+    assert "here" in ReadTool().run({"path": "a.txt"}, ctx).content[0]["text"]

@@ -7,6 +7,9 @@ they really lead). Two exceptions:
 - read-only: managed tool-output files (``<output_dir>/tool_…``) are readable
   by ``read`` and ``grep``, so a model can page through output that bounding
   moved aside. Nothing writes into the output directory.
+- the server's own directories (``ctx.server_dirs``: the data dir, with the
+  database and every session's log) are out of bounds even when they lie
+  inside the Location: not readable, not listed by the walk, not writable.
 - the project's configuration, ``<Location>/.sessionrt/``, is not writable
   unless the operator gave the agent the ``config`` permission
   (``ctx.config_writes``): an agent must not rewrite the ``agents.toml`` that
@@ -23,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from actors.confine import PROJECT_CONFIG_DIR, PathRefused, resolve
+from actors.confine import PROJECT_CONFIG_DIR, PathRefused, inside, resolve
 from actors.tools._types import ToolContext, ToolError
 
 __all__ = [
@@ -63,6 +66,18 @@ def _is_managed(ctx: ToolContext, target: Path) -> bool:
     return target.parent == ctx.output_dir.resolve() and target.name.startswith("tool_")
 
 
+def _server_dirs(ctx: ToolContext) -> tuple[Path, ...]:
+    # A Location inside a server directory exists only because the operator
+    # allowed it (``allow_directories``): that opt-in covers its tools too.
+    location = ctx.directory.resolve()
+    resolved = (d.resolve() for d in ctx.server_dirs)
+    return tuple(d for d in resolved if not location.is_relative_to(d))
+
+
+def _withheld(raw: str) -> ToolError:
+    return ToolError(f"Path {raw!r} belongs to the server", type="denied")
+
+
 def readable_path(ctx: ToolContext, raw: str, *, managed: bool = False) -> Path:
     """Resolve ``raw`` for reading; with ``managed``, managed output files are allowed too.
 
@@ -70,9 +85,13 @@ def readable_path(ctx: ToolContext, raw: str, *, managed: bool = False) -> Path:
         ToolError: ``denied`` outside the Location, ``invalid-input`` if unparsable.
     """
     location, target = _resolve(ctx, raw)
-    if target.is_relative_to(location) or (managed and _is_managed(ctx, target)):
+    if managed and _is_managed(ctx, target):
         return target
-    raise _outside(raw, location)
+    if not target.is_relative_to(location):
+        raise _outside(raw, location)
+    if inside(target, _server_dirs(ctx)):
+        raise _withheld(raw)
+    return target
 
 
 def writable_path(ctx: ToolContext, raw: str) -> Path:
@@ -86,6 +105,8 @@ def writable_path(ctx: ToolContext, raw: str) -> Path:
         raise _outside(raw, location)
     if target.is_relative_to(ctx.output_dir.resolve()):
         raise ToolError(f"Path {raw!r} is in the managed tool-output directory", type="denied")
+    if inside(target, _server_dirs(ctx)):
+        raise _withheld(raw)
     if not ctx.config_writes:
         config = location / PROJECT_CONFIG_DIR
         # Both spellings: ``.sessionrt`` may itself be a symlink to elsewhere in
@@ -114,9 +135,10 @@ def walk_files(ctx: ToolContext, root: Path, *, max_depth: int | None = None) ->
     Directory symlinks are not followed; a file symlink is yielded (as its
     link path) only if it resolves to a file inside the Location. ``.git`` is
     skipped. ``max_depth`` counts path components below ``root`` (1 = files
-    directly in it). Polls ``ctx.cancel``.
+    directly in it). The server's directories are skipped. Polls ``ctx.cancel``.
     """
     location = ctx.directory.resolve()
+    server = _server_dirs(ctx)
     stack: list[tuple[Path, int]] = [(root, 1)]
     seen = 0
     while stack:
@@ -133,13 +155,21 @@ def walk_files(ctx: ToolContext, root: Path, *, max_depth: int | None = None) ->
                 check_cancel(ctx)
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    if entry.name not in SKIPPED_DIRS and (max_depth is None or depth < max_depth):
-                        subdirs.append(Path(entry.path))
+                    if entry.name in SKIPPED_DIRS or (max_depth is not None and depth >= max_depth):
+                        continue
+                    # Not followed through symlinks, so only the data dir itself can be met.
+                    if server and Path(entry.path).resolve() in server:
+                        continue
+                    subdirs.append(Path(entry.path))
                 elif entry.is_file(follow_symlinks=False):
                     yield Path(entry.path)
                 elif entry.is_symlink():
                     real = Path(entry.path).resolve()
-                    if real.is_relative_to(location) and real.is_file():
+                    if (
+                        real.is_relative_to(location)
+                        and real.is_file()
+                        and not inside(real, server)
+                    ):
                         yield Path(entry.path)
             except OSError:
                 continue
