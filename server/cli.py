@@ -262,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         _error(str(exc))
         return 1
+    except DomainError as exc:  # the runtime refused its configuration (a bad default_directory)
+        _error(f"{exc.tag}: {exc.message}")
+        return 1
     except (StorageError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):
             # The reader went away (`sessionrt log ... | head`): not an error of ours.

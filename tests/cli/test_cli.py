@@ -159,7 +159,14 @@ async def test_serve_reads_a_config_file_and_flags_win(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["[server]\nport = 'x'\n", "[nope]\n", "[runtime]\nsynchronous = 'OFF'\n", "not toml ["],
+    [
+        "[server]\nport = 'x'\n",
+        "[nope]\n",
+        "[runtime]\nsynchronous = 'OFF'\n",
+        "not toml [",
+        "[runtime]\nallow_directories = '/'\n",
+        "[runtime]\nsecret_env = [1]\n",
+    ],
 )
 async def test_a_bad_config_file_is_a_clean_error(tmp_path: Path, text: str) -> None:
     config = tmp_path / "bad.toml"
@@ -178,3 +185,25 @@ async def test_a_bad_config_file_is_a_clean_error(tmp_path: Path, text: str) -> 
     assert proc.returncode == 1
     assert b"Traceback" not in err
     assert str(config).encode() in err
+
+
+@pytest.mark.parametrize("directory", ["/", "missing"])
+async def test_a_refused_default_directory_is_a_clean_error(tmp_path: Path, directory: str) -> None:
+    config = tmp_path / "sessionrt.toml"
+    config.write_text(f'[runtime]\ndefault_directory = "{tmp_path / directory}"\n')
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        "serve",
+        "--config",
+        str(config),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1
+    assert b"Traceback" not in err
+    assert b"runtime.default_directory" in err

@@ -214,3 +214,12 @@ async def test_a_runtime_refuses_to_start_on_a_bad_default(tmp_path: Path, defau
         async with runtime:
             pass
     assert raised.value.fields.get("field") == "runtime.default_directory"
+
+
+async def test_a_runtime_allowed_root_starts_there(tmp_path: Path) -> None:
+    config = RuntimeConfig(
+        data_dir=tmp_path / "data", default_directory="/", allow_directories=["/"], recover=False
+    )
+    async with Runtime(config) as runtime:
+        session = await runtime.sessions.create()
+    assert session.location.directory == "/"
