@@ -103,7 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--synchronous", choices=["FULL", "NORMAL"], help="SQLite durability (default FULL)"
     )
-    serve.add_argument("--config", type=Path, help="a TOML file of [server] and [runtime] settings")
+    serve.add_argument(
+        "--config", type=Path, help="a TOML file of [server], [runtime] and [providers] settings"
+    )
 
     run = commands.add_parser("run", help="send a prompt and show the answer as it streams")
     run.add_argument("prompt", help="the prompt text")
@@ -111,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", help="switch the session to this agent")
     run.add_argument("--model", type=_model, help="switch the session to PROVIDER/MODEL")
     run.add_argument("--queue", action="store_true", help="queue behind the current turn")
+    run.add_argument(
+        "--config",
+        type=Path,
+        help="the embedded runtime's TOML settings ([runtime], [providers]); not with --url",
+    )
     run.add_argument(
         "--no-follow",
         dest="follow",
@@ -134,14 +141,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _runtime_config(
+    file: dict[str, dict[str, Any]], data_dir: Path | None, **overrides: Any
+) -> RuntimeConfig:
+    """The runtime settings of a loaded config file, flags (``overrides``) winning."""
+    runtime = dict(file.get("runtime", {}))
+    chosen = data_dir or Path(runtime.pop("data_dir", default_data_dir()))
+    runtime.pop("data_dir", None)
+    runtime.update(overrides)
+    return RuntimeConfig(data_dir=chosen, provider_configs=file.get("providers", {}), **runtime)
+
+
 def _serve(args: argparse.Namespace) -> int:
     file = load_config(args.config) if args.config is not None else {}
-    server, runtime = file.get("server", {}), file.get("runtime", {})
-    data_dir = args.data_dir or Path(runtime.pop("data_dir", default_data_dir()))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if args.synchronous is not None:
-        runtime["synchronous"] = args.synchronous
-    config = RuntimeConfig(data_dir=data_dir, **runtime)
+    server = file.get("server", {})
+    flags = {"synchronous": args.synchronous} if args.synchronous is not None else {}
+    config = _runtime_config(file, args.data_dir, **flags)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
     host = args.host or server.pop("host", "127.0.0.1")
     port = args.port if args.port is not None else server.pop("port", 4096)
     server.pop("host", None)
@@ -206,7 +222,12 @@ async def _on_host(command: _Command, args: argparse.Namespace, data_dir: Path) 
     sigint = Sigint()
     release = sigint.install()
     try:
-        async with open_host(args.url, args.password, data_dir) as host:
+        config = None
+        if getattr(args, "config", None) is not None:
+            if args.url:
+                raise ConfigError("--config is for the embedded runtime; not with --url")
+            config = _runtime_config(load_config(args.config), data_dir)
+        async with open_host(args.url, args.password, data_dir, config) as host:
             return await command(host, args, sigint)
     finally:
         release()
