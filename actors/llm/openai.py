@@ -99,8 +99,7 @@ class OpenAIStream:
 
     def event(self, event: SSEEvent) -> list[StreamPart]:
         if event.data == "[DONE]":
-            self.done = True
-            return []
+            return self.end()
         try:
             chunk = orjson.loads(event.data)
         except orjson.JSONDecodeError:
@@ -134,6 +133,7 @@ class OpenAIStream:
             raise self.incomplete("the stream ended without a finish reason")
         out: list[StreamPart] = []
         self._close_all(out)
+        self.done = True
         reason = self._reason
         if reason == "stop" and self._done_indexes:
             reason = "tool-calls"  # some servers say "stop" after calling tools
@@ -284,15 +284,15 @@ class OpenAIProvider:
                     for part in parts:
                         yield part
                     if state.done:
-                        break
+                        return
+                for part in state.end():
+                    yield part
         except StreamBrokenError as exc:
             raise state.incomplete(f"the stream broke ({exc.reason})") from None
         except ProviderError as exc:
             exc.message = self.transport.scrub(exc.message, key)
             exc.args = (exc.message,)
             raise
-        for part in state.end():
-            yield part
 
 
 def _scrubbed(transport: HttpTransport, value: str | None, key: str | None) -> str | None:
