@@ -32,7 +32,7 @@ from protocol.operations import SessionListQuery
 from protocol.shapes import ModelRef
 from server._cli_run import Host, RunOptions, Sigint, open_host, run
 from server.app import ServerSettings
-from server.config import ConfigError, load_config
+from server.config import ConfigError, load_config, runtime_config
 from server.serve import serve
 from storage import StorageError, StoreLockedError
 
@@ -141,22 +141,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _runtime_config(
-    file: dict[str, dict[str, Any]], data_dir: Path | None, **overrides: Any
-) -> RuntimeConfig:
-    """The runtime settings of a loaded config file, flags (``overrides``) winning."""
-    runtime = dict(file.get("runtime", {}))
-    chosen = data_dir or Path(runtime.pop("data_dir", default_data_dir()))
-    runtime.pop("data_dir", None)
-    runtime.update(overrides)
-    return RuntimeConfig(data_dir=chosen, provider_configs=file.get("providers", {}), **runtime)
-
-
 def _serve(args: argparse.Namespace) -> int:
     file = load_config(args.config) if args.config is not None else {}
     server = file.get("server", {})
     flags = {"synchronous": args.synchronous} if args.synchronous is not None else {}
-    config = _runtime_config(file, args.data_dir, **flags)
+    config = runtime_config(file, args.data_dir, fallback_data_dir=default_data_dir(), **flags)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     host = args.host or server.pop("host", "127.0.0.1")
     port = args.port if args.port is not None else server.pop("port", 4096)
@@ -218,15 +207,12 @@ _Command = Callable[[Host, argparse.Namespace, Sigint], Coroutine[Any, Any, int]
 _ON_HOST: dict[str, _Command] = {"run": _run, "sessions": _sessions, "log": _log}
 
 
-async def _on_host(command: _Command, args: argparse.Namespace, data_dir: Path) -> int:
+async def _on_host(
+    command: _Command, args: argparse.Namespace, data_dir: Path, config: RuntimeConfig | None
+) -> int:
     sigint = Sigint()
     release = sigint.install()
     try:
-        config = None
-        if getattr(args, "config", None) is not None:
-            if args.url:
-                raise ConfigError("--config is for the embedded runtime; not with --url")
-            config = _runtime_config(load_config(args.config), data_dir)
         async with open_host(args.url, args.password, data_dir, config) as host:
             return await command(host, args, sigint)
     finally:
@@ -235,8 +221,14 @@ async def _on_host(command: _Command, args: argparse.Namespace, data_dir: Path) 
 
 def _on_host_sync(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or default_data_dir()
+    config = None
+    if getattr(args, "config", None) is not None:
+        if args.url:
+            raise ConfigError("--config is for the embedded runtime; not with --url")
+        config = runtime_config(load_config(args.config), args.data_dir, fallback_data_dir=data_dir)
+        data_dir = config.data_dir
     try:
-        return asyncio.run(_on_host(_ON_HOST[args.command], args, data_dir))
+        return asyncio.run(_on_host(_ON_HOST[args.command], args, data_dir, config))
     except StoreLockedError:
         _error(
             f"the data directory {data_dir} is in use by another process"

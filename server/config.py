@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from actors.llm import SCRIPTED_PROVIDER_ID, parse_model_ref, parse_providers
+from actors.runtime import RuntimeConfig
 
-__all__ = ["ConfigError", "load_config"]
+__all__ = ["ConfigError", "load_config", "runtime_config"]
 
 _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
     "server": {
@@ -127,3 +128,19 @@ def _default_model(path: Path, out: dict[str, dict[str, Any]], value: str) -> No
             f" {model.id!r} (add [providers.{model.provider_id}.models.{model.id}])"
         )
     out["runtime"]["default_model"] = model
+
+
+def runtime_config(
+    loaded: dict[str, dict[str, Any]],
+    data_dir: Path | None,
+    *,
+    fallback_data_dir: Path,
+    **overrides: Any,
+) -> RuntimeConfig:
+    """The runtime settings of a loaded file: ``data_dir`` (a flag) wins over the
+    file's, which wins over ``fallback_data_dir``; ``overrides`` (flags) win too."""
+    runtime = dict(loaded.get("runtime", {}))
+    from_file = runtime.pop("data_dir", None)
+    chosen = data_dir or (Path(from_file) if from_file else fallback_data_dir)
+    runtime.update(overrides)
+    return RuntimeConfig(data_dir=chosen, provider_configs=loaded.get("providers", {}), **runtime)
