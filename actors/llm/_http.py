@@ -207,10 +207,15 @@ class HttpTransport:
             ) from None
         async with response:
             if response.status >= 300:
+                raw = b""
                 try:
-                    raw = await response.content.read(MAX_ERROR_BODY)
+                    while len(raw) < MAX_ERROR_BODY:
+                        piece = await response.content.readany()
+                        if not piece:
+                            break
+                        raw += piece
                 except (TimeoutError, aiohttp.ClientError, OSError):
-                    raw = b""
+                    pass  # the status alone still classifies the failure
                 raise classify(response.status, response.headers, raw)
             decoder = SSEDecoder()
             content = response.content

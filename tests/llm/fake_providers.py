@@ -67,6 +67,7 @@ class Reply:
     cut_after: int | None = None
     reset_after: int | None = None
     hang: bool = False
+    stall: bool = False
 
     @classmethod
     def stream(cls, frames: Iterable[bytes], **kw: Any) -> Reply:
@@ -131,6 +132,8 @@ class FakeProvider:
         if not self.replies:
             return web.json_response({"error": {"message": "no scripted reply"}}, status=500)
         reply = self.replies.popleft()
+        if reply.stall:
+            await self._release.wait()
         if reply.reset_after == 0:
             _abort(request)
             return web.Response()

@@ -377,6 +377,15 @@ async def test_a_reset_before_the_answer_is_transport_with_unknown_delivery(
     assert error.delivery == "unknown"
 
 
+async def test_no_answer_within_the_idle_timeout_is_transport_with_unknown_delivery(
+    fake: FakeProvider, provider: OpenAIProvider
+) -> None:
+    fake.replies.append(Reply(stall=True))
+    _, error = await failure(provider, request("q"))
+    assert isinstance(error, TransportError)
+    assert error.delivery == "unknown"
+
+
 async def test_connection_refused_is_transport_not_sent(
     unused_tcp_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
