@@ -44,6 +44,7 @@ import contextlib
 import functools
 import os
 import platform
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -552,6 +553,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     return {
         "python": platform.python_version(),
+        "sqlite_version": sqlite3.sqlite_version,
         "cpus": os.cpu_count(),
         "sdk_installed": chunk["openai_sdk_us"] is not None,
         "per_chunk": chunk,
