@@ -21,21 +21,24 @@ pass through :meth:`HttpTransport.scrub`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import email.utils
 import logging
 import math
 import re
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
 from actors.llm._config import ProviderConfig
-from actors.llm._errors import ProviderError, TransportError
+from actors.llm._errors import IncompleteStreamError, ProviderError, TransportError
 from actors.llm._sse import SSEDecoder, SSEEvent, SSELineTooLongError
+from actors.llm._stream import StreamPart
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -43,7 +46,9 @@ __all__ = [
     "ErrorClassifier",
     "HttpTransport",
     "StreamBrokenError",
+    "StreamState",
     "error_body",
+    "normalized",
     "retry_after_ms",
     "should_retry",
 ]
@@ -58,6 +63,10 @@ IDLE_READ_TIMEOUT_S: Final = 300.0
 MAX_ERROR_BODY: Final = 64 * 1024
 #: A provider message is cut to this many characters in an error.
 MAX_MESSAGE: Final = 2000
+#: How long the bytes after a stream's last event are awaited. Reading them
+#: lets aiohttp return the connection to its pool (an unread body closes it,
+#: and the next step would pay a new TCP and TLS handshake).
+DRAIN_TIMEOUT_S: Final = 1.0
 
 ErrorClassifier = Callable[[int, Mapping[str, str], bytes], ProviderError]
 
@@ -232,3 +241,59 @@ class HttpTransport:
                 raise StreamBrokenError(str(exc)) from None
             for event in decoder.close():
                 yield event
+
+
+class StreamState(Protocol):
+    """A format's parser: SSE events in, normalized parts out (see the adapters)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def event(self, event: SSEEvent) -> list[StreamPart]: ...
+
+    def end(self) -> list[StreamPart]: ...
+
+    def incomplete(self, why: str) -> IncompleteStreamError: ...
+
+
+async def normalized(
+    transport: HttpTransport,
+    url: str,
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    classify: ErrorClassifier,
+    state: StreamState,
+    key: str | None,
+) -> AsyncGenerator[StreamPart, None]:
+    """One model call: POST, parse each event with ``state``, end with its Finish.
+
+    The closing parts are held until the body's tail is read (within
+    :data:`DRAIN_TIMEOUT_S`), so the consumer, which stops at the Finish,
+    never leaves the connection half-read. Every error's message is scrubbed.
+    """
+    events = transport.stream(url, headers, body, classify)
+    final: list[StreamPart] | None = None
+    try:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                parts = state.event(event)
+                if state.done:
+                    final = parts
+                    break
+                for part in parts:
+                    yield part
+            if final is not None:
+                with contextlib.suppress(StreamBrokenError, TimeoutError):
+                    async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                        async for _tail in events:
+                            pass
+        if final is None:
+            final = state.end()
+    except StreamBrokenError as exc:
+        raise state.incomplete(f"the stream broke ({exc.reason})") from None
+    except ProviderError as exc:
+        exc.message = transport.scrub(exc.message, key)
+        exc.args = (exc.message,)
+        raise
+    for part in final:
+        yield part

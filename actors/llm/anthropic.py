@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
 import orjson
 
@@ -29,7 +29,7 @@ from actors.llm._anthropic_body import anthropic_body
 from actors.llm._classify import classify
 from actors.llm._config import ProviderConfig
 from actors.llm._errors import IncompleteStreamError, ProviderError
-from actors.llm._http import HttpTransport, StreamBrokenError, error_body
+from actors.llm._http import HttpTransport, error_body, normalized
 from actors.llm._request import ModelRequest
 from actors.llm._sse import SSEEvent
 from actors.llm._stream import (
@@ -126,7 +126,7 @@ class AnthropicStream:
         # ping and event types added later mean nothing here
         return out
 
-    def end(self) -> NoReturn:
+    def end(self) -> list[StreamPart]:
         raise self.incomplete("the stream ended before message_stop")
 
     def incomplete(self, why: str) -> IncompleteStreamError:
@@ -266,18 +266,8 @@ class AnthropicProvider:
                 message=scrub(message, key) if isinstance(message, str) else "",
             )
 
-        events = self.transport.stream(self._url, headers, body, failure)
-        try:
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    for part in state.event(event):
-                        yield part
-                    if state.done:
-                        return
-        except StreamBrokenError as exc:
-            raise state.incomplete(f"the stream broke ({exc.reason})") from None
-        except ProviderError as exc:
-            exc.message = scrub(exc.message, key)
-            exc.args = (exc.message,)
-            raise
-        state.end()
+        async with contextlib.aclosing(
+            normalized(self.transport, self._url, headers, body, failure, state, key)
+        ) as parts:
+            async for part in parts:
+                yield part

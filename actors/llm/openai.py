@@ -32,7 +32,7 @@ import orjson
 from actors.llm._classify import classify
 from actors.llm._config import ProviderConfig
 from actors.llm._errors import IncompleteStreamError, ProviderError
-from actors.llm._http import HttpTransport, StreamBrokenError, error_body
+from actors.llm._http import HttpTransport, error_body, normalized
 from actors.llm._openai_body import openai_body
 from actors.llm._request import ModelRequest
 from actors.llm._sse import SSEEvent
@@ -276,23 +276,11 @@ class OpenAIProvider:
                 message=self.transport.scrub(_str(error.get("message")) or "", key),
             )
 
-        events = self.transport.stream(self._url, headers, body, failure)
-        try:
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    parts = state.event(event)
-                    for part in parts:
-                        yield part
-                    if state.done:
-                        return
-                for part in state.end():
-                    yield part
-        except StreamBrokenError as exc:
-            raise state.incomplete(f"the stream broke ({exc.reason})") from None
-        except ProviderError as exc:
-            exc.message = self.transport.scrub(exc.message, key)
-            exc.args = (exc.message,)
-            raise
+        async with contextlib.aclosing(
+            normalized(self.transport, self._url, headers, body, failure, state, key)
+        ) as parts:
+            async for part in parts:
+                yield part
 
 
 def _scrubbed(transport: HttpTransport, value: str | None, key: str | None) -> str | None:

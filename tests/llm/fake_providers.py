@@ -68,6 +68,10 @@ class Reply:
     reset_after: int | None = None
     hang: bool = False
     stall: bool = False
+    #: Written ``tail_delay_s`` after the frames, before the end of the body:
+    #: bytes a client must still read to keep the connection reusable.
+    tail: bytes = b""
+    tail_delay_s: float = 0.0
 
     @classmethod
     def stream(cls, frames: Iterable[bytes], **kw: Any) -> Reply:
@@ -83,6 +87,8 @@ class Received:
     path: str
     headers: Mapping[str, str]
     body: Mapping[str, Any]
+    #: The client's address: the same one twice means the connection was reused.
+    peer: Any = None
 
 
 class FakeProvider:
@@ -128,7 +134,10 @@ class FakeProvider:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
-        self.received.append(Received(path=request.path, headers=dict(request.headers), body=body))
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.received.append(
+            Received(path=request.path, headers=dict(request.headers), body=body, peer=peer)
+        )
         if not self.replies:
             return web.json_response({"error": {"message": "no scripted reply"}}, status=500)
         reply = self.replies.popleft()
@@ -162,6 +171,9 @@ class FakeProvider:
         if reply.reset_after is not None and reply.reset_after >= len(reply.frames):
             _abort(request)
             return response
+        if reply.tail:
+            await asyncio.sleep(reply.tail_delay_s)  # a slow network, simulated
+            await response.write(reply.tail)
         if reply.hang:
             await self._release.wait()
         with contextlib.suppress(ConnectionError):

@@ -341,3 +341,16 @@ async def test_the_key_never_appears_in_errors_or_logs(
     assert "bad key" in texts
     assert KEY not in texts
     assert KEY[-4:] not in texts
+
+
+async def test_the_connection_is_reused_from_one_call_to_the_next(
+    fake: FakeProvider, provider: AnthropicProvider
+) -> None:
+    for text in ("one", "two", "three"):
+        # The body ends a moment after the last event: a client that stops
+        # reading at the finish leaves it unread and loses the connection.
+        reply = Reply.stream(anthropic_text([text]), tail=b": end\n\n", tail_delay_s=0.05)
+        fake.replies.append(reply)
+        parts = await collect(provider, request("q"))
+        assert isinstance(parts[-1], Finish)
+    assert len({r.peer for r in fake.received}) == 1

@@ -449,3 +449,16 @@ async def test_the_key_and_host_never_appear_in_errors_or_logs(
     assert "refused" in texts  # the provider's own words are kept...
     for secret in (KEY, KEY[:6], KEY[-4:], masked, fake.root, f":{fake.port}"):
         assert secret not in texts  # ...without the key or the address
+
+
+async def test_the_connection_is_reused_from_one_call_to_the_next(
+    fake: FakeProvider, provider: OpenAIProvider
+) -> None:
+    for text in ("one", "two", "three"):
+        # The body ends a moment after the last event: a client that stops
+        # reading at the finish leaves it unread and loses the connection.
+        reply = Reply.stream(openai_text([text]), tail=b": end\n\n", tail_delay_s=0.05)
+        fake.replies.append(reply)
+        parts = await collect(provider, request("q"))
+        assert isinstance(parts[-1], Finish)
+    assert len({r.peer for r in fake.received}) == 1
