@@ -11,7 +11,9 @@ decides, in this order (the first that matches wins):
                        message says the prompt is too long / exceeds the context
     quota              code/type insufficient_quota or billing_error, or 402
     content policy     code content_filter / content_policy_violation
-    provider internal  type overloaded_error / api_error, or a 5xx (529 included)
+    provider internal  type overloaded_error / api_error / server_error, or a
+                       5xx (529 included; an in-stream error's numeric code
+                       counts as its status)
     rate limit         type rate_limit_error, or 429
     authentication     401/403, type authentication_error / permission_error
     retryable unknown  408, 409
@@ -51,6 +53,9 @@ _OVERFLOW_TEXTS: Final = (
 )
 
 
+_INTERNAL_TYPES: Final = ("overloaded_error", "api_error", "server_error")
+
+
 def classify(
     *,
     provider: str,
@@ -61,6 +66,10 @@ def classify(
     message: str,
 ) -> ProviderError:
     """The typed error for one failure answer (``status`` None: an in-stream error)."""
+    if status is None and code is not None and code.isdigit():
+        # OpenAI-compatible servers put the HTTP status in an in-stream error's code.
+        status = int(code)
+        code = None
     override = should_retry(headers)
     after = retry_after_ms(headers)
     where = f"HTTP {status}" if status is not None else "in-stream error"
@@ -75,7 +84,7 @@ def classify(
         return QuotaExceededError(text, should_retry_override=override)
     if code in ("content_filter", "content_policy_violation"):
         return ContentPolicyError(text, should_retry_override=override)
-    if etype in ("overloaded_error", "api_error") or (status is not None and status >= 500):
+    if etype in _INTERNAL_TYPES or (status is not None and status >= 500):
         return ProviderInternalError(text, retry_after_ms=after, should_retry_override=override)
     if etype == "rate_limit_error" or status == 429:
         return RateLimitError(text, retry_after_ms=after, should_retry_override=override)

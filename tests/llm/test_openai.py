@@ -411,13 +411,15 @@ async def test_connection_refused_is_transport_not_sent(
 async def test_an_in_stream_error_object_is_classified(
     fake: FakeProvider, provider: OpenAIProvider
 ) -> None:
-    frames = [
-        *openai_text(["a"])[:2],
-        b'data: {"error": {"message": "overloaded", "type": "server_error", "code": 529}}\n\n',
-    ]
-    fake.replies.append(Reply.stream(frames))
+    error_frame = b'data: {"error": {"message": "overloaded", "type": "x", "code": 529}}\n\n'
+    fake.replies.append(Reply.stream([*openai_text(["a"])[:2], error_frame]))
+    parts, error = await failure(provider, request("q"))
+    assert isinstance(error, ProviderInternalError)
+    assert parts == [TextStart(ordinal=0), TextDelta(ordinal=0, delta="a")]
+    error_frame = b'data: {"error": {"message": "slow", "type": "server_error"}}\n\n'
+    fake.replies.append(Reply.stream([error_frame]))
     _, error = await failure(provider, request("q"))
-    assert isinstance(error, ProviderError)
+    assert isinstance(error, ProviderInternalError)
 
 
 async def test_a_missing_key_variable_is_named(
