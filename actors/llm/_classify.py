@@ -9,7 +9,8 @@ decides, in this order (the first that matches wins):
 
     context overflow   code context_length_exceeded, or a 400/413 whose
                        message says the prompt is too long / exceeds the context
-    quota              code/type insufficient_quota or billing_error, or 402
+    quota              code/type insufficient_quota or billing_error, 402, or
+                       Anthropic's "credit balance is too low" (a 400)
     content policy     code content_filter / content_policy_violation
     provider internal  type overloaded_error / api_error / server_error, or a
                        5xx (529 included; an in-stream error's numeric code
@@ -80,7 +81,12 @@ def classify(
         status in (None, 400, 413) and any(t in lowered for t in _OVERFLOW_TEXTS)
     ):
         return ContextOverflowError(text)
-    if "insufficient_quota" in (code, etype) or etype == "billing_error" or status == 402:
+    if (
+        "insufficient_quota" in (code, etype)
+        or etype == "billing_error"
+        or status == 402
+        or "credit balance is too low" in lowered  # Anthropic answers this with a 400
+    ):
         return QuotaExceededError(text, should_retry_override=override)
     if code in ("content_filter", "content_policy_violation"):
         return ContentPolicyError(text, should_retry_override=override)

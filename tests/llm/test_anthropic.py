@@ -277,6 +277,13 @@ async def test_stop_reasons(
         ),
         (anthropic_error(403, "permission_error", "no"), AuthenticationError, False),
         (anthropic_error(402, "billing_error", "credit balance"), QuotaExceededError, False),
+        (
+            anthropic_error(
+                400, "invalid_request_error", "Your credit balance is too low to access the API."
+            ),
+            QuotaExceededError,
+            False,
+        ),
     ],
 )
 async def test_error_classification(
