@@ -97,7 +97,7 @@ def _assistant(message: AssistantMessage) -> list[ChatMessage]:
                 results.append(_result(part))
     out = []
     if parts:
-        out.append(ChatMessage(role="assistant", parts=tuple(parts)))
+        out.append(ChatMessage(role="assistant", parts=tuple(parts), model=message.model))
     if results:
         out.append(ChatMessage(role="tool", parts=tuple(results)))
     return out

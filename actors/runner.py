@@ -38,7 +38,7 @@ from actors.step import StepRunner
 from actors.tools import ToolExecutor, ToolRegistry
 from protocol import events as ev
 from protocol.errors import SessionNotFoundError
-from protocol.shapes import AssistantMessage, Session
+from protocol.shapes import AssistantMessage, ModelRef, Session
 from storage import Command, SQLiteStore
 
 __all__ = ["CATALOG_TTL_S", "InstructionSource", "NoInstructions", "Runner", "StepFailedError"]
@@ -81,8 +81,10 @@ class Runner:
         instructions: InstructionSource | None = None,
         secret_env: frozenset[str] = frozenset(),
         server_dirs: tuple[Path, ...] = (),
+        default_model: ModelRef = SCRIPTED_MODEL,
     ) -> None:
         self._store = store
+        self._default_model = default_model
         self._sessions = sessions
         self._providers = providers
         self._tools = tools
@@ -165,7 +167,7 @@ class Runner:
         request = ModelRequest(
             session_id=session.id,
             agent=agent.name,
-            model=session.model or agent.model or SCRIPTED_MODEL,
+            model=session.model or agent.model or self._default_model,
             system=(agent.system,) if agent.system else (),
             messages=to_chat(history, self._chat),
             tools=tuple(

@@ -29,7 +29,14 @@ from actors._threaded import BlockingRunner
 from actors.bus import EventBus
 from actors.execution import Execution, Terminal
 from actors.inbox import Scope, select_promotable
-from actors.llm import Provider, ProviderRegistry
+from actors.llm import (
+    SCRIPTED_MODEL,
+    HttpProvider,
+    Provider,
+    ProviderConfig,
+    ProviderRegistry,
+    build_providers,
+)
 from actors.locations import DirectoryRules
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.runner import InstructionSource, Runner
@@ -45,7 +52,8 @@ from actors.tools import (
     run_sweeper,
 )
 from protocol import events as ev
-from protocol.errors import ServiceUnavailableError
+from protocol.errors import InvalidRequestError, ServiceUnavailableError
+from protocol.shapes import ModelRef
 from storage import Command, ProjectionConflict, SQLiteStore, Synchronous
 
 __all__ = ["DB_NAME", "Runtime", "RuntimeConfig"]
@@ -70,6 +78,11 @@ class RuntimeConfig:
     tool_output_max_bytes: int = DEFAULT_MAX_BYTES
     #: Extra model providers by provider id; the scripted model is always there.
     providers: Mapping[str, Provider] = attrs.field(factory=dict)
+    #: Real models over HTTP (``[providers.*]``); the runtime owns their clients.
+    provider_configs: Mapping[str, ProviderConfig] = attrs.field(factory=dict)
+    #: The model of a session whose session and agent name none (``[runtime]
+    #: default_model``); the scripted model when None.
+    default_model: ModelRef | None = None
     #: Tools offered to models; the built-in set when None.
     tools: tuple[Tool, ...] | None = None
     instructions: InstructionSource | None = None
@@ -144,12 +157,27 @@ class Runtime:
         self.directories = DirectoryRules(
             data_dir=config.data_dir, allowed=tuple(Path(d) for d in config.allow_directories)
         )
+        self.adapters: dict[str, HttpProvider] = build_providers(config.provider_configs)
+        self.providers = ProviderRegistry(
+            providers={**self.adapters, **config.providers},
+            models={
+                pid: frozenset(c.models)
+                for pid, c in config.provider_configs.items()
+                if pid not in config.providers
+            },
+        )
+        if config.default_model is not None:
+            try:
+                self.providers.check(config.default_model)
+            except InvalidRequestError as exc:
+                raise ValueError(f"default_model: {exc}") from None
         self.sessions = Sessions(
             self.store,
             wake=self._wake,
             default_directory=config.default_directory,
             blocking=self.blocking.run,
             directories=self.directories,
+            check_model=self.providers.check,
         )
         self._execution: Execution | None = None
         self.recovery = RecoveryReport()
@@ -169,6 +197,9 @@ class Runtime:
             raise RuntimeError(f"runtime is {self._state.value}; a runtime opens once")
         self._state = _State.OPEN
         try:
+            for adapter in self.adapters.values():
+                # Closed after everything that could still stream from them.
+                self._stack.push_async_callback(adapter.aclose)
             await self._stack.enter_async_context(self.blocking)
             await self.blocking.run(
                 functools.partial(os.makedirs, exist_ok=True), self.config.data_dir
@@ -193,8 +224,10 @@ class Runtime:
                 agent_files=(self.config.agents_file,),
                 output_dir=self.config.tool_output_dir,
                 instructions=self.config.instructions,
-                secret_env=frozenset(self.config.secret_env),
+                secret_env=frozenset(self.config.secret_env)
+                | {c.api_key_env for c in self.config.provider_configs.values() if c.api_key_env},
                 server_dirs=(self.config.data_dir,),
+                default_model=self.config.default_model or SCRIPTED_MODEL,
             )
             self.runner = runner
             sweeper = asyncio.get_running_loop().create_task(

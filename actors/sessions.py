@@ -15,6 +15,7 @@ import asyncio
 import builtins
 import datetime
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -75,6 +76,7 @@ class Sessions:
         default_directory: str | None = None,
         blocking: Blocking = asyncio.to_thread,
         directories: DirectoryRules | None = None,
+        check_model: Callable[[ModelRef], None] | None = None,
     ) -> None:
         self._store = store
         self._locks = KeyedLock()
@@ -86,12 +88,17 @@ class Sessions:
         )
         self.inbox = Inbox(store, wake, self._locks, blocking, withheld)
         self._default_directory = default_directory or os.getcwd()
+        #: Raises InvalidRequestError for a model no provider serves (the
+        #: runtime passes its registry's check); None accepts any model.
+        self._check_model = check_model
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def create(self, request: CreateSessionInput | None = None) -> Session:
         """Create a session; reusing an existing id adopts that session."""
         request = request or CreateSessionInput()
+        if request.model is not None and self._check_model is not None:
+            self._check_model(request.model)
         session_id = request.id or ids.session_id()
         if request.id is not None:
             existing = await self._store.queries.session(session_id)
@@ -178,6 +185,9 @@ class Sessions:
             )
 
     async def switch_model(self, session_id: str, model: ModelRef) -> None:
+        """Select ``model`` from the next step on; an unknown one is a 400 here."""
+        if self._check_model is not None:
+            self._check_model(model)
         session = await self.get(session_id)
         if session.model != model:
             await self._apply(

@@ -69,14 +69,17 @@ class Host(Protocol):
 
 
 @contextlib.asynccontextmanager
-async def open_host(url: str | None, password: str | None, data_dir: Path) -> AsyncIterator[Host]:
-    """A client of ``url`` (Bearer ``password``), or else an embedded host on ``data_dir``."""
+async def open_host(
+    url: str | None, password: str | None, data_dir: Path, config: RuntimeConfig | None = None
+) -> AsyncIterator[Host]:
+    """A client of ``url`` (Bearer ``password``), or else an embedded host on ``data_dir``
+    (with ``config``'s settings when given)."""
     if url:
         headers = {"Authorization": f"Bearer {password}"} if password else None
         async with Client(url, headers=headers) as client:
             yield client
         return
-    async with Embedded(config=RuntimeConfig(data_dir=data_dir)) as embedded:
+    async with Embedded(config=config or RuntimeConfig(data_dir=data_dir)) as embedded:
         yield embedded
 
 

@@ -32,7 +32,7 @@ from protocol.operations import SessionListQuery
 from protocol.shapes import ModelRef
 from server._cli_run import Host, RunOptions, Sigint, open_host, run
 from server.app import ServerSettings
-from server.config import ConfigError, load_config
+from server.config import ConfigError, load_config, runtime_config
 from server.serve import serve
 from storage import StorageError, StoreLockedError
 
@@ -103,7 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--synchronous", choices=["FULL", "NORMAL"], help="SQLite durability (default FULL)"
     )
-    serve.add_argument("--config", type=Path, help="a TOML file of [server] and [runtime] settings")
+    serve.add_argument(
+        "--config", type=Path, help="a TOML file of [server], [runtime] and [providers] settings"
+    )
 
     run = commands.add_parser("run", help="send a prompt and show the answer as it streams")
     run.add_argument("prompt", help="the prompt text")
@@ -111,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", help="switch the session to this agent")
     run.add_argument("--model", type=_model, help="switch the session to PROVIDER/MODEL")
     run.add_argument("--queue", action="store_true", help="queue behind the current turn")
+    run.add_argument(
+        "--config",
+        type=Path,
+        help="the embedded runtime's TOML settings ([runtime], [providers]); not with --url",
+    )
     run.add_argument(
         "--no-follow",
         dest="follow",
@@ -136,12 +143,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _serve(args: argparse.Namespace) -> int:
     file = load_config(args.config) if args.config is not None else {}
-    server, runtime = file.get("server", {}), file.get("runtime", {})
-    data_dir = args.data_dir or Path(runtime.pop("data_dir", default_data_dir()))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if args.synchronous is not None:
-        runtime["synchronous"] = args.synchronous
-    config = RuntimeConfig(data_dir=data_dir, **runtime)
+    server = file.get("server", {})
+    flags = {"synchronous": args.synchronous} if args.synchronous is not None else {}
+    config = runtime_config(file, args.data_dir, fallback_data_dir=default_data_dir(), **flags)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
     host = args.host or server.pop("host", "127.0.0.1")
     port = args.port if args.port is not None else server.pop("port", 4096)
     server.pop("host", None)
@@ -202,11 +207,13 @@ _Command = Callable[[Host, argparse.Namespace, Sigint], Coroutine[Any, Any, int]
 _ON_HOST: dict[str, _Command] = {"run": _run, "sessions": _sessions, "log": _log}
 
 
-async def _on_host(command: _Command, args: argparse.Namespace, data_dir: Path) -> int:
+async def _on_host(
+    command: _Command, args: argparse.Namespace, data_dir: Path, config: RuntimeConfig | None
+) -> int:
     sigint = Sigint()
     release = sigint.install()
     try:
-        async with open_host(args.url, args.password, data_dir) as host:
+        async with open_host(args.url, args.password, data_dir, config) as host:
             return await command(host, args, sigint)
     finally:
         release()
@@ -214,8 +221,14 @@ async def _on_host(command: _Command, args: argparse.Namespace, data_dir: Path) 
 
 def _on_host_sync(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or default_data_dir()
+    config = None
+    if getattr(args, "config", None) is not None:
+        if args.url:
+            raise ConfigError("--config is for the embedded runtime; not with --url")
+        config = runtime_config(load_config(args.config), args.data_dir, fallback_data_dir=data_dir)
+        data_dir = config.data_dir
     try:
-        return asyncio.run(_on_host(_ON_HOST[args.command], args, data_dir))
+        return asyncio.run(_on_host(_ON_HOST[args.command], args, data_dir, config))
     except StoreLockedError:
         _error(
             f"the data directory {data_dir} is in use by another process"

@@ -18,6 +18,19 @@
     tool_output_max_bytes = 51200
     recover = true
     max_resume_attempts = 10
+    default_model = "local/fake-model"   # PROVIDER/MODEL; scripted when unset
+
+    [providers.local]                    # real models: see actors/llm/_config.py
+    kind = "openai"                      # or "anthropic"
+    base_url = "http://127.0.0.1:8000/v1"
+    api_key_env = "LOCAL_API_KEY"
+    [providers.local.models.fake-model]
+    context = 128000
+    output = 4096
+
+``[providers]`` comes back as :class:`~actors.llm.ProviderConfig` values under
+``"providers"`` and ``runtime.default_model`` as a :class:`ModelRef`, ready for
+:class:`~actors.runtime.RuntimeConfig` (``provider_configs``, ``default_model``).
 
 Command-line flags given explicitly win over the file; the file wins over the
 defaults. Unknown keys and wrong types are errors, not silently ignored.
@@ -29,7 +42,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["ConfigError", "load_config"]
+from actors.llm import SCRIPTED_PROVIDER_ID, parse_model_ref, parse_providers
+from actors.runtime import RuntimeConfig
+
+__all__ = ["ConfigError", "load_config", "runtime_config"]
 
 _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
     "server": {
@@ -50,8 +66,11 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "tool_output_max_bytes": int,
         "recover": bool,
         "max_resume_attempts": int,
+        "default_model": str,
     },
 }
+#: Sections with a nested shape of their own, parsed by their owner.
+_NESTED: Final = ("providers",)
 
 
 class ConfigError(Exception):
@@ -59,13 +78,15 @@ class ConfigError(Exception):
 
 
 def load_config(path: Path) -> dict[str, dict[str, Any]]:
-    """The file's ``[server]`` and ``[runtime]`` tables, checked (blocking I/O)."""
+    """The file's ``[server]``, ``[runtime]`` and ``[providers]`` tables, checked (blocking I/O)."""
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     out: dict[str, dict[str, Any]] = {}
     for section, table in document.items():
+        if section in _NESTED:
+            continue
         if section not in _TYPES:
             raise ConfigError(f"{path}: unknown section [{section}]")
         if not isinstance(table, dict):
@@ -83,4 +104,49 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
     synchronous = out.get("runtime", {}).get("synchronous")
     if synchronous not in (None, "FULL", "NORMAL"):
         raise ConfigError(f"{path}: runtime.synchronous must be FULL or NORMAL")
+    providers = document.get("providers", {})
+    if not isinstance(providers, dict):
+        raise ConfigError(f"{path}: [providers] must be a table")
+    try:
+        out["providers"] = parse_providers(providers)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    default_model = out.get("runtime", {}).get("default_model")
+    if default_model is not None:
+        _default_model(path, out, default_model)
     return out
+
+
+def _default_model(path: Path, out: dict[str, dict[str, Any]], value: str) -> None:
+    try:
+        model = parse_model_ref(value)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: runtime.default_model: {exc}") from None
+    provider = out["providers"].get(model.provider_id)
+    if provider is None and model.provider_id != SCRIPTED_PROVIDER_ID:
+        raise ConfigError(
+            f"{path}: runtime.default_model names provider {model.provider_id!r},"
+            " which no [providers.*] table configures"
+        )
+    if provider is not None and model.id not in provider.models:
+        raise ConfigError(
+            f"{path}: runtime.default_model: provider {model.provider_id!r} has no model"
+            f" {model.id!r} (add [providers.{model.provider_id}.models.{model.id}])"
+        )
+    out["runtime"]["default_model"] = model
+
+
+def runtime_config(
+    loaded: dict[str, dict[str, Any]],
+    data_dir: Path | None,
+    *,
+    fallback_data_dir: Path,
+    **overrides: Any,
+) -> RuntimeConfig:
+    """The runtime settings of a loaded file: ``data_dir`` (a flag) wins over the
+    file's, which wins over ``fallback_data_dir``; ``overrides`` (flags) win too."""
+    runtime = dict(loaded.get("runtime", {}))
+    from_file = runtime.pop("data_dir", None)
+    chosen = data_dir or (Path(from_file) if from_file else fallback_data_dir)
+    runtime.update(overrides)
+    return RuntimeConfig(data_dir=chosen, provider_configs=loaded.get("providers", {}), **runtime)

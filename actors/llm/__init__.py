@@ -10,10 +10,20 @@
   :class:`ProviderRegistry`, which picks one for a model (``_registry``).
 - :class:`ScriptedProvider` (``scripted``, script language in ``_script``):
   deterministic answers with no key and no network, the embedded default.
+- Real models over HTTP: the OpenAI-compatible (``openai``) and Anthropic
+  (``anthropic``) adapters, their configuration (``_config``:
+  :class:`ProviderConfig`), and :func:`build_providers` (``adapters``).
 - The step allowance directive (``max_steps``) and :class:`RetryPolicy`
   (``retry``).
 """
 
+from actors.llm._config import (
+    ModelLimits,
+    ProviderConfig,
+    ProviderKind,
+    parse_model_ref,
+    parse_providers,
+)
 from actors.llm._errors import (
     AuthenticationError,
     ContentPolicyError,
@@ -63,6 +73,8 @@ from actors.llm._stream import (
     ToolInputStart,
     Usage,
 )
+from actors.llm.adapters import HttpProvider, build_providers
+from actors.llm.anthropic import AnthropicProvider
 from actors.llm.max_steps import (
     MAX_STEPS_MESSAGE,
     MAX_STEPS_TEXT,
@@ -70,6 +82,7 @@ from actors.llm.max_steps import (
     is_max_steps_message,
     with_max_steps,
 )
+from actors.llm.openai import OpenAIProvider
 from actors.llm.retry import RetryPolicy
 from actors.llm.scripted import ScriptedProvider
 
@@ -80,6 +93,7 @@ __all__ = [
     "SCRIPTED_MODEL",
     "SCRIPTED_PROVIDER_ID",
     "TOOLS_DISABLED_ERROR",
+    "AnthropicProvider",
     "AuthenticationError",
     "ChatMessage",
     "ContentPart",
@@ -89,13 +103,18 @@ __all__ = [
     "FileContent",
     "Finish",
     "FinishReason",
+    "HttpProvider",
     "IncompleteStreamError",
     "InvalidRequestError",
+    "ModelLimits",
     "ModelRequest",
     "NoRouteError",
+    "OpenAIProvider",
     "Provider",
+    "ProviderConfig",
     "ProviderError",
     "ProviderInternalError",
+    "ProviderKind",
     "ProviderRegistry",
     "QuotaExceededError",
     "RateLimitError",
@@ -123,8 +142,11 @@ __all__ = [
     "TransportError",
     "UnsupportedOperationError",
     "Usage",
+    "build_providers",
     "classify",
     "is_max_steps_message",
+    "parse_model_ref",
+    "parse_providers",
     "parse_script",
     "with_max_steps",
 ]

@@ -10,6 +10,7 @@ import attrs
 from actors.llm._errors import NoRouteError
 from actors.llm._provider import Provider
 from actors.llm.scripted import ScriptedProvider
+from protocol.errors import InvalidRequestError
 from protocol.shapes import ModelRef
 
 __all__ = ["SCRIPTED_MODEL", "SCRIPTED_PROVIDER_ID", "ProviderRegistry"]
@@ -21,6 +22,10 @@ SCRIPTED_MODEL: Final = ModelRef(id="scripted", provider_id=SCRIPTED_PROVIDER_ID
 
 def _frozen_mapping(value: Mapping[str, Provider]) -> Mapping[str, Provider]:
     return dict(value)
+
+
+def _frozen_catalog(value: Mapping[str, frozenset[str]]) -> Mapping[str, frozenset[str]]:
+    return {provider: frozenset(models) for provider, models in value.items()}
 
 
 @attrs.frozen(kw_only=True)
@@ -38,6 +43,9 @@ class ProviderRegistry:
     """
 
     providers: Mapping[str, Provider] = attrs.field(factory=dict, converter=_frozen_mapping)
+    #: The models each configured provider serves; a provider absent here
+    #: (one handed in as an object, the scripted one) takes any model id.
+    models: Mapping[str, frozenset[str]] = attrs.field(factory=dict, converter=_frozen_catalog)
     scripted: Provider = attrs.field(factory=ScriptedProvider)
     default: Provider = attrs.field(
         default=attrs.Factory(lambda self: self.scripted, takes_self=True)
@@ -55,3 +63,21 @@ class ProviderRegistry:
         raise NoRouteError(
             f"No provider is configured for {model.provider_id!r} (model {model.id!r})"
         )
+
+    def check(self, model: ModelRef) -> None:
+        """Refuse, as a 400 on ``model``, a model no provider here serves.
+
+        Called when a session's model is chosen, so a typo fails that call
+        rather than a step later on.
+        """
+        if model.provider_id not in self.providers and model.provider_id != SCRIPTED_PROVIDER_ID:
+            raise InvalidRequestError(
+                f"unknown provider {model.provider_id!r}", kind="model", field="model"
+            )
+        served = self.models.get(model.provider_id)
+        if served is not None and model.id not in served:
+            raise InvalidRequestError(
+                f"provider {model.provider_id!r} has no model {model.id!r}",
+                kind="model",
+                field="model",
+            )

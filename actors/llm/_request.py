@@ -27,6 +27,7 @@ import attrs
 from protocol.shapes import ModelRef
 
 __all__ = [
+    "TOOL_RESULT_MAX_CHARS",
     "ChatMessage",
     "ContentPart",
     "FileContent",
@@ -38,7 +39,13 @@ __all__ = [
     "ToolChoice",
     "ToolResultContent",
     "ToolSpec",
+    "bounded_result",
 ]
+
+#: The most of one tool result sent to a model. The runtime already bounds
+#: tool output (OutputBounding); this guards the request against anything
+#: larger that reached history another way.
+TOOL_RESULT_MAX_CHARS: Final = 200_000
 
 Role = Literal["system", "user", "assistant", "tool"]
 ToolChoice = Literal["auto", "none"]
@@ -60,7 +67,10 @@ class TextContent:
 
 @attrs.frozen(kw_only=True)
 class ReasoningContent:
+    """Earlier reasoning; ``signature`` is the provider's proof for replaying it."""
+
     text: str
+    signature: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -110,10 +120,15 @@ def _check_parts(instance: ChatMessage, _attribute: Any, parts: tuple[ContentPar
 
 @attrs.frozen(kw_only=True)
 class ChatMessage:
-    """One message of the history sent to the model."""
+    """One message of the history sent to the model.
+
+    ``model`` is the model that wrote an assistant message: reasoning is
+    replayed only to that same provider and model.
+    """
 
     role: Role = attrs.field(validator=attrs.validators.in_(tuple(_ALLOWED)))
     parts: tuple[ContentPart, ...] = attrs.field(validator=_check_parts)
+    model: ModelRef | None = None
 
     @property
     def text(self) -> str:
@@ -145,3 +160,10 @@ class ModelRequest:
     )
     max_steps_reached: bool = False
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+def bounded_result(output: str) -> str:
+    """``output`` cut to :data:`TOOL_RESULT_MAX_CHARS`, saying so when cut."""
+    if len(output) <= TOOL_RESULT_MAX_CHARS:
+        return output
+    return output[:TOOL_RESULT_MAX_CHARS] + "\n[tool result truncated]"

@@ -104,7 +104,10 @@ class ReasoningDelta:
 
 @attrs.frozen(kw_only=True)
 class ReasoningEnd:
+    """The end of a reasoning block; ``signature`` is what replaying it needs (Anthropic)."""
+
     ordinal: int
+    signature: str | None = None
 
 
 @attrs.frozen(kw_only=True)

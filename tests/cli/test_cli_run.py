@@ -103,10 +103,12 @@ async def test_continuing_a_session_switching_agent_and_model(data: list[str]) -
     assert steps[-1]["model"] == {"id": "other", "providerID": "scripted"}
 
 
-async def test_an_unknown_provider_fails_the_run(data: list[str]) -> None:
+async def test_an_unknown_provider_is_refused_before_anything_runs(data: list[str]) -> None:
     done = await sessionrt("run", "hi", "--model", "nowhere/m", *data)
     assert done.code == 1
-    assert "provider.no-route" in done.err
+    assert done.err == "sessionrt: InvalidRequestError: unknown provider 'nowhere'\n"
+    listed = await sessionrt("sessions", "--json", *data)
+    assert json.loads(listed.out) == []
 
 
 async def test_a_missing_session_is_a_clear_error(data: list[str]) -> None:
