@@ -1,4 +1,4 @@
-"""One step: a model call streamed into durable events, and its tool calls settled.
+"""One step: a model call streamed into durable events (tool calls: :mod:`actors.tool_calls`).
 
 Order of facts for a step (all carry ``assistantMessageID``):
 ``step.started`` -> text/reasoning ``started``/``ended`` (deltas live only)
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,6 @@ from actors._shield import finish
 from actors.agents import Agent
 from actors.bus import EventBus
 from actors.llm import (
-    TOOLS_DISABLED_ERROR,
     Finish,
     ModelRequest,
     ProviderError,
@@ -48,7 +45,8 @@ from actors.llm import (
     ToolInputEnd,
     ToolInputStart,
 )
-from actors.tools import ToolContext, ToolExecutor, ToolOutcome, ToolRegistry, permission
+from actors.tool_calls import ToolCalls
+from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids
 from protocol.shapes import Session
@@ -74,11 +72,7 @@ class _Step:
         self.submitted: list[asyncio.Future[list[RecordedEvent]]] = []
         self.texts: dict[int, list[str]] = {}
         self.inputs: dict[str, list[str]] = {}
-        #: Calls whose input started streaming but that were never completed (id -> name).
-        self.unfinished: dict[str, str] = {}
-        self.tools: dict[str, asyncio.Task[ToolOutcome]] = {}
-        self.terminals = asyncio.Lock()
-        self.denied: str | None = None
+        self.calls: ToolCalls
 
     def emit(self, event: ev.Event) -> None:
         self.submitted.append(self.store.submit(Command.of(event)))
@@ -120,6 +114,17 @@ class StepRunner:
         self, session: Session, agent: Agent, request: ModelRequest, *, limited: bool
     ) -> StepOutcome:
         step = _Step(self._store, session.id, ids.message_id())
+        step.calls = ToolCalls(
+            journal=step,
+            session=session,
+            agent=agent,
+            assistant_id=step.assistant_id,
+            bus=self._bus,
+            executor=self._executor,
+            output_dir=self._output_dir,
+            secret_env=self._secret_env,
+            server_dirs=self._server_dirs,
+        )
         step.emit(
             ev.StepStarted(
                 session_id=session.id,
@@ -131,7 +136,7 @@ class StepRunner:
         )
         try:
             finished = await self._stream(step, session, agent, request, limited)
-            outcomes = [await task for task in step.tools.values()]
+            outcomes = await step.calls.join()
         except asyncio.CancelledError:
             await finish(self._abort(step, "aborted", "Step interrupted"))
             raise
@@ -169,7 +174,7 @@ class StepRunner:
                         step.emit(ev.ReasoningEnded(**on, ordinal=n, text=text))
                     case ToolInputStart(id=call_id, name=name):
                         step.inputs[call_id] = []
-                        step.unfinished[call_id] = name
+                        step.calls.input_started(call_id, name)
                         step.emit(ev.ToolInputStarted(**on, id=call_id, name=name))
                     case ToolInputDelta(id=call_id, delta=d):
                         step.inputs.setdefault(call_id, []).append(d)
@@ -183,125 +188,16 @@ class StepRunner:
                             )
                         )
                     case ToolCall():
-                        await self._call(step, session, agent, part, limited)
-                        if step.denied is not None:
+                        await step.calls.called(part, limited=limited)
+                        if step.calls.denied is not None:
                             return None  # a declined permission interrupts the step
                     case Finish():
                         return part
         return None
 
-    async def _call(
-        self, step: _Step, session: Session, agent: Agent, call: ToolCall, limited: bool
-    ) -> None:
-        step.unfinished.pop(call.id, None)
-        # Durable before any side effect: after a crash the call is known, and
-        # is failed as stale rather than silently run twice.
-        await step.durable(
-            ev.ToolCalled(
-                session_id=session.id,
-                assistant_message_id=step.assistant_id,
-                id=call.id,
-                name=call.name,
-                input=dict(call.input),
-            )
-        )
-        refusal: ToolOutcome | None = None
-        if limited:
-            refusal = ToolOutcome.failure("tool.disabled", TOOLS_DISABLED_ERROR)
-        elif permission(agent.permissions, call.name) == "deny":
-            step.denied = call.name
-            refusal = ToolOutcome.failure(
-                "aborted", f"Permission denied: agent {agent.name} may not use {call.name}"
-            )
-        loop = asyncio.get_running_loop()
-        step.tools[call.id] = loop.create_task(
-            self._settle(step, session, agent, call, refusal), name=f"tool:{call.id}"
-        )
-
-    async def _settle(
-        self,
-        step: _Step,
-        session: Session,
-        agent: Agent,
-        call: ToolCall,
-        refusal: ToolOutcome | None,
-    ) -> ToolOutcome:
-        if refusal is not None:
-            outcome = refusal
-        else:
-            ctx = ToolContext(
-                session_id=session.id,
-                call_id=call.id,
-                assistant_message_id=step.assistant_id,
-                directory=Path(session.location.directory),
-                output_dir=self._output_dir,
-                cancel=threading.Event(),
-                progress=self._progress(session.id, step.assistant_id, call.id),
-                config_writes=permission(agent.permissions, "config") == "allow",
-                secret_env=self._secret_env,
-                server_dirs=self._server_dirs,
-            )
-            try:
-                outcome = await self._executor.execute(call.name, call.input, ctx)
-            except asyncio.CancelledError:
-                interrupted = ToolOutcome.failure(
-                    "aborted", f"Tool execution interrupted: {call.name}"
-                )
-                await finish(self._terminal(step, call.id, interrupted))
-                raise
-        await finish(self._terminal(step, call.id, outcome))
-        return outcome
-
-    async def _terminal(self, step: _Step, call_id: str, outcome: ToolOutcome) -> None:
-        event: ev.Event
-        if outcome.status == "success":
-            event = ev.ToolSucceeded(
-                session_id=step.session_id,
-                assistant_message_id=step.assistant_id,
-                id=call_id,
-                content=tuple(outcome.content),
-                metadata=dict(outcome.metadata) or None,
-            )
-        else:
-            error = outcome.error or {}
-            event = ev.ToolFailed(
-                session_id=step.session_id,
-                assistant_message_id=step.assistant_id,
-                id=call_id,
-                error=ev.ErrorInfo(
-                    type=str(error.get("type", "tool.error")),
-                    message=str(error.get("message", "")),
-                ),
-                content=tuple(outcome.content) or None,
-                metadata=dict(outcome.metadata) or None,
-            )
-        # One terminal at a time, in the order the calls finish.
-        async with step.terminals:
-            await step.durable(event)
-
-    def _progress(self, session_id: str, assistant_id: str, call_id: str) -> Any:
-        loop = asyncio.get_running_loop()
-        bus = self._bus
-
-        def report(metadata: Mapping[str, Any]) -> None:  # called on the tool's thread
-            event = ev.ToolProgress(
-                session_id=session_id,
-                assistant_message_id=assistant_id,
-                id=call_id,
-                metadata=dict(metadata),
-            )
-            with contextlib.suppress(RuntimeError):  # loop closed: nobody listens
-                loop.call_soon_threadsafe(bus.live, event)
-
-        return report
-
     async def _abort(self, step: _Step, type_: str, message: str) -> None:
-        for task in step.tools.values():
-            task.cancel()
-        for task in step.tools.values():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._fail_unfinished(step, "Tool input interrupted")
+        await step.calls.cancel()
+        step.calls.fail_unfinished("Tool input interrupted")
         step.emit(
             ev.StepFailed(
                 session_id=step.session_id,
@@ -311,31 +207,19 @@ class StepRunner:
         )
         await step.flushed()
 
-    def _fail_unfinished(self, step: _Step, message: str) -> None:
-        """Every call the step started reaches a terminal, even one never completed."""
-        for call_id, name in step.unfinished.items():
-            step.emit(
-                ev.ToolFailed(
-                    session_id=step.session_id,
-                    assistant_message_id=step.assistant_id,
-                    id=call_id,
-                    error=ev.ErrorInfo(type="aborted", message=f"{message}: {name}"),
-                    executed=False,
-                )
-            )
-        step.unfinished.clear()
-
     async def _end(
         self, step: _Step, finished: Finish | None, outcomes: list[ToolOutcome], limited: bool
     ) -> StepOutcome:
         sid, aid = step.session_id, step.assistant_id
-        self._fail_unfinished(step, "The model never completed the tool call")
-        if step.denied is not None:
+        step.calls.fail_unfinished("The model never completed the tool call")
+        if step.calls.denied is not None:
             step.emit(
                 ev.StepFailed(
                     session_id=sid,
                     assistant_message_id=aid,
-                    error=ev.ErrorInfo(type="aborted", message=f"Permission denied: {step.denied}"),
+                    error=ev.ErrorInfo(
+                        type="aborted", message=f"Permission denied: {step.calls.denied}"
+                    ),
                 )
             )
             await step.flushed()
