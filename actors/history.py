@@ -9,8 +9,9 @@ built) is sent as an error result so the model sees what happened.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+import attrs
 import orjson
 
 from actors.llm import (
@@ -60,10 +61,22 @@ class ChatCache:
 
 
 def to_chat(
-    history: Sequence[SessionMessage], cache: ChatCache | None = None
+    history: Sequence[SessionMessage], cache: ChatCache | None = None, *, native: bool = True
 ) -> tuple[ChatMessage, ...]:
+    """The model's view of ``history``; ``native=False`` drops provider-native state."""
     convert = _convert if cache is None else cache.get
-    return tuple(chat for message in history for chat in convert(message))
+    chat = tuple(chat for message in history for chat in convert(message))
+    return chat if native else tuple(_without_native(m) for m in chat)
+
+
+def _without_native(message: ChatMessage) -> ChatMessage:
+    if not any(isinstance(p, ReasoningContent) and p.signature for p in message.parts):
+        return message
+    parts = tuple(
+        attrs.evolve(p, signature=None) if isinstance(p, ReasoningContent) else p
+        for p in message.parts
+    )
+    return attrs.evolve(message, parts=parts)
 
 
 def _convert(message: SessionMessage) -> tuple[ChatMessage, ...]:
@@ -86,12 +99,14 @@ def _convert(message: SessionMessage) -> tuple[ChatMessage, ...]:
 def _assistant(message: AssistantMessage) -> list[ChatMessage]:
     parts: list[ContentPart] = []
     results: list[ContentPart] = []
+    signatures = _signatures(message)
     for part in message.parts:
         match part:
             case TextPart(text=text) if text:
                 parts.append(TextContent(text=text))
             case ReasoningPart(text=text) if text:
-                parts.append(ReasoningContent(text=text))
+                signature = signatures.get(str(part.ordinal))
+                parts.append(ReasoningContent(text=text, signature=signature))
             case ToolPart():
                 parts.append(ToolCallContent(id=part.id, name=part.name, input=part.input or {}))
                 results.append(_result(part))
@@ -101,6 +116,22 @@ def _assistant(message: AssistantMessage) -> list[ChatMessage]:
     if results:
         out.append(ChatMessage(role="tool", parts=tuple(results)))
     return out
+
+
+def _signatures(message: AssistantMessage) -> Mapping[str, str]:
+    """The step's reasoning signatures (``providerState``), for a step that succeeded.
+
+    A failed step's native state is never replayed (seeds); whether the next
+    request goes to the same provider and model, where alone it may be sent,
+    is the adapter's check (``ChatMessage.model``).
+    """
+    state = message.provider_state
+    if state is None or message.error is not None:
+        return {}
+    reasoning = state.get("reasoning")
+    if not isinstance(reasoning, Mapping):
+        return {}
+    return {str(k): v for k, v in reasoning.items() if isinstance(v, str)}
 
 
 def _result(part: ToolPart) -> ToolResultContent:

@@ -34,7 +34,7 @@ from actors.history import ChatCache, to_chat
 from actors.inbox import Scope
 from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
 from actors.sessions import Sessions
-from actors.step import StepRunner
+from actors.step import StepRunner, retry_policy
 from actors.tools import ToolExecutor, ToolRegistry
 from protocol import events as ev
 from protocol.errors import SessionNotFoundError
@@ -82,6 +82,8 @@ class Runner:
         secret_env: frozenset[str] = frozenset(),
         server_dirs: tuple[Path, ...] = (),
         default_model: ModelRef = SCRIPTED_MODEL,
+        retry_base_delay_s: float = 2.0,
+        retry_max_delay_s: float = 900.0,
     ) -> None:
         self._store = store
         self._default_model = default_model
@@ -102,6 +104,7 @@ class Runner:
             tools=tools,
             secret_env=secret_env,
             server_dirs=server_dirs,
+            retry=retry_policy(retry_base_delay_s, retry_max_delay_s),
         )
 
     async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
@@ -132,7 +135,13 @@ class Runner:
             step += 1
             limited = agent.steps is not None and step >= agent.steps
             request = await self._request(session, agent, step, limited)
-            outcome = await self._steps.run(session, agent, request, limited=limited)
+            outcome = await self._steps.run(
+                session,
+                agent,
+                request,
+                limited=limited,
+                rebuild=functools.partial(self._request, session, agent, step, limited),
+            )
             if outcome.error is not None:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
@@ -156,8 +165,13 @@ class Runner:
         return len(stale)
 
     async def _request(
-        self, session: Session, agent: Agent, step: int, limited: bool
+        self, session: Session, agent: Agent, step: int, limited: bool, native: bool = True
     ) -> ModelRequest:
+        """The step's request from projected history (again for a later attempt).
+
+        ``native=False`` leaves out provider-native continuation state: the
+        full rebuild after a provider rejected it.
+        """
         history = await self._store.queries.context(session.id)
         allowed = [t.name for t in self._tools]
         metadata: dict[str, Any] = {"step": step, "attempt": 1}
@@ -169,7 +183,7 @@ class Runner:
             agent=agent.name,
             model=session.model or agent.model or self._default_model,
             system=(agent.system,) if agent.system else (),
-            messages=to_chat(history, self._chat),
+            messages=to_chat(history, self._chat, native=native),
             tools=tuple(
                 ToolSpec(name=s.name, description=s.description, input_schema=s.input_schema)
                 for s in self._tools.specs(allowed)

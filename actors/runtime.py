@@ -89,6 +89,10 @@ class RuntimeConfig:
     #: Run the startup sweep (resume claimed sessions) before accepting work.
     recover: bool = True
     max_resume_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: The first retry's backoff, doubled for each later one (jittered; reference §4.6).
+    retry_base_delay_s: float = 2.0
+    #: The longest a provider's retry-after may make a retry wait.
+    retry_max_delay_s: float = 15 * 60.0
 
     @property
     def db_path(self) -> Path:
@@ -228,6 +232,8 @@ class Runtime:
                 | {c.api_key_env for c in self.config.provider_configs.values() if c.api_key_env},
                 server_dirs=(self.config.data_dir,),
                 default_model=self.config.default_model or SCRIPTED_MODEL,
+                retry_base_delay_s=self.config.retry_base_delay_s,
+                retry_max_delay_s=self.config.retry_max_delay_s,
             )
             self.runner = runner
             sweeper = asyncio.get_running_loop().create_task(

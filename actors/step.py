@@ -1,30 +1,50 @@
-"""One step: a model call streamed into durable events, and its tool calls settled.
+"""One step: physical attempts at a model call, streamed into durable events.
 
 Order of facts for a step (all carry ``assistantMessageID``):
 ``step.started`` -> text/reasoning ``started``/``ended`` (deltas live only)
 -> per tool ``tool.input.started``/``ended`` -> ``tool.called`` (durable
 *before* the tool starts) -> the tool's single terminal -> ... -> exactly one
-``step.ended`` or ``step.failed`` once every call has settled.
+``step.ended`` or ``step.failed`` once every call has settled. Tool calls are
+owned by :class:`~actors.tool_calls.ToolCalls`, one per assistant message.
 
-Tool calls start eagerly, as soon as the model finishes each one, and run
-concurrently; their terminals are published one at a time. Events that need
-not be awaited are submitted and committed with the next group commit; the
-step awaits durability where it matters (before a tool runs, and at its end).
+A step makes one physical attempt, or several (seeds, "One Step May Have
+Several Physical Attempts"; reference §4.4, §4.6). After a failed attempt:
 
-Interrupts: the drain task is cancelled; running tools are cancelled (a
-subprocess is killed with its process group), each still publishes its failed
-terminal, then the step publishes ``step.failed {type: "aborted"}`` and the
-cancellation continues upward.
+- **retry**: a rate limit, a provider-internal failure, a transport failure
+  not known to be delivered, or an incomplete stream, *before* any durable
+  output: ``session.retry.scheduled {attempt, at, error}``, sleep until
+  ``at``, try again with the same assistant message (no step allowance used);
+- **continue**: an incomplete stream *after* durable output: the partial
+  message fails (``step.failed``, its text kept), the wait is scheduled the
+  same way, a synthetic continuation instruction is recorded and a new
+  assistant message carries on. It spends the same retry budget;
+- **rebuild**: the provider rejected the history's native continuation state
+  (a reasoning signature): once, at once, without ``retry.scheduled``, the
+  request is rebuilt without any of it;
+- otherwise the step fails and so does the execution: authentication, quota,
+  invalid request, context overflow (compaction is a later issue), a content
+  filter, a spent budget (the first try plus four retries), or any exception
+  that is not a provider's (a bug: it still settles everything first).
+
+Partial output is never lost: on failure or interrupt every open text or
+reasoning block is closed durably with what streamed, then the started tool
+calls settle, then the step's terminal. An interrupt (the drain task is
+cancelled) ends a backoff at once and fails the step as ``aborted``.
+
+Live deltas never overtake their part: a delta waits until its part's
+``*.started`` has committed, since durable events reach subscribers only
+after COMMIT while live ones go out at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-from collections.abc import Mapping
+import logging
+import math
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -32,14 +52,16 @@ from actors._shield import finish
 from actors.agents import Agent
 from actors.bus import EventBus
 from actors.llm import (
-    TOOLS_DISABLED_ERROR,
+    ContinuationRejectedError,
     Finish,
+    IncompleteStreamError,
     ModelRequest,
     ProviderError,
     ProviderRegistry,
     ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
+    RetryPolicy,
     TextDelta,
     TextEnd,
     TextStart,
@@ -48,13 +70,35 @@ from actors.llm import (
     ToolInputEnd,
     ToolInputStart,
 )
-from actors.tools import ToolContext, ToolExecutor, ToolOutcome, ToolRegistry, permission
+from actors.tool_calls import ToolCalls
+from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids
 from protocol.shapes import Session
 from storage import Command, RecordedEvent, SQLiteStore, now_ms
 
-__all__ = ["StepOutcome", "StepRunner"]
+__all__ = [
+    "CONTINUE_DESCRIPTION",
+    "CONTINUE_TEXT",
+    "Rebuild",
+    "StepOutcome",
+    "StepRunner",
+    "retry_policy",
+]
+
+log = logging.getLogger(__name__)
+
+#: The synthetic instruction recorded before continuing a cut-off answer.
+CONTINUE_TEXT: Final = (
+    "Your previous response was cut off before it finished. Continue exactly where it"
+    " stopped, without repeating what you already wrote."
+)
+CONTINUE_DESCRIPTION: Final = "Continuing after an incomplete response"
+_ABORTED: Final = ev.ErrorInfo(type="aborted", message="Step interrupted")
+
+#: Builds the step's request again from projected history; ``native=False``
+#: leaves out every provider-native continuation state (a full rebuild).
+Rebuild = Callable[[bool], Awaitable[ModelRequest]]
 
 
 @attrs.frozen(kw_only=True)
@@ -64,21 +108,58 @@ class StepOutcome:
     error: ev.ErrorInfo | None = None
 
 
-class _Step:
-    """The mutable bookkeeping of one running step."""
+class _Live:
+    """Live deltas held back until the durable event before them has committed."""
 
-    def __init__(self, store: SQLiteStore, session_id: str, assistant_id: str) -> None:
+    def __init__(self, bus: EventBus) -> None:
+        self._bus = bus
+        self._held: list[tuple[asyncio.Future[Any], ev.Event]] = []
+
+    def publish(self, event: ev.Event, gate: asyncio.Future[Any] | None) -> None:
+        if not self._held and (gate is None or gate.done()):
+            self._bus.live(event)
+            return
+        assert gate is not None or self._held
+        held_gate = gate if gate is not None else self._held[-1][0]
+        self._held.append((held_gate, event))
+        if len(self._held) == 1:
+            held_gate.add_done_callback(self._release)
+
+    def _release(self, _: object = None) -> None:
+        while self._held:
+            gate, event = self._held[0]
+            if not gate.done():
+                gate.add_done_callback(self._release)
+                return
+            self._held.pop(0)
+            self._bus.live(event)
+
+    async def drain(self) -> None:
+        """Publish every held delta (waiting for its gate) before what comes next."""
+        while self._held:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._held[-1][0])
+            self._release()
+
+
+class _Attempt:
+    """The mutable bookkeeping of one physical attempt (one assistant message)."""
+
+    def __init__(self, store: SQLiteStore, bus: EventBus, session_id: str, assistant_id: str):
         self.store = store
         self.session_id = session_id
         self.assistant_id = assistant_id
         self.submitted: list[asyncio.Future[list[RecordedEvent]]] = []
-        self.texts: dict[int, list[str]] = {}
+        #: Open text/reasoning blocks: ordinal -> (kind, pieces streamed so far).
+        self.blocks: dict[int, tuple[str, list[str]]] = {}
         self.inputs: dict[str, list[str]] = {}
-        #: Calls whose input started streaming but that were never completed (id -> name).
-        self.unfinished: dict[str, str] = {}
-        self.tools: dict[str, asyncio.Task[ToolOutcome]] = {}
-        self.terminals = asyncio.Lock()
-        self.denied: str | None = None
+        #: Native continuation state seen so far (reasoning signatures by ordinal).
+        self.signatures: dict[str, str] = {}
+        #: Whether anything of the answer is durable yet (then a retry would
+        #: contradict what the user saw: the step continues instead).
+        self.output = False
+        self.live = _Live(bus)
+        self.calls: ToolCalls
 
     def emit(self, event: ev.Event) -> None:
         self.submitted.append(self.store.submit(Command.of(event)))
@@ -87,11 +168,19 @@ class _Step:
         self.emit(event)
         await asyncio.shield(self.submitted[-1])
 
+    def gate(self) -> asyncio.Future[Any] | None:
+        return self.submitted[-1] if self.submitted else None
+
     async def flushed(self) -> None:
         """Everything submitted so far is committed (or its failure raised)."""
+        await self.live.drain()
         pending, self.submitted = self.submitted, []
         for future in pending:
             await asyncio.shield(future)
+
+    @property
+    def provider_state(self) -> dict[str, Any] | None:
+        return {"reasoning": dict(self.signatures)} if self.signatures else None
 
 
 class StepRunner:
@@ -106,6 +195,7 @@ class StepRunner:
         output_dir: Path,
         secret_env: frozenset[str] = frozenset(),
         server_dirs: tuple[Path, ...] = (),
+        retry: RetryPolicy | None = None,
     ) -> None:
         self._store = store
         self._secret_env = secret_env
@@ -115,66 +205,184 @@ class StepRunner:
         self._executor = executor
         self._tools = tools
         self._output_dir = output_dir
+        self._retry = retry or RetryPolicy()
 
     async def run(
-        self, session: Session, agent: Agent, request: ModelRequest, *, limited: bool
+        self,
+        session: Session,
+        agent: Agent,
+        request: ModelRequest,
+        *,
+        limited: bool,
+        rebuild: Rebuild | None = None,
     ) -> StepOutcome:
-        step = _Step(self._store, session.id, ids.message_id())
-        step.emit(
-            ev.StepStarted(
-                session_id=session.id,
-                assistant_message_id=step.assistant_id,
-                agent=agent.name,
-                model=request.model,
-                started=now_ms(),
-            )
-        )
-        try:
-            finished = await self._stream(step, session, agent, request, limited)
-            outcomes = [await task for task in step.tools.values()]
-        except asyncio.CancelledError:
-            await finish(self._abort(step, "aborted", "Step interrupted"))
-            raise
-        except ProviderError as exc:
-            error = ev.ErrorInfo(type=exc.type, message=exc.message)
-            await finish(self._abort(step, error.type, error.message))
-            return StepOutcome(error=error)
-        return await self._end(step, finished, outcomes, limited)
+        """Run one logical step to its terminal; raises only CancelledError (re-raised)."""
+        policy = attrs.evolve(self._retry)  # a fresh budget (and generator state) per step
+        assistant_id = ids.message_id()
+        physical = 0  # physical attempts made, for request.metadata["attempt"]
+        retries = 0  # generic retries and continuations spent
+        rebuilt = False
+        started = False
+        while True:
+            physical += 1
+            step = self._attempt(session, agent, assistant_id)
+            if not started:
+                started = True
+                step.emit(
+                    ev.StepStarted(
+                        session_id=session.id,
+                        assistant_message_id=assistant_id,
+                        agent=agent.name,
+                        model=request.model,
+                        started=now_ms(),
+                    )
+                )
+            attempt = attrs.evolve(request, metadata={**request.metadata, "attempt": physical})
+            try:
+                finished = await self._stream(step, attempt, limited)
+                if step.calls.denied is None and (finished is None or finished.reason == "unknown"):
+                    raise IncompleteStreamError(
+                        "the model stream ended early"
+                        if finished is None
+                        else "the model finished for an unknown reason"
+                    )
+                outcomes = await step.calls.join()
+            except asyncio.CancelledError:
+                await finish(
+                    self._fail(step, ev.ErrorInfo(type="aborted", message="Step interrupted"))
+                )
+                raise
+            except ProviderError as exc:
+                error = ev.ErrorInfo(type=exc.type, message=exc.message)
+                if isinstance(exc, ContinuationRejectedError) and not step.output:
+                    if rebuilt or rebuild is None:
+                        return await self._failed(step, error)
+                    # One immediate full-context rebuild, no scheduled retry.
+                    await finish(self._discard(step))
+                    rebuilt = True
+                    request = await rebuild(False)
+                    continue
+                retries += 1
+                delay = policy.decide(exc, retries)
+                if delay is None:
+                    return await self._failed(step, error)
+                if not step.output:
+                    await finish(self._discard(step))
+                    await self._backoff(session.id, assistant_id, retries, delay, error)
+                    continue
+                if not isinstance(exc, IncompleteStreamError) or rebuild is None:
+                    return await self._failed(step, error)
+                # Cut off after output: keep the partial message, continue in a new one.
+                await finish(self._fail(step, error))
+                await self._backoff(session.id, assistant_id, retries, delay, error, failed=True)
+                await step.durable(
+                    ev.SyntheticRecorded(
+                        session_id=session.id,
+                        message_id=ids.message_id(),
+                        text=CONTINUE_TEXT,
+                        description=CONTINUE_DESCRIPTION,
+                        metadata={"notice": "continue", "after": assistant_id},
+                    )
+                )
+                assistant_id, started = ids.message_id(), False
+                request = await rebuild(True)
+                continue
+            except Exception as exc:
+                # A bug, not weather: fail the step cleanly (every call settled,
+                # the partial kept) and let the execution fail with it.
+                log.exception("step of %s failed unexpectedly", session.id)
+                error = ev.ErrorInfo(type="unknown", message=f"{type(exc).__name__}: {exc}")
+                return await self._failed(step, error)
+            return await self._end(step, finished, outcomes, limited)
 
-    async def _stream(
-        self, step: _Step, session: Session, agent: Agent, request: ModelRequest, limited: bool
-    ) -> Finish | None:
+    def _attempt(self, session: Session, agent: Agent, assistant_id: str) -> _Attempt:
+        step = _Attempt(self._store, self._bus, session.id, assistant_id)
+        step.calls = ToolCalls(
+            journal=step,
+            session=session,
+            agent=agent,
+            assistant_id=assistant_id,
+            bus=self._bus,
+            executor=self._executor,
+            output_dir=self._output_dir,
+            secret_env=self._secret_env,
+            server_dirs=self._server_dirs,
+        )
+        return step
+
+    async def _backoff(
+        self,
+        session_id: str,
+        assistant_id: str,
+        attempt: int,
+        delay_ms: int,
+        error: ev.ErrorInfo,
+        *,
+        failed: bool = False,
+    ) -> None:
+        """Publish the retry, then wait for it; an interrupt ends the wait at once."""
+        at = now_ms() + delay_ms
+        event = ev.RetryScheduled(
+            session_id=session_id,
+            assistant_message_id=assistant_id,
+            attempt=attempt,
+            at=at,
+            error=error,
+        )
+        await self._store.append(Command.of(event))
+        try:
+            await asyncio.sleep(max(0, at - now_ms()) / 1000)
+        except asyncio.CancelledError:
+            if not failed:
+                # The message started and never got a terminal: it gets one now.
+                await finish(
+                    self._store.append(
+                        Command.of(
+                            ev.StepFailed(
+                                session_id=session_id,
+                                assistant_message_id=assistant_id,
+                                error=_ABORTED,
+                            )
+                        )
+                    )
+                )
+            raise
+
+    async def _stream(self, step: _Attempt, request: ModelRequest, limited: bool) -> Finish | None:
         provider = self._providers.resolve(request.model)
-        on = {"session_id": session.id, "assistant_message_id": step.assistant_id}
+        on = {"session_id": step.session_id, "assistant_message_id": step.assistant_id}
         async with contextlib.aclosing(provider.stream(request)) as stream:
             async for part in stream:
                 match part:
-                    case TextStart(ordinal=n):
-                        step.texts[n] = []
-                        step.emit(ev.TextStarted(**on, ordinal=n))
+                    case TextStart(ordinal=n) | ReasoningStart(ordinal=n):
+                        text = isinstance(part, TextStart)
+                        step.blocks[n] = ("text" if text else "reasoning", [])
+                        step.output = True
+                        step.emit(
+                            ev.TextStarted(**on, ordinal=n)
+                            if text
+                            else ev.ReasoningStarted(**on, ordinal=n)
+                        )
                     case TextDelta(ordinal=n, delta=d):
-                        step.texts.setdefault(n, []).append(d)
-                        self._bus.live(ev.TextDelta(**on, ordinal=n, delta=d))
-                    case TextEnd(ordinal=n):
-                        text = "".join(step.texts.pop(n, []))
-                        step.emit(ev.TextEnded(**on, ordinal=n, text=text))
-                    case ReasoningStart(ordinal=n):
-                        step.texts[n] = []
-                        step.emit(ev.ReasoningStarted(**on, ordinal=n))
+                        step.blocks.setdefault(n, ("text", []))[1].append(d)
+                        step.live.publish(ev.TextDelta(**on, ordinal=n, delta=d), step.gate())
                     case ReasoningDelta(ordinal=n, delta=d):
-                        step.texts.setdefault(n, []).append(d)
-                        self._bus.live(ev.ReasoningDelta(**on, ordinal=n, delta=d))
-                    case ReasoningEnd(ordinal=n):
-                        text = "".join(step.texts.pop(n, []))
-                        step.emit(ev.ReasoningEnded(**on, ordinal=n, text=text))
+                        step.blocks.setdefault(n, ("reasoning", []))[1].append(d)
+                        step.live.publish(ev.ReasoningDelta(**on, ordinal=n, delta=d), step.gate())
+                    case TextEnd(ordinal=n) | ReasoningEnd(ordinal=n):
+                        if isinstance(part, ReasoningEnd) and part.signature:
+                            step.signatures[str(n)] = part.signature
+                        await self._close(step, n)
                     case ToolInputStart(id=call_id, name=name):
                         step.inputs[call_id] = []
-                        step.unfinished[call_id] = name
+                        step.output = True
+                        step.calls.input_started(call_id, name)
                         step.emit(ev.ToolInputStarted(**on, id=call_id, name=name))
                     case ToolInputDelta(id=call_id, delta=d):
                         step.inputs.setdefault(call_id, []).append(d)
-                        self._bus.live(ev.ToolInputDelta(**on, id=call_id, delta=d))
+                        step.live.publish(ev.ToolInputDelta(**on, id=call_id, delta=d), step.gate())
                     case ToolInputEnd(id=call_id):
+                        await step.live.drain()
                         step.emit(
                             ev.ToolInputEnded(
                                 **on,
@@ -183,185 +391,81 @@ class StepRunner:
                             )
                         )
                     case ToolCall():
-                        await self._call(step, session, agent, part, limited)
-                        if step.denied is not None:
+                        await step.calls.called(part, limited=limited)
+                        if step.calls.denied is not None:
                             return None  # a declined permission interrupts the step
                     case Finish():
                         return part
         return None
 
-    async def _call(
-        self, step: _Step, session: Session, agent: Agent, call: ToolCall, limited: bool
-    ) -> None:
-        step.unfinished.pop(call.id, None)
-        # Durable before any side effect: after a crash the call is known, and
-        # is failed as stale rather than silently run twice.
-        await step.durable(
-            ev.ToolCalled(
-                session_id=session.id,
-                assistant_message_id=step.assistant_id,
-                id=call.id,
-                name=call.name,
-                input=dict(call.input),
-            )
-        )
-        refusal: ToolOutcome | None = None
-        if limited:
-            refusal = ToolOutcome.failure("tool.disabled", TOOLS_DISABLED_ERROR)
-        elif permission(agent.permissions, call.name) == "deny":
-            step.denied = call.name
-            refusal = ToolOutcome.failure(
-                "aborted", f"Permission denied: agent {agent.name} may not use {call.name}"
-            )
-        loop = asyncio.get_running_loop()
-        step.tools[call.id] = loop.create_task(
-            self._settle(step, session, agent, call, refusal), name=f"tool:{call.id}"
+    async def _close(self, step: _Attempt, ordinal: int) -> None:
+        """Close a text/reasoning block durably with what streamed into it."""
+        kind, pieces = step.blocks.pop(ordinal, ("text", []))
+        await step.live.drain()  # its deltas go out before its end
+        on = {"session_id": step.session_id, "assistant_message_id": step.assistant_id}
+        text = "".join(pieces)
+        step.emit(
+            ev.TextEnded(**on, ordinal=ordinal, text=text)
+            if kind == "text"
+            else ev.ReasoningEnded(**on, ordinal=ordinal, text=text)
         )
 
-    async def _settle(
-        self,
-        step: _Step,
-        session: Session,
-        agent: Agent,
-        call: ToolCall,
-        refusal: ToolOutcome | None,
-    ) -> ToolOutcome:
-        if refusal is not None:
-            outcome = refusal
-        else:
-            ctx = ToolContext(
-                session_id=session.id,
-                call_id=call.id,
-                assistant_message_id=step.assistant_id,
-                directory=Path(session.location.directory),
-                output_dir=self._output_dir,
-                cancel=threading.Event(),
-                progress=self._progress(session.id, step.assistant_id, call.id),
-                config_writes=permission(agent.permissions, "config") == "allow",
-                secret_env=self._secret_env,
-                server_dirs=self._server_dirs,
-            )
-            try:
-                outcome = await self._executor.execute(call.name, call.input, ctx)
-            except asyncio.CancelledError:
-                interrupted = ToolOutcome.failure(
-                    "aborted", f"Tool execution interrupted: {call.name}"
-                )
-                await finish(self._terminal(step, call.id, interrupted))
-                raise
-        await finish(self._terminal(step, call.id, outcome))
-        return outcome
+    async def _discard(self, step: _Attempt) -> None:
+        """An attempt that failed before any output: nothing to close, no terminal yet."""
+        await step.calls.cancel()
+        await step.flushed()
 
-    async def _terminal(self, step: _Step, call_id: str, outcome: ToolOutcome) -> None:
-        event: ev.Event
-        if outcome.status == "success":
-            event = ev.ToolSucceeded(
-                session_id=step.session_id,
-                assistant_message_id=step.assistant_id,
-                id=call_id,
-                content=tuple(outcome.content),
-                metadata=dict(outcome.metadata) or None,
-            )
-        else:
-            error = outcome.error or {}
-            event = ev.ToolFailed(
-                session_id=step.session_id,
-                assistant_message_id=step.assistant_id,
-                id=call_id,
-                error=ev.ErrorInfo(
-                    type=str(error.get("type", "tool.error")),
-                    message=str(error.get("message", "")),
-                ),
-                content=tuple(outcome.content) or None,
-                metadata=dict(outcome.metadata) or None,
-            )
-        # One terminal at a time, in the order the calls finish.
-        async with step.terminals:
-            await step.durable(event)
+    async def _failed(self, step: _Attempt, error: ev.ErrorInfo) -> StepOutcome:
+        await finish(self._fail(step, error))
+        return StepOutcome(error=error)
 
-    def _progress(self, session_id: str, assistant_id: str, call_id: str) -> Any:
-        loop = asyncio.get_running_loop()
-        bus = self._bus
-
-        def report(metadata: Mapping[str, Any]) -> None:  # called on the tool's thread
-            event = ev.ToolProgress(
-                session_id=session_id,
-                assistant_message_id=assistant_id,
-                id=call_id,
-                metadata=dict(metadata),
-            )
-            with contextlib.suppress(RuntimeError):  # loop closed: nobody listens
-                loop.call_soon_threadsafe(bus.live, event)
-
-        return report
-
-    async def _abort(self, step: _Step, type_: str, message: str) -> None:
-        for task in step.tools.values():
-            task.cancel()
-        for task in step.tools.values():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._fail_unfinished(step, "Tool input interrupted")
+    async def _fail(self, step: _Attempt, error: ev.ErrorInfo) -> None:
+        """The attempt's terminal after a failure: partial output kept, every call settled."""
+        for ordinal in sorted(step.blocks):
+            await self._close(step, ordinal)
+        await step.calls.cancel()
+        step.calls.fail_unfinished("Tool input interrupted")
         step.emit(
             ev.StepFailed(
                 session_id=step.session_id,
                 assistant_message_id=step.assistant_id,
-                error=ev.ErrorInfo(type=type_, message=message),
+                error=error,
+                provider_state=step.provider_state,
             )
         )
         await step.flushed()
 
-    def _fail_unfinished(self, step: _Step, message: str) -> None:
-        """Every call the step started reaches a terminal, even one never completed."""
-        for call_id, name in step.unfinished.items():
-            step.emit(
-                ev.ToolFailed(
-                    session_id=step.session_id,
-                    assistant_message_id=step.assistant_id,
-                    id=call_id,
-                    error=ev.ErrorInfo(type="aborted", message=f"{message}: {name}"),
-                    executed=False,
-                )
-            )
-        step.unfinished.clear()
-
     async def _end(
-        self, step: _Step, finished: Finish | None, outcomes: list[ToolOutcome], limited: bool
+        self, step: _Attempt, finished: Finish | None, outcomes: list[ToolOutcome], limited: bool
     ) -> StepOutcome:
         sid, aid = step.session_id, step.assistant_id
-        self._fail_unfinished(step, "The model never completed the tool call")
-        if step.denied is not None:
+        step.calls.fail_unfinished("The model never completed the tool call")
+        if step.calls.denied is not None or finished is None:
             step.emit(
                 ev.StepFailed(
                     session_id=sid,
                     assistant_message_id=aid,
-                    error=ev.ErrorInfo(type="aborted", message=f"Permission denied: {step.denied}"),
+                    error=ev.ErrorInfo(
+                        type="aborted", message=f"Permission denied: {step.calls.denied}"
+                    ),
                 )
             )
             await step.flushed()
             return StepOutcome()
-        if finished is None or finished.reason in ("unknown", "content-filter"):
-            if finished is None:
-                error = ev.ErrorInfo(
-                    type="provider.incomplete-stream", message="The model stream ended early"
-                )
-            elif finished.reason == "content-filter":
-                error = ev.ErrorInfo(
-                    type="provider.content-filter", message="The provider filtered the response"
-                )
-            else:
-                error = ev.ErrorInfo(
-                    type="provider.incomplete-stream", message="Unknown finish reason"
-                )
-            usage = finished.usage if finished is not None else None
+        if finished.reason == "content-filter":
+            # The partial content stays visible; the step (and execution) fail.
+            error = ev.ErrorInfo(
+                type="provider.content-filter", message="The provider filtered the response"
+            )
             step.emit(
                 ev.StepFailed(
                     session_id=sid,
                     assistant_message_id=aid,
                     error=error,
-                    finish=None if finished is None else finished.reason,
-                    cost=None if usage is None else usage.cost,
-                    tokens=None if usage is None else _tokens(usage),
+                    finish=finished.reason,
+                    cost=finished.usage.cost,
+                    tokens=_tokens(finished.usage),
+                    provider_state=step.provider_state,
                 )
             )
             await step.flushed()
@@ -373,12 +477,21 @@ class StepRunner:
                 finish=finished.reason,
                 cost=finished.usage.cost,
                 tokens=_tokens(finished.usage),
+                provider_state=step.provider_state,
             )
         )
         await step.flushed()
         return StepOutcome(
             needs_continuation=finished.reason == "tool-calls" and bool(outcomes) and not limited
         )
+
+
+def retry_policy(base_delay_s: float, max_delay_s: float) -> RetryPolicy:
+    """The step's policy from ``[runtime] retry_base_delay_s`` / ``retry_max_delay_s``."""
+    return RetryPolicy(
+        base_ms=max(1, math.ceil(base_delay_s * 1000)),
+        retry_after_cap_ms=max(0, math.ceil(max_delay_s * 1000)),
+    )
 
 
 def _tokens(usage: Any) -> ev.StepTokens:

@@ -43,6 +43,7 @@ __all__ = [
     "ReasoningDelta",
     "ReasoningEnded",
     "ReasoningStarted",
+    "RetryScheduled",
     "SessionCreated",
     "SessionDeleted",
     "SessionRenamed",
@@ -246,6 +247,9 @@ class StepEnded(Event):
     finish: str
     cost: float = 0.0
     tokens: StepTokens = attrs.field(factory=StepTokens)
+    #: Provider-native continuation state (e.g. reasoning signatures), replayed
+    #: only to the exact provider and model that produced it.
+    provider_state: Mapping[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -256,6 +260,22 @@ class StepFailed(Event):
     finish: str | None = None
     cost: float | None = None
     tokens: StepTokens | None = None
+    provider_state: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RetryScheduled(Event):
+    """A failed physical attempt will be retried at ``at`` (epoch ms), same message.
+
+    ``attempt`` numbers the retry from 1. Published before the runner sleeps,
+    so a crash during the backoff leaves it in the log.
+    """
+
+    TYPE = "session.retry.scheduled"
+    assistant_message_id: str
+    attempt: int
+    at: int
+    error: ErrorInfo
 
 
 @attrs.frozen(kw_only=True)
@@ -405,6 +425,7 @@ REGISTRY: Mapping[str, type[Event]] = {
         StepStarted,
         StepEnded,
         StepFailed,
+        RetryScheduled,
         TextStarted,
         TextEnded,
         ReasoningStarted,

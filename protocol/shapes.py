@@ -24,6 +24,7 @@ __all__ = [
     "Page",
     "PageCursor",
     "ReasoningPart",
+    "RetryState",
     "Session",
     "SessionMessage",
     "SessionTime",
@@ -75,6 +76,18 @@ class SessionTime:
 
 
 @attrs.frozen(kw_only=True)
+class RetryState:
+    """A scheduled retry of a model call: which message, which attempt, when, why."""
+
+    assistant_message_id: str
+    #: The retry's number, from 1 (the first retry is the second attempt).
+    attempt: int
+    #: When the retry fires, epoch ms.
+    at: int
+    error: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
 class Session:
     id: str
     parent_id: str | None = None
@@ -86,6 +99,9 @@ class Session:
     time: SessionTime
     tokens: Tokens = attrs.field(factory=Tokens)
     cost: float = 0.0
+    #: The retry the session is waiting for, if any (``session.retry.scheduled``);
+    #: later activity or the execution's terminal clears it.
+    retry: RetryState | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -190,6 +206,9 @@ class AssistantMessage:
     error: Mapping[str, Any] | None = None
     tokens: Tokens | None = None
     cost: float | None = None
+    #: Provider-native continuation state of the step (e.g. reasoning
+    #: signatures): replayed only to the same provider and model.
+    provider_state: Mapping[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)

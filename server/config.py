@@ -19,6 +19,8 @@
     recover = true
     max_resume_attempts = 10
     default_model = "local/fake-model"   # PROVIDER/MODEL; scripted when unset
+    retry_base_delay_s = 2               # first retry's backoff, doubled per retry
+    retry_max_delay_s = 900              # cap on a provider's retry-after
 
     [providers.local]                    # real models: see actors/llm/_config.py
     kind = "openai"                      # or "anthropic"
@@ -67,6 +69,8 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "recover": bool,
         "max_resume_attempts": int,
         "default_model": str,
+        "retry_base_delay_s": (int, float),
+        "retry_max_delay_s": (int, float),
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.

@@ -15,7 +15,7 @@ from protocol import events as ev
 from storage._ops import Op, touch
 from storage.recorder import RecordedEvent
 
-__all__ = ["STEP_PROJECTORS"]
+__all__ = ["STEP_PROJECTORS", "retry_cleared"]
 
 E = TypeVar("E", bound=ev.Event)
 
@@ -77,6 +77,44 @@ def _execution_recovering(rec: RecordedEvent, e: ev.ExecutionRecovering) -> tupl
             subject=e.session_id,
         ),
     )
+
+
+def _retry_state(e: ev.RetryScheduled) -> dict[str, Any]:
+    """The session's ``retry`` member (:class:`protocol.shapes.RetryState`)."""
+    return {
+        "assistantMessageID": e.assistant_message_id,
+        "attempt": e.attempt,
+        "at": e.at,
+        "error": codec.to_json(e.error),
+    }
+
+
+def _retry_scheduled(rec: RecordedEvent, e: ev.RetryScheduled) -> tuple[Op, ...]:
+    # Waiting is not an edit either: time_updated stays.
+    return (
+        Op(
+            "UPDATE session SET retry = ? WHERE id = ?",
+            (orjson.dumps(_retry_state(e)).decode(), e.session_id),
+            expect=1,
+            reason="session.missing",
+            subject=e.session_id,
+        ),
+    )
+
+
+#: Any later event of the session clears its projected retry (see :func:`retry_cleared`).
+_RETRY_CLEARED: Final = "UPDATE session SET retry = NULL WHERE id = ? AND retry IS NOT NULL"
+
+
+def retry_cleared(rec: RecordedEvent) -> Op:
+    """The projected retry state ends with the next event of its session.
+
+    A retry is followed by the retried attempt's output, another retry, a
+    terminal, or (after a crash) recovery's events: each of them means the
+    wait is over. One rule for every event keeps replay and live projection
+    trivially equal.
+    """
+    return Op(_RETRY_CLEARED, (rec.aggregate_id,))
 
 
 # -- steps and parts ------------------------------------------------------------------------------
@@ -154,7 +192,9 @@ def _message_update(rec: RecordedEvent, message_id: str, fields: dict[str, Any])
 
 
 def _step_ended(rec: RecordedEvent, e: ev.StepEnded) -> tuple[Op, ...]:
-    fields = {"finish": e.finish, "cost": e.cost, "tokens": _tokens(e.tokens)}
+    fields: dict[str, Any] = {"finish": e.finish, "cost": e.cost, "tokens": _tokens(e.tokens)}
+    if e.provider_state is not None:
+        fields["providerState"] = dict(e.provider_state)
     return (
         _message_update(rec, e.assistant_message_id, fields),
         _usage(rec, e.cost, e.tokens),
@@ -165,6 +205,8 @@ def _step_failed(rec: RecordedEvent, e: ev.StepFailed) -> tuple[Op, ...]:
     fields: dict[str, Any] = {"error": codec.to_json(e.error)}
     if e.finish is not None:
         fields["finish"] = e.finish
+    if e.provider_state is not None:
+        fields["providerState"] = dict(e.provider_state)
     ops = [_message_update(rec, e.assistant_message_id, fields)]
     if e.cost is not None or e.tokens is not None:
         ops.append(_usage(rec, e.cost or 0.0, e.tokens or ev.StepTokens()))
@@ -310,6 +352,7 @@ STEP_PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
     ev.StepStarted: _typed(_step_started),
     ev.StepEnded: _typed(_step_ended),
     ev.StepFailed: _typed(_step_failed),
+    ev.RetryScheduled: _typed(_retry_scheduled),
     ev.TextStarted: _block_started("text"),
     ev.TextEnded: _block_ended("text"),
     ev.ReasoningStarted: _block_started("reasoning"),

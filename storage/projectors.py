@@ -20,7 +20,7 @@ import orjson
 
 from protocol import events as ev
 from storage._ops import Op, json_text, touch
-from storage._project_steps import STEP_PROJECTORS
+from storage._project_steps import STEP_PROJECTORS, retry_cleared
 from storage.recorder import RecordedEvent
 
 __all__ = ["Op", "project"]
@@ -228,4 +228,7 @@ def project(rec: RecordedEvent) -> tuple[Op, ...]:
     if rec.event is None:
         return ()
     projector = _PROJECTORS.get(type(rec.event))
-    return () if projector is None else projector(rec, rec.event)
+    ops = () if projector is None else projector(rec, rec.event)
+    if isinstance(rec.event, ev.RetryScheduled):
+        return ops
+    return (retry_cleared(rec), *ops)

@@ -33,6 +33,7 @@ from protocol.shapes import (
     Order,
     Page,
     PageCursor,
+    RetryState,
     Session,
     SessionMessage,
     SessionTime,
@@ -67,7 +68,7 @@ Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Row]]]
 _SESSION_COLUMNS: Final = (
     "id, parent_id, title, agent, model, directory, metadata, cost, tokens_input,"
     " tokens_output, tokens_reasoning, tokens_cache_read, tokens_cache_write,"
-    " time_created, time_updated"
+    " time_created, time_updated, retry"
 )
 _MESSAGE_COLUMNS: Final = "id, session_id, type, seq, time_created, time_updated, data"
 # Messages with their parts in one statement (one reader round trip): the parts'
@@ -323,6 +324,7 @@ def _session(r: Row) -> Session:
             input=r[8], output=r[9], reasoning=r[10], cache=CacheTokens(read=r[11], write=r[12])
         ),
         time=SessionTime(created=r[13], updated=r[14]),
+        retry=None if r[15] is None else codec.from_json(RetryState, orjson.loads(r[15])),
     )
 
 

@@ -93,8 +93,14 @@ CREATE INDEX session_part_open ON session_part (session_id, status)
     WHERE status IN ('streaming', 'running');
 """
 
+# v3: the retry a session waits for (session.retry.scheduled), as its JSON;
+# NULL once later activity or a terminal cleared it.
+_V3: Final = """
+ALTER TABLE session ADD COLUMN retry TEXT;
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).

@@ -9,6 +9,8 @@ decides, in this order (the first that matches wins):
 
     context overflow   code context_length_exceeded, or a 400/413 whose
                        message says the prompt is too long / exceeds the context
+    continuation       a 400 refusing replayed native state: an invalid
+      rejected         ``signature`` of a thinking/reasoning block
     quota              code/type insufficient_quota or billing_error, 402, or
                        Anthropic's "credit balance is too low" (a 400)
     content policy     code content_filter / content_policy_violation
@@ -34,6 +36,7 @@ from actors.llm._errors import (
     AuthenticationError,
     ContentPolicyError,
     ContextOverflowError,
+    ContinuationRejectedError,
     InvalidRequestError,
     ProviderError,
     ProviderInternalError,
@@ -81,6 +84,12 @@ def classify(
         status in (None, 400, 413) and any(t in lowered for t in _OVERFLOW_TEXTS)
     ):
         return ContextOverflowError(text)
+    if (
+        status in (None, 400)
+        and "signature" in lowered
+        and ("thinking" in lowered or "reasoning" in lowered)
+    ):
+        return ContinuationRejectedError(text)
     if (
         "insufficient_quota" in (code, etype)
         or etype == "billing_error"

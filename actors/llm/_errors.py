@@ -13,6 +13,7 @@ whether retrying the *same* request can help::
         │                                                         is "sent" (delivery)
         ├── IncompleteStreamError     provider.incomplete-stream  retryable
         ├── ContextOverflowError      provider.context-overflow   never (compaction handles it)
+        ├── ContinuationRejectedError provider.continuation-rejected no (the step rebuilds once)
         ├── AuthenticationError       provider.authentication     no
         ├── QuotaExceededError        provider.quota-exceeded     no
         ├── ContentPolicyError        provider.content-policy     no
@@ -43,6 +44,7 @@ __all__ = [
     "AuthenticationError",
     "ContentPolicyError",
     "ContextOverflowError",
+    "ContinuationRejectedError",
     "Delivery",
     "IncompleteStreamError",
     "InvalidRequestError",
@@ -151,6 +153,15 @@ class ContextOverflowError(ProviderError):
         # Replaying the same oversized request cannot succeed; the runner
         # compacts instead, so not even x-should-retry: true makes it retryable.
         return False
+
+
+class ContinuationRejectedError(ProviderError):
+    """The provider refused the history's native continuation state (a reasoning
+    signature, say). The same request would fail again; the runner rebuilds the
+    request once without any such state instead."""
+
+    type = "provider.continuation-rejected"
+    _retryable = False
 
 
 class AuthenticationError(ProviderError):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -89,6 +90,8 @@ class Received:
     body: Mapping[str, Any]
     #: The client's address: the same one twice means the connection was reused.
     peer: Any = None
+    #: When the request arrived, epoch ms (wall clock, like ``retry.scheduled.at``).
+    time_ms: int = 0
 
 
 class FakeProvider:
@@ -136,7 +139,13 @@ class FakeProvider:
         body = orjson.loads(await request.read())
         peer = request.transport.get_extra_info("peername") if request.transport else None
         self.received.append(
-            Received(path=request.path, headers=dict(request.headers), body=body, peer=peer)
+            Received(
+                path=request.path,
+                headers=dict(request.headers),
+                body=body,
+                peer=peer,
+                time_ms=int(time.time() * 1000),
+            )
         )
         if not self.replies:
             return web.json_response({"error": {"message": "no scripted reply"}}, status=500)

@@ -1,0 +1,202 @@
+"""The tool calls of one step: durable before they run, run concurrently, all settled.
+
+A step hands each complete call to :class:`ToolCalls`. The call is recorded
+(``session.tool.called``) and awaited durable *before* the tool starts, so a
+crash leaves a known call that recovery fails as stale instead of running it
+twice. Calls then run concurrently as tasks this object owns; their terminals
+(``tool.success`` / ``tool.failed``) are published one at a time, in the
+order the calls finish. :meth:`ToolCalls.join` collects every outcome and
+:meth:`ToolCalls.cancel` settles every started call as ``aborted``: either
+way no call outlives the step that started it.
+
+A call whose input streamed but never completed is failed by
+:meth:`ToolCalls.fail_unfinished` (``executed: false``); a tool the agent
+may not use fails with ``aborted`` and interrupts the step (:attr:`denied`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from actors._shield import finish
+from actors.agents import Agent
+from actors.bus import EventBus
+from actors.llm import TOOLS_DISABLED_ERROR, ToolCall
+from actors.tools import ToolContext, ToolExecutor, ToolOutcome, permission
+from protocol import events as ev
+from protocol.shapes import Session
+
+__all__ = ["Journal", "ToolCalls"]
+
+
+class Journal(Protocol):
+    """Where a step's events go: submitted in order, some awaited durable."""
+
+    def emit(self, event: ev.Event) -> None: ...
+
+    async def durable(self, event: ev.Event) -> None: ...
+
+
+class ToolCalls:
+    """Every tool call of one assistant message, from ``tool.called`` to its terminal."""
+
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        session: Session,
+        agent: Agent,
+        assistant_id: str,
+        bus: EventBus,
+        executor: ToolExecutor,
+        output_dir: Path,
+        secret_env: frozenset[str],
+        server_dirs: tuple[Path, ...],
+    ) -> None:
+        self._journal = journal
+        self._session = session
+        self._agent = agent
+        self._assistant_id = assistant_id
+        self._bus = bus
+        self._executor = executor
+        self._output_dir = output_dir
+        self._secret_env = secret_env
+        self._server_dirs = server_dirs
+        #: Calls whose input started streaming but that were never completed (id -> name).
+        self._unfinished: dict[str, str] = {}
+        self._tasks: dict[str, asyncio.Task[ToolOutcome]] = {}
+        self._terminals = asyncio.Lock()
+        #: The tool a declined permission refused; it interrupts the step.
+        self.denied: str | None = None
+
+    def input_started(self, call_id: str, name: str) -> None:
+        self._unfinished[call_id] = name
+
+    async def called(self, call: ToolCall, *, limited: bool) -> None:
+        """Record ``call`` durably, then start it (or its refusal)."""
+        self._unfinished.pop(call.id, None)
+        # Durable before any side effect: after a crash the call is known, and
+        # is failed as stale rather than silently run twice.
+        await self._journal.durable(
+            ev.ToolCalled(
+                session_id=self._session.id,
+                assistant_message_id=self._assistant_id,
+                id=call.id,
+                name=call.name,
+                input=dict(call.input),
+            )
+        )
+        agent = self._agent
+        refusal: ToolOutcome | None = None
+        if limited:
+            refusal = ToolOutcome.failure("tool.disabled", TOOLS_DISABLED_ERROR)
+        elif permission(agent.permissions, call.name) == "deny":
+            self.denied = call.name
+            refusal = ToolOutcome.failure(
+                "aborted", f"Permission denied: agent {agent.name} may not use {call.name}"
+            )
+        loop = asyncio.get_running_loop()
+        self._tasks[call.id] = loop.create_task(self._settle(call, refusal), name=f"tool:{call.id}")
+
+    async def join(self) -> list[ToolOutcome]:
+        """Every started call's outcome, in the order the calls were made."""
+        return [await task for task in self._tasks.values()]
+
+    async def cancel(self) -> None:
+        """Cancel the running calls and wait until each has published its terminal."""
+        for task in self._tasks.values():
+            task.cancel()
+        for task in self._tasks.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def fail_unfinished(self, message: str) -> None:
+        """Every call the step started reaches a terminal, even one never completed."""
+        for call_id, name in self._unfinished.items():
+            self._journal.emit(
+                ev.ToolFailed(
+                    session_id=self._session.id,
+                    assistant_message_id=self._assistant_id,
+                    id=call_id,
+                    error=ev.ErrorInfo(type="aborted", message=f"{message}: {name}"),
+                    executed=False,
+                )
+            )
+        self._unfinished.clear()
+
+    async def _settle(self, call: ToolCall, refusal: ToolOutcome | None) -> ToolOutcome:
+        if refusal is not None:
+            outcome = refusal
+        else:
+            session = self._session
+            ctx = ToolContext(
+                session_id=session.id,
+                call_id=call.id,
+                assistant_message_id=self._assistant_id,
+                directory=Path(session.location.directory),
+                output_dir=self._output_dir,
+                cancel=threading.Event(),
+                progress=self._progress(call.id),
+                config_writes=permission(self._agent.permissions, "config") == "allow",
+                secret_env=self._secret_env,
+                server_dirs=self._server_dirs,
+            )
+            try:
+                outcome = await self._executor.execute(call.name, call.input, ctx)
+            except asyncio.CancelledError:
+                interrupted = ToolOutcome.failure(
+                    "aborted", f"Tool execution interrupted: {call.name}"
+                )
+                await finish(self._terminal(call.id, interrupted))
+                raise
+        await finish(self._terminal(call.id, outcome))
+        return outcome
+
+    async def _terminal(self, call_id: str, outcome: ToolOutcome) -> None:
+        event: ev.Event
+        if outcome.status == "success":
+            event = ev.ToolSucceeded(
+                session_id=self._session.id,
+                assistant_message_id=self._assistant_id,
+                id=call_id,
+                content=tuple(outcome.content),
+                metadata=dict(outcome.metadata) or None,
+            )
+        else:
+            error = outcome.error or {}
+            event = ev.ToolFailed(
+                session_id=self._session.id,
+                assistant_message_id=self._assistant_id,
+                id=call_id,
+                error=ev.ErrorInfo(
+                    type=str(error.get("type", "tool.error")),
+                    message=str(error.get("message", "")),
+                ),
+                content=tuple(outcome.content) or None,
+                metadata=dict(outcome.metadata) or None,
+            )
+        # One terminal at a time, in the order the calls finish.
+        async with self._terminals:
+            await self._journal.durable(event)
+
+    def _progress(self, call_id: str) -> Any:
+        loop = asyncio.get_running_loop()
+        bus = self._bus
+        session_id, assistant_id = self._session.id, self._assistant_id
+
+        def report(metadata: Mapping[str, Any]) -> None:  # called on the tool's thread
+            event = ev.ToolProgress(
+                session_id=session_id,
+                assistant_message_id=assistant_id,
+                id=call_id,
+                metadata=dict(metadata),
+            )
+            with contextlib.suppress(RuntimeError):  # loop closed: nobody listens
+                loop.call_soon_threadsafe(bus.live, event)
+
+        return report
