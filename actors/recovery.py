@@ -5,6 +5,10 @@ A write-ahead claim (``session.time_claimed``) is taken with
 (succeeded, failed, interrupted by the user). A claim that survives means the
 process that owned the execution died or shut down mid-work. The sweep:
 
+0. kills the process group of every tool call left without a terminal (as
+   recorded by ``session.tool.spawned``, and only while it is still that
+   group: same start time, same boot), all at once, and only then fails
+   those calls as stale (``aborted``); see :mod:`actors.reaper`;
 1. releases the claims of orphaned child sessions: nothing will resume a
    child on its own, so each gets ``execution.failed {type: "aborted"}``;
 2. for every claimed top-level session not already running here, all at once:
@@ -29,7 +33,9 @@ from typing import Final
 
 import attrs
 
+from actors._threaded import BlockingRunner
 from actors.execution import Execution
+from actors.reaper import reap_stale_tools
 from actors.sessions import Sessions
 from protocol import events as ev
 from protocol.errors import DomainError
@@ -46,6 +52,8 @@ RESTART_NOTICE: Final = "Continuing after restart"
 
 @attrs.frozen(kw_only=True)
 class RecoveryReport:
+    #: Tool calls whose recorded process groups were killed and the calls failed.
+    stale_tools: tuple[str, ...] = ()
     resumed: tuple[str, ...] = ()
     exhausted: tuple[str, ...] = ()
     orphans_released: tuple[str, ...] = ()
@@ -56,12 +64,14 @@ async def recover(
     store: SQLiteStore,
     sessions: Sessions,
     execution: Execution,
+    blocking: BlockingRunner,
     *,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> RecoveryReport:
+    stale = await reap_stale_tools(store, blocking, running=execution.active)
     claims = await store.queries.claims()
     if not claims:
-        return RecoveryReport()
+        return RecoveryReport(stale_tools=stale)
     running = set(await execution.active())
     children = [c for c in claims if c.parent_id is not None and c.session_id not in running]
     roots = [c for c in claims if c.parent_id is None]
@@ -83,6 +93,7 @@ async def recover(
         else:
             exhausted.append(claim.session_id)
     return RecoveryReport(
+        stale_tools=stale,
         resumed=tuple(resumed),
         exhausted=tuple(exhausted),
         orphans_released=tuple(c.session_id for c in children),

@@ -33,6 +33,7 @@ from actors.bus import EventBus
 from actors.history import ChatCache, to_chat
 from actors.inbox import Scope
 from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
+from actors.reaper import kill_recorded, stale_failure
 from actors.sessions import Sessions
 from actors.step import StepRunner, retry_policy
 from actors.tools import ToolExecutor, ToolRegistry
@@ -147,20 +148,17 @@ class Runner:
             continuing = outcome.needs_continuation
 
     async def fail_stale_tools(self, session_id: str) -> int:
-        """Fail every tool call still open in the projection (never replay it)."""
+        """Fail every tool call still open in the projection (never replay it).
+
+        Any process group such a call recorded is killed first: it was started
+        by a process that is gone (this session's own tools have all settled
+        before a drain starts), and may still be about to do its side effect.
+        """
+        await kill_recorded(self._blocking, await self._store.queries.tool_processes(session_id))
         stale = await self._store.queries.open_tool_calls(session_id)
         for call in stale:
             await self._store.append(
-                Command.of(
-                    ev.ToolFailed(
-                        session_id=session_id,
-                        assistant_message_id=call.assistant_message_id,
-                        id=call.id,
-                        error=ev.ErrorInfo(
-                            type="aborted", message=f"Tool execution interrupted: {call.name}"
-                        ),
-                    )
-                )
+                Command.of(stale_failure(session_id, call.assistant_message_id, call.id, call.name))
             )
         return len(stale)
 

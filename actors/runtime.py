@@ -8,7 +8,18 @@
 This is what the HTTP server and the embedded host hold. Closing it interrupts
 running executions with reason ``shutdown`` (their claims stay, so the next
 start can recover them), lets running tools settle or fail, stops the
-sweeper, the tool threads and the store, in that order.
+sweeper, the tool threads and the store, in that order. The interrupt reaches
+every session at once, and each running tool kills its process group on it,
+so shutdown waits for the slowest kill, not for the sum of them.
+
+Every process group a tool starts is recorded (``session.tool.spawned``)
+before it may run anything; the startup sweep kills what a crash left behind
+before failing those calls as stale (:mod:`actors.reaper`). Deleting a session
+interrupts its execution first.
+
+``RuntimeConfig(read_only=True)`` is for commands that only read (``sessionrt
+sessions``, ``sessionrt log``): the store opens read-only, and nothing runs,
+recovers, or writes.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ import contextlib
 import enum
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -45,7 +56,11 @@ from actors.tools import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_LINES,
     OutputBounding,
+    ProcessGroup,
+    RecordProcess,
     Tool,
+    ToolContext,
+    ToolError,
     ToolExecutor,
     ToolRegistry,
     builtin_tools,
@@ -88,6 +103,9 @@ class RuntimeConfig:
     instructions: InstructionSource | None = None
     #: Run the startup sweep (resume claimed sessions) before accepting work.
     recover: bool = True
+    #: Only read: the store opens read-only, no sweep, no execution (every
+    #: operation that would write or run fails).
+    read_only: bool = False
     max_resume_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: The first retry's backoff, doubled for each later one (jittered; reference §4.6).
     retry_base_delay_s: float = 2.0
@@ -143,12 +161,33 @@ class _DurableHooks:
             # The session was deleted while it ran: there is nothing to settle.
 
 
+def _process_recorder(store: SQLiteStore) -> RecordProcess:
+    async def record(ctx: ToolContext, group: ProcessGroup) -> None:
+        event = ev.ToolSpawned(
+            session_id=ctx.session_id,
+            assistant_message_id=ctx.assistant_message_id,
+            id=ctx.call_id,
+            pgid=group.pgid,
+            start_ticks=group.start_ticks,
+            boot_id=group.boot_id,
+        )
+        try:
+            await store.append(Command.of(event))
+        except ProjectionConflict as exc:
+            # The session was deleted, or the call settled: the command must not run.
+            raise ToolError(f"Tool execution aborted: {exc}", type="aborted") from None
+
+    return record
+
+
 class Runtime:
     def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
-        self.store = SQLiteStore(config.db_path, synchronous=config.synchronous)
+        self.store = SQLiteStore(
+            config.db_path, synchronous=config.synchronous, read_only=config.read_only
+        )
         self.bus = EventBus()
         self.blocking = BlockingRunner(limit=config.max_tool_threads)
         self.tools = ToolRegistry(builtin_tools() if config.tools is None else config.tools)
@@ -178,6 +217,7 @@ class Runtime:
         self.sessions = Sessions(
             self.store,
             wake=self._wake,
+            stop=self._stop_sessions,
             default_directory=config.default_directory,
             blocking=self.blocking.run,
             directories=self.directories,
@@ -196,6 +236,14 @@ class Runtime:
         if self._execution is not None:
             self._execution.wake(session_id, scope)
 
+    async def _stop_sessions(self, session_ids: Sequence[str]) -> None:
+        execution = self._execution
+        if execution is None:
+            return
+        # All at once: each interrupt kills its tools' groups; the waits overlap.
+        await asyncio.gather(*(execution.interrupt(sid, "user") for sid in session_ids))
+        await asyncio.gather(*(execution.wait_idle(sid) for sid in session_ids))
+
     async def __aenter__(self) -> Self:
         if self._state is not _State.UNOPENED:
             raise RuntimeError(f"runtime is {self._state.value}; a runtime opens once")
@@ -205,6 +253,11 @@ class Runtime:
                 # Closed after everything that could still stream from them.
                 self._stack.push_async_callback(adapter.aclose)
             await self._stack.enter_async_context(self.blocking)
+            if self.config.read_only:
+                await self._stack.enter_async_context(self.store)
+                self.bus.attach(self.store)
+                self._stack.callback(self.bus.close)
+                return self
             await self.blocking.run(
                 functools.partial(os.makedirs, exist_ok=True), self.config.data_dir
             )
@@ -222,7 +275,9 @@ class Runtime:
                 sessions=self.sessions,
                 providers=self.providers,
                 tools=self.tools,
-                executor=ToolExecutor(self.tools, self.blocking, self.bounding),
+                executor=ToolExecutor(
+                    self.tools, self.blocking, self.bounding, record=_process_recorder(self.store)
+                ),
                 blocking=self.blocking,
                 bus=self.bus,
                 agent_files=(self.config.agents_file,),
@@ -274,6 +329,7 @@ class Runtime:
             self.store,
             self.sessions,
             self.execution,
+            self.blocking,
             max_attempts=self.config.max_resume_attempts,
         )
 

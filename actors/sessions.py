@@ -15,7 +15,7 @@ import asyncio
 import builtins
 import datetime
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -57,7 +57,11 @@ from protocol.shapes import (
 )
 from storage import AppendConflictError, Command, ProjectionConflict, SQLiteStore
 
-__all__ = ["MAX_PAGE", "Sessions", "no_wake"]
+__all__ = ["MAX_PAGE", "Sessions", "StopHook", "no_wake"]
+
+#: Ends the local execution of these sessions (tools killed) and returns once
+#: none of them runs here any more.
+StopHook = Callable[[Sequence[str]], Awaitable[None]]
 
 MAX_PAGE: Final = 200
 DEFAULT_PAGE: Final = 50
@@ -67,18 +71,24 @@ def no_wake(session_id: str, scope: Scope) -> None:
     """The wake hook of a runtime that records input but runs nothing."""
 
 
+async def _nothing_runs(session_ids: Sequence[str]) -> None:
+    """The stop hook of a runtime that runs nothing."""
+
+
 class Sessions:
     def __init__(
         self,
         store: SQLiteStore,
         *,
         wake: WakeHook = no_wake,
+        stop: StopHook = _nothing_runs,
         default_directory: str | None = None,
         blocking: Blocking = asyncio.to_thread,
         directories: DirectoryRules | None = None,
         check_model: Callable[[ModelRef], None] | None = None,
     ) -> None:
         self._store = store
+        self._stop = stop
         self._locks = KeyedLock()
         self._blocking = blocking
         self._directories = directories or DirectoryRules()
@@ -163,7 +173,11 @@ class Sessions:
         await self._apply(session_id, *events)
 
     async def remove(self, session_id: str) -> None:
-        """Delete a session and all its descendants in one transaction."""
+        """Delete a session and all its descendants in one transaction.
+
+        Their executions are interrupted first, and their tools' processes
+        killed: nothing keeps running for a session that no longer exists.
+        """
         await self.get(session_id)
         doomed: builtins.list[str] = []
         frontier = [session_id]
@@ -171,6 +185,7 @@ class Sessions:
             current = frontier.pop()
             doomed.append(current)
             frontier.extend(await self._store.queries.children(current))
+        await self._stop(doomed)
         await self._apply(session_id, *(ev.SessionDeleted(session_id=s) for s in reversed(doomed)))
 
     async def switch_agent(self, session_id: str, agent: str) -> None:

@@ -61,6 +61,7 @@ __all__ = [
     "ToolInputEnded",
     "ToolInputStarted",
     "ToolProgress",
+    "ToolSpawned",
     "ToolSucceeded",
     "decode_event",
     "encode_data",
@@ -337,6 +338,27 @@ class ToolCalled(Event):
 
 
 @attrs.frozen(kw_only=True)
+class ToolSpawned(Event):
+    """A tool call's process group exists and has not yet run the command.
+
+    Durable before the command may do anything: the tool holds the command
+    behind a gate until this commits. The next start finds the group here
+    (until the call's terminal) and kills it before failing the call as stale.
+    ``start_ticks`` is the leader's start time (``/proc/<pid>/stat`` field 22,
+    clock ticks since boot) and ``boot_id`` the kernel's boot id: together
+    with ``pgid`` they name one process group, never a later one that reuses
+    the number.
+    """
+
+    TYPE = "session.tool.spawned"
+    assistant_message_id: str
+    id: str
+    pgid: int
+    start_ticks: int
+    boot_id: str
+
+
+@attrs.frozen(kw_only=True)
 class ToolSucceeded(Event):
     TYPE = "session.tool.success"
     VERSION = 2
@@ -433,6 +455,7 @@ REGISTRY: Mapping[str, type[Event]] = {
         ToolInputStarted,
         ToolInputEnded,
         ToolCalled,
+        ToolSpawned,
         ToolSucceeded,
         ToolFailed,
     )

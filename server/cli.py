@@ -7,7 +7,9 @@ built-in scripted model, loopback only.
 ``run``, ``sessions`` and ``log`` work on the same data directory through an
 embedded host (the whole runtime in this process), or on a running server
 with ``--url``. A data directory has one writer at a time: while ``serve``
-holds it, use ``--url``. ``openapi`` prints the API's OpenAPI document.
+holds it, use ``--url``. ``sessions`` and ``log`` only read: on a data
+directory they open the store read-only and change nothing (no recovery
+sweep, no execution resumed). ``openapi`` prints the API's OpenAPI document.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import attrs
+
 from actors.runtime import RuntimeConfig
 from protocol import codec
 from protocol.client import ClientError, follow_log
 from protocol.errors import DomainError, SessionNotFoundError, UnauthorizedError
 from protocol.openapi import document
 from protocol.operations import SessionListQuery
-from protocol.shapes import ModelRef
+from protocol.shapes import ModelRef, Session
 from server._cli_run import Host, RunOptions, Sigint, open_host, run
 from server.app import ServerSettings
 from server.config import ConfigError, load_config, runtime_config
@@ -176,12 +180,16 @@ async def _run(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
 
 async def _sessions(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
     page = await host.sessions.list(SessionListQuery(limit=args.limit))
+    return _print_sessions(page.data, args)
+
+
+def _print_sessions(sessions: Sequence[Session], args: argparse.Namespace) -> int:
     if args.json:
-        rows = [codec.to_json(session) for session in page.data]
+        rows = [codec.to_json(session) for session in sessions]
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return 0
     table = [("ID", "UPDATED", "TITLE")]
-    for session in page.data:
+    for session in sessions:
         updated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(session.time.updated / 1000))
         table.append((session.id, updated, session.title))
     widths = [max(len(row[i]) for row in table) for i in range(2)]
@@ -205,6 +213,8 @@ async def _log(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
 
 _Command = Callable[[Host, argparse.Namespace, Sigint], Coroutine[Any, Any, int]]
 _ON_HOST: dict[str, _Command] = {"run": _run, "sessions": _sessions, "log": _log}
+#: Commands that only read: on a data directory, the runtime opens read-only.
+_READ_ONLY: frozenset[str] = frozenset({"sessions", "log"})
 
 
 async def _on_host(
@@ -227,6 +237,14 @@ def _on_host_sync(args: argparse.Namespace) -> int:
             raise ConfigError("--config is for the embedded runtime; not with --url")
         config = runtime_config(load_config(args.config), args.data_dir, fallback_data_dir=data_dir)
         data_dir = config.data_dir
+    if args.command in _READ_ONLY and not args.url:
+        config = attrs.evolve(config or RuntimeConfig(data_dir=data_dir), read_only=True)
+        if not config.db_path.exists():
+            # Nothing was ever written here; a reader creates nothing either.
+            if args.command == "sessions":
+                return _print_sessions([], args)
+            _error(f"session {args.session} not found")
+            return 1
     try:
         return asyncio.run(_on_host(_ON_HOST[args.command], args, data_dir, config))
     except StoreLockedError:

@@ -11,7 +11,7 @@ from storage.errors import (
     StoreClosedError,
     StoreLockedError,
 )
-from storage.queries import Claim, OpenToolCall, Queries
+from storage.queries import Claim, OpenToolCall, Queries, ToolProcess
 from storage.rebuild import dump_projections, rebuild_projections
 from storage.recorder import Command, NewEvent, RecordedEvent, Recorder, Subscriber, now_ms
 from storage.schema import SCHEMA_VERSION
@@ -37,6 +37,7 @@ __all__ = [
     "StoreLockedError",
     "Subscriber",
     "Synchronous",
+    "ToolProcess",
     "dump_projections",
     "now_ms",
     "rebuild_projections",

@@ -25,6 +25,7 @@ _MESSAGES: Final = {
     "message.id-taken": "message id {} is already used",
     "message.missing": "assistant message {} does not exist",
     "part.missing": "tool call {} has no projected part",
+    "part.not-running": "tool call {} is not running",
 }
 
 

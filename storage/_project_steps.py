@@ -300,11 +300,43 @@ def _tool_called(rec: RecordedEvent, e: ev.ToolCalled) -> tuple[Op, ...]:
     )
 
 
+def _tool_spawned(rec: RecordedEvent, e: ev.ToolSpawned) -> tuple[Op, ...]:
+    # Only for a call still running: a record that lost the race with the
+    # call's terminal (or its session's deletion) would name a dead group forever.
+    return (
+        Op(
+            "INSERT INTO tool_process"
+            " (message_id, call_id, session_id, pgid, start_ticks, boot_id)"
+            " SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM session_part"
+            " WHERE message_id = ? AND key = ? AND session_id = ? AND status = 'running')",
+            (
+                e.assistant_message_id,
+                e.id,
+                rec.aggregate_id,
+                e.pgid,
+                e.start_ticks,
+                e.boot_id,
+                e.assistant_message_id,
+                f"tool:{e.id}",
+                rec.aggregate_id,
+            ),
+            expect=1,
+            reason="part.not-running",
+            subject=e.id,
+        ),
+    )
+
+
 def _tool_settled(
     rec: RecordedEvent, message_id: str, call_id: str, status: str, fields: dict[str, Any]
 ) -> tuple[Op, ...]:
     paths = "".join(f", '$.{k}', json(?)" for k in fields)
     return (
+        # The call's process group is the tool's to end; from here nothing owns it.
+        Op(
+            "DELETE FROM tool_process WHERE message_id = ? AND call_id = ?",
+            (message_id, call_id),
+        ),
         Op(
             f"UPDATE session_part SET status = ?, data = json_set(data, '$.status', ?{paths})"
             " WHERE message_id = ? AND key = ? AND session_id = ?",
@@ -360,6 +392,7 @@ STEP_PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
     ev.ToolInputStarted: _typed(_tool_input_started),
     ev.ToolInputEnded: _typed(_tool_input_ended),
     ev.ToolCalled: _typed(_tool_called),
+    ev.ToolSpawned: _typed(_tool_spawned),
     ev.ToolSucceeded: _typed(_tool_success),
     ev.ToolFailed: _typed(_tool_failed),
 }

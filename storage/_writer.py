@@ -148,7 +148,7 @@ class Writer:
             self._signal(lambda: _settle(self._exited, None))
 
     def _open(self) -> None:
-        fd = os.open(self._path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(_lock_path(self._path), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -343,3 +343,25 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(error)
+
+
+def _lock_path(path: str) -> str:
+    return path + ".lock"
+
+
+def shared_lock(path: str) -> int | None:
+    """Hold off writers while a read-only store is open; the fd to close, or None.
+
+    Raises :class:`StoreLockedError` when a writer holds the database now. No
+    lock file means no writer ever opened it; nothing is created for a reader.
+    """
+    try:
+        fd = os.open(_lock_path(path), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLockedError(f"another process is writing {path}") from None
+    return fd

@@ -42,7 +42,7 @@ from protocol.shapes import (
     UserMessage,
 )
 
-__all__ = ["Claim", "Fetch", "OpenToolCall", "Queries", "Row"]
+__all__ = ["Claim", "Fetch", "OpenToolCall", "Queries", "Row", "ToolProcess"]
 
 Row = Sequence[Any]
 
@@ -61,6 +61,19 @@ class OpenToolCall:
     id: str
     name: str
     status: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolProcess:
+    """The recorded process group of a tool call that has no terminal yet."""
+
+    session_id: str
+    assistant_message_id: str
+    call_id: str
+    name: str
+    pgid: int
+    start_ticks: int
+    boot_id: str
 
 
 Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Row]]]
@@ -224,6 +237,30 @@ class Queries:
                 )
             )
         return calls
+
+    async def tool_processes(self, session_id: str | None = None) -> list[ToolProcess]:
+        """Process groups of tool calls without a terminal: all, or one session's."""
+        where, params = ("WHERE p.session_id = ?", (session_id,)) if session_id else ("", ())
+        rows = await self._fetch(
+            "SELECT p.session_id, p.message_id, p.call_id,"
+            " coalesce(json_extract(t.data, '$.name'), ''), p.pgid, p.start_ticks, p.boot_id"
+            " FROM tool_process p LEFT JOIN session_part t"
+            " ON t.message_id = p.message_id AND t.key = 'tool:' || p.call_id"
+            f" {where} ORDER BY p.session_id, p.message_id, p.call_id",
+            params,
+        )
+        return [
+            ToolProcess(
+                session_id=r[0],
+                assistant_message_id=r[1],
+                call_id=r[2],
+                name=r[3],
+                pgid=r[4],
+                start_ticks=r[5],
+                boot_id=r[6],
+            )
+            for r in rows
+        ]
 
     # -- inbox ----------------------------------------------------------------------------------
 

@@ -99,12 +99,33 @@ _V3: Final = """
 ALTER TABLE session ADD COLUMN retry TEXT;
 """
 
+# v4: the process group of each running tool call (``session.tool.spawned``),
+# until its terminal: what the next start must kill before failing the call.
+_V4: Final = """
+CREATE TABLE tool_process (
+    message_id  TEXT NOT NULL,
+    call_id     TEXT NOT NULL,
+    session_id  TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
+    pgid        INTEGER NOT NULL,
+    start_ticks INTEGER NOT NULL,
+    boot_id     TEXT NOT NULL,
+    PRIMARY KEY (message_id, call_id)
+);
+CREATE INDEX tool_process_session ON tool_process (session_id);
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).
-PROJECTION_TABLES: Final = ("session", "session_message", "session_inbox", "session_part")
+PROJECTION_TABLES: Final = (
+    "session",
+    "session_message",
+    "session_inbox",
+    "session_part",
+    "tool_process",
+)
 
 
 def migrate(conn: sqlite3.Connection) -> int:

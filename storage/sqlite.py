@@ -8,6 +8,11 @@ Appends go to the single :class:`~storage._writer.Writer` (group commit);
 reads go to a small pool of read-only aiosqlite connections, so a long read
 never holds up a commit and vice versa (WAL).
 
+``SQLiteStore(path, read_only=True)`` is for commands that only read: no
+writer, no migration, no lock taken for writing (a shared one instead, so no
+writer starts under it, and it refuses to open while one runs); every
+connection is opened ``mode=ro``, and appends raise :class:`StoreClosedError`.
+
 Life cycle: unopened -> open -> closed. Entering twice, or using the store
 before opening or after closing, raises :class:`StoreClosedError`. Closing
 waits for every submitted command to commit (or fail) first.
@@ -20,6 +25,7 @@ import contextlib
 import enum
 import logging
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from threading import Thread
 from types import TracebackType
@@ -28,7 +34,7 @@ from typing import Any, Final, Self
 import aiosqlite
 
 from protocol.events import decode_event, encode_data, stored_type
-from storage._writer import Outcome, Prepared, Synchronous, Writer
+from storage._writer import Outcome, Prepared, Synchronous, Writer, shared_lock
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.queries import Queries, Row
 from storage.recorder import Command, RecordedEvent, Subscriber
@@ -53,10 +59,17 @@ class _State(enum.Enum):
 
 class SQLiteStore:
     def __init__(
-        self, path: str | os.PathLike[str], *, synchronous: Synchronous = "FULL", readers: int = 4
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        readers: int = 4,
+        read_only: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.synchronous: Synchronous = synchronous
+        self.read_only = read_only
+        self._shared_lock: int | None = None
         self._reader_count = readers
         self._state = _State.UNOPENED
         self._writer: Writer | None = None
@@ -90,15 +103,22 @@ class SQLiteStore:
             raise StoreClosedError(f"store is {self._state.value}; a store opens once")
         self._state = _State.OPEN
         try:
-            self._writer = Writer(
-                self.path,
-                synchronous=self.synchronous,
-                loop=asyncio.get_running_loop(),
-                on_done=self._batch_done,
-            )
-            await self._writer.start()
+            if self.read_only:
+                self._shared_lock = await asyncio.to_thread(shared_lock, self.path)
+            else:
+                self._writer = Writer(
+                    self.path,
+                    synchronous=self.synchronous,
+                    loop=asyncio.get_running_loop(),
+                    on_done=self._batch_done,
+                )
+                await self._writer.start()
+            target = f"file:{self.path}?mode=ro" if self.read_only else self.path
             for _ in range(self._reader_count):
-                conn = await aiosqlite.connect(self.path, isolation_level=None)
+                try:
+                    conn = await aiosqlite.connect(target, isolation_level=None, uri=self.read_only)
+                except sqlite3.Error as exc:
+                    raise StorageBrokenError(f"cannot open {self.path}: {exc}") from exc
                 self._all_readers.append(conn)
                 await conn.execute("PRAGMA query_only = ON")
                 self._readers.put_nowait(conn)
@@ -120,6 +140,9 @@ class SQLiteStore:
                     await conn.close()
             await _threads_gone(self._all_readers)
             self._all_readers.clear()
+            if self._shared_lock is not None:
+                os.close(self._shared_lock)
+                self._shared_lock = None
             self._state = _State.CLOSED
 
     @property
@@ -147,6 +170,8 @@ class SQLiteStore:
         and await only the last one it needs to be durable.
         """
         self._check_open()
+        if self.read_only:
+            raise StoreClosedError(f"store {self.path} is open read-only")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[RecordedEvent]] = loop.create_future()
         if not command.events:

@@ -23,8 +23,9 @@ from actors.tools._bounding import (
     run_sweeper,
 )
 from actors.tools._environment import PASSWORD_ENV, is_secret, tool_environment
-from actors.tools._executor import ToolExecutor
+from actors.tools._executor import RecordProcess, ToolExecutor
 from actors.tools._permission import Decision, permission
+from actors.tools._process import ProcessGroup
 from actors.tools._registry import ToolRegistry, ToolSpec
 from actors.tools._types import (
     DEFAULT_BASH_TIMEOUT_S,
@@ -49,6 +50,8 @@ __all__ = [
     "Content",
     "Decision",
     "OutputBounding",
+    "ProcessGroup",
+    "RecordProcess",
     "Tool",
     "ToolContext",
     "ToolError",

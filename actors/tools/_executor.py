@@ -15,6 +15,15 @@ The tool's ``run`` and the bounding of its successful result happen in *one*
 job on the :class:`~actors.BlockingRunner` (one thread, one slot): bounding
 may write a managed output file, and a success is never handed back unbounded.
 
+Process records
+---------------
+A tool that starts a process group calls ``ctx.spawned(group)`` from its
+thread before the group may run anything. With a ``record`` hook, the
+executor answers it: the hook runs on the loop (it appends
+``session.tool.spawned``) while the thread waits for it, and a hook that
+fails, or does not finish within ``record_timeout_s``, makes ``spawned``
+raise :class:`ToolError` so the tool kills the group unrun.
+
 Cancellation
 ------------
 ``ctx.cancel`` is the cooperative stop signal; it is passed to the runner as
@@ -33,30 +42,49 @@ the job's cancel event. Two ways to stop a call:
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import attrs
 
 from actors._exceptions import ActorDeadError
 from actors._threaded import BlockingRunner
 from actors.tools._bounding import OutputBounding
+from actors.tools._process import ProcessGroup
 from actors.tools._registry import ToolRegistry
 from actors.tools._types import Tool, ToolContext, ToolError, ToolOutcome, ToolResult
 
-__all__ = ["ToolExecutor"]
+__all__ = ["RecordProcess", "ToolExecutor"]
 
 logger = logging.getLogger(__name__)
+
+#: Makes a call's process group durable (on the loop); raises when it cannot.
+RecordProcess = Callable[[ToolContext, ProcessGroup], Awaitable[None]]
+
+#: A guard, not a deadline: a commit takes milliseconds.
+RECORD_TIMEOUT_S: Final = 30.0
 
 
 class ToolExecutor:
     """Validates, runs on a worker thread, and bounds tool calls."""
 
     def __init__(
-        self, registry: ToolRegistry, runner: BlockingRunner, bounding: OutputBounding
+        self,
+        registry: ToolRegistry,
+        runner: BlockingRunner,
+        bounding: OutputBounding,
+        *,
+        record: RecordProcess | None = None,
+        record_timeout_s: float = RECORD_TIMEOUT_S,
     ) -> None:
         self._registry = registry
         self._runner = runner
         self._bounding = bounding
+        self._record = record
+        self._record_timeout = record_timeout_s
 
     @property
     def registry(self) -> ToolRegistry:
@@ -82,6 +110,8 @@ class ToolExecutor:
             return ToolOutcome.failure("invalid-input", problem)
         if ctx.cancel.is_set():
             return ToolOutcome.failure("aborted", f"Tool execution aborted: {name}")
+        if self._record is not None:
+            ctx = attrs.evolve(ctx, spawned=self._spawned(self._record, ctx))
         try:
             return await self._runner.run(self._settle, tool, input, ctx, cancel=ctx.cancel)
         except ActorDeadError as exc:
@@ -89,6 +119,31 @@ class ToolExecutor:
         except Exception as exc:
             # Only the runner itself can get here (the job converts its own errors).
             return ToolOutcome.failure("tool.error", _describe(exc))
+
+    def _spawned(self, record: RecordProcess, ctx: ToolContext) -> Callable[[ProcessGroup], None]:
+        loop = asyncio.get_running_loop()
+        timeout = self._record_timeout
+
+        def spawned(group: ProcessGroup) -> None:  # called on the tool's thread
+            try:
+                future = asyncio.run_coroutine_threadsafe(_awaited(record(ctx, group)), loop)
+            except RuntimeError:  # the loop is closed: nobody could record it
+                raise ToolError(
+                    "Tool execution aborted: the runtime stopped", type="aborted"
+                ) from None
+            try:
+                future.result(timeout)
+            except concurrent.futures.TimeoutError:
+                future.cancel()
+                raise ToolError(
+                    f"Could not record the command's process within {timeout:g} s"
+                ) from None
+            except ToolError:
+                raise
+            except Exception as exc:
+                raise ToolError(f"Could not record the command's process: {exc}") from exc
+
+        return spawned
 
     def _settle(self, tool: Tool, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Worker-thread side: run the tool, then bound a success."""
@@ -109,6 +164,10 @@ class ToolExecutor:
             logger.warning("bounding the output of %r failed", tool.name, exc_info=True)
             return ToolOutcome.failure("tool.error", f"bounding tool output failed: {exc}")
         return ToolOutcome.success(bounded)
+
+
+async def _awaited(awaitable: Awaitable[None]) -> None:
+    await awaitable
 
 
 def _describe(exc: BaseException) -> str:

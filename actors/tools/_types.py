@@ -35,6 +35,8 @@ from typing import Any, Final, Literal, Protocol
 
 import attrs
 
+from actors.tools._process import ProcessGroup
+
 __all__ = [
     "DEFAULT_BASH_TIMEOUT_S",
     "Content",
@@ -68,6 +70,10 @@ def _ignore_progress(_update: Mapping[str, Any]) -> None:
     pass
 
 
+def _unrecorded(_group: ProcessGroup) -> None:
+    pass
+
+
 @attrs.frozen(kw_only=True)
 class ToolContext:
     """What a running tool may know about its call and use to report back.
@@ -76,6 +82,11 @@ class ToolContext:
     context supplies a thread-safe function (typically one that hops to the
     loop with ``loop.call_soon_threadsafe``). ``cancel`` is the cooperative
     stop signal: long-running tools poll it and raise ``ToolError(type="aborted")``.
+
+    ``spawned`` is called from the worker thread by a tool that starts a process
+    group, *before* the group may do anything: it returns once the group is
+    durably recorded (so the next start can kill it after a crash), and raises
+    :class:`ToolError` when it cannot be, in which case the group must not run.
     """
 
     session_id: str
@@ -87,6 +98,7 @@ class ToolContext:
     output_dir: Path
     cancel: threading.Event = attrs.field(factory=threading.Event)
     progress: Callable[[Mapping[str, Any]], None] = _ignore_progress
+    spawned: Callable[[ProcessGroup], None] = _unrecorded
     timeout_s: float = DEFAULT_BASH_TIMEOUT_S
     #: The operator's ``config`` permission: may this call write ``.sessionrt/``?
     config_writes: bool = False

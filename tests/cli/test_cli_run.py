@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,11 @@ from typing import Any
 
 import attrs
 import pytest
+
+from actors.runtime import Runtime, RuntimeConfig
+from protocol import events as ev
+from protocol.requests import CreateSessionInput, PromptInput
+from storage import Command
 
 EXE = str(Path(sys.executable).with_name("sessionrt"))
 TIMEOUT = 30
@@ -281,3 +287,57 @@ async def test_an_unreachable_server_is_a_clear_error() -> None:
     done = await sessionrt("sessions", "--url", "http://127.0.0.1:9")
     assert done.code == 1
     assert done.err.startswith("sessionrt: cannot reach the server http://127.0.0.1:9")
+
+
+# -- sessions and log only read ----------------------------------------------------------------
+# A session is left claimed, as by a server that died mid-execution. Each such call used to
+# run the recovery sweep (one more resume attempt, a restart notice, a resumed execution);
+# eleven calls exhausted the session's attempts. Now the file's log and the claim stay as
+# they were.
+
+READ_CALLS = 6
+
+
+def db_snapshot(db: Path) -> tuple[list[Any], list[Any]]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        events = conn.execute("SELECT * FROM event ORDER BY position").fetchall()
+        claims = conn.execute("SELECT id, time_claimed, resume_attempts FROM session").fetchall()
+    finally:
+        conn.close()
+    return events, claims
+
+
+async def test_reading_commands_leave_a_claimed_session_and_the_log_untouched(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    config = RuntimeConfig(data_dir=data, default_directory=str(tmp_path), recover=False)
+    async with Runtime(config) as rt:
+        s = await rt.sessions.create(CreateSessionInput(title="claimed"))
+        await rt.sessions.prompt(s.id, PromptInput(text="hello", resume=False))
+        await rt.store.append(Command.of(ev.ExecutionStarted(session_id=s.id)))
+    db = config.db_path
+    before = db_snapshot(db)
+    assert before[1][0][1] is not None  # claimed
+    assert before[1][0][2] == 0
+    for _ in range(READ_CALLS):
+        listed = await sessionrt("sessions", "--json", "--data-dir", str(data))
+        assert listed.code == 0, listed.err
+        assert "claimed" in listed.out
+        log = await sessionrt("log", s.id, "--data-dir", str(data))
+        assert log.code == 0, log.err
+        types = [e.get("type") for e in log.lines()]
+        assert "session.execution.started" in types
+        assert "session.execution.recovering" not in types
+    assert db_snapshot(db) == before
+
+
+async def test_reading_a_data_dir_without_a_database_creates_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    listed = await sessionrt("sessions", "--json", "--data-dir", str(data))
+    assert (listed.code, listed.out) == (0, "[]\n")
+    log = await sessionrt("log", "ses_1a22a3be2a7000JvJTfrpOXG6sZp", "--data-dir", str(data))
+    assert log.code == 1
+    assert "not found" in log.err
+    assert not data.exists()

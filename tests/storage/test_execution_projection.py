@@ -179,3 +179,84 @@ async def test_deleting_a_session_removes_its_parts(store: SQLiteStore) -> None:
     )
     rows = await store.fetch("SELECT count(*) FROM session_part")
     assert rows[0][0] == 0
+
+
+def spawned(call_id: str = "call_1", pgid: int = 4242) -> ev.ToolSpawned:
+    return ev.ToolSpawned(
+        session_id=SID,
+        assistant_message_id=AID,
+        id=call_id,
+        pgid=pgid,
+        start_ticks=777,
+        boot_id="boot-a",
+    )
+
+
+async def running_call(store: SQLiteStore, call_id: str = "call_1") -> None:
+    await append(
+        store,
+        ev.StepStarted(session_id=SID, assistant_message_id=AID, agent="a", model=MODEL, started=1),
+        ev.ToolCalled(
+            session_id=SID, assistant_message_id=AID, id=call_id, name="bash", input={"c": 1}
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    "terminal",
+    [
+        ev.ToolSucceeded(session_id=SID, assistant_message_id=AID, id="call_1", content=()),
+        ev.ToolFailed(
+            session_id=SID,
+            assistant_message_id=AID,
+            id="call_1",
+            error=ev.ErrorInfo(type="aborted", message="x"),
+        ),
+    ],
+)
+async def test_a_spawned_process_is_recorded_until_the_calls_terminal(
+    store: SQLiteStore, terminal: ev.Event, db_path: Path
+) -> None:
+    await setup(store)
+    await running_call(store)
+    await append(store, spawned())
+    [record] = await store.queries.tool_processes()
+    assert (record.session_id, record.assistant_message_id, record.call_id) == (SID, AID, "call_1")
+    assert (record.name, record.pgid, record.start_ticks, record.boot_id) == (
+        "bash",
+        4242,
+        777,
+        "boot-a",
+    )
+    assert await store.queries.tool_processes(SID) == [record]
+    assert await store.queries.tool_processes("ses_other") == []
+    stored, rebuilt = await asyncio.to_thread(rebuild_projections, str(db_path))
+    assert stored == rebuilt
+    assert stored["tool_process"] != []
+    await append(store, terminal)
+    assert await store.queries.tool_processes() == []
+    stored, rebuilt = await asyncio.to_thread(rebuild_projections, str(db_path))
+    assert stored == rebuilt
+
+
+async def test_a_process_is_recorded_only_for_a_running_call(store: SQLiteStore) -> None:
+    await setup(store)
+    with pytest.raises(ProjectionConflict) as missing:
+        await append(store, spawned())
+    assert missing.value.reason == "part.not-running"
+    await running_call(store)
+    await append(
+        store,
+        ev.ToolSucceeded(session_id=SID, assistant_message_id=AID, id="call_1", content=()),
+    )
+    # A record that lost the race with its terminal would name a dead group forever.
+    with pytest.raises(ProjectionConflict):
+        await append(store, spawned())
+    assert await store.queries.tool_processes() == []
+
+
+async def test_deleting_a_session_forgets_its_processes(store: SQLiteStore) -> None:
+    await setup(store)
+    await running_call(store)
+    await append(store, spawned(), ev.SessionDeleted(session_id=SID))
+    assert await store.queries.tool_processes() == []

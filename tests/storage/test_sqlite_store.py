@@ -195,3 +195,37 @@ async def test_a_failing_projector_fails_its_command_and_the_writer_goes_on(
     monkeypatch.undo()
     more = await store.append(Command.of(ev.SessionRenamed(session_id="ses_a", title="y")))
     assert more[0].seq == 2
+
+
+async def test_a_read_only_store_reads_and_changes_nothing(db_path: Path) -> None:
+    async with SQLiteStore(db_path) as store:
+        written = await store.append(Command.of(created("ses_a")))
+    before = sqlite3.connect(db_path).execute("SELECT * FROM event").fetchall()
+    async with SQLiteStore(db_path, read_only=True) as reader:
+        assert await reader.read("ses_a") == written
+        assert (await reader.queries.session("ses_a")) is not None
+        with pytest.raises(StoreClosedError, match="read-only"):
+            await reader.append(Command.of(created("ses_b")))
+        # No writer may start under a reader, so nothing it reads goes stale unseen.
+        with pytest.raises(StoreLockedError):
+            async with SQLiteStore(db_path):
+                pass
+    assert sqlite3.connect(db_path).execute("SELECT * FROM event").fetchall() == before
+    async with SQLiteStore(db_path):  # the reader is gone: a writer may start again
+        pass
+
+
+async def test_a_read_only_store_refuses_while_a_writer_runs(db_path: Path) -> None:
+    async with SQLiteStore(db_path):
+        with pytest.raises(StoreLockedError):
+            async with SQLiteStore(db_path, read_only=True):
+                pass
+
+
+async def test_a_read_only_store_creates_no_database(tmp_path: Path) -> None:
+    path = tmp_path / "none.sqlite"
+    with pytest.raises(StorageBrokenError):
+        async with SQLiteStore(path, read_only=True):
+            pass
+    assert not path.exists()
+    assert not Path(f"{path}.lock").exists()  # noqa: ASYNC240

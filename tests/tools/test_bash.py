@@ -20,7 +20,15 @@ from typing import Any
 import pytest
 
 from actors import BlockingRunner
-from actors.tools import ToolContext, ToolError, ToolExecutor
+from actors.tools import (
+    OutputBounding,
+    ProcessGroup,
+    ToolContext,
+    ToolError,
+    ToolExecutor,
+    ToolRegistry,
+    builtin_tools,
+)
 from actors.tools.builtin import BashTool
 
 GUARD = 10.0
@@ -215,3 +223,69 @@ async def test_an_invalid_timeout_is_rejected_before_running(
     assert outcome.error is not None
     assert outcome.error["type"] == "invalid-input"
     assert "timeout_s" in outcome.error["message"]
+
+
+def test_the_group_is_recorded_before_the_command_runs(location: Path, make_ctx: Any) -> None:
+    recorded: list[tuple[ProcessGroup, str, bool]] = []
+
+    def spawned(group: ProcessGroup) -> None:
+        stat = Path(f"/proc/{group.pgid}/stat").read_text().rpartition(")")[2].split()
+        recorded.append((group, stat[19], (location / "ran").exists()))
+
+    ctx = make_ctx(spawned=spawned)
+    result = BashTool().run({"command": "echo $$ > pid; touch ran; echo ok"}, ctx)
+    assert text_of(result) == "ok\n"
+    [(group, start_ticks, ran)] = recorded
+    assert not ran  # the command waited behind the gate while the group was recorded
+    # The command is the very process recorded: same pid, same start time, own group.
+    assert group.pgid == int((location / "pid").read_text())
+    assert group.start_ticks == int(start_ticks)
+
+
+def test_a_group_that_cannot_be_recorded_never_runs_the_command(
+    location: Path, make_ctx: Any
+) -> None:
+    pgids: list[int] = []
+
+    def spawned(group: ProcessGroup) -> None:
+        pgids.append(group.pgid)
+        raise ToolError("the store is gone", type="aborted")
+
+    ctx = make_ctx(spawned=spawned)
+    with pytest.raises(ToolError) as raised:
+        BashTool().run({"command": "touch ran"}, ctx)
+    assert raised.value.type == "aborted"
+    assert not (location / "ran").exists()
+    [pgid] = pgids
+    assert not alive(pgid)
+
+
+async def test_the_executor_records_the_group_through_its_hook_before_the_command_runs(
+    runner: BlockingRunner, bounding: OutputBounding, location: Path, make_ctx: Any
+) -> None:
+    seen: list[tuple[str, ProcessGroup, bool]] = []
+
+    async def record(ctx: ToolContext, group: ProcessGroup) -> None:
+        # On the loop, while the tool's thread waits at the gate.
+        await asyncio.sleep(0)
+        seen.append((ctx.call_id, group, (location / "ran").exists()))
+
+    executor = ToolExecutor(ToolRegistry(builtin_tools()), runner, bounding, record=record)
+    outcome = await executor.execute("bash", {"command": "touch ran"}, make_ctx())
+    assert outcome.status == "success"
+    [(call_id, group, ran)] = seen
+    assert (call_id, ran) == ("call_1", False)
+    assert group.pgid > 0
+
+
+async def test_a_failing_record_hook_fails_the_call_unrun(
+    runner: BlockingRunner, bounding: OutputBounding, location: Path, make_ctx: Any
+) -> None:
+    async def record(ctx: ToolContext, group: ProcessGroup) -> None:
+        raise ToolError("Tool execution aborted: session deleted", type="aborted")
+
+    executor = ToolExecutor(ToolRegistry(builtin_tools()), runner, bounding, record=record)
+    outcome = await executor.execute("bash", {"command": "touch ran"}, make_ctx())
+    assert outcome.error is not None
+    assert outcome.error["type"] == "aborted"
+    assert not (location / "ran").exists()

@@ -5,6 +5,13 @@ everything it starts share one process group that we can signal as a whole.
 The worker thread multiplexes three things without any helper thread: the
 merged stdout/stderr pipe (``selectors``), ``ctx.cancel``, and the deadline.
 
+- The command starts behind a gate: the shell first waits for a line on a
+  pipe of ours, and only then execs ``bash -c <command>`` (same pid, same
+  process group, same start time). Meanwhile ``ctx.spawned`` records the group
+  (id, leader start time, boot id) durably. If that fails, or the server dies
+  first, the gate closes without the line and the shell exits without running
+  anything: a command never runs unrecorded, so the next start can always
+  find and kill what a crash left behind.
 - Output is streamed to ``ctx.progress({"output": <tail>})`` at most every
   ``progress_interval_s`` (100 ms), only when something new arrived.
 - The call returns when bash exits. Output still buffered in the pipe is read
@@ -25,14 +32,13 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-import signal
 import subprocess
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Final, Literal
 
 from actors.tools._environment import tool_environment
+from actors.tools._process import identify, kill_group
 from actors.tools._types import ToolContext, ToolError, ToolResult
 
 __all__ = ["BashTool"]
@@ -43,7 +49,11 @@ _POLL_S: Final = 0.05
 _DRAIN_S: Final = 0.1
 _PROGRESS_TAIL: Final = 4_096
 _ERROR_TAIL: Final = 16_384
-_PROC: Final = Path("/proc")
+#: The gate: wait for our line on stdin, then become ``bash -c <command>`` with
+#: stdin on /dev/null. Without the line (EOF: we closed it, or died) nothing runs.
+#: Exit 125 is never reported: the gate fails only when the call has already failed.
+_GATE: Final = 'read -r go || exit 125; exec </dev/null; exec "$0" -c "$1"'
+_OPEN: Final = b"go\n"
 
 Stop = Literal["aborted", "timeout"]
 
@@ -92,7 +102,7 @@ class BashTool:
         self,
         *,
         shell: str = "/bin/bash",
-        kill_grace_s: float = 2.0,
+        kill_grace_s: float = 0.5,
         progress_interval_s: float = 0.1,
         max_output_bytes: int = 32 * 1024 * 1024,
     ) -> None:
@@ -106,9 +116,9 @@ class BashTool:
         deadline = time.monotonic() + timeout
         try:
             proc = subprocess.Popen(
-                [self._shell, "-c", input["command"]],
+                [self._shell, "-c", _GATE, self._shell, input["command"]],
                 cwd=ctx.directory,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -116,15 +126,29 @@ class BashTool:
             )
         except OSError as exc:
             raise ToolError(f"Could not start {self._shell}: {exc}") from exc
+        assert proc.stdin is not None
+        gate = proc.stdin.fileno()
         output = _Output(self._cap)
         stop: Stop | None = None
         finished = False
         try:
-            stop = self._pump(proc, ctx, output, deadline)
-            finished = stop is None
+            try:
+                self._record(proc, ctx)
+                if ctx.cancel.is_set():
+                    stop = "aborted"
+                else:
+                    # EPIPE: the shell is gone already; _pump reports how it ended.
+                    with contextlib.suppress(BrokenPipeError):
+                        os.write(gate, _OPEN)
+            finally:
+                proc.stdin.close()
+            if stop is None:
+                stop = self._pump(proc, ctx, output, deadline)
+                finished = stop is None
         finally:
             if not finished:
-                _kill_group(proc, self._grace)
+                kill_group(proc.pid, self._grace, reap=proc.poll)
+                _reap(proc)
             assert proc.stdout is not None
             proc.stdout.close()
         if stop is not None:
@@ -136,6 +160,15 @@ class BashTool:
             status = f"Exit code: {code}" if code > 0 else f"Terminated by signal {-code}"
             text += ("\n" if text and not text.endswith("\n") else "") + status
         return ToolResult.text(text or "(no output)", exitCode=code)
+
+    @staticmethod
+    def _record(proc: subprocess.Popen[bytes], ctx: ToolContext) -> None:
+        """Durably record the (still gated) group; raises ToolError when that fails."""
+        group = identify(proc.pid)
+        if group is None:
+            # No /proc to name it by (not Linux): nothing a later start could check.
+            return
+        ctx.spawned(group)
 
     def _pump(
         self, proc: subprocess.Popen[bytes], ctx: ToolContext, output: _Output, deadline: float
@@ -192,59 +225,7 @@ def _partial(output: _Output) -> str:
     return f" Output so far (last {_ERROR_TAIL} bytes at most):\n{tail}"
 
 
-def _signal_group(pgid: int, signum: int) -> None:
-    # Gone already, or a member we may not signal: both leave nothing for us to do.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` is still running (zombies do not count).
-
-    ``killpg(pgid, 0)`` alone would say yes while a killed member waits as a
-    zombie for a parent (or an init) that never reaps it, so on Linux the
-    group's members are looked up in /proc.
-    """
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if not _PROC.is_dir():
-        return True
-    for entry in _PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-        fields = stat.rpartition(")")[2].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-def _wait_group_gone(proc: subprocess.Popen[bytes], pgid: int, seconds: float) -> bool:
-    end = time.monotonic() + seconds
-    while True:
-        proc.poll()  # reap bash itself, so it does not linger in the group as a zombie
-        if not _group_alive(pgid):
-            return True
-        if time.monotonic() >= end:
-            return False
-        time.sleep(0.01)
-
-
-def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the command's process group, SIGKILL what is left after ``grace``."""
-    pgid = proc.pid  # start_new_session: bash leads its own group
-    _signal_group(pgid, signal.SIGTERM)
-    if not _wait_group_gone(proc, pgid, grace):
-        _signal_group(pgid, signal.SIGKILL)
-        _wait_group_gone(proc, pgid, 5.0)
+def _reap(proc: subprocess.Popen[bytes]) -> None:
     # TimeoutExpired: stuck in the kernel (D state); nothing more a signal can do.
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5.0)
