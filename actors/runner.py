@@ -160,6 +160,20 @@ class Runner:
             await self._store.append(
                 Command.of(stale_failure(session_id, call.assistant_message_id, call.id, call.name))
             )
+        # The step that owned them (or one cut off while streaming or waiting
+        # out a retry) gets its terminal too, after its calls: a message
+        # without one would read as still running forever.
+        open_step = await self._store.queries.open_step(session_id)
+        if open_step is not None:
+            await self._store.append(
+                Command.of(
+                    ev.StepFailed(
+                        session_id=session_id,
+                        assistant_message_id=open_step,
+                        error=ev.ErrorInfo(type="aborted", message="Step interrupted by a restart"),
+                    )
+                )
+            )
         return len(stale)
 
     async def _request(

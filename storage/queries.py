@@ -262,6 +262,19 @@ class Queries:
             for r in rows
         ]
 
+    async def open_step(self, session_id: str) -> str | None:
+        """The newest assistant message when its step has no terminal (cut off by a crash).
+
+        Only the newest can be open: a step settles before the next one starts.
+        """
+        rows = await self._fetch(
+            "SELECT id, json_extract(data, '$.finish') IS NULL"
+            " AND json_extract(data, '$.error') IS NULL FROM session_message"
+            " WHERE session_id = ? AND type = 'assistant' ORDER BY seq DESC LIMIT 1",
+            (session_id,),
+        )
+        return rows[0][0] if rows and rows[0][1] else None
+
     # -- inbox ----------------------------------------------------------------------------------
 
     async def inbox(self, session_id: str) -> list[InboxItem]:

@@ -550,9 +550,11 @@ async def test_a_crash_during_the_backoff_is_recovered(tmp_path: Path, workdir: 
             session = await rt.sessions.get(sid)
             assert session.retry is None
             messages = (await rt.sessions.messages(sid, order="asc", limit=200)).data
-            last = messages[-1]
-            assert isinstance(last, AssistantMessage)
+            first, last = [m for m in messages if isinstance(m, AssistantMessage)]
             assert last.parts == (TextPart(ordinal=0, text="recovered"),)
+            # The message the crash cut off mid-backoff is settled, not left running.
+            assert first.error is not None
+            assert first.error["type"] == "aborted"
             assert await rt.store.queries.claims() == []
             types = [r.type for r in await rt.store.read(sid, limit=1000)]
             assert types[-1] == "session.execution.succeeded.1"
