@@ -45,6 +45,7 @@ from actors._ref import ActorRef
 from actors._shield import finish
 from actors.inbox import Scope
 from protocol.events import ErrorInfo, InterruptReason
+from storage import StorageBrokenError
 
 __all__ = [
     "Execution",
@@ -262,6 +263,10 @@ class SessionActor(Actor):
         self._settling = True
         try:
             await finish(self._hooks.settled(self.session_id, outcome))
+        except StorageBrokenError as exc:
+            # Disk full or an I/O error: the message is the news, a traceback is noise
+            # (the claim stays, so the next start recovers the session).
+            log.error("settling %s failed: %s", self.session_id, exc)
         except Exception:
             log.exception("settling %s failed", self.session_id)
         finally:

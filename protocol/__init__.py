@@ -26,8 +26,10 @@ from protocol.errors import (
     SessionBusyError,
     SessionNotFoundError,
     SessionRtError,
+    StorageUnavailableError,
     UnauthorizedError,
     UnknownError,
+    UnsupportedMediaTypeError,
 )
 from protocol.events import REGISTRY, Event, decode_event, encode_data, envelope, stored_type
 from protocol.shapes import (
@@ -87,11 +89,13 @@ __all__ = [
     "SessionQuery",
     "SessionRtError",
     "SessionTime",
+    "StorageUnavailableError",
     "SyntheticMessage",
     "SystemMessage",
     "Tokens",
     "UnauthorizedError",
     "UnknownError",
+    "UnsupportedMediaTypeError",
     "UserMessage",
     "codec",
     "decode_cursor",

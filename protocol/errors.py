@@ -19,8 +19,11 @@ client turns such a body back into the same class with :func:`from_wire`.
         ├── SessionBusyError            409  (sessionID)
         ├── InstructionEntryValueTooLargeError  413  (actualBytes, maxBytes)
         ├── PayloadTooLargeError        413  (maxBytes) a request body over the limit
+        ├── UnsupportedMediaTypeError   415  a request body that is not application/json
+        ├── MisdirectedRequestError     421  a Host header that does not name this server
         ├── UnknownError                500  (ref?) a bug; never the caller's fault
         └── ServiceUnavailableError     503  (service?) we are closing or not ready
+            └── StorageUnavailableError 503  the database failed (disk full, I/O); retryable
 
 Infrastructure failures (storage broken, transport lost) have their own
 hierarchies in their packages and are translated once at each boundary.
@@ -39,14 +42,17 @@ __all__ = [
     "InvalidRequestError",
     "MessageNotFoundError",
     "MethodNotAllowedError",
+    "MisdirectedRequestError",
     "PayloadTooLargeError",
     "RouteNotFoundError",
     "ServiceUnavailableError",
     "SessionBusyError",
     "SessionNotFoundError",
     "SessionRtError",
+    "StorageUnavailableError",
     "UnauthorizedError",
     "UnknownError",
+    "UnsupportedMediaTypeError",
     "error_types",
     "from_wire",
 ]
@@ -199,6 +205,16 @@ class PayloadTooLargeError(DomainError):
         )
 
 
+class UnsupportedMediaTypeError(DomainError):
+    tag = "UnsupportedMediaTypeError"
+    status = 415
+
+
+class MisdirectedRequestError(DomainError):
+    tag = "MisdirectedRequestError"
+    status = 421
+
+
 class UnknownError(DomainError):
     tag = "UnknownError"
     status = 500
@@ -214,6 +230,16 @@ class ServiceUnavailableError(DomainError):
     field_names = ("service",)
 
     def __init__(self, message: str = "Service unavailable", *, service: str | None = None):
+        super().__init__(message, service=service)
+
+
+class StorageUnavailableError(ServiceUnavailableError):
+    """The database cannot take the request now (disk full, I/O error); nothing of it was
+    stored, and the same request may succeed later."""
+
+    tag = "StorageUnavailableError"
+
+    def __init__(self, message: str = "Storage unavailable", *, service: str | None = "storage"):
         super().__init__(message, service=service)
 
 
@@ -235,8 +261,11 @@ _ALL: tuple[type[DomainError], ...] = (
     SessionBusyError,
     InstructionEntryValueTooLargeError,
     PayloadTooLargeError,
+    UnsupportedMediaTypeError,
+    MisdirectedRequestError,
     UnknownError,
     ServiceUnavailableError,
+    StorageUnavailableError,
 )
 
 

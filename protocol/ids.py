@@ -27,6 +27,7 @@ __all__ = [
     "event_id",
     "is_valid",
     "message_id",
+    "pattern",
     "session_id",
     "tool_output_id",
     "validate",
@@ -46,6 +47,12 @@ _BASE62: Final = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
 _TO_BASE62: Final = bytes(ord(_BASE62[b % 62]) for b in range(256))
 _COUNTER_BITS: Final = 12
 _BODY: Final = re.compile(r"[0-9A-Za-z_-]{1,100}")
+
+
+def pattern(kind: IdKind) -> str:
+    """The JSON Schema ``pattern`` of a valid id of ``kind`` (for the OpenAPI document)."""
+    return f"^{_PREFIXES[kind]}{_BODY.pattern}$"
+
 
 _lock = threading.Lock()
 _last = 0

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import attrs
 
-from protocol import codec
+from protocol import codec, ids
 from protocol.errors import DomainError
 from protocol.operations import OPERATIONS, Operation
 
@@ -64,7 +64,7 @@ class _Schemas:
         for field in attrs.fields(cls):
             wire = field.metadata.get("wire", codec.wire_name(field.name))
             tp = hints[field.name]
-            properties[wire] = self.of(tp)
+            properties[wire] = field.metadata.get("schema") or self.of(tp)
             optional = typing.get_origin(tp) in (typing.Union, types.UnionType) and type(
                 None
             ) in typing.get_args(tp)
@@ -130,7 +130,12 @@ def _success(op: Operation, schemas: _Schemas) -> tuple[str, dict[str, Any]]:
 
 def _parameters(op: Operation, schemas: _Schemas) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = [
-        {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+        {
+            "name": p,
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "pattern": ids.pattern(op.id_kind(p))},
+        }
         for p in op.path_params
     ]
     if op.query is not None:
@@ -141,7 +146,7 @@ def _parameters(op: Operation, schemas: _Schemas) -> list[dict[str, Any]]:
                     "name": codec.wire_name(field.name),
                     "in": "query",
                     "required": False,
-                    "schema": schemas.of(hints[field.name]),
+                    "schema": field.metadata.get("schema") or schemas.of(hints[field.name]),
                 }
             )
     return params
@@ -171,7 +176,8 @@ def document() -> dict[str, Any]:
         }
         if op.body is not None:
             operation["requestBody"] = {
-                "required": True,
+                # An empty body is the empty object when no field is required.
+                "required": any(f.default is attrs.NOTHING for f in attrs.fields(op.body)),
                 "content": {"application/json": {"schema": schemas.of(op.body)}},
             }
         paths.setdefault(op.path, {})[op.method.lower()] = operation

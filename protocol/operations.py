@@ -57,9 +57,15 @@ Method = Literal["GET", "POST", "PATCH", "DELETE"]
 # -- inputs only the table uses ---------------------------------------------------------------
 
 
+#: Page sizes the session facade accepts (``actors.sessions.MAX_PAGE``).
+_LIMIT: Final = attrs.field(
+    default=None, metadata={"schema": {"type": "integer", "minimum": 1, "maximum": 200}}
+)
+
+
 @attrs.frozen(kw_only=True)
 class SessionListQuery:
-    limit: int | None = None
+    limit: int | None = _LIMIT
     order: Order | None = None
     search: str | None = None
     #: A session id, or the literal ``null`` for root sessions only.
@@ -69,7 +75,7 @@ class SessionListQuery:
 
 @attrs.frozen(kw_only=True)
 class MessagesQuery:
-    limit: int | None = None
+    limit: int | None = _LIMIT
     order: Order | None = None
     cursor: str | None = None
 

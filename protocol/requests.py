@@ -35,6 +35,15 @@ def _id_of(kind: ids.IdKind, field: str) -> Any:
     return check
 
 
+def _id_field(kind: ids.IdKind, field: str) -> Any:
+    """An optional client-chosen id: validated, and documented with its pattern."""
+    return attrs.field(
+        default=None,
+        validator=_id_of(kind, field),
+        metadata={"schema": {"type": "string", "pattern": ids.pattern(kind)}},
+    )
+
+
 def _json(field: str) -> Any:
     """Values must survive our JSON codec (e.g. integers within 64 bits)."""
 
@@ -73,7 +82,7 @@ class FileInput:
 
 @attrs.frozen(kw_only=True)
 class PromptInput:
-    id: str | None = attrs.field(default=None, validator=_id_of("msg", "id"))
+    id: str | None = _id_field("msg", "id")
     text: str
     files: tuple[FileInput, ...] | None = None
     metadata: Mapping[str, Any] | None = _metadata()
@@ -83,7 +92,7 @@ class PromptInput:
 
 @attrs.frozen(kw_only=True)
 class SyntheticInput:
-    id: str | None = attrs.field(default=None, validator=_id_of("msg", "id"))
+    id: str | None = _id_field("msg", "id")
     text: str
     description: str | None = None
     metadata: Mapping[str, Any] | None = _metadata()
@@ -93,8 +102,8 @@ class SyntheticInput:
 
 @attrs.frozen(kw_only=True)
 class CreateSessionInput:
-    id: str | None = attrs.field(default=None, validator=_id_of("ses", "id"))
-    parent_id: str | None = attrs.field(default=None, validator=_id_of("ses", "parentID"))
+    id: str | None = _id_field("ses", "id")
+    parent_id: str | None = _id_field("ses", "parentID")
     title: str | None = None
     agent: str | None = None
     model: ModelRef | None = None

@@ -18,7 +18,7 @@ import attrs
 from aiohttp import web
 
 from protocol import codec, ids
-from protocol.errors import InvalidRequestError, PayloadTooLargeError
+from protocol.errors import InvalidRequestError
 from protocol.operations import Operation
 
 __all__ = ["decode_body", "decode_path", "decode_query"]
@@ -80,10 +80,9 @@ def _coerce(tp: Any, raw: str, name: str) -> Any:
 async def decode_body(op: Operation, request: web.Request) -> Any:
     if op.body is None:
         return None
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise PayloadTooLargeError(exc.max_size if hasattr(exc, "max_size") else 0) from None
+    # Over the app's client_max_size, read() raises HTTPRequestEntityTooLarge; the
+    # app's error middleware answers it with the real limit.
+    raw = await request.read()
     if not raw.strip():
         data: Any = {}
     else:

@@ -7,6 +7,11 @@ become their tagged JSON with the tag's status in one middleware; anything
 unexpected becomes a logged ``UnknownError`` 500 with a reference, never a
 traceback on the wire.
 
+Before anything else, :mod:`server.guard` refuses requests a web page could
+forge (foreign Host, foreign Origin, non-JSON bodies), then auth runs. The
+database failing underneath (disk full, I/O error) is a retryable
+``StorageUnavailableError`` 503 and one log line, not a 500 per request.
+
 The runtime's lifecycle hangs on the app's ``cleanup_ctx`` when the app owns
 it (``make_app(config=...)``); an embedding host may pass a running runtime.
 """
@@ -15,20 +20,24 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Final
 
 import attrs
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import codec, ids
 from protocol.errors import (
     DomainError,
+    InvalidRequestError,
     MethodNotAllowedError,
     PayloadTooLargeError,
     RouteNotFoundError,
+    ServiceUnavailableError,
+    StorageUnavailableError,
     UnauthorizedError,
     UnknownError,
 )
@@ -37,7 +46,9 @@ from protocol.operations import OPERATIONS, LogQuery, Operation, by_id
 from server import sse
 from server._decode import decode_body, decode_path, decode_query
 from server.auth import authorized
+from server.guard import Guard, normalize_origin
 from server.handlers import HANDLERS, Call
+from storage import StorageBrokenError, StoreClosedError
 
 __all__ = ["RUNTIME", "SETTINGS", "ServerSettings", "make_app"]
 
@@ -46,12 +57,33 @@ log = logging.getLogger("sessionrt.server")
 DEFAULT_MAX_BODY: Final = 32 * 1024 * 1024
 
 
+def _password(_: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None and not value:
+        raise ValueError("the password is empty; leave it unset for no password")
+
+
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _origins(
+    _: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+) -> None:
+    for origin in value:
+        normalize_origin(origin)
+
+
 @attrs.frozen(kw_only=True)
 class ServerSettings:
-    password: str | None = None
+    #: None: no password. An empty string is refused: it is a mistake, not "none".
+    password: str | None = attrs.field(default=None, validator=_password)
     max_body_bytes: int = DEFAULT_MAX_BODY
     heartbeat_s: float = 15.0
     event_queue_frames: int = 4096
+    #: Web origins (``https://app.example``) whose pages may call the API, with CORS.
+    cors_origins: tuple[str, ...] = attrs.field(default=(), converter=_strings, validator=_origins)
+    #: Host names this server answers to besides localhost, loopback and its own address.
+    allowed_hosts: tuple[str, ...] = attrs.field(default=(), converter=_strings)
 
 
 RUNTIME: Final = web.AppKey("runtime", Runtime)
@@ -71,21 +103,60 @@ def _error(err: DomainError) -> web.Response:
     response = _json(err.status, err.to_wire())
     if isinstance(err, UnauthorizedError):
         response.headers["WWW-Authenticate"] = 'Basic realm="sessionrt"'
+    if isinstance(err, StorageUnavailableError):
+        response.headers["Retry-After"] = "5"
     return response
+
+
+class _StorageAlarm:
+    """One log line when the database starts failing, one when writes work again.
+
+    A full disk fails every write until someone frees space; a line (or a
+    traceback) per request would bury the one that matters.
+    """
+
+    def __init__(self) -> None:
+        self.failing = False
+
+    def failed(self, request: web.Request, exc: StorageBrokenError) -> None:
+        if not self.failing:
+            self.failing = True
+            log.error("storage unavailable (%s %s): %s", request.method, request.path, exc)
+
+    def wrote(self, request: web.Request, response: web.StreamResponse) -> None:
+        if self.failing and request.method != "GET" and response.status < 300:
+            self.failing = False
+            log.warning("storage available again")
+
+
+ALARM: Final = web.AppKey("storage_alarm", _StorageAlarm)
 
 
 @web.middleware
 async def _errors(request: web.Request, handler: Endpoint) -> web.StreamResponse:
     try:
-        return await handler(request)
+        response = await handler(request)
     except DomainError as err:
         return _error(err)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _error(PayloadTooLargeError(request.app[SETTINGS].max_body_bytes, str(exc.text)))
+    except web.HTTPRequestEntityTooLarge:
+        return _error(PayloadTooLargeError(request.app[SETTINGS].max_body_bytes))
+    except HttpProcessingError as exc:  # a malformed body: bad chunk, short content
+        return _error(InvalidRequestError(f"Malformed request: {exc.message}", kind="http"))
+    except StorageBrokenError as exc:
+        # The environment broke (disk full, I/O error); nothing was stored, the
+        # same request may work later.
+        request.app[ALARM].failed(request, exc)
+        return _error(StorageUnavailableError(f"Storage unavailable: {exc}"))
+    except StoreClosedError:
+        return _error(ServiceUnavailableError("the server is shutting down", service="storage"))
     except web.HTTPNotFound:
         return _error(RouteNotFoundError(f"No route for {request.method} {request.path}"))
-    except web.HTTPMethodNotAllowed:
-        return _error(MethodNotAllowedError(f"{request.method} is not allowed on {request.path}"))
+    except web.HTTPMethodNotAllowed as exc:
+        response = _error(
+            MethodNotAllowedError(f"{request.method} is not allowed on {request.path}")
+        )
+        response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+        return response
     except web.HTTPException:
         raise
     except ConnectionResetError:
@@ -94,6 +165,8 @@ async def _errors(request: web.Request, handler: Endpoint) -> web.StreamResponse
         ref = ids.event_id()
         log.exception("unhandled error (ref %s) on %s %s", ref, request.method, request.path)
         return _error(UnknownError("Internal error", ref=ref))
+    request.app[ALARM].wrote(request, response)
+    return response
 
 
 @web.middleware
@@ -110,8 +183,19 @@ def _directory(request: web.Request) -> str | None:
     if value is None:
         header = request.headers.get("x-opencode-directory")
         if header is not None:
-            value = urllib.parse.unquote(header)
+            value = _unquote_header(header)
     return value or None
+
+
+def _unquote_header(header: str) -> str:
+    # The header is URL-encoded UTF-8; raw bytes outside ASCII arrive as
+    # surrogates and would fail far away, so they fail here as a 400.
+    try:
+        return urllib.parse.unquote(header.encode("ascii").decode(), errors="strict")
+    except UnicodeError:
+        raise InvalidRequestError(
+            "x-opencode-directory must be URL-encoded UTF-8", field="x-opencode-directory"
+        ) from None
 
 
 def _endpoint(op: Operation) -> Endpoint:
@@ -119,6 +203,8 @@ def _endpoint(op: Operation) -> Endpoint:
         runtime = request.app[RUNTIME]
         path = decode_path(op, request)
         query = decode_query(op, request)
+        if op.streaming and request.method == "HEAD":
+            return await _head_stream(runtime, path.get("sessionID"))
         if op.id == "session.log":
             return await sse.session_log(
                 runtime, request.app[STREAMS], request, path["sessionID"], query
@@ -155,6 +241,13 @@ def _encode(op: Operation, result: Any) -> web.Response:
     return _json(200, codec.to_json(result))
 
 
+async def _head_stream(runtime: Runtime, session_id: str | None) -> web.Response:
+    """HEAD on a stream: the status and headers its GET would start with, and no stream."""
+    if session_id is not None:
+        await runtime.sessions.get(session_id)
+    return web.Response(status=200, headers={"Content-Type": "text/event-stream"})
+
+
 async def _doc(request: web.Request) -> web.Response:
     return _json(200, document())
 
@@ -164,6 +257,8 @@ async def _compat_event_log(request: web.Request) -> web.StreamResponse:
     op = by_id("session.log")
     path = decode_path(op, request)
     query = decode_query(op, request)
+    if request.method == "HEAD":
+        return await _head_stream(request.app[RUNTIME], path["sessionID"])
     return await sse.session_log(
         request.app[RUNTIME],
         request.app[STREAMS],
@@ -174,6 +269,8 @@ async def _compat_event_log(request: web.Request) -> web.StreamResponse:
 
 
 async def _compat_feed(request: web.Request) -> web.StreamResponse:
+    if request.method == "HEAD":
+        return await _head_stream(request.app[RUNTIME], None)
     return await request.app[FEED].stream(request)
 
 
@@ -187,13 +284,21 @@ def make_app(
     if (runtime is None) == (config is None):
         raise ValueError("pass exactly one of runtime or config")
     settings = settings or ServerSettings()
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=settings.max_body_bytes)
+    guard = Guard(cors_origins=settings.cors_origins, allowed_hosts=settings.allowed_hosts)
+    app = web.Application(
+        middlewares=[_errors, guard.middleware, _auth], client_max_size=settings.max_body_bytes
+    )
+    app.on_response_prepare.append(guard.on_prepare)
     app[SETTINGS] = settings
+    app[ALARM] = _StorageAlarm()
     app[STREAMS] = sse.StreamSettings(
         heartbeat_s=settings.heartbeat_s, queue_frames=settings.event_queue_frames
     )
     for op in OPERATIONS:
-        app.router.add_route(op.method, op.path, _endpoint(op), name=op.id)
+        if op.method == "GET":
+            app.router.add_get(op.path, _endpoint(op), name=op.id)  # and HEAD
+        else:
+            app.router.add_route(op.method, op.path, _endpoint(op), name=op.id)
     app.router.add_get("/doc", _doc, name="openapi")
     app.router.add_get("/api/session/{sessionID}/event", _compat_event_log, name="compat.log")
     app.router.add_get("/event", _compat_feed, name="compat.event")

@@ -16,7 +16,9 @@ def authorized(header: str | None, password: str) -> bool:
     value = value.strip()
     expected = password.encode()
     if scheme.lower() == "bearer":
-        return hmac.compare_digest(value.encode(), expected)
+        # Header bytes that are not UTF-8 arrive as surrogates: compare them as the
+        # bytes they were (never equal to a password, never an encoding error).
+        return hmac.compare_digest(value.encode("utf-8", "surrogateescape"), expected)
     if scheme.lower() == "basic":
         try:
             decoded = base64.b64decode(value, validate=True)

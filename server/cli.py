@@ -73,8 +73,8 @@ def _add_host(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--password",
-        default=os.environ.get(_PASSWORD_ENV),
-        help=f"the server's password, with --url (default ${_PASSWORD_ENV})",
+        default=None,
+        help=f"the server's password, with --url (better: ${_PASSWORD_ENV})",
     )
 
 
@@ -101,8 +101,16 @@ def _parser() -> argparse.ArgumentParser:
     _add_data_dir(serve)
     serve.add_argument(
         "--password",
-        default=os.environ.get(_PASSWORD_ENV),
-        help=f"require this password (Basic or Bearer); default ${_PASSWORD_ENV}",
+        default=None,
+        help=f"require this password (Basic or Bearer); visible to local users, prefer"
+        f" ${_PASSWORD_ENV} or [server] password in --config",
+    )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        default=None,
+        metavar="ORIGIN",
+        help="let web pages of ORIGIN (e.g. https://app.example) call the API; repeatable",
     )
     serve.add_argument(
         "--synchronous", choices=["FULL", "NORMAL"], help="SQLite durability (default FULL)"
@@ -145,19 +153,53 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _password(args: argparse.Namespace, from_file: str | None = None) -> str | None:
+    """--password, else $SESSIONRT_SERVER_PASSWORD, else the file's; an empty one is an error."""
+    if args.password is not None:
+        # Any local user can read a command line (ps, /proc/PID/cmdline).
+        _error(
+            f"warning: --password is visible to every local user; set ${_PASSWORD_ENV}"
+            " or [server] password in a --config file instead"
+        )
+        chosen, where = args.password, "--password"
+    elif (env := os.environ.get(_PASSWORD_ENV)) is not None:
+        chosen, where = env, f"${_PASSWORD_ENV}"
+    else:
+        chosen, where = from_file, "[server] password"
+    if chosen is not None and not chosen:
+        raise ConfigError(f"{where} is empty; unset it for no password, or give a real one")
+    return chosen
+
+
+def _check_data_dir(path: Path) -> None:
+    """A data dir that is (or lies under) a regular file is a sentence, not "[Errno 17]"."""
+    for existing in (path, *path.parents):
+        if not existing.exists():
+            continue
+        if existing == path and not path.is_dir():
+            raise ConfigError(f"the data directory {path} exists and is not a directory")
+        if not existing.is_dir():
+            raise ConfigError(f"the data directory {path} cannot be made: {existing} is a file")
+        return
+
+
 def _serve(args: argparse.Namespace) -> int:
     file = load_config(args.config) if args.config is not None else {}
     server = file.get("server", {})
     flags = {"synchronous": args.synchronous} if args.synchronous is not None else {}
     config = runtime_config(file, args.data_dir, fallback_data_dir=default_data_dir(), **flags)
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    _check_data_dir(config.data_dir)
     host = args.host or server.pop("host", "127.0.0.1")
     port = args.port if args.port is not None else server.pop("port", 4096)
     server.pop("host", None)
     server.pop("port", None)
-    password = args.password or server.pop("password", None)
-    server.pop("password", None)
-    settings = ServerSettings(password=password or None, **server)
+    password = _password(args, server.pop("password", None))
+    if args.cors_origin:
+        server["cors_origins"] = [*server.get("cors_origins", []), *args.cors_origin]
+    try:
+        settings = ServerSettings(password=password, **server)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     asyncio.run(serve(config, settings, host=host, port=port))
     return 0
 
@@ -223,7 +265,8 @@ async def _on_host(
     sigint = Sigint()
     release = sigint.install()
     try:
-        async with open_host(args.url, args.password, data_dir, config) as host:
+        password = _password(args) if args.url else None
+        async with open_host(args.url, password, data_dir, config) as host:
             return await command(host, args, sigint)
     finally:
         release()
@@ -237,6 +280,7 @@ def _on_host_sync(args: argparse.Namespace) -> int:
             raise ConfigError("--config is for the embedded runtime; not with --url")
         config = runtime_config(load_config(args.config), args.data_dir, fallback_data_dir=data_dir)
         data_dir = config.data_dir
+    _check_data_dir(data_dir)
     if args.command in _READ_ONLY and not args.url:
         config = attrs.evolve(config or RuntimeConfig(data_dir=data_dir), read_only=True)
         if not config.db_path.exists():

@@ -3,7 +3,9 @@
     [server]
     host = "127.0.0.1"
     port = 4096
-    password = "…"              # or SESSIONRT_SERVER_PASSWORD
+    password = "…"              # or SESSIONRT_SERVER_PASSWORD; never empty
+    cors_origins = []           # web origins whose pages may call the API ("https://app.example")
+    allowed_hosts = []          # Host names served besides localhost, loopback, the bound address
     max_body_bytes = 33554432
     heartbeat_s = 15
 
@@ -56,6 +58,8 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "password": str,
         "max_body_bytes": int,
         "heartbeat_s": (int, float),
+        "cors_origins": list,
+        "allowed_hosts": list,
     },
     "runtime": {
         "data_dir": str,

@@ -25,11 +25,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from aiohttp import web
-
 from actors.runtime import Runtime, RuntimeConfig
 from protocol.client import Client, EventsAPI, SessionsAPI
 from server._inprocess import InProcessConnector
+from server._protocol import make_runner
 from server.app import ServerSettings, make_app
 
 __all__ = ["Embedded"]
@@ -88,7 +87,7 @@ class Embedded:
             runtime = await self._stack.enter_async_context(Runtime(self.config))
             self._runtime = runtime
             app = make_app(runtime=runtime, settings=self._settings)
-            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+            runner = make_runner(app)
             await runner.setup()
             self._stack.push_async_callback(runner.cleanup)
             assert runner.server is not None

@@ -16,12 +16,22 @@ import signal
 import sys
 from typing import TextIO
 
+import attrs
 from aiohttp import web
 
 from actors.runtime import RuntimeConfig
+from server._protocol import make_runner
 from server.app import ServerSettings, make_app
 
 __all__ = ["is_loopback", "serve"]
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host == ""
+    return True
 
 
 def is_loopback(host: str) -> bool:
@@ -62,8 +72,11 @@ async def serve(
             file=sys.stderr,
             flush=True,
         )
+    if not _is_address(host) and host not in settings.allowed_hosts:
+        # The name the operator bound to is a name clients will send as Host.
+        settings = attrs.evolve(settings, allowed_hosts=[*settings.allowed_hosts, host])
     app = make_app(config=config, settings=settings)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = make_runner(app)
     try:
         await runner.setup()
         site = web.TCPSite(runner, host, port)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -42,6 +43,7 @@ __all__ = ["EventFeed", "StreamSettings", "frame", "session_log"]
 
 PAGE: Final = 512
 PING: Final = b": ping\n\n"
+_SEQ: Final = re.compile(r"[0-9]{1,18}")
 
 
 class StreamSettings:
@@ -83,7 +85,8 @@ def _after(request: web.Request, query: LogQuery) -> int:
     last = request.headers.get("Last-Event-ID")
     if last is None:
         return max(query.after, 0)
-    if not last.strip().isdigit():
+    # ASCII digits only, and few enough for SQLite's integer ("²".isdigit() is true).
+    if not _SEQ.fullmatch(last.strip()):
         raise InvalidRequestError("Last-Event-ID must be a seq", field="Last-Event-ID")
     return int(last.strip())
 

@@ -6,10 +6,20 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestServer as _TestServer
+from aiohttp.web_runner import BaseRunner
 
+from server._protocol import make_runner
 from server.app import RUNTIME
 
 Client = TestClient[web.Request, web.Application]
+
+
+class TestServer(_TestServer):
+    """pytest-aiohttp's loopback server on the runner ``serve`` and the embedded host use."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return make_runner(self.app, **kwargs)
 
 
 async def create_session(client: Client, **body: Any) -> dict[str, Any]:
@@ -21,3 +31,44 @@ async def create_session(client: Client, **body: Any) -> dict[str, Any]:
 
 def runtime_of(client: Client) -> Any:
     return client.app[RUNTIME]  # type: ignore[index]
+
+
+class RawResponse:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        import orjson
+
+        return orjson.loads(self.body)
+
+
+async def raw_request(port: int, data: bytes, *, guard_s: float = 30.0) -> RawResponse:
+    """Send ``data`` as it is on a fresh loopback connection; read one answer to EOF.
+
+    For what an HTTP client library would refuse to send: raw bytes in
+    headers, broken chunking, bad methods. Ask with ``Connection: close``
+    (or send something the server must close on) so the answer ends at EOF.
+    """
+    import asyncio
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        async with asyncio.timeout(guard_s):  # a guard, never the assertion
+            raw = await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].startswith("HTTP/1."), raw[:200]
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return RawResponse(status, headers, body)

@@ -20,6 +20,9 @@ from protocol import errors
         (errors.SessionBusyError("ses_1"), 409),
         (errors.InstructionEntryValueTooLargeError(10, 5), 413),
         (errors.PayloadTooLargeError(5), 413),
+        (errors.UnsupportedMediaTypeError("text/plain"), 415),
+        (errors.MisdirectedRequestError("evil.example"), 421),
+        (errors.StorageUnavailableError("disk full"), 503),
         (errors.UnknownError(ref="r1"), 500),
         (errors.ServiceUnavailableError(service="store"), 503),
     ],
@@ -53,5 +56,5 @@ def test_unknown_tag_is_not_ours() -> None:
 
 def test_tags_are_unique() -> None:
     registry = errors.error_types()
-    assert len(registry) == 14
+    assert len(registry) == 17
     assert all(issubclass(cls, errors.SessionRtError) for cls in registry.values())

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_helpers import Client
+from http_helpers import Client, TestServer
 
 from actors.runtime import RuntimeConfig
 from server.app import ServerSettings, make_app
@@ -22,7 +22,7 @@ def make_client(
         workdir.mkdir(exist_ok=True)
         config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(workdir))
         app = make_app(config=config, settings=ServerSettings(**settings))
-        return await aiohttp_client(app)
+        return await aiohttp_client(TestServer(app))
 
     return make
 

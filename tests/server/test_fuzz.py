@@ -63,7 +63,8 @@ async def test_no_request_produces_a_500(
     }
     url = op.url(**{k: params[k] for k in op.path_params})
     data = body[3:] if isinstance(body, bytes) else orjson.dumps(body)
-    response = await client.request(op.method, url, params=query, data=data)
+    headers = {"Content-Type": "application/json"}
+    response = await client.request(op.method, url, params=query, data=data, headers=headers)
     assert response.status < 500, await response.text()
     if response.status >= 400:
         assert "_tag" in await response.json()

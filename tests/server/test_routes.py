@@ -113,7 +113,8 @@ async def test_each_error_tag_over_http(client: Client) -> None:
 async def test_malformed_requests_are_tagged_400s(
     client: Client, method: str, path: str, body: bytes | None, field: str | None
 ) -> None:
-    response = await client.request(method, path, data=body)
+    headers = {"Content-Type": "application/json"} if body is not None else None
+    response = await client.request(method, path, data=body, headers=headers)
     status, tag = await tag_of(response)
     assert (status, tag) == (400, "InvalidRequestError")
     if field is not None:
@@ -151,8 +152,12 @@ async def test_oversize_bodies_are_413(make_client: Any) -> None:
     client = await make_client(max_body_bytes=1024)
     sid = (await create_session(client))["id"]
     big = {"text": "x" * 4096}
-    status, tag = await tag_of(await client.post(f"/api/session/{sid}/prompt", json=big))
-    assert (status, tag) == (413, "PayloadTooLargeError")
+    response = await client.post(f"/api/session/{sid}/prompt", json=big)
+    assert await tag_of(response) == (413, "PayloadTooLargeError")
+    body = await response.json()
+    # The real limit, not "larger than 0 bytes".
+    assert body["maxBytes"] == 1024
+    assert "1024" in body["message"]
 
 
 async def test_released_client_compatibility(client: Client, tmp_path: Any) -> None:
