@@ -30,7 +30,7 @@ from typing import Any, Final, Protocol
 from actors._threaded import BlockingRunner
 from actors.agents import Agent, AgentCatalog, load_catalog, project_file
 from actors.bus import EventBus
-from actors.history import ChatCache, to_chat
+from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
 from actors.inbox import Scope
 from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
 from actors.sessions import Sessions
@@ -82,6 +82,7 @@ class Runner:
         secret_env: frozenset[str] = frozenset(),
         server_dirs: tuple[Path, ...] = (),
         default_model: ModelRef = SCRIPTED_MODEL,
+        chat_cache_bytes: int = CHAT_CACHE_BYTES,
     ) -> None:
         self._store = store
         self._default_model = default_model
@@ -91,7 +92,7 @@ class Runner:
         self._blocking = blocking
         self._agent_files = tuple(agent_files)
         self._catalogs: dict[tuple[Path, ...], tuple[float, AgentCatalog]] = {}
-        self._chat = ChatCache()
+        self._chat = ChatCache(chat_cache_bytes)
         self._instructions = instructions or NoInstructions()
         self._steps = StepRunner(
             store=store,
@@ -103,6 +104,10 @@ class Runner:
             secret_env=secret_env,
             server_dirs=server_dirs,
         )
+
+    @property
+    def chat_cache(self) -> ChatCache:
+        return self._chat
 
     async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
         try:

@@ -89,6 +89,9 @@ class RuntimeConfig:
     #: Run the startup sweep (resume claimed sessions) before accepting work.
     recover: bool = True
     max_resume_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: Bytes each decode cache may hold (the store's decoded messages, the
+    #: runner's converted chat history): least recently used evicted first.
+    decode_cache_bytes: int = 32 * 1024 * 1024
 
     @property
     def db_path(self) -> Path:
@@ -144,7 +147,11 @@ class Runtime:
         self.config = config
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
-        self.store = SQLiteStore(config.db_path, synchronous=config.synchronous)
+        self.store = SQLiteStore(
+            config.db_path,
+            synchronous=config.synchronous,
+            decode_cache_bytes=config.decode_cache_bytes,
+        )
         self.bus = EventBus()
         self.blocking = BlockingRunner(limit=config.max_tool_threads)
         self.tools = ToolRegistry(builtin_tools() if config.tools is None else config.tools)
@@ -228,6 +235,7 @@ class Runtime:
                 | {c.api_key_env for c in self.config.provider_configs.values() if c.api_key_env},
                 server_dirs=(self.config.data_dir,),
                 default_model=self.config.default_model or SCRIPTED_MODEL,
+                chat_cache_bytes=self.config.decode_cache_bytes,
             )
             self.runner = runner
             sweeper = asyncio.get_running_loop().create_task(

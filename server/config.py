@@ -18,6 +18,7 @@
     tool_output_max_bytes = 51200
     recover = true
     max_resume_attempts = 10
+    decode_cache_bytes = 33554432        # per decode cache (stored messages, chat history)
     default_model = "local/fake-model"   # PROVIDER/MODEL; scripted when unset
 
     [providers.local]                    # real models: see actors/llm/_config.py
@@ -67,6 +68,7 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "recover": bool,
         "max_resume_attempts": int,
         "default_model": str,
+        "decode_cache_bytes": int,
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.

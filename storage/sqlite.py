@@ -30,7 +30,7 @@ import aiosqlite
 from protocol.events import decode_event, encode_data, stored_type
 from storage._writer import Outcome, Prepared, Synchronous, Writer
 from storage.errors import StorageBrokenError, StoreClosedError
-from storage.queries import Queries, Row
+from storage.queries import DECODE_CACHE_BYTES, Queries, Row
 from storage.recorder import Command, RecordedEvent, Subscriber
 
 __all__ = ["SQLiteStore"]
@@ -53,7 +53,12 @@ class _State(enum.Enum):
 
 class SQLiteStore:
     def __init__(
-        self, path: str | os.PathLike[str], *, synchronous: Synchronous = "FULL", readers: int = 4
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        readers: int = 4,
+        decode_cache_bytes: int = DECODE_CACHE_BYTES,
     ) -> None:
         self.path = os.fspath(path)
         self.synchronous: Synchronous = synchronous
@@ -69,7 +74,7 @@ class SQLiteStore:
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._all_readers: list[aiosqlite.Connection] = []
         self._subscribers: list[Subscriber] = []
-        self.queries = Queries(self.fetch)
+        self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
 
     # -- life cycle -----------------------------------------------------------------------------
 
