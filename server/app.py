@@ -37,6 +37,7 @@ from protocol.operations import OPERATIONS, LogQuery, Operation, by_id
 from server import sse
 from server._decode import decode_body, decode_path, decode_query
 from server.auth import authorized
+from server.feed import EventFeed
 from server.handlers import HANDLERS, Call
 
 __all__ = ["RUNTIME", "SETTINGS", "ServerSettings", "make_app"]
@@ -57,7 +58,7 @@ class ServerSettings:
 RUNTIME: Final = web.AppKey("runtime", Runtime)
 SETTINGS: Final = web.AppKey("settings", ServerSettings)
 STREAMS: Final = web.AppKey("streams", sse.StreamSettings)
-FEED: Final = web.AppKey("feed", sse.EventFeed)
+FEED: Final = web.AppKey("feed", EventFeed)
 
 Endpoint = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -222,7 +223,7 @@ def make_app(
 
 
 async def _feed(app: web.Application, runtime: Runtime) -> AsyncIterator[None]:
-    feed = sse.EventFeed(runtime.bus, app[STREAMS])
+    feed = EventFeed(runtime.bus, app[STREAMS])
     app[FEED] = feed
     try:
         yield
