@@ -28,6 +28,7 @@ from protocol.errors import (
     DomainError,
     MethodNotAllowedError,
     PayloadTooLargeError,
+    RequestTimeoutError,
     RouteNotFoundError,
     UnauthorizedError,
     UnknownError,
@@ -40,7 +41,7 @@ from server.auth import authorized
 from server.feed import EventFeed
 from server.handlers import HANDLERS, Call
 
-__all__ = ["RUNTIME", "SETTINGS", "ServerSettings", "make_app"]
+__all__ = ["RUNTIME", "SETTINGS", "ServerSettings", "make_app", "runner_options"]
 
 log = logging.getLogger("sessionrt.server")
 
@@ -52,7 +53,17 @@ class ServerSettings:
     password: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
     heartbeat_s: float = 15.0
-    event_queue_frames: int = 4096
+    #: Bytes an ``/api/event`` subscriber may fall behind before it is dropped.
+    event_queue_bytes: int = 8 * 1024 * 1024
+    #: Seconds a stream write may make no progress before its reader is dropped.
+    stream_write_timeout_s: float = 10.0
+    #: Seconds streams (and in-flight requests) get to finish when the server stops.
+    shutdown_grace_s: float = 0.5
+    #: Seconds a connection has to complete a request's headers, counted from its
+    #: opening or its previous response (also the keep-alive idle limit).
+    header_timeout_s: float = 15.0
+    #: Seconds a request's body may take to arrive in full (then 408, connection closed).
+    body_timeout_s: float = 30.0
 
 
 RUNTIME: Final = web.AppKey("runtime", Runtime)
@@ -72,6 +83,8 @@ def _error(err: DomainError) -> web.Response:
     response = _json(err.status, err.to_wire())
     if isinstance(err, UnauthorizedError):
         response.headers["WWW-Authenticate"] = 'Basic realm="sessionrt"'
+    if isinstance(err, RequestTimeoutError):
+        response.force_close()  # the rest of the body may still come: it is no request
     return response
 
 
@@ -126,7 +139,7 @@ def _endpoint(op: Operation) -> Endpoint:
             )
         if op.id == "event.subscribe":
             return await request.app[FEED].stream(request)
-        body = await decode_body(op, request)
+        body = await decode_body(op, request, request.app[SETTINGS].body_timeout_s)
         call = Call(
             runtime=runtime,
             path=path,
@@ -178,6 +191,21 @@ async def _compat_feed(request: web.Request) -> web.StreamResponse:
     return await request.app[FEED].stream(request)
 
 
+def runner_options(settings: ServerSettings) -> dict[str, Any]:
+    """``web.AppRunner`` arguments every host of the app uses (serve, embedded, tests).
+
+    aiohttp's keep-alive timer runs from a connection's opening and from each
+    response until the next request's headers are complete, so it is also the
+    header timeout: a client that never finishes its headers is closed then.
+    """
+    return {
+        "handler_cancellation": True,
+        "access_log": None,
+        "keepalive_timeout": settings.header_timeout_s,
+        "shutdown_timeout": 2 * settings.shutdown_grace_s,
+    }
+
+
 def make_app(
     *,
     runtime: Runtime | None = None,
@@ -191,7 +219,10 @@ def make_app(
     app = web.Application(middlewares=[_errors, _auth], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[STREAMS] = sse.StreamSettings(
-        heartbeat_s=settings.heartbeat_s, queue_frames=settings.event_queue_frames
+        heartbeat_s=settings.heartbeat_s,
+        queue_bytes=settings.event_queue_bytes,
+        write_timeout_s=settings.stream_write_timeout_s,
+        close_grace_s=settings.shutdown_grace_s,
     )
     for op in OPERATIONS:
         app.router.add_route(op.method, op.path, _endpoint(op), name=op.id)
@@ -214,9 +245,9 @@ def make_app(
     app.cleanup_ctx.append(lifecycle)
 
     async def on_shutdown(app: web.Application) -> None:
-        app[STREAMS].closing.set()
         if FEED in app:
             app[FEED].dispose()
+        app[STREAMS].close()
 
     app.on_shutdown.append(on_shutdown)
     return app

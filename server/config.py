@@ -6,6 +6,11 @@
     password = "…"              # or SESSIONRT_SERVER_PASSWORD
     max_body_bytes = 33554432
     heartbeat_s = 15
+    event_queue_bytes = 8388608 # an /api/event subscriber this far behind is dropped
+    stream_write_timeout_s = 10 # a stream write without progress this long drops its reader
+    shutdown_grace_s = 0.5      # what streams get to take their last frame at shutdown
+    header_timeout_s = 15       # to finish a request's headers (and keep-alive idle limit)
+    body_timeout_s = 30         # to receive a whole body (then 408, connection closed)
 
     [runtime]
     data_dir = "/var/lib/sessionrt"
@@ -55,6 +60,11 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "password": str,
         "max_body_bytes": int,
         "heartbeat_s": (int, float),
+        "event_queue_bytes": int,
+        "stream_write_timeout_s": (int, float),
+        "shutdown_grace_s": (int, float),
+        "header_timeout_s": (int, float),
+        "body_timeout_s": (int, float),
     },
     "runtime": {
         "data_dir": str,

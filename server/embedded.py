@@ -30,7 +30,7 @@ from aiohttp import web
 from actors.runtime import Runtime, RuntimeConfig
 from protocol.client import Client, EventsAPI, SessionsAPI
 from server._inprocess import InProcessConnector
-from server.app import ServerSettings, make_app
+from server.app import ServerSettings, make_app, runner_options
 
 __all__ = ["Embedded"]
 
@@ -88,7 +88,7 @@ class Embedded:
             runtime = await self._stack.enter_async_context(Runtime(self.config))
             self._runtime = runtime
             app = make_app(runtime=runtime, settings=self._settings)
-            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+            runner = web.AppRunner(app, **runner_options(self._settings))
             await runner.setup()
             self._stack.push_async_callback(runner.cleanup)
             assert runner.server is not None

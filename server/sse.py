@@ -9,13 +9,16 @@ its log with :class:`~storage.follow.LogFollow` (subscribe before the
 watermark, replay in pages, live from the log itself); one ``log.synced``
 marker separates the replay from what follows. ``Last-Event-ID`` resumes like
 ``after``. A session deleted while followed ends the stream after its
-``session.deleted`` event. The instance feed lives in :mod:`server.feed`.
+``session.deleted`` event; the server's shutdown ends every followed stream
+at once (not at its next event or heartbeat). A reader whose write makes no
+progress for ``write_timeout_s`` is disconnected. The instance feed lives in :mod:`server.feed`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import orjson
@@ -28,16 +31,105 @@ from protocol.operations import LogQuery
 from storage import RecordedEvent
 from storage.follow import LogFollow
 
-__all__ = ["PING", "StreamSettings", "frame", "open_stream", "session_log"]
+__all__ = [
+    "PING",
+    "Sender",
+    "StalledWriteError",
+    "StreamSettings",
+    "frame",
+    "open_stream",
+    "session_log",
+]
+
+log_ = logging.getLogger("sessionrt.server.sse")
 
 PING: Final = b": ping\n\n"
 
 
+#: One write never carries more than this, so "has the write progressed?" is
+#: asked at least once per this many bytes (a whole backlog in one write would
+#: have to drain completely before its timeout, however steadily it moved).
+WRITE_SLICE: Final = 256 * 1024
+
+
+class StalledWriteError(Exception):
+    """A write to a stream's peer made no progress within its timeout."""
+
+
 class StreamSettings:
-    def __init__(self, *, heartbeat_s: float = 15.0, queue_frames: int = 4096) -> None:
+    """What every stream of one app shares: its bounds and the shutdown signal.
+
+    ``close()`` (the app's shutdown) reaches every open stream at once: each
+    registered closer runs, so a follower waiting for the next event or
+    heartbeat ends now, and a write in flight gets ``close_grace_s`` at most.
+    """
+
+    def __init__(
+        self,
+        *,
+        heartbeat_s: float = 15.0,
+        queue_bytes: int = 8 * 1024 * 1024,
+        write_timeout_s: float = 10.0,
+        close_grace_s: float = 0.5,
+    ) -> None:
         self.heartbeat_s = heartbeat_s
-        self.queue_frames = queue_frames
+        self.queue_bytes = queue_bytes
+        self.write_timeout_s = write_timeout_s
+        self.close_grace_s = close_grace_s
         self.closing = asyncio.Event()
+        self._closers: set[Callable[[], None]] = set()
+
+    def on_close(self, closer: Callable[[], None]) -> Callable[[], None]:
+        """Run ``closer`` when the streams close (at once if they have); returns the undo."""
+        if self.closing.is_set():
+            closer()
+            return lambda: None
+        self._closers.add(closer)
+        return lambda: self._closers.discard(closer)
+
+    def close(self) -> None:
+        self.closing.set()
+        closers, self._closers = self._closers, set()
+        for closer in closers:
+            closer()
+
+
+class Sender:
+    """Writes to one stream, each slice under a deadline that shutdown can shorten."""
+
+    def __init__(self, response: web.StreamResponse, request: web.Request, timeout_s: float):
+        self._response = response
+        self._request = request
+        self.timeout_s = timeout_s
+        self._deadline: asyncio.Timeout | None = None
+
+    async def write(self, data: bytes) -> None:
+        """Raises :class:`StalledWriteError` when a slice does not drain in time."""
+        view = memoryview(data)
+        for start in range(0, len(view), WRITE_SLICE):
+            try:
+                async with asyncio.timeout(self.timeout_s) as deadline:
+                    self._deadline = deadline
+                    await self._response.write(view[start : start + WRITE_SLICE])
+            except TimeoutError:
+                raise StalledWriteError(f"no progress in {self.timeout_s:g} s") from None
+            finally:
+                self._deadline = None
+
+    def hurry(self, seconds: float) -> None:
+        """From now on (the write in flight included) a write gets ``seconds`` at most."""
+        self.timeout_s = min(self.timeout_s, seconds)
+        deadline = self._deadline
+        if deadline is not None:
+            when = asyncio.get_running_loop().time() + seconds
+            current = deadline.when()
+            deadline.reschedule(when if current is None else min(current, when))
+
+    def abort(self) -> None:
+        """Drop the connection now, with whatever it could not take."""
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
 
 
 def frame(data: bytes, *, event: str | None = None, id: int | None = None) -> bytes:
@@ -91,27 +183,43 @@ async def session_log(
     await runtime.sessions.get(session_id)
     after = _after(request, query)
     response: web.StreamResponse | None = None
-    try:
-        async with LogFollow(runtime.store, session_id, after=after, follow=query.follow) as log:
+    async with LogFollow(runtime.store, session_id, after=after, follow=query.follow) as log:
+        sender: Sender | None = None
+
+        def close() -> None:
+            log.close()
+            if sender is not None:
+                sender.hurry(settings.close_grace_s)
+
+        undo = settings.on_close(close)
+        try:
             response = await open_stream(request)
+            sender = Sender(response, request, settings.write_timeout_s)
+            if settings.closing.is_set():
+                sender.hurry(settings.close_grace_s)
             async for page in log.replay():
                 if chunk := _records_chunk(page):
-                    await response.write(chunk)
+                    await sender.write(chunk)
             synced: dict[str, Any] = {"type": "log.synced", "aggregateID": session_id}
             if log.watermark:
                 synced["seq"] = log.watermark
-            await response.write(frame(orjson.dumps(synced), event="log.synced"))
-            if not query.follow or log.deleted:
-                return response
-            async for page in log.changes(settings.heartbeat_s):
-                if settings.closing.is_set():
-                    break
-                chunk = _records_chunk(page) if page else PING
-                if chunk:
-                    await response.write(chunk)
-        return response
-    except ConnectionResetError:
-        # The reader went away: the normal end of a followed stream.
-        if response is None:
-            raise
-        return response
+            await sender.write(frame(orjson.dumps(synced), event="log.synced"))
+            if query.follow:
+                async for page in log.changes(settings.heartbeat_s):
+                    await sender.write(_records_chunk(page) if page else PING)
+            return response
+        except StalledWriteError as exc:
+            # The reader stopped reading: it holds a descriptor and nothing else,
+            # since the log itself is the buffer. Its connection goes now.
+            log_.info("session log reader of %s dropped: %s", session_id, exc)
+            assert sender is not None
+            assert response is not None
+            sender.abort()
+            return response
+        except ConnectionResetError:
+            # The reader went away: the normal end of a followed stream.
+            if response is None:
+                raise
+            return response
+        finally:
+            undo()

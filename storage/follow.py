@@ -8,7 +8,7 @@ watermark`` in pages; then, following, read again from the last seq seen on
 every notification. The notification is only a doorbell (a flag, not a
 queue), so a slow reader never buffers events in memory and can never miss
 one: everything comes from the log itself, deduplicated by seq. A follow ends
-after the aggregate's ``session.deleted`` event.
+after the aggregate's ``session.deleted`` event, or when closed.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class LogFollow:
         self.watermark = 0
         #: Set once the aggregate's deletion has been handed out: nothing follows it.
         self.deleted = False
+        self._closed = False
         self._bell = asyncio.Event()
         self._unsubscribe: Callable[[], None] | None = None
 
@@ -67,6 +68,14 @@ class LogFollow:
             self._unsubscribe()
             self._unsubscribe = None
 
+    def close(self) -> None:
+        """End :meth:`changes` now (after the page in hand), not at the next commit."""
+        self._closed = True
+        self._bell.set()
+
+    def _ended(self) -> bool:
+        return self.deleted or self._closed
+
     def _ring(self, records: Sequence[RecordedEvent]) -> None:
         if any(r.aggregate_id == self.aggregate_id for r in records):
             self._bell.set()
@@ -80,15 +89,17 @@ class LogFollow:
     async def changes(self, idle_s: float) -> AsyncIterator[list[RecordedEvent]]:
         """Pages committed after the replay; an empty page after ``idle_s`` without one.
 
-        Ends after the aggregate's deletion.
+        Ends after the aggregate's deletion, or at once after :meth:`close`.
         """
-        while not self.deleted:
+        while not self._ended():
             try:
                 async with asyncio.timeout(idle_s):
                     await self._bell.wait()
             except TimeoutError:
                 yield []
                 continue
+            if self._ended():
+                return
             self._bell.clear()
             async for page in self._pages(None):
                 yield page
