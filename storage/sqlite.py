@@ -35,6 +35,12 @@ from storage.recorder import Command, RecordedEvent, Subscriber
 
 __all__ = ["SQLiteStore"]
 
+
+def _fetch_boxed(conn: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[list[Row]]:
+    """On the reader's thread: the rows, in a list the caller empties."""
+    return [conn._conn.execute(sql, params).fetchall()]
+
+
 log = logging.getLogger(__name__)
 
 #: A batch handed to the writer never holds more commands than this, so one
@@ -235,7 +241,15 @@ class SQLiteStore:
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         async with self.reader() as conn:
-            return list(await conn.execute_fetchall(sql, params))
+            # aiosqlite's worker thread keeps its last result bound until its
+            # next job: with the rows returned directly, each idle reader held
+            # the whole of its last read (a long transcript: hundreds of MB per
+            # reader). The rows travel in a box emptied here, so the thread
+            # keeps only the empty box.
+            box: list[list[Row]] = await conn._execute(  # type: ignore[no-untyped-call]
+                _fetch_boxed, conn, sql, params
+            )
+            return box.pop()
 
     async def read(
         self, aggregate_id: str, *, after: int = 0, limit: int = 512
