@@ -18,7 +18,9 @@ and drives it from this process with aiohttp:
    commit -> frame).
 2. **Load**: ``--subscribers`` reading subscribers, plus one subscriber that
    never reads (a raw socket with a 4 KiB receive buffer) and one that reads
-   1 KiB every 100 ms; the same prompts at the same rate. Reported: p50/p99/max
+   1 KiB every 100 ms; the same prompts at the same rate. The reading
+   subscribers live in ``--workers`` client processes (spawned; Linux's
+   ``perf_counter`` is CLOCK_MONOTONIC, one clock for every process). Reported: p50/p99/max
    delivery over every (subscriber, prompt) pair, how many reading subscribers
    were dropped (target 0) or missed a frame, and what the stuck and slow ones
    were told (``server.connection.dropped`` and its reason).
@@ -39,6 +41,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import multiprocessing
 import os
 import platform
 import re
@@ -49,6 +52,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
@@ -159,6 +163,31 @@ class Subscriber:
             pass
         finally:
             self.ended.set()
+
+
+_READY: Any = None
+
+
+def _init_worker(ready: Any) -> None:
+    global _READY
+    _READY = ready
+
+
+def _worker(base: str, count: int) -> list[dict[str, Any]]:
+    """In a worker process: ``count`` subscribers until the server ends their streams."""
+    return asyncio.run(_worker_main(base, count))
+
+
+async def _worker_main(base: str, count: int) -> list[dict[str, Any]]:
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+    async with aiohttp.ClientSession(base, connector=connector, timeout=timeout) as http:
+        subs = [Subscriber() for _ in range(count)]
+        tasks = [asyncio.ensure_future(sub.run(http)) for sub in subs]
+        await asyncio.wait_for(asyncio.gather(*(s.connected.wait() for s in subs)), 60)
+        _READY.put(count)
+        await asyncio.gather(*tasks)
+    return [{"seen": s.seen, "events": s.events} for s in subs]
 
 
 async def _stuck(base: str) -> socket.socket:
@@ -284,30 +313,46 @@ async def _load(args: argparse.Namespace, server: Server) -> dict[str, Any]:
         await _settle([one], sent)
         baseline = _delivery(sent, [one])
 
-        # 2. Load: many subscribers, a stuck one and a slow one.
+        # 2. Load: many subscribers (in worker processes: parsing 40,000 frames/s
+        # is more than one client process can do), a stuck one and a slow one.
         _log(args, f"load: {args.subscribers} subscribers + a stuck and a slow one")
-        subs = [Subscriber() for _ in range(args.subscribers)]
-        for sub in subs:
-            spawn(sub.run(http))
-        await asyncio.wait_for(asyncio.gather(*(s.connected.wait() for s in subs)), 60)
-        stuck = await _stuck(server.base)
-        slow_told: list[str] = []
-        spawn(_slow(server.base, slow_told))
-        sent = await _admissions(http, sessions, args.rate, args.seconds)
-        await _settle(subs, sent)
+        ctx = multiprocessing.get_context("spawn")
+        ready = ctx.Queue()
+        workers = max(1, min(args.workers, args.subscribers))
+        shares = [
+            args.subscribers // workers + (i < args.subscribers % workers) for i in range(workers)
+        ]
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(
+            workers, mp_context=ctx, initializer=_init_worker, initargs=(ready,)
+        ) as pool:
+            jobs = [loop.run_in_executor(pool, _worker, server.base, n) for n in shares]
+            for _ in shares:
+                await loop.run_in_executor(None, ready.get, True, 120)
+            stuck = await _stuck(server.base)
+            slow_told: list[str] = []
+            spawn(_slow(server.base, slow_told))
+            sent = await _admissions(http, sessions, args.rate, args.seconds)
+            await asyncio.sleep(2)  # the frames in flight land; then the streams end at SIGINT
+            # The stuck one: read what it was sent, without blocking the loop.
+            stuck_events = await _drain_stuck(stuck, args.write_timeout * 2 + 2)
+            stuck.close()
+
+            # 3. SIGINT with every subscriber and a log follower attached.
+            follower = Subscriber()
+            spawn(follower.run(http, f"/api/experimental/session/{sessions[0]}/log?follow=true"))
+            await asyncio.wait_for(follower.connected.wait(), 30)
+            _log(args, "SIGINT with followers attached")
+            sigint_s = await server.sigint()
+            results = [r for rs in await asyncio.wait_for(asyncio.gather(*jobs), 60) for r in rs]
+        subs = []
+        for r in results:
+            sub = Subscriber()
+            sub.seen, sub.events = r["seen"], r["events"]
+            subs.append(sub)
         load = _delivery(sent, subs)
         dropped = sum(1 for s in subs if "server.connection.dropped" in s.events)
-        # The stuck one: read what it was sent, without blocking the loop.
-        stuck_events = await _drain_stuck(stuck, args.write_timeout * 2 + 2)
-        stuck.close()
-
-        # 3. SIGINT with every subscriber and a log follower attached.
-        follower = Subscriber()
-        spawn(follower.run(http, f"/api/experimental/session/{sessions[0]}/log?follow=true"))
-        await asyncio.wait_for(follower.connected.wait(), 30)
-        _log(args, "SIGINT with followers attached")
-        sigint_s = await server.sigint()
-        await asyncio.wait_for(asyncio.gather(*(s.ended.wait() for s in [*subs, follower])), 30)
+        await asyncio.wait_for(follower.ended.wait(), 30)
         disposed = sum(1 for s in subs if s.events[-1:] == ["server.instance.disposed"])
         for task in background:
             task.cancel()
@@ -460,6 +505,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--write-timeout", type=float, default=2.0, help="[server] stream_write_timeout_s"
     )
+    parser.add_argument("--workers", type=int, default=4, help="client processes for the load")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return parser.parse_args(argv)
