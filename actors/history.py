@@ -9,7 +9,9 @@ built) is sent as an error result so the model sees what happened.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 import attrs
 import orjson
@@ -23,6 +25,7 @@ from actors.llm import (
     ToolCallContent,
     ToolResultContent,
 )
+from protocol.lru import ByteLRU
 from protocol.shapes import (
     AssistantMessage,
     ReasoningPart,
@@ -34,30 +37,69 @@ from protocol.shapes import (
     UserMessage,
 )
 
-__all__ = ["ChatCache", "to_chat"]
+__all__ = ["CHAT_CACHE_BYTES", "ChatCache", "to_chat"]
+
+#: Bytes of converted messages kept, least recently used evicted first.
+CHAT_CACHE_BYTES: Final = 32 * 1024 * 1024
 
 
 class ChatCache:
-    """Converted messages by the identity of their decoded value.
+    """Converted messages by the identity of their decoded value, bounded by bytes.
 
     The store hands back the same decoded object for an unchanged stored row
     (and a new one when the row changed), so identity is a safe key as long as
-    the object is kept alive here with its conversion.
+    the object is kept alive here with its conversion. Keeping it alive is what
+    costs memory (the store's own cache may have let it go), so an entry weighs
+    the text and data its conversion holds.
     """
 
-    def __init__(self, size: int = 8_000) -> None:
-        self._size = size
-        self._entries: dict[int, tuple[SessionMessage, tuple[ChatMessage, ...]]] = {}
+    def __init__(self, max_bytes: int = CHAT_CACHE_BYTES) -> None:
+        self._entries: ByteLRU[int, tuple[SessionMessage, tuple[ChatMessage, ...]]] = ByteLRU(
+            max_bytes
+        )
+
+    @property
+    def bytes(self) -> int:
+        return self._entries.bytes
+
+    @property
+    def max_bytes(self) -> int:
+        return self._entries.max_bytes
 
     def get(self, message: SessionMessage) -> tuple[ChatMessage, ...]:
         entry = self._entries.get(id(message))
         if entry is not None and entry[0] is message:
             return entry[1]
         converted = _convert(message)
-        if len(self._entries) >= self._size:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[id(message)] = (message, converted)
+        self._entries.put(id(message), (message, converted), _weight(converted))
         return converted
+
+
+def _weight(messages: tuple[ChatMessage, ...]) -> int:
+    """The bytes of text and data the converted messages hold (small fields aside)."""
+    total = 0
+    for chat in messages:
+        for part in chat.parts:
+            match part:
+                case TextContent(text=text) | ReasoningContent(text=text):
+                    total += sys.getsizeof(text)
+                case FileContent(data=data):
+                    total += sys.getsizeof(data)
+                case ToolResultContent(output=output):
+                    total += sys.getsizeof(output)
+                case ToolCallContent(input=value):
+                    total += _json_weight(value)
+    return total
+
+
+def _json_weight(value: object) -> int:
+    if isinstance(value, str):
+        return sys.getsizeof(value)
+    if isinstance(value, dict):
+        return sum(_json_weight(k) + _json_weight(v) for k, v in value.items()) + 64
+    if isinstance(value, list | tuple):
+        return sum(_json_weight(v) for v in value) + 56
+    return 32
 
 
 def to_chat(

@@ -30,7 +30,7 @@ from typing import Any, Final, Protocol
 from actors._threaded import BlockingRunner
 from actors.agents import Agent, AgentCatalog, load_catalog, project_file
 from actors.bus import EventBus
-from actors.history import ChatCache, to_chat
+from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
 from actors.inbox import Scope
 from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
 from actors.reaper import kill_recorded, stale_failure
@@ -85,6 +85,7 @@ class Runner:
         default_model: ModelRef = SCRIPTED_MODEL,
         retry_base_delay_s: float = 2.0,
         retry_max_delay_s: float = 900.0,
+        chat_cache_bytes: int = CHAT_CACHE_BYTES,
     ) -> None:
         self._store = store
         self._default_model = default_model
@@ -94,7 +95,7 @@ class Runner:
         self._blocking = blocking
         self._agent_files = tuple(agent_files)
         self._catalogs: dict[tuple[Path, ...], tuple[float, AgentCatalog]] = {}
-        self._chat = ChatCache()
+        self._chat = ChatCache(chat_cache_bytes)
         self._instructions = instructions or NoInstructions()
         self._steps = StepRunner(
             store=store,
@@ -107,6 +108,10 @@ class Runner:
             server_dirs=server_dirs,
             retry=retry_policy(retry_base_delay_s, retry_max_delay_s),
         )
+
+    @property
+    def chat_cache(self) -> ChatCache:
+        return self._chat
 
     async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
         try:

@@ -111,6 +111,9 @@ class RuntimeConfig:
     retry_base_delay_s: float = 2.0
     #: The longest a provider's retry-after may make a retry wait.
     retry_max_delay_s: float = 15 * 60.0
+    #: Bytes each decode cache may hold (the store's decoded messages, the
+    #: runner's converted chat history): least recently used evicted first.
+    decode_cache_bytes: int = 32 * 1024 * 1024
 
     @property
     def db_path(self) -> Path:
@@ -186,7 +189,10 @@ class Runtime:
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
         self.store = SQLiteStore(
-            config.db_path, synchronous=config.synchronous, read_only=config.read_only
+            config.db_path,
+            synchronous=config.synchronous,
+            read_only=config.read_only,
+            decode_cache_bytes=config.decode_cache_bytes,
         )
         self.bus = EventBus()
         self.blocking = BlockingRunner(limit=config.max_tool_threads)
@@ -289,6 +295,7 @@ class Runtime:
                 default_model=self.config.default_model or SCRIPTED_MODEL,
                 retry_base_delay_s=self.config.retry_base_delay_s,
                 retry_max_delay_s=self.config.retry_max_delay_s,
+                chat_cache_bytes=self.config.decode_cache_bytes,
             )
             self.runner = runner
             sweeper = asyncio.get_running_loop().create_task(

@@ -15,6 +15,7 @@ client turns such a body back into the same class with :func:`from_wire`.
         ├── MessageNotFoundError        404  (sessionID, messageID)
         ├── RouteNotFoundError          404  no such route
         ├── MethodNotAllowedError       405  the route exists, not with this method
+        ├── RequestTimeoutError         408  the request's body did not arrive in time
         ├── ConflictError               409  (resource?) state forbids the change
         ├── SessionBusyError            409  (sessionID)
         ├── InstructionEntryValueTooLargeError  413  (actualBytes, maxBytes)
@@ -44,6 +45,7 @@ __all__ = [
     "MethodNotAllowedError",
     "MisdirectedRequestError",
     "PayloadTooLargeError",
+    "RequestTimeoutError",
     "RouteNotFoundError",
     "ServiceUnavailableError",
     "SessionBusyError",
@@ -163,6 +165,11 @@ class MethodNotAllowedError(DomainError):
     status = 405
 
 
+class RequestTimeoutError(DomainError):
+    tag = "RequestTimeoutError"
+    status = 408
+
+
 class ConflictError(DomainError):
     tag = "ConflictError"
     status = 409
@@ -257,6 +264,7 @@ _ALL: tuple[type[DomainError], ...] = (
     MessageNotFoundError,
     RouteNotFoundError,
     MethodNotAllowedError,
+    RequestTimeoutError,
     ConflictError,
     SessionBusyError,
     InstructionEntryValueTooLargeError,

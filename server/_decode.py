@@ -9,6 +9,7 @@ produce a 500.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import types
 import typing
@@ -18,7 +19,7 @@ import attrs
 from aiohttp import web
 
 from protocol import codec, ids
-from protocol.errors import InvalidRequestError
+from protocol.errors import InvalidRequestError, RequestTimeoutError
 from protocol.operations import Operation
 
 __all__ = ["decode_body", "decode_path", "decode_query"]
@@ -77,12 +78,19 @@ def _coerce(tp: Any, raw: str, name: str) -> Any:
     return raw
 
 
-async def decode_body(op: Operation, request: web.Request) -> Any:
+async def decode_body(op: Operation, request: web.Request, timeout_s: float) -> Any:
+    """The body, read within ``timeout_s``: one shorter than its Content-Length is a 408."""
     if op.body is None:
         return None
     # Over the app's client_max_size, read() raises HTTPRequestEntityTooLarge; the
     # app's error middleware answers it with the real limit.
-    raw = await request.read()
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()
+    except TimeoutError:
+        raise RequestTimeoutError(
+            f"The request body did not arrive within {timeout_s:g} s"
+        ) from None
     if not raw.strip():
         data: Any = {}
     else:

@@ -35,6 +35,7 @@ from protocol.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
     PayloadTooLargeError,
+    RequestTimeoutError,
     RouteNotFoundError,
     ServiceUnavailableError,
     StorageUnavailableError,
@@ -46,11 +47,12 @@ from protocol.operations import OPERATIONS, LogQuery, Operation, by_id
 from server import sse
 from server._decode import decode_body, decode_path, decode_query
 from server.auth import authorized
+from server.feed import EventFeed
 from server.guard import Guard, normalize_origin
 from server.handlers import HANDLERS, Call
 from storage import StorageBrokenError, StoreClosedError
 
-__all__ = ["RUNTIME", "SETTINGS", "ServerSettings", "make_app"]
+__all__ = ["RUNTIME", "SETTINGS", "ServerSettings", "make_app", "runner_options"]
 
 log = logging.getLogger("sessionrt.server")
 
@@ -79,17 +81,27 @@ class ServerSettings:
     password: str | None = attrs.field(default=None, validator=_password)
     max_body_bytes: int = DEFAULT_MAX_BODY
     heartbeat_s: float = 15.0
-    event_queue_frames: int = 4096
     #: Web origins (``https://app.example``) whose pages may call the API, with CORS.
     cors_origins: tuple[str, ...] = attrs.field(default=(), converter=_strings, validator=_origins)
     #: Host names this server answers to besides localhost, loopback and its own address.
     allowed_hosts: tuple[str, ...] = attrs.field(default=(), converter=_strings)
+    #: Bytes an ``/api/event`` subscriber may fall behind before it is dropped.
+    event_queue_bytes: int = 8 * 1024 * 1024
+    #: Seconds a stream write may make no progress before its reader is dropped.
+    stream_write_timeout_s: float = 10.0
+    #: Seconds streams (and in-flight requests) get to finish when the server stops.
+    shutdown_grace_s: float = 0.5
+    #: Seconds a connection has to complete a request's headers, counted from its
+    #: opening or its previous response (also the keep-alive idle limit).
+    header_timeout_s: float = 15.0
+    #: Seconds a request's body may take to arrive in full (then 408, connection closed).
+    body_timeout_s: float = 30.0
 
 
 RUNTIME: Final = web.AppKey("runtime", Runtime)
 SETTINGS: Final = web.AppKey("settings", ServerSettings)
 STREAMS: Final = web.AppKey("streams", sse.StreamSettings)
-FEED: Final = web.AppKey("feed", sse.EventFeed)
+FEED: Final = web.AppKey("feed", EventFeed)
 
 Endpoint = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -105,6 +117,8 @@ def _error(err: DomainError) -> web.Response:
         response.headers["WWW-Authenticate"] = 'Basic realm="sessionrt"'
     if isinstance(err, StorageUnavailableError):
         response.headers["Retry-After"] = "5"
+    if isinstance(err, RequestTimeoutError):
+        response.force_close()  # the rest of the body may still come: it is no request
     return response
 
 
@@ -211,7 +225,7 @@ def _endpoint(op: Operation) -> Endpoint:
             )
         if op.id == "event.subscribe":
             return await request.app[FEED].stream(request)
-        body = await decode_body(op, request)
+        body = await decode_body(op, request, request.app[SETTINGS].body_timeout_s)
         call = Call(
             runtime=runtime,
             path=path,
@@ -274,6 +288,21 @@ async def _compat_feed(request: web.Request) -> web.StreamResponse:
     return await request.app[FEED].stream(request)
 
 
+def runner_options(settings: ServerSettings) -> dict[str, Any]:
+    """``web.AppRunner`` arguments every host of the app uses (serve, embedded, tests).
+
+    aiohttp's keep-alive timer runs from a connection's opening and from each
+    response until the next request's headers are complete, so it is also the
+    header timeout: a client that never finishes its headers is closed then.
+    """
+    return {
+        "handler_cancellation": True,
+        "access_log": None,
+        "keepalive_timeout": settings.header_timeout_s,
+        "shutdown_timeout": 2 * settings.shutdown_grace_s,
+    }
+
+
 def make_app(
     *,
     runtime: Runtime | None = None,
@@ -292,7 +321,10 @@ def make_app(
     app[SETTINGS] = settings
     app[ALARM] = _StorageAlarm()
     app[STREAMS] = sse.StreamSettings(
-        heartbeat_s=settings.heartbeat_s, queue_frames=settings.event_queue_frames
+        heartbeat_s=settings.heartbeat_s,
+        queue_bytes=settings.event_queue_bytes,
+        write_timeout_s=settings.stream_write_timeout_s,
+        close_grace_s=settings.shutdown_grace_s,
     )
     for op in OPERATIONS:
         if op.method == "GET":
@@ -318,16 +350,16 @@ def make_app(
     app.cleanup_ctx.append(lifecycle)
 
     async def on_shutdown(app: web.Application) -> None:
-        app[STREAMS].closing.set()
         if FEED in app:
             app[FEED].dispose()
+        app[STREAMS].close()
 
     app.on_shutdown.append(on_shutdown)
     return app
 
 
 async def _feed(app: web.Application, runtime: Runtime) -> AsyncIterator[None]:
-    feed = sse.EventFeed(runtime.bus, app[STREAMS])
+    feed = EventFeed(runtime.bus, app[STREAMS])
     app[FEED] = feed
     try:
         yield

@@ -8,6 +8,11 @@
     allowed_hosts = []          # Host names served besides localhost, loopback, the bound address
     max_body_bytes = 33554432
     heartbeat_s = 15
+    event_queue_bytes = 8388608 # an /api/event subscriber this far behind is dropped
+    stream_write_timeout_s = 10 # a stream write without progress this long drops its reader
+    shutdown_grace_s = 0.5      # what streams get to take their last frame at shutdown
+    header_timeout_s = 15       # to finish a request's headers (and keep-alive idle limit)
+    body_timeout_s = 30         # to receive a whole body (then 408, connection closed)
 
     [runtime]
     data_dir = "/var/lib/sessionrt"
@@ -20,6 +25,7 @@
     tool_output_max_bytes = 51200
     recover = true
     max_resume_attempts = 10
+    decode_cache_bytes = 33554432        # per decode cache (stored messages, chat history)
     default_model = "local/fake-model"   # PROVIDER/MODEL; scripted when unset
     retry_base_delay_s = 2               # first retry's backoff, doubled per retry
     retry_max_delay_s = 900              # cap on a provider's retry-after
@@ -60,6 +66,11 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "heartbeat_s": (int, float),
         "cors_origins": list,
         "allowed_hosts": list,
+        "event_queue_bytes": int,
+        "stream_write_timeout_s": (int, float),
+        "shutdown_grace_s": (int, float),
+        "header_timeout_s": (int, float),
+        "body_timeout_s": (int, float),
     },
     "runtime": {
         "data_dir": str,
@@ -75,6 +86,7 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "default_model": str,
         "retry_base_delay_s": (int, float),
         "retry_max_delay_s": (int, float),
+        "decode_cache_bytes": int,
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.

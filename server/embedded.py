@@ -29,7 +29,7 @@ from actors.runtime import Runtime, RuntimeConfig
 from protocol.client import Client, EventsAPI, SessionsAPI
 from server._inprocess import InProcessConnector
 from server._protocol import make_runner
-from server.app import ServerSettings, make_app
+from server.app import ServerSettings, make_app, runner_options
 
 __all__ = ["Embedded"]
 
@@ -87,7 +87,7 @@ class Embedded:
             runtime = await self._stack.enter_async_context(Runtime(self.config))
             self._runtime = runtime
             app = make_app(runtime=runtime, settings=self._settings)
-            runner = make_runner(app)
+            runner = make_runner(app, **runner_options(self._settings))
             await runner.setup()
             self._stack.push_async_callback(runner.cleanup)
             assert runner.server is not None

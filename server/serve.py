@@ -1,17 +1,20 @@
 """Running the app as a server: bind, report, and shut down gracefully on signals.
 
-SIGINT/SIGTERM: stop accepting connections, tell feed subscribers the
-instance is going away, interrupt running executions with reason ``shutdown``
-(their claims stay, so the next start recovers them), flush and close the
-store. A second signal exits at once.
+SIGINT/SIGTERM: stop accepting connections, end every stream at once (feed
+subscribers get ``server.instance.disposed``, log followers the end of their
+stream; each gets ``shutdown_grace_s`` to take it), then interrupt running
+executions with reason ``shutdown`` (their claims stay, so the next start
+recovers them), flush and close the store. A second signal exits at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import ipaddress
 import os
+import resource
 import signal
 import sys
 from typing import TextIO
@@ -21,7 +24,7 @@ from aiohttp import web
 
 from actors.runtime import RuntimeConfig
 from server._protocol import make_runner
-from server.app import ServerSettings, make_app
+from server.app import ServerSettings, make_app, runner_options
 
 __all__ = ["is_loopback", "serve"]
 
@@ -41,6 +44,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _raise_descriptor_limit() -> None:
+    """Use the hard limit of open files, not the (often 1,024) soft one.
+
+    Every connection is a descriptor; stalled clients are closed by the header
+    and body timeouts, but until then a soft limit of 1,024 lets a thousand of
+    them stop the server from accepting anyone else.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        # A limit we may not raise: keep the one we have.
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 async def serve(
@@ -75,8 +93,9 @@ async def serve(
     if not _is_address(host) and host not in settings.allowed_hosts:
         # The name the operator bound to is a name clients will send as Host.
         settings = attrs.evolve(settings, allowed_hosts=[*settings.allowed_hosts, host])
+    _raise_descriptor_limit()
     app = make_app(config=config, settings=settings)
-    runner = make_runner(app)
+    runner = make_runner(app, **runner_options(settings))
     try:
         await runner.setup()
         site = web.TCPSite(runner, host, port)

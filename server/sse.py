@@ -1,30 +1,23 @@
-"""Server-sent event streams: the session log and the instance feed.
+"""Server-sent event streams: framing, and the session log over HTTP.
 
 Frames are ``id: <seq>`` (durable events only), ``event: <type>``,
 ``data: <json>`` and a blank line; ``: ping`` comments keep idle connections
 alive.
 
-``session.log`` (a session's durable events): verify the session; with
-``follow``, register for commit notifications *before* reading; capture the
-watermark (latest seq); replay ``after < seq <= watermark`` in pages of 512;
-send one ``log.synced`` marker; then, following, read again from the last
-sent seq on every notification. The notification is only a doorbell (a flag,
-not a queue), so a slow reader never buffers events in memory and can never
-miss one: everything it sends comes from the log itself, deduplicated by seq.
-``Last-Event-ID`` resumes like ``after``. A session deleted while followed
-ends the stream after its ``session.deleted`` event.
-
-``event.subscribe`` (the instance feed): ``server.connected`` first, then
-every public event, durable and live-only. Each event is encoded once for all
-connections; each connection has its own bounded queue, and a connection whose
-queue overflows is closed alone. ``server.instance.disposed`` goes to every
-connection before the server shuts down. No replay.
+``session.log`` (a session's durable events): verify the session, then follow
+its log with :class:`~storage.follow.LogFollow` (subscribe before the
+watermark, replay in pages, live from the log itself); one ``log.synced``
+marker separates the replay from what follows. ``Last-Event-ID`` resumes like
+``after``. A session deleted while followed ends the stream after its
+``session.deleted`` event; the server's shutdown ends every followed stream
+at once (not at its next event or heartbeat). A reader whose write makes no
+progress for ``write_timeout_s`` is disconnected. The instance feed lives in :mod:`server.feed`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -32,25 +25,113 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from actors.bus import Envelope, EventBus
 from actors.runtime import Runtime
 from protocol.errors import InvalidRequestError
 from protocol.events import envelope
 from protocol.operations import LogQuery
-from storage import RecordedEvent, now_ms
+from storage import RecordedEvent
+from storage.follow import LogFollow
 
-__all__ = ["EventFeed", "StreamSettings", "frame", "session_log"]
+__all__ = [
+    "PING",
+    "Sender",
+    "StalledWriteError",
+    "StreamSettings",
+    "frame",
+    "open_stream",
+    "session_log",
+]
 
-PAGE: Final = 512
+log_ = logging.getLogger("sessionrt.server.sse")
+
 PING: Final = b": ping\n\n"
 _SEQ: Final = re.compile(r"[0-9]{1,18}")
 
 
+#: One write never carries more than this, so "has the write progressed?" is
+#: asked at least once per this many bytes (a whole backlog in one write would
+#: have to drain completely before its timeout, however steadily it moved).
+WRITE_SLICE: Final = 256 * 1024
+
+
+class StalledWriteError(Exception):
+    """A write to a stream's peer made no progress within its timeout."""
+
+
 class StreamSettings:
-    def __init__(self, *, heartbeat_s: float = 15.0, queue_frames: int = 4096) -> None:
+    """What every stream of one app shares: its bounds and the shutdown signal.
+
+    ``close()`` (the app's shutdown) reaches every open stream at once: each
+    registered closer runs, so a follower waiting for the next event or
+    heartbeat ends now, and a write in flight gets ``close_grace_s`` at most.
+    """
+
+    def __init__(
+        self,
+        *,
+        heartbeat_s: float = 15.0,
+        queue_bytes: int = 8 * 1024 * 1024,
+        write_timeout_s: float = 10.0,
+        close_grace_s: float = 0.5,
+    ) -> None:
         self.heartbeat_s = heartbeat_s
-        self.queue_frames = queue_frames
+        self.queue_bytes = queue_bytes
+        self.write_timeout_s = write_timeout_s
+        self.close_grace_s = close_grace_s
         self.closing = asyncio.Event()
+        self._closers: set[Callable[[], None]] = set()
+
+    def on_close(self, closer: Callable[[], None]) -> Callable[[], None]:
+        """Run ``closer`` when the streams close (at once if they have); returns the undo."""
+        if self.closing.is_set():
+            closer()
+            return lambda: None
+        self._closers.add(closer)
+        return lambda: self._closers.discard(closer)
+
+    def close(self) -> None:
+        self.closing.set()
+        closers, self._closers = self._closers, set()
+        for closer in closers:
+            closer()
+
+
+class Sender:
+    """Writes to one stream, each slice under a deadline that shutdown can shorten."""
+
+    def __init__(self, response: web.StreamResponse, request: web.Request, timeout_s: float):
+        self._response = response
+        self._request = request
+        self.timeout_s = timeout_s
+        self._deadline: asyncio.Timeout | None = None
+
+    async def write(self, data: bytes) -> None:
+        """Raises :class:`StalledWriteError` when a slice does not drain in time."""
+        view = memoryview(data)
+        for start in range(0, len(view), WRITE_SLICE):
+            try:
+                async with asyncio.timeout(self.timeout_s) as deadline:
+                    self._deadline = deadline
+                    await self._response.write(view[start : start + WRITE_SLICE])
+            except TimeoutError:
+                raise StalledWriteError(f"no progress in {self.timeout_s:g} s") from None
+            finally:
+                self._deadline = None
+
+    def hurry(self, seconds: float) -> None:
+        """From now on (the write in flight included) a write gets ``seconds`` at most."""
+        self.timeout_s = min(self.timeout_s, seconds)
+        deadline = self._deadline
+        if deadline is not None:
+            when = asyncio.get_running_loop().time() + seconds
+            current = deadline.when()
+            deadline.reschedule(when if current is None else min(current, when))
+
+    def abort(self) -> None:
+        """Drop the connection now, with whatever it could not take."""
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
 
 
 def frame(data: bytes, *, event: str | None = None, id: int | None = None) -> bytes:
@@ -69,7 +150,11 @@ def _record_frame(record: RecordedEvent) -> bytes | None:
     return frame(orjson.dumps(body), event=record.event.TYPE, id=record.seq)
 
 
-async def _open(request: web.Request) -> web.StreamResponse:
+def _records_chunk(records: Sequence[RecordedEvent]) -> bytes:
+    return b"".join(f for r in records if (f := _record_frame(r)) is not None)
+
+
+async def open_stream(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -100,150 +185,44 @@ async def session_log(
 ) -> web.StreamResponse:
     await runtime.sessions.get(session_id)
     after = _after(request, query)
-    bell = asyncio.Event()
-
-    def ring(records: Sequence[RecordedEvent]) -> None:
-        if any(r.aggregate_id == session_id for r in records):
-            bell.set()
-
-    # Subscribe before reading the watermark: nothing committed after it is missed.
-    unsubscribe = runtime.store.subscribe(ring) if query.follow else None
     response: web.StreamResponse | None = None
-    try:
-        watermark = await runtime.store.last_seq(session_id)
-        response = await _open(request)
-        sent, deleted = await _replay(runtime, response, session_id, after, watermark)
-        synced: dict[str, Any] = {"type": "log.synced", "aggregateID": session_id}
-        if watermark:
-            synced["seq"] = watermark
-        await response.write(frame(orjson.dumps(synced), event="log.synced"))
-        if not query.follow or deleted:
-            return response
-        sent = max(sent, watermark)
-        while not settings.closing.is_set():
-            try:
-                await asyncio.wait_for(bell.wait(), settings.heartbeat_s)
-            except TimeoutError:
-                await response.write(PING)
-                continue
-            bell.clear()
-            sent, deleted = await _replay(runtime, response, session_id, sent, None)
-            if deleted:
-                break
-        return response
-    except ConnectionResetError:
-        # The reader went away: the normal end of a followed stream.
-        if response is None:
-            raise
-        return response
-    finally:
-        if unsubscribe is not None:
-            unsubscribe()
+    async with LogFollow(runtime.store, session_id, after=after, follow=query.follow) as log:
+        sender: Sender | None = None
 
+        def close() -> None:
+            log.close()
+            if sender is not None:
+                sender.hurry(settings.close_grace_s)
 
-async def _replay(
-    runtime: Runtime,
-    response: web.StreamResponse,
-    session_id: str,
-    after: int,
-    upto: int | None,
-) -> tuple[int, bool]:
-    """Send events ``after < seq <= upto`` (or all); return the last seq sent, deleted?"""
-    cursor = after
-    while upto is None or cursor < upto:
-        records = await runtime.store.read(session_id, after=cursor, limit=PAGE)
-        if upto is not None:
-            records = [r for r in records if r.seq <= upto]
-        if not records:
-            break
-        chunk = b"".join(f for r in records if (f := _record_frame(r)) is not None)
-        if chunk:
-            await response.write(chunk)
-        cursor = records[-1].seq
-        if any(r.type.startswith("session.deleted.") for r in records):
-            return cursor, True
-        if len(records) < PAGE:
-            break
-    return cursor, False
-
-
-class _Connection:
-    def __init__(self, capacity: int) -> None:
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=capacity)
-        self.overflowed = asyncio.Event()
-
-
-class EventFeed:
-    """One encoding of the bus for many ``event.subscribe`` connections."""
-
-    def __init__(self, bus: EventBus, settings: StreamSettings) -> None:
-        self._bus = bus
-        self._settings = settings
-        self._connections: set[_Connection] = set()
-        # Subscribed only while someone listens: with no connection, committed
-        # events are not turned into envelopes and frames for nobody.
-        self._unsubscribe: Callable[[], None] | None = None
-
-    def close(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-
-    def dispose(self) -> None:
-        """Tell every connection the instance is going away (bypasses capacity)."""
-        message = {"type": "server.instance.disposed", "created": now_ms(), "data": {}}
-        data = frame(orjson.dumps(message), event="server.instance.disposed")
-        for connection in self._connections:
-            with contextlib.suppress(asyncio.QueueFull):
-                connection.queue.put_nowait(data)
-            if connection.queue.full():
-                connection.overflowed.set()
-
-    def _publish(self, message: Envelope) -> None:
-        if not self._connections:
-            return
-        durable = message.get("durable")
-        data = frame(
-            orjson.dumps(message),
-            event=message["type"],
-            id=durable["seq"] if durable else None,
-        )
-        for connection in self._connections:
-            try:
-                connection.queue.put_nowait(data)
-            except asyncio.QueueFull:
-                connection.overflowed.set()  # this connection alone is dropped
-
-    async def stream(self, request: web.Request) -> web.StreamResponse:
-        connection = _Connection(self._settings.queue_frames)
-        self._connections.add(connection)
-        if self._unsubscribe is None:
-            self._unsubscribe = self._bus.subscribe(self._publish)
-        response: web.StreamResponse | None = None
+        undo = settings.on_close(close)
         try:
-            response = await _open(request)
-            hello = {"type": "server.connected", "created": now_ms(), "data": {}}
-            await response.write(frame(orjson.dumps(hello), event="server.connected"))
-            while not connection.overflowed.is_set():
-                try:
-                    data = await asyncio.wait_for(
-                        connection.queue.get(), self._settings.heartbeat_s
-                    )
-                except TimeoutError:
-                    await response.write(PING)
-                    continue
-                await response.write(data)
-                if data.startswith(b"event: server.instance.disposed"):
-                    break
+            response = await open_stream(request)
+            sender = Sender(response, request, settings.write_timeout_s)
+            if settings.closing.is_set():
+                sender.hurry(settings.close_grace_s)
+            async for page in log.replay():
+                if chunk := _records_chunk(page):
+                    await sender.write(chunk)
+            synced: dict[str, Any] = {"type": "log.synced", "aggregateID": session_id}
+            if log.watermark:
+                synced["seq"] = log.watermark
+            await sender.write(frame(orjson.dumps(synced), event="log.synced"))
+            if query.follow:
+                async for page in log.changes(settings.heartbeat_s):
+                    await sender.write(_records_chunk(page) if page else PING)
+            return response
+        except StalledWriteError as exc:
+            # The reader stopped reading: it holds a descriptor and nothing else,
+            # since the log itself is the buffer. Its connection goes now.
+            log_.info("session log reader of %s dropped: %s", session_id, exc)
+            assert sender is not None
+            assert response is not None
+            sender.abort()
             return response
         except ConnectionResetError:
+            # The reader went away: the normal end of a followed stream.
             if response is None:
                 raise
-            return response  # the subscriber went away
+            return response
         finally:
-            self._connections.discard(connection)
-            if not self._connections:
-                self.close()
-
-    def __len__(self) -> int:
-        return len(self._connections)
+            undo()

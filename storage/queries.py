@@ -6,6 +6,7 @@ nothing writes. ``fetch`` runs one statement on a read-only connection.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -22,6 +23,7 @@ from protocol.cursor import (
     SessionQuery,
     encode_cursor,
 )
+from protocol.lru import ByteLRU
 from protocol.shapes import (
     AssistantMessage,
     CacheTokens,
@@ -93,14 +95,21 @@ _WITH_PARTS: Final = (
     " END FROM session_message"
 )
 _INBOX_COLUMNS: Final = "id, session_id, type, payload, delivery, time_created"
-#: Decoded messages kept, oldest evicted first (values are immutable).
-DECODE_CACHE: Final = 8_000
+#: Bytes of decoded messages kept, least recently used evicted first (values are
+#: immutable). An entry weighs its stored text: the decoded value holds about as much.
+DECODE_CACHE_BYTES: Final = 32 * 1024 * 1024
 
 
 class Queries:
-    def __init__(self, fetch: Fetch) -> None:
+    def __init__(self, fetch: Fetch, *, cache_bytes: int = DECODE_CACHE_BYTES) -> None:
         self._fetch = fetch
-        self._cache: dict[tuple[Any, ...], SessionMessage] = {}
+        # By message id: (fingerprint of the stored text, decoded message).
+        self._cache: ByteLRU[str, tuple[tuple[Any, ...], SessionMessage]] = ByteLRU(cache_bytes)
+
+    @property
+    def cache(self) -> ByteLRU[str, tuple[tuple[Any, ...], SessionMessage]]:
+        """The decode cache (its ``bytes`` and ``max_bytes`` are what tests and tools read)."""
+        return self._cache
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -192,16 +201,26 @@ class Queries:
 
     def _decoded(self, row: Row) -> SessionMessage:
         # Steps reload the whole history; decoding it again each time was the
-        # cost that grew with the session. The key is the raw stored text (the
-        # message row and its parts), so a changed row is never served stale.
-        key = tuple(row)
-        message = self._cache.get(key)
-        if message is None:
-            parts = [] if row[7] is None else orjson.loads(row[7])
-            message = message_from_row(row, parts)
-            if len(self._cache) >= DECODE_CACHE:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[key] = message
+        # cost that grew with the session. An entry is valid only for the exact
+        # stored text it was decoded from (the row and its parts), so a changed
+        # row is never served stale; the fingerprint holds lengths and hashes
+        # of that text, not the text itself, which would double what is kept.
+        data, parts_text = row[6], row[7]
+        fingerprint = (
+            row[3],
+            row[5],
+            len(data),
+            hash(data),
+            parts_text and len(parts_text),
+            parts_text and hash(parts_text),
+        )
+        entry = self._cache.get(row[0])
+        if entry is not None and entry[0] == fingerprint:
+            return entry[1]
+        parts = [] if parts_text is None else orjson.loads(parts_text)
+        message = message_from_row(row, parts)
+        weight = sys.getsizeof(data) + (0 if parts_text is None else sys.getsizeof(parts_text))
+        self._cache.put(row[0], (fingerprint, message), weight)
         return message
 
     # -- execution ------------------------------------------------------------------------------

@@ -36,10 +36,16 @@ import aiosqlite
 from protocol.events import decode_event, encode_data, stored_type
 from storage._writer import Outcome, Prepared, Synchronous, Writer, shared_lock
 from storage.errors import StorageBrokenError, StoreClosedError
-from storage.queries import Queries, Row
+from storage.queries import DECODE_CACHE_BYTES, Queries, Row
 from storage.recorder import Command, RecordedEvent, Subscriber
 
 __all__ = ["SQLiteStore"]
+
+
+def _fetch_boxed(conn: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[list[Row]]:
+    """On the reader's thread: the rows, in a list the caller empties."""
+    return [conn._conn.execute(sql, params).fetchall()]
+
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,7 @@ class SQLiteStore:
         synchronous: Synchronous = "FULL",
         readers: int = 4,
         read_only: bool = False,
+        decode_cache_bytes: int = DECODE_CACHE_BYTES,
     ) -> None:
         self.path = os.fspath(path)
         self.synchronous: Synchronous = synchronous
@@ -82,7 +89,7 @@ class SQLiteStore:
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._all_readers: list[aiosqlite.Connection] = []
         self._subscribers: list[Subscriber] = []
-        self.queries = Queries(self.fetch)
+        self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -255,7 +262,15 @@ class SQLiteStore:
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         async with self.reader() as conn:
-            return list(await conn.execute_fetchall(sql, params))
+            # aiosqlite's worker thread keeps its last result bound until its
+            # next job: with the rows returned directly, each idle reader held
+            # the whole of its last read (a long transcript: hundreds of MB per
+            # reader). The rows travel in a box emptied here, so the thread
+            # keeps only the empty box.
+            box: list[list[Row]] = await conn._execute(  # type: ignore[no-untyped-call]
+                _fetch_boxed, conn, sql, params
+            )
+            return box.pop()
 
     async def read(
         self, aggregate_id: str, *, after: int = 0, limit: int = 512

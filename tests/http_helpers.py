@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
-from aiohttp import web
+import orjson
+from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 from aiohttp.test_utils import TestServer as _TestServer
 from aiohttp.web_runner import BaseRunner
@@ -72,3 +74,30 @@ async def raw_request(port: int, data: bytes, *, guard_s: float = 30.0) -> RawRe
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
     return RawResponse(status, headers, body)
+
+
+async def frames(response: ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """Parse SSE frames: {'id', 'event', 'data'} or {'comment'}."""
+    current: dict[str, Any] = {}
+    async for raw in response.content:
+        line = raw.decode().rstrip("\n")
+        if not line:
+            if current:
+                yield current
+            current = {}
+        elif line.startswith(":"):
+            yield {"comment": line[1:].strip()}
+        else:
+            key, _, value = line.partition(": ")
+            current[key] = int(value) if key == "id" else value
+            if key == "data":
+                current["data"] = orjson.loads(value)
+
+
+async def collect_until_synced(response: ClientResponse) -> list[dict[str, Any]]:
+    out = []
+    async for f in frames(response):
+        out.append(f)
+        if f.get("event") == "log.synced":
+            break
+    return out

@@ -56,5 +56,5 @@ def test_unknown_tag_is_not_ours() -> None:
 
 def test_tags_are_unique() -> None:
     registry = errors.error_types()
-    assert len(registry) == 17
+    assert len(registry) == 18
     assert all(issubclass(cls, errors.SessionRtError) for cls in registry.values())

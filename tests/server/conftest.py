@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from http_helpers import Client, TestServer
 
 from actors.runtime import RuntimeConfig
-from server.app import ServerSettings, make_app
+from server.app import ServerSettings, make_app, runner_options
 
 
 @pytest.fixture
@@ -21,8 +21,15 @@ def make_client(
         workdir = tmp_path / "project"
         workdir.mkdir(exist_ok=True)
         config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(workdir))
-        app = make_app(config=config, settings=ServerSettings(**settings))
-        return await aiohttp_client(TestServer(app))
+        server_settings = ServerSettings(**settings)
+        app = make_app(config=config, settings=server_settings)
+        # TestServer drops its constructor's runner arguments: start it with ours
+        # (it always adds handler_cancellation=True itself).
+        options = runner_options(server_settings)
+        options.pop("handler_cancellation")
+        server = TestServer(app)
+        await server.start_server(**options)
+        return cast(Client, await aiohttp_client(server))
 
     return make
 

@@ -3,42 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
-from aiohttp import ClientResponse
-from http_helpers import Client, create_session, runtime_of
+from http_helpers import Client, collect_until_synced, create_session, frames, runtime_of
 
 from protocol import events as ev
 from protocol.requests import PromptInput, UpdateSessionInput
-
-
-async def frames(response: ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """Parse SSE frames: {'id', 'event', 'data'} or {'comment'}."""
-    current: dict[str, Any] = {}
-    async for raw in response.content:
-        line = raw.decode().rstrip("\n")
-        if not line:
-            if current:
-                yield current
-            current = {}
-        elif line.startswith(":"):
-            yield {"comment": line[1:].strip()}
-        else:
-            key, _, value = line.partition(": ")
-            current[key] = int(value) if key == "id" else value
-            if key == "data":
-                current["data"] = orjson.loads(value)
-
-
-async def collect_until_synced(response: ClientResponse) -> list[dict[str, Any]]:
-    out = []
-    async for f in frames(response):
-        out.append(f)
-        if f.get("event") == "log.synced":
-            break
-    return out
 
 
 async def test_replay_is_exclusive_of_after_and_ends_with_one_marker(client: Client) -> None:
@@ -164,7 +134,7 @@ async def test_event_feed_sends_connected_then_durable_and_live_events(client: C
 
 
 async def test_a_slow_consumer_is_dropped_alone(make_client: Any) -> None:
-    client = await make_client(event_queue_frames=16)
+    client = await make_client(event_queue_bytes=16 * 8300)
     bus = runtime_of(client).bus
     healthy = await client.get("/api/event")
     slow = await client.get("/api/event")

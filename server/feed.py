@@ -1,0 +1,217 @@
+"""The instance feed (``event.subscribe``): every public event of this process, per connection.
+
+``server.connected`` first, then every public event, durable and live-only;
+``: ping`` every heartbeat; ``server.instance.disposed`` before the server
+shuts down. No replay.
+
+Each event is encoded once for all connections and queued by reference, so a
+frame costs its bytes once however many connections hold it. Each connection
+has its own queue bounded by **bytes** (``queue_bytes``; one frame larger
+than the bound is still taken when the queue is empty) and one task that
+writes whatever is queued in one write (up to 256 KiB per write), so a
+subscriber that is briefly behind catches up in a few large writes instead
+of one write per frame.
+
+A connection is dropped alone, after a final ``server.connection.dropped``
+frame whose ``data.reason`` says why:
+
+- ``"overflow"``: an event would have taken its queue past ``queue_bytes``.
+  What it had queued is discarded (it has missed an event anyway) and the
+  final frame goes out next.
+- ``"stalled"``: a write made no progress for ``write_timeout_s`` (the peer
+  stopped reading). The final frame is appended behind what the peer has not
+  taken and gets ``write_timeout_s`` more; then the connection is aborted.
+  This fires even when the write never returns: the deadline is on the write
+  itself, not checked after it.
+
+Shutdown (:meth:`EventFeed.dispose`) reaches every connection at once: what
+is queued and ``server.instance.disposed`` go out within ``close_grace_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from typing import Final, Literal
+
+import orjson
+from aiohttp import web
+
+from actors.bus import Envelope, EventBus
+from server.sse import PING, Sender, StalledWriteError, StreamSettings, frame, open_stream
+from storage import now_ms
+
+__all__ = ["DropReason", "EventFeed"]
+
+log = logging.getLogger("sessionrt.server.feed")
+
+DropReason = Literal["overflow", "stalled"]
+#: One write takes at most this much of the queue.
+BATCH_BYTES: Final = 256 * 1024
+DROPPED: Final = "server.connection.dropped"
+DISPOSED: Final = "server.instance.disposed"
+
+
+def _server_frame(type: str, data: dict[str, object]) -> bytes:
+    message = {"type": type, "created": now_ms(), "data": data}
+    return frame(orjson.dumps(message), event=type)
+
+
+class _Connection:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.frames: collections.deque[bytes] = collections.deque()
+        self.bytes = 0
+        self.wake = asyncio.Event()
+        #: The last frame to send; once set, nothing more is queued.
+        self.final: bytes | None = None
+        self.reason: DropReason | None = None
+        self.sender: Sender | None = None
+
+    def offer(self, data: bytes) -> bool:
+        if self.frames and self.bytes + len(data) > self.max_bytes:
+            return False
+        self.frames.append(data)
+        self.bytes += len(data)
+        self.wake.set()
+        return True
+
+    def take(self) -> bytes:
+        out = [self.frames.popleft()]
+        size = len(out[0])
+        while self.frames and size + len(self.frames[0]) <= BATCH_BYTES:
+            data = self.frames.popleft()
+            out.append(data)
+            size += len(data)
+        self.bytes -= sum(len(d) for d in out)
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def end(self, final: bytes, *, discard: bool) -> None:
+        if self.final is not None:
+            return
+        if discard:
+            self.frames.clear()
+            self.bytes = 0
+        self.final = final
+        self.wake.set()
+
+
+class EventFeed:
+    """One encoding of the bus for many ``event.subscribe`` connections."""
+
+    def __init__(self, bus: EventBus, settings: StreamSettings) -> None:
+        self._bus = bus
+        self._settings = settings
+        self._connections: set[_Connection] = set()
+        #: Connections dropped so far, by reason (for operators, tests and benchmarks).
+        self.drops: collections.Counter[DropReason] = collections.Counter()
+        #: Set at the first drop, never cleared.
+        self.dropped = asyncio.Event()
+        # Subscribed only while someone listens: with no connection, committed
+        # events are not turned into envelopes and frames for nobody.
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def dispose(self) -> None:
+        """Tell every connection the instance is going away, now (bypasses the bound)."""
+        data = _server_frame(DISPOSED, {})
+        grace = self._settings.close_grace_s
+        for connection in self._connections:
+            connection.end(data, discard=False)
+            if connection.sender is not None:
+                connection.sender.hurry(grace)
+
+    def _drop(self, connection: _Connection, reason: DropReason, message: str) -> None:
+        self._connections.discard(connection)
+        connection.reason = reason
+        connection.end(_server_frame(DROPPED, {"reason": reason, "message": message}), discard=True)
+        self.drops[reason] += 1
+        self.dropped.set()
+        log.warning("event subscriber dropped (%s): %s", reason, message)
+
+    def _publish(self, message: Envelope) -> None:
+        if not self._connections:
+            return
+        durable = message.get("durable")
+        data = frame(
+            orjson.dumps(message),
+            event=message["type"],
+            id=durable["seq"] if durable else None,
+        )
+        for connection in list(self._connections):
+            if not connection.offer(data):
+                self._drop(
+                    connection,
+                    "overflow",
+                    f"the subscriber fell more than {connection.max_bytes} bytes behind",
+                )
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        settings = self._settings
+        connection = _Connection(settings.queue_bytes)
+        if settings.closing.is_set():
+            connection.end(_server_frame(DISPOSED, {}), discard=False)
+        else:
+            self._connections.add(connection)
+            if self._unsubscribe is None:
+                self._unsubscribe = self._bus.subscribe(self._publish)
+        response: web.StreamResponse | None = None
+        try:
+            response = await open_stream(request)
+            sender = Sender(response, request, settings.write_timeout_s)
+            connection.sender = sender
+            if connection.final is not None:
+                sender.hurry(settings.close_grace_s)
+            try:
+                await sender.write(_server_frame("server.connected", {}))
+                await self._pump(connection, sender)
+            except StalledWriteError as exc:
+                await self._stalled(connection, sender, str(exc))
+            return response
+        except ConnectionResetError:
+            if response is None:
+                raise
+            return response  # the subscriber went away
+        finally:
+            self._connections.discard(connection)
+            if not self._connections:
+                self.close()
+
+    async def _pump(self, connection: _Connection, sender: Sender) -> None:
+        heartbeat = self._settings.heartbeat_s
+        while True:
+            if not connection.frames and connection.final is None:
+                connection.wake.clear()
+                try:
+                    async with asyncio.timeout(heartbeat):
+                        await connection.wake.wait()
+                except TimeoutError:
+                    await sender.write(PING)
+                    continue
+            if connection.frames:
+                await sender.write(connection.take())
+                continue
+            final = connection.final
+            if final is not None:
+                await sender.write(final)
+                return
+
+    async def _stalled(self, connection: _Connection, sender: Sender, why: str) -> None:
+        if connection.reason is None and connection.final is None:
+            self._drop(connection, "stalled", f"a write made {why}")
+        final = connection.final
+        assert final is not None
+        try:
+            # Behind whatever the peer has not taken yet; it sees the reason if it reads again.
+            await sender.write(final)
+        except StalledWriteError:
+            sender.abort()
+
+    def __len__(self) -> int:
+        return len(self._connections)

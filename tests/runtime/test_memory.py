@@ -1,0 +1,62 @@
+"""The decode caches are bounded by the bytes they hold, not by their number of entries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from actors.history import ChatCache
+from actors.runtime import Runtime, RuntimeConfig
+from protocol.lru import ENTRY_OVERHEAD, ByteLRU
+from protocol.requests import PromptInput
+from protocol.shapes import MessageTime, UserMessage
+
+BOUND = 3 * 1024 * 1024
+PROMPT = 1_000_000
+
+
+async def test_large_prompts_keep_both_caches_within_their_byte_bound(
+    tmp_path: Path, workdir: Path
+) -> None:
+    config = RuntimeConfig(
+        data_dir=tmp_path / "data", default_directory=str(workdir), decode_cache_bytes=BOUND
+    )
+    async with Runtime(config) as rt:
+        session = await rt.sessions.create()
+        for i in range(8):
+            text = f"{i:04d}" + "x" * PROMPT
+            await rt.sessions.prompt(session.id, PromptInput(text=text))
+            await rt.execution.wait_idle(session.id)
+            queries = rt.store.queries.cache
+            chat = rt.runner.chat_cache
+            assert queries.bytes <= queries.max_bytes == BOUND
+            assert chat.bytes <= chat.max_bytes == BOUND
+        # Eight megabytes went through caches of three: most of it was let go,
+        # and the transcript still reads back whole.
+        assert rt.store.queries.cache.bytes > 0
+        context = await rt.sessions.context(session.id)
+        texts = [m.text for m in context if isinstance(m, UserMessage)]
+        assert [t[:4] for t in texts] == [f"{i:04d}" for i in range(8)]
+
+
+def test_the_lru_evicts_the_least_recently_used_first_and_never_keeps_an_oversized_value() -> None:
+    lru: ByteLRU[str, str] = ByteLRU(3 * (100 + ENTRY_OVERHEAD))
+    for key in "abc":
+        lru.put(key, key, 100)
+    assert lru.get("a") == "a"  # now the most recent
+    lru.put("d", "d", 100)
+    assert lru.get("b") is None
+    assert {k: lru.get(k) for k in "acd"} == {"a": "a", "c": "c", "d": "d"}
+    lru.put("huge", "h", 10_000)
+    assert lru.get("huge") is None
+    assert lru.bytes <= lru.max_bytes
+
+
+def test_the_chat_cache_weighs_the_text_it_keeps_alive() -> None:
+    cache = ChatCache(2 * 1024 * 1024)
+    time = MessageTime(created=0, updated=0)
+    for i in range(10):
+        message = UserMessage(
+            id=f"msg_{i}", session_id="ses_x", seq=i, time=time, text="y" * PROMPT
+        )
+        assert cache.get(message)[0].parts[0].text == message.text  # type: ignore[union-attr]
+        assert cache.bytes <= cache.max_bytes
