@@ -78,15 +78,13 @@ def _coerce(tp: Any, raw: str, name: str) -> Any:
     return raw
 
 
-async def decode_body(op: Operation, request: web.Request, timeout_s: float) -> Any:
+async def decode_body(op: Operation, request: web.Request, timeout_s: float, max_bytes: int) -> Any:
     """The body, read within ``timeout_s``: one shorter than its Content-Length is a 408."""
     if op.body is None:
         return None
-    # Over the app's client_max_size, read() raises HTTPRequestEntityTooLarge; the
-    # app's error middleware answers it with the real limit.
     try:
         async with asyncio.timeout(timeout_s):
-            raw = await request.read()
+            raw = await _read(request, max_bytes)
     except TimeoutError:
         raise RequestTimeoutError(
             f"The request body did not arrive within {timeout_s:g} s"
@@ -98,6 +96,28 @@ async def decode_body(op: Operation, request: web.Request, timeout_s: float) -> 
     if op.id == "session.prompt" and isinstance(data, dict):
         data = _flatten_prompt(data)
     return codec.from_json(op.body, data)
+
+
+async def _read(request: web.Request, max_bytes: int) -> bytes:
+    """The whole body, not kept on the request (``request.read()`` caches it there).
+
+    aiohttp's connection loop holds the last request of a keep-alive
+    connection until the next one arrives, so a cached body would stay
+    resident for as long as its client stays idle. Over ``max_bytes`` this
+    raises HTTPRequestEntityTooLarge like ``read()``; the app's error
+    middleware answers it with the real limit.
+    """
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=declared)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > max_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=size)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _flatten_prompt(data: dict[str, Any]) -> dict[str, Any]:
