@@ -71,7 +71,7 @@ from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
 from storage import Command, ProjectionConflict, SQLiteStore, Synchronous
 
-__all__ = ["DB_NAME", "Runtime", "RuntimeConfig"]
+__all__ = ["DB_NAME", "Runtime", "RuntimeConfig", "check_data_dir", "make_data_dir"]
 
 DB_NAME = "sessionrt.sqlite"
 
@@ -183,6 +183,34 @@ def _process_recorder(store: SQLiteStore) -> RecordProcess:
     return record
 
 
+def check_data_dir(path: Path) -> None:
+    """Refuse a data dir that is (or would lie under) a regular file, in a sentence.
+
+    Blocking (it stats the path and its parents). ``os.makedirs`` would say
+    "[Errno 17] File exists", which names neither the setting nor the file.
+    """
+    for existing in (path, *path.parents):
+        if not existing.exists():
+            continue
+        if existing == path and not path.is_dir():
+            raise InvalidRequestError(
+                f"the data directory {path} exists and is not a directory",
+                field="runtime.data_dir",
+            )
+        if not existing.is_dir():
+            raise InvalidRequestError(
+                f"the data directory {path} cannot be made: {existing} is a file",
+                field="runtime.data_dir",
+            )
+        return
+
+
+def make_data_dir(path: Path) -> None:
+    """Create the data dir (and its parents) unless it exists; blocking."""
+    check_data_dir(path)
+    os.makedirs(path, exist_ok=True)
+
+
 class Runtime:
     def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
@@ -264,9 +292,7 @@ class Runtime:
                 self.bus.attach(self.store)
                 self._stack.callback(self.bus.close)
                 return self
-            await self.blocking.run(
-                functools.partial(os.makedirs, exist_ok=True), self.config.data_dir
-            )
+            await self.blocking.run(make_data_dir, self.config.data_dir)
             if self.config.default_directory is not None:
                 # A misconfigured default fails the start, not every later create.
                 await self.blocking.run(

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from actors.runtime import RuntimeConfig
+from actors.runtime import RuntimeConfig, check_data_dir
 from protocol import codec
 from protocol.client import ClientError, follow_log
 from protocol.errors import DomainError, SessionNotFoundError, UnauthorizedError
@@ -171,24 +171,12 @@ def _password(args: argparse.Namespace, from_file: str | None = None) -> str | N
     return chosen
 
 
-def _check_data_dir(path: Path) -> None:
-    """A data dir that is (or lies under) a regular file is a sentence, not "[Errno 17]"."""
-    for existing in (path, *path.parents):
-        if not existing.exists():
-            continue
-        if existing == path and not path.is_dir():
-            raise ConfigError(f"the data directory {path} exists and is not a directory")
-        if not existing.is_dir():
-            raise ConfigError(f"the data directory {path} cannot be made: {existing} is a file")
-        return
-
-
 def _serve(args: argparse.Namespace) -> int:
     file = load_config(args.config) if args.config is not None else {}
     server = file.get("server", {})
     flags = {"synchronous": args.synchronous} if args.synchronous is not None else {}
     config = runtime_config(file, args.data_dir, fallback_data_dir=default_data_dir(), **flags)
-    _check_data_dir(config.data_dir)
+    check_data_dir(config.data_dir)
     host = args.host or server.pop("host", "127.0.0.1")
     port = args.port if args.port is not None else server.pop("port", 4096)
     server.pop("host", None)
@@ -280,7 +268,7 @@ def _on_host_sync(args: argparse.Namespace) -> int:
             raise ConfigError("--config is for the embedded runtime; not with --url")
         config = runtime_config(load_config(args.config), args.data_dir, fallback_data_dir=data_dir)
         data_dir = config.data_dir
-    _check_data_dir(data_dir)
+    check_data_dir(data_dir)
     if args.command in _READ_ONLY and not args.url:
         config = attrs.evolve(config or RuntimeConfig(data_dir=data_dir), read_only=True)
         if not config.db_path.exists():
