@@ -6,44 +6,18 @@ import asyncio
 import os
 import re
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-
-EXE = str(Path(sys.executable).with_name("sessionrt"))
-
-
-class Served:
-    def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
-        self.proc = proc
-        self.url = url
+from serve_proc import EXE, Served, serving
 
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    proc = await asyncio.create_subprocess_exec(
-        EXE,
-        "serve",
-        "--port",
-        "0",
-        "--data-dir",
-        str(tmp_path / "data"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-    match = re.search(r"http://\S+", line)
-    assert match, line
-    try:
-        yield Served(proc, match.group(0))
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    async with serving(tmp_path / "data", guard_s=30) as served:
+        yield served
 
 
 async def test_serve_answers_http_and_stops_cleanly_on_sigterm(

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
+from serve_proc import EXE, serving
 
-EXE = str(Path(sys.executable).with_name("sessionrt"))
 ENV = {k: v for k, v in os.environ.items() if k != "SESSIONRT_SERVER_PASSWORD"}
 
 
@@ -59,39 +57,17 @@ async def test_a_data_dir_that_is_a_file_is_a_sentence(tmp_path: Path, blocker: 
 
 
 async def test_a_password_on_the_command_line_warns_without_showing_it(tmp_path: Path) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        EXE,
-        "serve",
-        "--port",
-        "0",
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--password",
-        "s3cret-value",
-        "--cors-origin",
-        "https://app.example",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=ENV,
-    )
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    try:
-        warning = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
-        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-        match = re.search(r"http://\S+", line)
-        assert match, line
+    flags = ("--password", "s3cret-value", "--cors-origin", "https://app.example")
+    async with serving(tmp_path / "data", *flags, env=ENV) as served:
+        assert served.proc.stderr is not None
+        warning = (await asyncio.wait_for(served.proc.stderr.readline(), 60)).decode()
         async with aiohttp.ClientSession() as http:
             headers = {"Origin": "https://app.example", "Authorization": "Bearer s3cret-value"}
-            async with http.get(f"{match.group(0)}/api/session", headers=headers) as response:
+            async with http.get(f"{served.url}/api/session", headers=headers) as response:
                 assert response.status == 200
                 assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
-        proc.send_signal(signal.SIGTERM)
-        _, rest = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        served.proc.send_signal(signal.SIGTERM)
+        _, rest = await asyncio.wait_for(served.proc.communicate(), 60)
     assert "--password" in warning
     assert "SESSIONRT_SERVER_PASSWORD" in warning
     assert "s3cret-value" not in warning + rest.decode()

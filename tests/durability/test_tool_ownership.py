@@ -14,43 +14,18 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
+
+from serve_proc import serving
 
 from actors.tools._process import group_alive
 from protocol.client import Client, follow_log
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import Location
 
-EXE = str(Path(sys.executable).with_name("sessionrt"))
 GUARD = 30.0
-
-
-@contextlib.asynccontextmanager
-async def serving(data: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    proc = await asyncio.create_subprocess_exec(
-        EXE,
-        "serve",
-        "--port",
-        "0",
-        "--data-dir",
-        str(data),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    assert proc.stdout is not None
-    try:
-        line = (await asyncio.wait_for(proc.stdout.readline(), GUARD)).decode()
-        match = re.search(r"http://\S+", line)
-        assert match, line
-        yield proc, match.group(0)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
+DEVNULL = asyncio.subprocess.DEVNULL
 
 
 async def test_a_tool_running_when_the_server_is_killed_never_finishes(tmp_path: Path) -> None:
@@ -60,7 +35,7 @@ async def test_a_tool_running_when_the_server_is_killed_never_finishes(tmp_path:
     command = json.dumps({"command": "sleep 8; touch marker", "timeout_s": 60})
     pgid = None
     try:
-        async with serving(data) as (server, url), Client(url) as client:
+        async with serving(data, stderr=DEVNULL) as served, Client(served.url) as client:
             session = await client.sessions.create(
                 CreateSessionInput(location=Location(directory=str(project)))
             )
@@ -73,22 +48,23 @@ async def test_a_tool_running_when_the_server_is_killed_never_finishes(tmp_path:
                             call_id = event.data["data"]["id"]
                             break
             assert pgid is not None
-            server.send_signal(signal.SIGKILL)  # the server alone: the tool has its own group
-            await server.wait()
+            # The server alone: the tool has its own group.
+            served.proc.send_signal(signal.SIGKILL)
+            await served.proc.wait()
         # The premise: the command outlived its server.
         assert group_alive(pgid)
-        async with serving(data) as (server, url):
+        async with serving(data, stderr=DEVNULL) as served:
             # Listening means the startup sweep is done: the group is gone for good.
             assert not group_alive(pgid)
             assert not marker.exists()
-            async with Client(url) as client:
+            async with Client(served.url) as client:
                 page = await client.sessions.messages(session.id)
                 parts = [p for m in page.data for p in getattr(m, "parts", ())]
                 [tool] = [p for p in parts if getattr(p, "id", None) == call_id]
                 assert tool.status == "error"
                 assert tool.error["type"] == "aborted"
-            server.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(server.wait(), GUARD) == 0
+            served.proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(served.proc.wait(), GUARD) == 0
     finally:
         if pgid is not None and group_alive(pgid):
             os.killpg(pgid, signal.SIGKILL)

@@ -8,16 +8,14 @@ writes really fail (EFBIG: the same path as a full disk) after a few prompts.
 from __future__ import annotations
 
 import asyncio
-import re
 import resource
 import signal
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
+from serve_proc import serving
 
-EXE = str(Path(sys.executable).with_name("sessionrt"))
 LIMIT = 1_500_000
 
 
@@ -28,23 +26,8 @@ def _small_disk() -> None:  # runs in the child before exec
 
 @pytest.mark.slow
 async def test_a_full_disk_is_a_retryable_503_and_one_log_line(tmp_path: Path) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        EXE,
-        "serve",
-        "--port",
-        "0",
-        "--data-dir",
-        str(tmp_path / "data"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        preexec_fn=_small_disk,
-    )
-    assert proc.stdout is not None
-    try:
-        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-        match = re.search(r"http://\S+", line)
-        assert match, line
-        url = match.group(0)
+    async with serving(tmp_path / "data", preexec_fn=_small_disk) as served:
+        url, proc = served.url, served.proc
         answers: list[tuple[int, str | None]] = []
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{url}/api/session", json={}) as response:
@@ -66,10 +49,6 @@ async def test_a_full_disk_is_a_retryable_503_and_one_log_line(tmp_path: Path) -
         assert set(refused) == {"StorageUnavailableError"}
         proc.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     text = err.decode()
     assert "Traceback" not in text, text
     assert text.count("storage unavailable") == 1, text
