@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+from proc_groups import Spawn, own_groups
 
 from actors.bus import Envelope
 from actors.runtime import Runtime, RuntimeConfig
@@ -115,27 +114,10 @@ async def test_deleting_a_session_mid_tool_kills_its_group_and_it_leaves_active(
 
 
 @pytest.fixture
-def strangers(tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[bytes]]]:
+def strangers(tmp_path: Path) -> Iterator[Spawn]:
     """Process groups started by the test (as a dead server's tool would have been)."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(command: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            ["/bin/bash", "-c", command],
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if group_alive(proc.pid):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert proc.stdout is not None
-        proc.stdout.close()
+    with own_groups(tmp_path) as start:
+        yield start
 
 
 async def left_running(rt: Runtime, session_id: str, calls: dict[str, ProcessGroup]) -> None:

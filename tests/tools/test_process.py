@@ -6,19 +6,16 @@ kills whatever is left at teardown.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
 import pytest
+from proc_groups import Spawn, own_groups
 
 from actors.tools import ProcessGroup
 from actors.tools._process import group_alive, identify, kill_stale
-
-Spawn = Callable[[str], subprocess.Popen[bytes]]
 
 
 def alive(pid: int) -> bool:
@@ -32,27 +29,8 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Spawn]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(command: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            cwd=tmp_path,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if group_alive(proc.pid):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            assert pipe is not None
-            pipe.close()
+    with own_groups(tmp_path) as start:
+        yield start
 
 
 def test_identify_names_the_group_by_its_leaders_start_time(spawn: Spawn) -> None:
