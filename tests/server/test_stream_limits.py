@@ -45,10 +45,25 @@ async def _read_to_end(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+def _body(raw: bytes) -> bytes:
+    """The body of a raw chunked response (chunk boundaries may fall anywhere in a frame)."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding: chunked" in head
+    body = []
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        body.append(rest[:n])
+        rest = rest[n + 2 :]
+        if n == 0:
+            break
+    return b"".join(body)
+
+
 def _events(raw: bytes) -> list[dict[str, Any]]:
     """The SSE frames in a raw chunked response: its ``event``/``data`` lines in order."""
     out: list[dict[str, Any]] = []
-    for line in raw.split(b"\n"):
+    for line in _body(raw).split(b"\n"):
         if line.startswith(b"event: "):
             out.append({"event": line[7:].decode().strip()})
         elif line.startswith(b"data: ") and out and "data" not in out[-1]:
