@@ -635,14 +635,22 @@ async def _load(args: argparse.Namespace, server: Server) -> dict[str, Any]:
     }
 
 
-async def _drain_stuck(sock: socket.socket, within: float) -> list[str]:
+async def _drain_stuck(sock: socket.socket, within: float) -> dict[str, Any]:
+    """What a stuck (or slow) subscriber was sent: its last ``server.*`` events, and bytes.
+
+    An empty list means it was not dropped: all it was sent fit in the socket
+    buffers, so no write was ever held up.
+    """
     loop = asyncio.get_running_loop()
-    data = b""
+    data, total = b"", 0
     with contextlib.suppress(TimeoutError, OSError):
         async with asyncio.timeout(within):
             while chunk := await loop.sock_recv(sock, 1 << 16):
+                total += len(chunk)
                 data = (data + chunk)[-65536:]
-    return [m.decode() for m in re.findall(rb"event: (server\.[\w.]+)", data)]
+    told = [m.decode() for m in re.findall(rb"event: (server\.[\w.]+)", data)]
+    reasons = [m.decode() for m in re.findall(rb'"reason":"(\w+)"', data)]
+    return {"told": told[-2:], "reasons": reasons[-1:], "bytes": total}
 
 
 def _figure(
@@ -770,8 +778,8 @@ def render(report: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"  the stuck subscriber was told: {report['stuck_told'][-2:]}",
-        f"  the slow subscriber was told: {report['slow_told'][-2:]}",
+        f"  the stuck subscriber (never reads) was told: {report['stuck_told']}",
+        f"  the slow subscriber (1 KiB / 100 ms) was told: {report['slow_told']}",
         f"  at SIGINT: {report['disposed']}/{report['subscribers']} subscribers got"
         f" server.instance.disposed; the log follower's stream ended: {report['follower_ended']}",
         "",
@@ -788,7 +796,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--write-timeout", type=float, default=2.0, help="[server] stream_write_timeout_s"
     )
-    parser.add_argument("--workers", type=int, default=4, help="client processes for the load")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="client processes for the subscribers"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return parser.parse_args(argv)
