@@ -6,33 +6,40 @@
     .venv/bin/python scripts/bench_feed.py --subscribers 200 --rate 200 --seconds 10
 
 Starts ``sessionrt serve --port 0`` (a real subprocess, fresh temp data dir,
-``synchronous=FULL``, ``[server] stream_write_timeout_s`` = ``--write-timeout``)
-and drives it from this process with aiohttp:
+``synchronous=FULL``, ``[server] stream_write_timeout_s`` = ``--write-timeout``).
+Prompts (``resume: false``: admitted and committed, no step runs) go out at
+``--rate`` per second over 8 sessions from this process (aiohttp, keep-alive).
+Each prompt's text is ``bench <i> <sent_ns>``, its send time on
+``time.monotonic_ns()`` (CLOCK_MONOTONIC: one clock for every process on the
+host), so delivery = frame received - prompt sent is computed by the client
+that receives it: it includes admission, the commit and its fsync, and the
+fan-out. The clients are cheap on purpose, so that what is measured is the
+server: the subscribers are non-blocking sockets under one bare epoll loop
+per client process (``--workers``) that de-chunk and find prompts with
+``bytes.find`` (no HTTP client library, no JSON), and the generator writes
+prepared requests on keep-alive raw connections.
 
-1. **Baseline** (same run, same server): one ``/api/event`` subscriber while
-   prompts (``resume: false``, admitted and committed, no step runs) are sent
-   at ``--rate`` per second over 8 sessions for ``--seconds``. Each prompt
-   carries a client-chosen id; delivery = the moment a subscriber has the
-   ``session.inbox.enqueued`` frame with that id - the moment the prompt was
-   sent (so it includes the commit and its fsync, and is an upper bound on
-   commit -> frame).
-2. **Load**: ``--subscribers`` reading subscribers, plus one subscriber that
-   never reads (a raw socket with a 4 KiB receive buffer) and one that reads
-   1 KiB every 100 ms; the same prompts at the same rate. The reading
-   subscribers live in ``--workers`` client processes (spawned; Linux's
-   ``perf_counter`` is CLOCK_MONOTONIC, one clock for every process). Reported: p50/p99/max
-   delivery over every (subscriber, prompt) pair, how many reading subscribers
-   were dropped (target 0) or missed a frame, and what the stuck and slow ones
-   were told (``server.connection.dropped`` and its reason).
+1. **Baseline** (same run, same server, same client code, same rate): one
+   subscriber.
+2. **Load**: ``--subscribers`` reading subscribers, plus one that never
+   reads (a raw socket with a 4 KiB receive buffer) and one that reads 1 KiB
+   every 100 ms. Reported: p50/p99/max delivery over every (subscriber,
+   prompt) pair, how many reading subscribers were dropped (target 0) or had
+   not received a prompt within 2 s after the last one was sent, and what the
+   stuck and slow ones were told (``server.connection.dropped`` and its
+   reason).
 3. **SIGINT with followers attached**: every subscriber plus one session log
    follower stay connected; SIGINT -> process exit, and how many of them got
    ``server.instance.disposed`` / the end of their stream. Baseline: a second
    server with nothing attached, SIGINT -> exit.
 
+For each phase: the admission round trip (prompt sent -> 200 received), how
+far the generator fell behind its own schedule, and CPU over the phase as %
+of one core (/proc): the server (all its threads), the client processes, the
+generator, the whole machine, and the rest of the machine (other work).
+
 Targets (issue #8): 200 subscribers at 200 admissions/s, none dropped, p99
 delivery <= 50 ms; SIGINT -> exit with followers attached < 1 s.
-Client and server share this machine's cores: the client's parsing is counted
-in every delivery figure, the baseline's included.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import multiprocessing
 import os
 import platform
 import re
+import select
 import signal
 import socket
 import sqlite3
@@ -59,16 +67,11 @@ from typing import Any, Final
 import aiohttp
 from _benchlib import report_main, target_lines
 
-from protocol import ids
-
 ROOT: Final = Path(__file__).resolve().parent.parent
 SESSIONRT: Final = ROOT / ".venv" / "bin" / "sessionrt"
 TARGET_P99_MS: Final = 50.0
 TARGET_SIGINT_S: Final = 1.0
 SESSIONS: Final = 8
-ENQUEUED: Final = re.compile(
-    rb'event: session\.inbox\.enqueued\n(?:id: \d+\n)?data: .*?"(msg_\w+)"'
-)
 JSON: Final = {"Content-Type": "application/json"}
 
 clock = time.perf_counter
@@ -134,60 +137,178 @@ class Server:
             await self.proc.wait()
 
 
-class Subscriber:
-    """Reads ``/api/event``, timestamping each enqueued prompt id it sees."""
+MARK: Final = b'"text":"bench '
 
-    def __init__(self) -> None:
-        self.seen: dict[str, float] = {}
+
+class Reader:
+    """One ``/api/event`` subscriber's parser: de-chunks, then scans bytes.
+
+    Each prompt's text is ``bench <i> <sent_ns>`` (``time.monotonic_ns()``
+    when the load generator sent it: CLOCK_MONOTONIC, one clock for every
+    process on this host), so a frame's delivery is computed where it lands,
+    with no table shared between processes and no JSON parsing: the cost per
+    received chunk is a few ``bytes.find`` calls.
+    """
+
+    def __init__(self, latencies: list[float]) -> None:
+        self.latencies = latencies
+        self.seen: set[int] = set()
         self.events: list[str] = []
-        self.ended = asyncio.Event()
-        self.connected = asyncio.Event()
+        self.connected = False
+        self.closed = False
+        self._head = b""
+        self._in_body = False
+        self._left = 0  # bytes of the current HTTP chunk still to come
+        self._size_line = b""
+        self._frames = b""  # SSE bytes after the last complete frame
 
-    async def run(self, http: aiohttp.ClientSession, path: str = "/api/event") -> None:
-        try:
-            async with http.get(path) as response:
-                buffer = b""
-                async for chunk in response.content.iter_any():
-                    now = clock()
-                    buffer += chunk
-                    head, sep, buffer = buffer.rpartition(b"\n\n")
-                    if not sep:
-                        buffer = head + buffer
-                        continue
-                    for found in ENQUEUED.finditer(head):
-                        self.seen[found.group(1).decode()] = now
-                    for name in re.findall(rb"event: (server\.[\w.]+|log\.synced)", head):
-                        self.events.append(name.decode())
-                        self.connected.set()
-        except (aiohttp.ClientError, asyncio.CancelledError):
-            pass
-        finally:
-            self.ended.set()
+    def feed(self, now: int, data: bytes) -> None:
+        if not self._in_body:
+            self._head += data
+            _, sep, data = self._head.partition(b"\r\n\r\n")
+            if not sep:
+                return
+            self._in_body, self._head = True, b""
+        body = []
+        pos, size = 0, len(data)
+        while pos < size:
+            if self._left == 0:
+                if self._size_line:  # a size line cut by the last read
+                    data, pos = self._size_line + data[pos:], 0
+                    size, self._size_line = len(data), b""
+                line_end = data.find(b"\r\n", pos)
+                if line_end < 0:
+                    self._size_line = data[pos:]
+                    break
+                line = data[pos:line_end]
+                pos = line_end + 2
+                if not line:
+                    continue  # the CRLF that ends a chunk's data
+                self._left = int(line, 16)
+                if self._left == 0:
+                    break  # the last chunk
+                continue
+            take = min(self._left, size - pos)
+            body.append(data[pos : pos + take])
+            pos += take
+            self._left -= take
+        if body:
+            self._scan(now, body[0] if len(body) == 1 else b"".join(body))
+
+    def _scan(self, now: int, data: bytes) -> None:
+        buf = self._frames + data if self._frames else data
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self._frames = buf
+            return
+        self._frames = buf[cut + 2 :]
+        at = buf.find(MARK, 0, cut)
+        while at >= 0:
+            start = at + len(MARK)
+            space = buf.index(b" ", start)
+            quote = buf.index(b'"', space)
+            index = int(buf[start:space])
+            if index not in self.seen:
+                self.seen.add(index)
+                self.latencies.append((now - int(buf[space + 1 : quote])) / 1e6)
+            at = buf.find(MARK, quote, cut)
+        if b"event: server." in buf[:cut]:
+            for name in re.findall(rb"event: (server\.[\w.]+)", buf[:cut]):
+                self.events.append(name.decode())
+                self.connected = True
+
+
+class _Follow(asyncio.Protocol):
+    """A :class:`Reader` on an asyncio connection (this process's own follower)."""
+
+    def __init__(self, request: bytes) -> None:
+        self.request = request
+        self.reader = Reader([])
+        self.closed = asyncio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(time.monotonic_ns(), data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
+
+
+def _request(host: str, port: int, path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
 
 
 _READY: Any = None
+_STOPS: dict[str, Any] = {}
 
 
-def _init_worker(ready: Any) -> None:
+def _init_worker(ready: Any, stops: dict[str, Any]) -> None:
     global _READY
     _READY = ready
+    _STOPS.update(stops)
 
 
-def _worker(base: str, count: int) -> list[dict[str, Any]]:
-    """In a worker process: ``count`` subscribers until the server ends their streams."""
-    return asyncio.run(_worker_main(base, count))
+def _worker(base: str, count: int, phase: str) -> dict[str, Any]:
+    """In a client process: ``count`` subscribers until the server ends them or ``phase`` stops.
 
-
-async def _worker_main(base: str, count: int) -> list[dict[str, Any]]:
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-    async with aiohttp.ClientSession(base, connector=connector, timeout=timeout) as http:
-        subs = [Subscriber() for _ in range(count)]
-        tasks = [asyncio.ensure_future(sub.run(http)) for sub in subs]
-        await asyncio.wait_for(asyncio.gather(*(s.connected.wait() for s in subs)), 60)
-        _READY.put(count)
-        await asyncio.gather(*tasks)
-    return [{"seen": s.seen, "events": s.events} for s in subs]
+    A bare epoll loop over non-blocking sockets, so a received chunk costs one
+    ``recv`` and :meth:`Reader.feed`, nothing more.
+    """
+    stop = _STOPS[phase]
+    host, port_text = base.removeprefix("http://").rsplit(":", 1)
+    port = int(port_text)
+    latencies: list[float] = []
+    readers = [Reader(latencies) for _ in range(count)]
+    poll = select.epoll()
+    open_: dict[int, tuple[socket.socket, Reader]] = {}
+    for reader in readers:
+        sock = socket.create_connection((host, port))
+        sock.sendall(_request(host, port, "/api/event"))
+        sock.setblocking(False)
+        open_[sock.fileno()] = (sock, reader)
+        poll.register(sock.fileno(), select.EPOLLIN)
+    waiting = count  # readers without server.connected yet
+    cpu0 = 0.0
+    reads = 0
+    deadline = clock() + 60
+    while open_ and not stop.is_set():
+        for fd, _ in poll.poll(0.05):
+            sock, reader = open_[fd]
+            try:
+                data = sock.recv(1 << 18)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                poll.unregister(fd)
+                sock.close()
+                del open_[fd]
+                reader.closed = True
+                continue
+            reads += 1
+            was = reader.connected
+            reader.feed(time.monotonic_ns(), data)
+            if reader.connected and not was:
+                waiting -= 1
+                if waiting == 0:
+                    cpu0 = time.process_time()
+                    _READY.put(os.getpid())
+        if waiting and clock() > deadline:
+            raise RuntimeError(f"{waiting} subscribers never got server.connected")
+    for sock, _ in open_.values():
+        sock.close()
+    poll.close()
+    return {
+        "latencies": latencies,
+        "seen": [len(r.seen) for r in readers],
+        "events": [r.events for r in readers],
+        "cpu_s": time.process_time() - cpu0,
+        "reads": reads,
+    }
 
 
 async def _stuck(base: str) -> socket.socket:
@@ -201,74 +322,164 @@ async def _stuck(base: str) -> socket.socket:
     return sock
 
 
-async def _slow(base: str, told: list[str]) -> None:
-    """Reads 1 KiB every 100 ms; records the server.* events it gets."""
-    reader, writer = await asyncio.open_connection(*base.removeprefix("http://").rsplit(":", 1))
-    writer.write(b"GET /api/event HTTP/1.1\r\nHost: x\r\n\r\n")
-    data = b""
-    try:
-        while chunk := await reader.read(1024):
-            data += chunk[-4096:]
-            data = data[-8192:]
-            told += [m.decode() for m in re.findall(rb"event: (server\.[\w.]+)", chunk)]
-            await asyncio.sleep(0.1)
-    finally:
-        writer.close()
+async def _slow(sock: socket.socket, stop: asyncio.Event) -> None:
+    """Reads 1 KiB every 100 ms until ``stop``."""
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(OSError):
+        while await loop.sock_recv(sock, 1024):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
+            if stop.is_set():
+                return
 
 
-async def _admissions(
-    http: aiohttp.ClientSession, sessions: list[str], rate: float, seconds: float
-) -> dict[str, float]:
-    sent: dict[str, float] = {}
-    count = int(rate * seconds)
-    start = clock()
-    tasks: set[asyncio.Task[None]] = set()
+class _Post(asyncio.Protocol):
+    """One keep-alive connection of the load generator: one request at a time."""
 
-    async def one(i: int) -> None:
-        mid = ids.message_id()
-        sent[mid] = clock()
-        body = {"id": mid, "text": f"p{i}", "resume": False}
-        async with http.post(f"/api/session/{sessions[i % len(sessions)]}/prompt", json=body) as r:
-            assert r.status == 200, await r.text()
+    def __init__(self, done: Any) -> None:
+        self.done = done
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.sent = 0
 
-    for i in range(count):
-        delay = start + i / rate - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.ensure_future(one(i))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.gather(*tasks)
-    return sent
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def send(self, request: bytes, sent: int) -> None:
+        assert self.transport is not None
+        self.sent = sent
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = self.buf[:end].lower()
+        at = head.find(b"content-length:")
+        length = int(head[at + 15 : head.find(b"\r\n", at)]) if at >= 0 else 0
+        if len(self.buf) < end + 4 + length:
+            return
+        status, self.buf = self.buf[9:12], self.buf[end + 4 + length :]
+        self.done(self, status, self.sent)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
 
 
-def _delivery(sent: dict[str, float], subscribers: Sequence[Subscriber]) -> dict[str, Any]:
-    latencies: list[float] = []
-    missing = 0
-    for sub in subscribers:
-        for mid, at in sent.items():
-            got = sub.seen.get(mid)
-            if got is None:
-                missing += 1
+class Admissions:
+    """Prompts at a fixed rate over keep-alive raw connections; each text carries its send time.
+
+    No HTTP client library: a request is one prepared write, its answer one
+    ``find`` for the end of the headers, so the generator's own cost stays
+    small next to the server's.
+    """
+
+    def __init__(self, base: str, sessions: list[str]) -> None:
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        self.sessions = sessions
+        self.acks: list[float] = []
+        self.failures: list[bytes] = []
+        self.late_ms = 0.0  # how far the generator itself fell behind its schedule
+        self._idle: list[_Post] = []
+        self._outstanding = 0
+        self._settled: asyncio.Event = asyncio.Event()
+
+    def _done(self, conn: _Post, status: bytes, sent: int) -> None:
+        self.acks.append((time.monotonic_ns() - sent) / 1e6)
+        if status != b"200":
+            self.failures.append(status)
+        self._idle.append(conn)
+        self._outstanding -= 1
+        if self._outstanding == 0:
+            self._settled.set()
+
+    async def _open(self) -> _Post:
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(lambda: _Post(self._done), self.host, self.port)
+        return conn
+
+    def _request(self, i: int) -> bytes:
+        sent = time.monotonic_ns()
+        body = b'{"text":"bench %d %d","resume":false}' % (i, sent)
+        path = f"/api/session/{self.sessions[i % len(self.sessions)]}/prompt"
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    async def run(self, rate: float, seconds: float) -> int:
+        count = int(rate * seconds)
+        while len(self._idle) < 32:
+            self._idle.append(await self._open())
+        self.acks, self.failures = [], []
+        self._settled.clear()
+        opening: set[asyncio.Task[None]] = set()
+
+        async def send_on_new(i: int) -> None:
+            conn = await self._open()
+            conn.send(self._request(i), time.monotonic_ns())
+
+        start = clock()
+        for i in range(count):
+            delay = start + i / rate - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
             else:
-                latencies.append((got - at) * 1000)
+                self.late_ms = max(self.late_ms, -delay * 1000)
+            self._outstanding += 1
+            while self._idle and self._idle[-1].transport is None:
+                self._idle.pop()
+            if self._idle:
+                self._idle.pop().send(self._request(i), time.monotonic_ns())
+            else:
+                task = asyncio.ensure_future(send_on_new(i))
+                opening.add(task)
+                task.add_done_callback(opening.discard)
+        if self._outstanding:
+            await asyncio.wait_for(self._settled.wait(), 60)
+        assert not self.failures, f"prompts refused: {self.failures[:5]}"
+        return count
+
+
+def _summary(latencies: Sequence[float], expected: int, seen: Sequence[int]) -> dict[str, Any]:
     return {
         "pairs": len(latencies),
-        "missing": missing,
+        "missing": sum(max(0, expected - n) for n in seen),
         "p50_ms": round(_pct(latencies, 0.5), 3),
         "p99_ms": round(_pct(latencies, 0.99), 3),
         "max_ms": round(max(latencies, default=math.nan), 3),
     }
 
 
-async def _settle(subscribers: Sequence[Subscriber], sent: dict[str, float]) -> None:
-    """Wait (bounded) until every live subscriber has every prompt."""
-    deadline = clock() + 10
-    while clock() < deadline:
-        if all(sub.ended.is_set() or len(sub.seen) >= len(sent) for sub in subscribers):
-            return
-        await asyncio.sleep(0.05)
+class CPU:
+    """CPU seconds of given pids and of the whole machine, between two marks (/proc)."""
+
+    def __init__(self) -> None:
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def machine(self) -> tuple[float, float, float]:
+        """Busy (not idle, iowait or steal), softirq and steal seconds, all CPUs."""
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+        idle, steal, softirq = fields[3] + fields[4], fields[7], fields[6]
+        return (sum(fields) - idle - steal) / self.tick, softirq / self.tick, steal / self.tick
+
+    def process(self, pid: int) -> float:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            return math.nan
+        return (int(fields[11]) + int(fields[12])) / self.tick
+
+
+def _share(busy: float, wall: float) -> float:
+    """CPU seconds per wall second, as a percentage of one core."""
+    return round(100 * busy / wall, 1) if wall > 0 else math.nan
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -288,6 +499,60 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return _report(args, report)
 
 
+async def _phase(
+    args: argparse.Namespace,
+    server: Server,
+    admissions: Admissions,
+    pool: ProcessPoolExecutor,
+    ready: Any,
+    phase: str,
+    subscribers: int,
+    extra: Any = None,
+) -> tuple[dict[str, Any], list[asyncio.Future[dict[str, Any]]]]:
+    """``subscribers`` readers in client processes, prompts at ``--rate``: delivery and CPU."""
+    loop = asyncio.get_running_loop()
+    assert server.proc is not None
+    workers = max(1, min(args.workers, subscribers))
+    shares = [subscribers // workers + (i < subscribers % workers) for i in range(workers)]
+    jobs = [loop.run_in_executor(pool, _worker, server.base, n, phase) for n in shares]
+    pids = [await loop.run_in_executor(None, ready.get, True, 120) for _ in shares]
+    if extra is not None:
+        await extra()
+    cpu = CPU()
+    t0, (busy0, softirq0, steal0) = clock(), cpu.machine()
+    server0 = cpu.process(server.proc.pid)
+    clients0 = sum(cpu.process(p) for p in pids)
+    me0 = time.process_time()
+    sent = await admissions.run(args.rate, args.seconds)
+    wall = clock() - t0
+    busy1, softirq1, steal1 = cpu.machine()
+    server1 = cpu.process(server.proc.pid)
+    clients1 = sum(cpu.process(p) for p in pids)
+    me1 = time.process_time()
+    return {
+        "sent": sent,
+        "wall_s": round(wall, 3),
+        "ack_p50_ms": round(_pct(admissions.acks, 0.5), 3),
+        "ack_p99_ms": round(_pct(admissions.acks, 0.99), 3),
+        "generator_late_ms": round(admissions.late_ms, 3),
+        "cpu_server_pct": _share(server1 - server0, wall),
+        "cpu_clients_pct": _share(clients1 - clients0, wall),
+        "cpu_generator_pct": _share(me1 - me0, wall),
+        "cpu_machine_pct": _share(busy1 - busy0, wall),
+        "cpu_softirq_pct": _share(softirq1 - softirq0, wall),
+        "cpu_steal_pct": _share(steal1 - steal0, wall),
+        "cpu_other_pct": _share(
+            (busy1 - busy0) - (server1 - server0) - (clients1 - clients0) - (me1 - me0), wall
+        ),
+    }, jobs
+
+
+def _merge(results: Sequence[dict[str, Any]], sent: int) -> dict[str, Any]:
+    latencies = [x for r in results for x in r["latencies"]]
+    seen = [n for r in results for n in r["seen"]]
+    return {**_summary(latencies, sent, seen), "client_reads": sum(r["reads"] for r in results)}
+
+
 async def _load(args: argparse.Namespace, server: Server) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
@@ -298,85 +563,94 @@ async def _load(args: argparse.Namespace, server: Server) -> dict[str, Any]:
         for _ in range(SESSIONS):
             async with http.post("/api/session", json={}) as r:
                 sessions.append((await r.json())["data"]["id"])
-        background: set[asyncio.Task[None]] = set()
-
-        def spawn(coro: Any) -> None:
-            task = asyncio.ensure_future(coro)
-            background.add(task)
-
-        # 1. Baseline: one subscriber.
-        _log(args, f"baseline: 1 subscriber, {args.rate:g}/s for {args.seconds:g} s")
-        one = Subscriber()
-        spawn(one.run(http))
-        await asyncio.wait_for(one.connected.wait(), 30)
-        sent = await _admissions(http, sessions, args.rate, args.seconds)
-        await _settle([one], sent)
-        baseline = _delivery(sent, [one])
-
-        # 2. Load: many subscribers (in worker processes: parsing 40,000 frames/s
-        # is more than one client process can do), a stuck one and a slow one.
-        _log(args, f"load: {args.subscribers} subscribers + a stuck and a slow one")
+        admissions = Admissions(server.base, sessions)
         ctx = multiprocessing.get_context("spawn")
         ready = ctx.Queue()
-        workers = max(1, min(args.workers, args.subscribers))
-        shares = [
-            args.subscribers // workers + (i < args.subscribers % workers) for i in range(workers)
-        ]
-        loop = asyncio.get_running_loop()
+        stops = {"baseline": ctx.Event(), "load": ctx.Event()}
         with ProcessPoolExecutor(
-            workers, mp_context=ctx, initializer=_init_worker, initargs=(ready,)
+            max(1, args.workers),
+            mp_context=ctx,
+            initializer=_init_worker,
+            initargs=(ready, stops),
         ) as pool:
-            jobs = [loop.run_in_executor(pool, _worker, server.base, n) for n in shares]
-            for _ in shares:
-                await loop.run_in_executor(None, ready.get, True, 120)
-            stuck = await _stuck(server.base)
-            slow_told: list[str] = []
-            spawn(_slow(server.base, slow_told))
-            sent = await _admissions(http, sessions, args.rate, args.seconds)
+            # 1. Baseline: one subscriber, same client code, same server, same rate.
+            _log(args, f"baseline: 1 subscriber, {args.rate:g}/s for {args.seconds:g} s")
+            base_cpu, jobs = await _phase(args, server, admissions, pool, ready, "baseline", 1)
+            await asyncio.sleep(1)  # the frames in flight land
+            stops["baseline"].set()
+            base_results = await asyncio.gather(*jobs)
+            baseline = {**_merge(base_results, base_cpu["sent"]), **base_cpu}
+
+            # 2. Load: many subscribers in client processes, a stuck one and a slow one.
+            _log(args, f"load: {args.subscribers} subscribers + a stuck and a slow one")
+            stuck: list[socket.socket] = []
+            slow_stop = asyncio.Event()
+            background: set[asyncio.Task[None]] = set()
+
+            async def odd_ones() -> None:
+                stuck.append(await _stuck(server.base))
+                stuck.append(await _stuck(server.base))
+                task = asyncio.ensure_future(_slow(stuck[1], slow_stop))
+                background.add(task)
+
+            load_cpu, jobs = await _phase(
+                args, server, admissions, pool, ready, "load", args.subscribers, odd_ones
+            )
             await asyncio.sleep(2)  # the frames in flight land; then the streams end at SIGINT
-            # The stuck one: read what it was sent, without blocking the loop.
-            stuck_events = await _drain_stuck(stuck, args.write_timeout * 2 + 2)
-            stuck.close()
+            slow_stop.set()
+            # The stuck and the slow one: read what they were sent, without blocking the loop.
+            stuck_events = await _drain_stuck(stuck[0], args.write_timeout * 2 + 2)
+            slow_events = await _drain_stuck(stuck[1], args.write_timeout * 2 + 2)
+            for sock in stuck:
+                sock.close()
 
             # 3. SIGINT with every subscriber and a log follower attached.
-            follower = Subscriber()
-            spawn(follower.run(http, f"/api/experimental/session/{sessions[0]}/log?follow=true"))
-            await asyncio.wait_for(follower.connected.wait(), 30)
+            host, port = server.base.removeprefix("http://").rsplit(":", 1)
+            path = f"/api/experimental/session/{sessions[0]}/log?follow=true"
+            _, follower = await asyncio.get_running_loop().create_connection(
+                lambda: _Follow(_request(host, int(port), path)), host, int(port)
+            )
+            await asyncio.sleep(0.5)
             _log(args, "SIGINT with followers attached")
             sigint_s = await server.sigint()
-            results = [r for rs in await asyncio.wait_for(asyncio.gather(*jobs), 60) for r in rs]
-        subs = []
-        for r in results:
-            sub = Subscriber()
-            sub.seen, sub.events = r["seen"], r["events"]
-            subs.append(sub)
-        load = _delivery(sent, subs)
-        dropped = sum(1 for s in subs if "server.connection.dropped" in s.events)
-        await asyncio.wait_for(follower.ended.wait(), 30)
-        disposed = sum(1 for s in subs if s.events[-1:] == ["server.instance.disposed"])
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
+            stops["load"].set()  # in case a stream outlives the server
+            results = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+            await asyncio.wait_for(follower.closed.wait(), 30)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+    load = {**_merge(results, load_cpu["sent"]), **load_cpu}
+    events = [e for r in results for e in r["events"]]
+    dropped = sum(1 for e in events if "server.connection.dropped" in e)
+    disposed = sum(1 for e in events if e[-1:] == ["server.instance.disposed"])
     return {
         "baseline": baseline,
         "load": load,
         "dropped_reading": dropped,
         "stuck_told": stuck_events,
-        "slow_told": slow_told,
+        "slow_told": slow_events,
         "sigint_s": round(sigint_s, 3),
         "disposed": disposed,
-        "follower_ended": follower.ended.is_set(),
+        "follower_ended": follower.closed.is_set(),
     }
 
 
-async def _drain_stuck(sock: socket.socket, within: float) -> list[str]:
+async def _drain_stuck(sock: socket.socket, within: float) -> dict[str, Any]:
+    """What a stuck (or slow) subscriber was sent: its last ``server.*`` events, and bytes.
+
+    An empty list means it was not dropped: all it was sent fit in the socket
+    buffers, so no write was ever held up.
+    """
     loop = asyncio.get_running_loop()
-    data = b""
+    data, total = b"", 0
     with contextlib.suppress(TimeoutError, OSError):
         async with asyncio.timeout(within):
             while chunk := await loop.sock_recv(sock, 1 << 16):
+                total += len(chunk)
                 data = (data + chunk)[-65536:]
-    return [m.decode() for m in re.findall(rb"event: (server\.[\w.]+)", data)]
+    told = [m.decode() for m in re.findall(rb"event: (server\.[\w.]+)", data)]
+    reasons = [m.decode() for m in re.findall(rb'"reason":"(\w+)"', data)]
+    return {"told": told[-2:], "reasons": reasons[-1:], "bytes": total}
 
 
 def _figure(
@@ -447,6 +721,7 @@ def _report(args: argparse.Namespace, r: dict[str, Any]) -> dict[str, Any]:
         "rate": args.rate,
         "seconds": args.seconds,
         "write_timeout_s": args.write_timeout,
+        "workers": args.workers,
         **r,
         "figures": figures,
         "targets": [
@@ -474,7 +749,8 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         f"sessionrt feed benchmark: {report['subscribers']} subscribers, {report['rate']:g}"
         f" admissions/s for {report['seconds']:g} s, write timeout {report['write_timeout_s']:g} s,"
-        f" aiohttp {report['aiohttp']}, SQLite {report['sqlite_version']},"
+        f" {report['workers']} client processes, aiohttp {report['aiohttp']},"
+        f" SQLite {report['sqlite_version']},"
         f" Python {report['python']}, {report['cpus']} CPUs",
         "",
     ]
@@ -485,10 +761,25 @@ def render(report: dict[str, Any]) -> str:
             else f" (baseline {_num(f['baseline'], f['unit'])}, {f['baseline_label']})"
         )
         lines.append(f"  {f['name']}: {_num(f['value'], f['unit'])}{base}")
+    lines.append("")
+    for name in ("baseline", "load"):
+        p = report[name]
+        lines.append(
+            f"  {name}: {p['sent']} prompts in {p['wall_s']:g} s; admission round trip"
+            f" p50 {p['ack_p50_ms']:.1f} ms p99 {p['ack_p99_ms']:.1f} ms; generator behind its"
+            f" schedule by up to {p['generator_late_ms']:.1f} ms"
+        )
+        lines.append(
+            f"    CPU (% of one core): server {p['cpu_server_pct']}, clients"
+            f" {p['cpu_clients_pct']}, generator {p['cpu_generator_pct']}, other work"
+            f" {p['cpu_other_pct']} (softirq {p['cpu_softirq_pct']}); machine busy"
+            f" {p['cpu_machine_pct']} of {100 * (report['cpus'] or 1)}, stolen by the"
+            f" hypervisor {p['cpu_steal_pct']}"
+        )
     lines += [
         "",
-        f"  the stuck subscriber was told: {report['stuck_told'][-2:]}",
-        f"  the slow subscriber was told: {report['slow_told'][-2:]}",
+        f"  the stuck subscriber (never reads) was told: {report['stuck_told']}",
+        f"  the slow subscriber (1 KiB / 100 ms) was told: {report['slow_told']}",
         f"  at SIGINT: {report['disposed']}/{report['subscribers']} subscribers got"
         f" server.instance.disposed; the log follower's stream ended: {report['follower_ended']}",
         "",
@@ -505,7 +796,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--write-timeout", type=float, default=2.0, help="[server] stream_write_timeout_s"
     )
-    parser.add_argument("--workers", type=int, default=4, help="client processes for the load")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="client processes for the subscribers"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return parser.parse_args(argv)

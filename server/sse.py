@@ -104,19 +104,38 @@ class Sender:
         self._request = request
         self.timeout_s = timeout_s
         self._deadline: asyncio.Timeout | None = None
+        #: The last slice handed over ended inside a frame (one frame larger than a slice).
+        self.partial = False
 
     async def write(self, data: bytes) -> None:
-        """Raises :class:`StalledWriteError` when a slice does not drain in time."""
+        """Raises :class:`StalledWriteError` when a slice does not drain in time.
+
+        ``data`` is whole frames. Slices end on a frame boundary unless one
+        frame is larger than a slice; :attr:`partial` says whether what the
+        peer has been handed so far ends inside a frame.
+        """
         view = memoryview(data)
-        for start in range(0, len(view), WRITE_SLICE):
+        start, size = 0, len(data)
+        while start < size:
+            end = start + WRITE_SLICE
+            if end < size:
+                boundary = data.rfind(b"\n\n", start, end)
+                if boundary >= 0:
+                    end = boundary + 2
+            else:
+                end = size
             try:
                 async with asyncio.timeout(self.timeout_s) as deadline:
                     self._deadline = deadline
-                    await self._response.write(view[start : start + WRITE_SLICE])
+                    # aiohttp hands the whole slice to the transport before it
+                    # waits for the drain: from here on the peer has it all.
+                    self.partial = not data.endswith(b"\n\n", start, end)
+                    await self._response.write(view[start:end])
             except TimeoutError:
                 raise StalledWriteError(f"no progress in {self.timeout_s:g} s") from None
             finally:
                 self._deadline = None
+            start = end
 
     def hurry(self, seconds: float) -> None:
         """From now on (the write in flight included) a write gets ``seconds`` at most."""

@@ -45,10 +45,25 @@ async def _read_to_end(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+def _body(raw: bytes) -> bytes:
+    """The body of a raw chunked response (chunk boundaries may fall anywhere in a frame)."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding: chunked" in head
+    body = []
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        body.append(rest[:n])
+        rest = rest[n + 2 :]
+        if n == 0:
+            break
+    return b"".join(body)
+
+
 def _events(raw: bytes) -> list[dict[str, Any]]:
     """The SSE frames in a raw chunked response: its ``event``/``data`` lines in order."""
     out: list[dict[str, Any]] = []
-    for line in raw.split(b"\n"):
+    for line in _body(raw).split(b"\n"):
         if line.startswith(b"event: "):
             out.append({"event": line[7:].decode().strip()})
         elif line.startswith(b"data: ") and out and "data" not in out[-1]:
@@ -83,6 +98,7 @@ async def test_a_subscriber_that_never_reads_is_dropped_with_a_reason_and_the_ot
         nonlocal received
         async for f in healthy:
             if f.get("event") == "session.text.delta":
+                assert f["data"]["data"]["ordinal"] == received  # in order, none lost
                 received += 1
                 if received == total:
                     return
@@ -105,6 +121,51 @@ async def test_a_subscriber_that_never_reads_is_dropped_with_a_reason_and_the_ot
     assert got[-1]["event"] == "server.connection.dropped"
     assert got[-1]["data"]["data"]["reason"] == "stalled"
     assert len(feed) == 1
+
+
+async def test_what_one_tick_publishes_is_one_fan_out_written_in_place_in_order(
+    make_client: Any,
+) -> None:
+    client = await make_client()
+    feed = client.app[FEED]
+    bus = runtime_of(client).bus
+    streams = [await _healthy(client) for _ in range(3)]
+    fan_outs, queued = feed.fan_outs, feed.queued
+    for i in range(50):  # no await between them: one tick
+        bus.live(
+            ev.TextDelta(session_id="ses_x", assistant_message_id="msg_x", ordinal=i, delta="d")
+        )
+    async with asyncio.timeout(GUARD_S):
+        for stream in streams:
+            got = [(await anext(stream))["data"]["data"]["ordinal"] for _ in range(50)]
+            assert got == list(range(50))
+    # One join and one pass over the connections for the 50 events, and each
+    # idle connection written to in place (its task not woken).
+    assert feed.fan_outs - fan_outs == 1
+    assert feed.queued == queued
+
+
+async def test_a_subscriber_that_fell_behind_is_caught_up_by_its_task_in_order(
+    make_client: Any,
+) -> None:
+    client = await make_client(event_queue_bytes=256 * 1024 * 1024)
+    feed = client.app[FEED]
+    bus = runtime_of(client).bus
+    stream = await _healthy(client)
+    total = 3000  # 24 MB, not read meanwhile: more than every socket buffer between them
+    for i in range(total):
+        bus.live(_delta(i))
+        if i % 64 == 0:
+            await asyncio.sleep(0)
+    assert feed.queued > 0  # it was behind: some chunks waited in its own queue
+    ordinals = []
+    async with asyncio.timeout(GUARD_S):
+        while len(ordinals) < total:
+            f = await anext(stream)
+            if f.get("event") == "session.text.delta":
+                ordinals.append(f["data"]["data"]["ordinal"])
+    assert ordinals == list(range(total))
+    assert not feed.drops
 
 
 async def test_an_overflowing_subscriber_is_dropped_alone_after_a_final_frame(
