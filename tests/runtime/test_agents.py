@@ -8,15 +8,19 @@ import pytest
 from feed import Feed
 
 from actors.agents import DEFAULT_AGENT, load_catalog, project_file
-from actors.runtime import Runtime
+from actors.runtime import Runtime, RuntimeConfig
+from actors.sessions import Sessions
 from protocol import InvalidRequestError, ModelRef
 from protocol.requests import CreateSessionInput, PromptInput, UpdateSessionInput
+from protocol.shapes import Location
 
 
 def test_builtins_without_files(tmp_path: Path) -> None:
     catalog = load_catalog(tmp_path / "missing.toml")
     assert catalog.get(None).name == DEFAULT_AGENT
-    assert catalog.get("nobody").name == DEFAULT_AGENT
+    with pytest.raises(InvalidRequestError, match="unknown agent 'nobody'") as refused:
+        catalog.get("nobody")  # never the default in its place
+    assert refused.value.fields["field"] == "agent"
     assert catalog.get("build").steps is None  # absent means unlimited
     assert catalog.get("plan").permissions["bash"] == "deny"
 
@@ -78,3 +82,65 @@ async def test_a_session_metadata_script_wins(runtime: Runtime, feed: Feed) -> N
     await runtime.sessions.prompt(s.id, PromptInput(text="hello"))
     ended = await feed.wait("session.text.ended", sessionID=s.id)
     assert ended["data"]["text"] == "from session metadata"
+
+
+# -- unknown agent names ------------------------------------------------------------------------
+
+
+async def test_an_unknown_agent_is_refused_at_creation_and_selection(runtime: Runtime) -> None:
+    with pytest.raises(InvalidRequestError, match="unknown agent 'plna'") as refused:
+        await runtime.sessions.create(CreateSessionInput(agent="plna"))
+    assert refused.value.fields["field"] == "agent"
+    assert (await runtime.sessions.list()).data == ()  # nothing was created
+
+    s = await runtime.sessions.create(CreateSessionInput(agent="plan"))
+    with pytest.raises(InvalidRequestError, match="unknown agent 'plna'") as refused:
+        await runtime.sessions.switch_agent(s.id, "plna")
+    assert refused.value.fields["field"] == "agent"
+    assert (await runtime.sessions.get(s.id)).agent == "plan"
+
+
+async def test_the_known_agents_are_the_operators_and_the_sessions_directorys(
+    tmp_path: Path, workdir: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "agents.toml").write_text('[agents.ops]\nsystem = "operator"\n')
+    other = tmp_path / "other"
+    other.mkdir()
+    config = RuntimeConfig(data_dir=data, default_directory=str(workdir))
+    async with Runtime(config) as rt:
+        here = await rt.sessions.create(CreateSessionInput(agent="ops"))
+        elsewhere = await rt.sessions.create(
+            CreateSessionInput(agent="ops", location=Location(directory=str(other)))
+        )
+        # A project agent is known in its own directory only...
+        with pytest.raises(InvalidRequestError, match="unknown agent 'reviewer'"):
+            await rt.sessions.switch_agent(here.id, "reviewer")
+        path = project_file(workdir)
+        path.parent.mkdir()
+        path.write_text('[agents.reviewer]\nsystem = "project"\n')
+        # ...at once, though the catalog was read a moment ago.
+        await rt.sessions.switch_agent(here.id, "reviewer")
+        assert (await rt.sessions.get(here.id)).agent == "reviewer"
+        with pytest.raises(InvalidRequestError, match="unknown agent 'reviewer'"):
+            await rt.sessions.switch_agent(elsewhere.id, "reviewer")
+        with pytest.raises(InvalidRequestError, match="unknown agent 'reviewer'"):
+            await rt.sessions.create(
+                CreateSessionInput(agent="reviewer", location=Location(directory=str(other)))
+            )
+
+
+async def test_a_recorded_unknown_agent_fails_the_execution_instead_of_running_as_build(
+    runtime: Runtime, feed: Feed, workdir: Path
+) -> None:
+    # A session recorded with a name no catalog knows (created before names were
+    # checked, or its agent since removed from agents.toml): nothing runs as build.
+    unchecked = Sessions(runtime.store, default_directory=str(workdir))
+    s = await unchecked.create(CreateSessionInput(agent="plna"))
+    await runtime.sessions.prompt(s.id, PromptInput(text='#tool bash {"command": "touch ran"}'))
+    failed = await feed.wait("session.execution.failed", sessionID=s.id)
+    assert failed["data"]["error"]["type"] == "agent.unavailable"
+    assert "unknown agent 'plna'" in failed["data"]["error"]["message"]
+    assert "session.step.started" not in feed.types(s.id)
+    assert not (workdir / "ran").exists()
