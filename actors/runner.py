@@ -35,7 +35,7 @@ from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec,
 from actors.reaper import kill_recorded, stale_failure
 from actors.sessions import Sessions
 from actors.step import StepRunner, retry_policy
-from actors.tools import ToolExecutor, ToolRegistry
+from actors.tools import ToolExecutor, ToolRegistry, permission
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, SessionNotFoundError
 from protocol.shapes import AssistantMessage, ModelRef, Session
@@ -208,7 +208,9 @@ class Runner:
         full rebuild after a provider rejected it.
         """
         history = await self._store.queries.context(session.id)
-        allowed = [t.name for t in self._tools]
+        # Only what the agent may call is offered; a call to anything else
+        # still fails (ToolCalls checks again), but the model is not invited.
+        allowed = [t.name for t in self._tools if permission(agent.permissions, t.name) == "allow"]
         metadata: dict[str, Any] = {"step": step, "attempt": 1}
         script = _script(agent, session.metadata)
         if script is not None:

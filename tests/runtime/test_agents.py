@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import Any, Final
 
 import pytest
 from feed import Feed
 
 from actors.agents import DEFAULT_AGENT, load_catalog, project_file
+from actors.llm import (
+    Finish,
+    ModelRequest,
+    StreamPart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ToolCall,
+)
 from actors.runtime import Runtime, RuntimeConfig
 from actors.sessions import Sessions
+from actors.tools import builtin_tools
 from protocol import InvalidRequestError, ModelRef
 from protocol.requests import CreateSessionInput, PromptInput, UpdateSessionInput
 from protocol.shapes import Location
+
+BUILTIN_NAMES: Final = tuple(t.name for t in builtin_tools())
 
 
 def test_builtins_without_files(tmp_path: Path) -> None:
@@ -144,3 +158,50 @@ async def test_a_recorded_unknown_agent_fails_the_execution_instead_of_running_a
     assert "unknown agent 'plna'" in failed["data"]["error"]["message"]
     assert "session.step.started" not in feed.types(s.id)
     assert not (workdir / "ran").exists()
+
+
+# -- what is offered to the model ---------------------------------------
+
+
+class Recorder:
+    """A provider that calls one tool in its first step and answers in the next."""
+
+    def __init__(self, tool: str, tool_input: dict[str, Any]) -> None:
+        self.tool, self.tool_input = tool, tool_input
+        self.requests: list[ModelRequest] = []
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            yield ToolCall(id="call_1", name=self.tool, input=self.tool_input)
+            yield Finish(reason="tool-calls")
+            return
+        yield TextStart(ordinal=0)
+        yield TextDelta(ordinal=0, delta="understood")
+        yield TextEnd(ordinal=0)
+        yield Finish(reason="stop")
+
+
+async def _record(tmp_path: Path, workdir: Path, agent: str, recorder: Recorder) -> list[str]:
+    """Run one prompt under ``agent`` with ``recorder`` as the model; the event types."""
+    config = RuntimeConfig(
+        data_dir=tmp_path / "data", default_directory=str(workdir), providers={"rec": recorder}
+    )
+    async with Runtime(config) as rt:
+        feed = Feed()
+        rt.bus.subscribe(feed)
+        s = await rt.sessions.create(
+            CreateSessionInput(agent=agent, model=ModelRef(id="rec-1", provider_id="rec"))
+        )
+        await rt.sessions.prompt(s.id, PromptInput(text="go"))
+        await feed.wait("session.execution.succeeded", sessionID=s.id)
+        return feed.types(s.id)
+
+
+async def test_only_the_tools_an_agent_may_use_are_offered(tmp_path: Path, workdir: Path) -> None:
+    plan = Recorder("list", {"path": "."})
+    await _record(tmp_path, workdir, "plan", plan)
+    assert {t.name for t in plan.requests[0].tools} == {"read", "list", "glob", "grep"}
+    build = Recorder("list", {"path": "."})
+    await _record(tmp_path, workdir, "build", build)
+    assert {t.name for t in build.requests[0].tools} == set(BUILTIN_NAMES)
