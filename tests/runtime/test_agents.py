@@ -18,10 +18,11 @@ from actors.llm import (
     TextEnd,
     TextStart,
     ToolCall,
+    ToolResultContent,
 )
 from actors.runtime import Runtime, RuntimeConfig
 from actors.sessions import Sessions
-from actors.tools import builtin_tools
+from actors.tools import builtin_tools, permission
 from protocol import InvalidRequestError, ModelRef
 from protocol.requests import CreateSessionInput, PromptInput, UpdateSessionInput
 from protocol.shapes import Location
@@ -160,7 +161,57 @@ async def test_a_recorded_unknown_agent_fails_the_execution_instead_of_running_a
     assert not (workdir / "ran").exists()
 
 
-# -- what is offered to the model ---------------------------------------
+# -- what plan may do, what is offered, what a denial does ---------------------------------------
+
+
+def test_the_builtin_plan_agent_reads_but_cannot_write_edit_or_run_bash(tmp_path: Path) -> None:
+    plan = load_catalog(tmp_path / "missing.toml").get("plan")
+    decisions = {name: permission(plan.permissions, name) for name in BUILTIN_NAMES}
+    assert decisions == {
+        "bash": "deny",
+        "read": "allow",
+        "write": "deny",
+        "edit": "deny",
+        "list": "allow",
+        "glob": "allow",
+        "grep": "allow",
+    }
+
+
+async def test_plan_calls_to_write_edit_and_bash_fail_and_the_step_goes_on(
+    runtime: Runtime, feed: Feed, workdir: Path
+) -> None:
+    (workdir / "notes.txt").write_text("original\n")
+    s = await runtime.sessions.create(CreateSessionInput(agent="plan"))
+    script = "\n".join(
+        [
+            '#tool write {"path": "new.txt", "content": "x"}',
+            '#tool edit {"path": "notes.txt", "old_string": "original", "new_string": "changed"}',
+            '#tool bash {"command": "touch ran"}',
+            '#tool read {"path": "notes.txt"}',
+            "#step",
+            "#text carried on",
+        ]
+    )
+    await runtime.sessions.prompt(s.id, PromptInput(text=script))
+    await feed.wait("session.execution.succeeded", sessionID=s.id)
+    assert not (workdir / "new.txt").exists()
+    assert not (workdir / "ran").exists()
+    assert (workdir / "notes.txt").read_text() == "original\n"
+    failures = [e["data"]["error"] for e in feed.events if e["type"] == "session.tool.failed"]
+    assert [f["type"] for f in failures] == ["permission.denied"] * 3
+    assert {f["message"] for f in failures} == {
+        f"Permission denied: agent plan may not use the {name} tool"
+        for name in ("write", "edit", "bash")
+    }
+    assert [e["type"] for e in feed.events if e["type"] == "session.tool.success"] == [
+        "session.tool.success"
+    ]  # the read ran
+    types = feed.types(s.id)
+    assert "session.step.failed" not in types
+    assert types.count("session.step.ended") == 2
+    ended = [e for e in feed.events if e["type"] == "session.text.ended"]
+    assert ended[-1]["data"]["text"] == "carried on"
 
 
 class Recorder:
@@ -205,3 +256,22 @@ async def test_only_the_tools_an_agent_may_use_are_offered(tmp_path: Path, workd
     build = Recorder("list", {"path": "."})
     await _record(tmp_path, workdir, "build", build)
     assert {t.name for t in build.requests[0].tools} == set(BUILTIN_NAMES)
+
+
+async def test_a_denied_call_is_in_the_next_steps_history(tmp_path: Path, workdir: Path) -> None:
+    # The model calls bash though it was not offered: that call fails, nothing runs,
+    # and the next step's request carries the failure for the model to react to.
+    recorder = Recorder("bash", {"command": "touch ran"})
+    types = await _record(tmp_path, workdir, "plan", recorder)
+    assert not (workdir / "ran").exists()
+    assert "session.step.failed" not in types
+    assert types.count("session.step.ended") == 2
+    assert len(recorder.requests) == 2
+    results = [
+        part
+        for message in recorder.requests[1].messages
+        for part in message.parts
+        if isinstance(part, ToolResultContent)
+    ]
+    assert [(r.id, r.name, r.is_error) for r in results] == [("call_1", "bash", True)]
+    assert results[0].output == "Permission denied: agent plan may not use the bash tool"
