@@ -42,8 +42,10 @@ Configuration is TOML. Two owners, two powers:
 
 from __future__ import annotations
 
+import functools
+import time
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -55,9 +57,19 @@ from protocol import codec
 from protocol.errors import InvalidRequestError
 from protocol.shapes import ModelRef
 
-__all__ = ["DEFAULT_AGENT", "Agent", "AgentCatalog", "load_catalog", "project_file"]
+__all__ = [
+    "CATALOG_TTL_S",
+    "DEFAULT_AGENT",
+    "Agent",
+    "AgentCatalog",
+    "AgentCatalogs",
+    "load_catalog",
+    "project_file",
+]
 
 DEFAULT_AGENT: Final = "build"
+#: How long a Location's catalog is reused before its files are read again.
+CATALOG_TTL_S: Final = 1.0
 PROJECT_FILE: Final = Path(PROJECT_CONFIG_DIR) / "agents.toml"
 
 
@@ -92,13 +104,65 @@ class AgentCatalog:
     agents: Mapping[str, Agent]
 
     def get(self, name: str | None) -> Agent:
-        """The named agent; an unknown or absent name falls back to the default."""
-        if name is not None and name in self.agents:
-            return self.agents[name]
-        return self.agents.get(DEFAULT_AGENT) or Agent(name=DEFAULT_AGENT)
+        """The named agent, or the default one when ``name`` is ``None``.
+
+        Raises:
+            InvalidRequestError: ``name`` is not an agent of this catalog (field
+                ``agent``). Never a fallback to the default: a typo of ``plan``
+                must not run with ``build``'s tools.
+        """
+        if name is None:
+            return self.agents.get(DEFAULT_AGENT) or Agent(name=DEFAULT_AGENT)
+        if name not in self.agents:
+            raise InvalidRequestError(
+                f"unknown agent {name!r} (known: {', '.join(self.names())})", field="agent"
+            )
+        return self.agents[name]
 
     def names(self) -> list[str]:
         return sorted(self.agents)
+
+
+class AgentCatalogs:
+    """The catalog of each Location, read on a worker thread and reused briefly.
+
+    Built-in agents, then the operator's ``files``, then the Location's
+    project file (bounded by them). The files are re-read at most once per
+    :data:`CATALOG_TTL_S` per Location, so an edit applies within a second
+    without a thread hop on every use; a name the cached catalog lacks is
+    looked up in a fresh read before it is refused, so an agent just added
+    is known at once.
+    """
+
+    def __init__(
+        self,
+        files: Sequence[Path],
+        blocking: Callable[[Callable[[], AgentCatalog]], Awaitable[AgentCatalog]],
+    ) -> None:
+        self._files = tuple(files)
+        self._blocking = blocking
+        self._cache: dict[Path, tuple[float, AgentCatalog]] = {}
+
+    async def load(self, directory: str, *, fresh: bool = False) -> AgentCatalog:
+        project = project_file(directory)
+        now = time.monotonic()
+        cached = self._cache.get(project)
+        if not fresh and cached is not None and now - cached[0] < CATALOG_TTL_S:
+            return cached[1]
+        catalog = await self._blocking(
+            functools.partial(load_catalog, *self._files, project=project)
+        )
+        if len(self._cache) >= 256:
+            self._cache.clear()  # many Locations: keep the cache bounded
+        self._cache[project] = (now, catalog)
+        return catalog
+
+    async def agent(self, directory: str, name: str | None) -> Agent:
+        """``name`` in ``directory``'s catalog; see :meth:`AgentCatalog.get`."""
+        catalog = await self.load(directory)
+        if name is not None and name not in catalog.agents:
+            catalog = await self.load(directory, fresh=True)
+        return catalog.get(name)
 
 
 def load_catalog(*files: Path, project: Path | None = None) -> AgentCatalog:

@@ -22,13 +22,12 @@ execution with the step's error.
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 from actors._threaded import BlockingRunner
-from actors.agents import Agent, AgentCatalog, load_catalog, project_file
+from actors.agents import Agent, AgentCatalogs
 from actors.bus import EventBus
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
 from actors.inbox import Scope
@@ -36,15 +35,19 @@ from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec,
 from actors.reaper import kill_recorded, stale_failure
 from actors.sessions import Sessions
 from actors.step import StepRunner, retry_policy
-from actors.tools import ToolExecutor, ToolRegistry
+from actors.tools import ToolExecutor, ToolRegistry, permission
 from protocol import events as ev
-from protocol.errors import SessionNotFoundError
+from protocol.errors import InvalidRequestError, SessionNotFoundError
 from protocol.shapes import AssistantMessage, ModelRef, Session
 from storage import Command, SQLiteStore
 
-__all__ = ["CATALOG_TTL_S", "InstructionSource", "NoInstructions", "Runner", "StepFailedError"]
-
-CATALOG_TTL_S: Final = 1.0
+__all__ = [
+    "AgentUnavailableError",
+    "InstructionSource",
+    "NoInstructions",
+    "Runner",
+    "StepFailedError",
+]
 
 
 class StepFailedError(Exception):
@@ -53,6 +56,12 @@ class StepFailedError(Exception):
     def __init__(self, error: ev.ErrorInfo) -> None:
         super().__init__(error.message)
         self.type = error.type
+
+
+class AgentUnavailableError(Exception):
+    """The session's agent is not in its Location's catalog, or the catalog is unreadable."""
+
+    type: Final = "agent.unavailable"
 
 
 class InstructionSource(Protocol):
@@ -77,7 +86,7 @@ class Runner:
         executor: ToolExecutor,
         blocking: BlockingRunner,
         bus: EventBus,
-        agent_files: Sequence[Path] = (),
+        agents: AgentCatalogs,
         output_dir: Path,
         instructions: InstructionSource | None = None,
         secret_env: frozenset[str] = frozenset(),
@@ -93,8 +102,7 @@ class Runner:
         self._providers = providers
         self._tools = tools
         self._blocking = blocking
-        self._agent_files = tuple(agent_files)
-        self._catalogs: dict[tuple[Path, ...], tuple[float, AgentCatalog]] = {}
+        self._agents = agents
         self._chat = ChatCache(chat_cache_bytes)
         self._instructions = instructions or NoInstructions()
         self._steps = StepRunner(
@@ -119,7 +127,6 @@ class Runner:
         except SessionNotFoundError:
             return  # deleted meanwhile: nothing to run
         await self.fail_stale_tools(session_id)
-        agents = await self._catalog(session.location.directory)
         continuing = False
         first = True
         step = 0
@@ -136,7 +143,7 @@ class Runner:
                 # read made at drain start, a moment ago.
                 session = await self._sessions.get(session_id)
             first = False
-            agent = agents.get(session.agent)
+            agent = await self._agent(session)
             await self._instructions.prepare(session, agent)
             step += 1
             limited = agent.steps is not None and step >= agent.steps
@@ -151,6 +158,17 @@ class Runner:
             if outcome.error is not None:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
+
+    async def _agent(self, session: Session) -> Agent:
+        """The session's agent, sampled before every step like the session itself.
+
+        One that is not configured (any more) fails the execution: nothing
+        runs as the default agent in its place.
+        """
+        try:
+            return await self._agents.agent(session.location.directory, session.agent)
+        except InvalidRequestError as exc:
+            raise AgentUnavailableError(exc.message) from None
 
     async def fail_stale_tools(self, session_id: str) -> int:
         """Fail every tool call still open in the projection (never replay it).
@@ -190,7 +208,9 @@ class Runner:
         full rebuild after a provider rejected it.
         """
         history = await self._store.queries.context(session.id)
-        allowed = [t.name for t in self._tools]
+        # Only what the agent may call is offered; a call to anything else
+        # still fails (ToolCalls checks again), but the model is not invited.
+        allowed = [t.name for t in self._tools if permission(agent.permissions, t.name) == "allow"]
         metadata: dict[str, Any] = {"step": step, "attempt": 1}
         script = _script(agent, session.metadata)
         if script is not None:
@@ -218,26 +238,6 @@ class Runner:
         if not isinstance(last, AssistantMessage):
             return True
         return last.finish == "tool-calls" and last.error is None
-
-    async def _catalog(self, directory: str) -> AgentCatalog:
-        """Built-in agents, then the data dir's file, then the project's (bounded by them).
-
-        The files are re-read (on a worker thread, like all file I/O) at most
-        once per :data:`CATALOG_TTL_S` per Location, so an edit applies to the
-        next drain within a second without a thread hop on every drain.
-        """
-        files = (*self._agent_files, project_file(directory))
-        now = time.monotonic()
-        cached = self._catalogs.get(files)
-        if cached is not None and now - cached[0] < CATALOG_TTL_S:
-            return cached[1]
-        catalog = await self._blocking.run(
-            functools.partial(load_catalog, *self._agent_files, project=files[-1])
-        )
-        if len(self._catalogs) >= 256:
-            self._catalogs.clear()  # many Locations: keep the cache bounded
-        self._catalogs[files] = (now, catalog)
-        return catalog
 
 
 def _script(agent: Agent, metadata: Mapping[str, Any] | None) -> str | None:

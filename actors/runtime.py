@@ -37,6 +37,7 @@ from typing import Self
 import attrs
 
 from actors._threaded import BlockingRunner
+from actors.agents import AgentCatalogs
 from actors.bus import EventBus
 from actors.execution import Execution, Terminal
 from actors.inbox import Scope, select_promotable
@@ -248,6 +249,7 @@ class Runtime:
                 self.providers.check(config.default_model)
             except InvalidRequestError as exc:
                 raise ValueError(f"default_model: {exc}") from None
+        self.agents = AgentCatalogs((config.agents_file,), self.blocking.run)
         self.sessions = Sessions(
             self.store,
             wake=self._wake,
@@ -256,6 +258,7 @@ class Runtime:
             blocking=self.blocking.run,
             directories=self.directories,
             check_model=self.providers.check,
+            agents=self.agents,
         )
         self._execution: Execution | None = None
         self.recovery = RecoveryReport()
@@ -312,7 +315,7 @@ class Runtime:
                 ),
                 blocking=self.blocking,
                 bus=self.bus,
-                agent_files=(self.config.agents_file,),
+                agents=self.agents,
                 output_dir=self.config.tool_output_dir,
                 instructions=self.config.instructions,
                 secret_env=frozenset(self.config.secret_env)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from actors._keyed_lock import KeyedLock
+from actors.agents import AgentCatalogs
 from actors.attachments import Withheld
 from actors.inbox import Blocking, Inbox, Scope, WakeHook
 from actors.locations import DirectoryRules
@@ -86,6 +87,7 @@ class Sessions:
         blocking: Blocking = asyncio.to_thread,
         directories: DirectoryRules | None = None,
         check_model: Callable[[ModelRef], None] | None = None,
+        agents: AgentCatalogs | None = None,
     ) -> None:
         self._store = store
         self._stop = stop
@@ -101,6 +103,9 @@ class Sessions:
         #: Raises InvalidRequestError for a model no provider serves (the
         #: runtime passes its registry's check); None accepts any model.
         self._check_model = check_model
+        #: The agents each Location knows; an agent name outside them is a 400
+        #: (field ``agent``). None accepts any name (a runtime that runs nothing).
+        self._agents = agents
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -118,6 +123,8 @@ class Sessions:
             raise SessionNotFoundError(request.parent_id)
         directory = (request.location or Location(directory=self._default_directory)).directory
         await self._blocking(self._directories.check, directory)
+        if request.agent is not None:
+            await self._check_agent(directory, request.agent)
         event = ev.SessionCreated(
             session_id=session_id,
             parent_id=request.parent_id,
@@ -193,6 +200,7 @@ class Sessions:
         if not agent:
             raise InvalidRequestError("agent must not be empty", field="agent")
         session = await self.get(session_id)
+        await self._check_agent(session.location.directory, agent)
         if session.agent != agent:
             await self._apply(
                 session_id,
@@ -269,6 +277,11 @@ class Sessions:
         return await self._store.queries.context(session_id)
 
     # -- helpers --------------------------------------------------------------------------------
+
+    async def _check_agent(self, directory: str, agent: str) -> None:
+        """Raises InvalidRequestError (field ``agent``) for a name ``directory`` does not know."""
+        if self._agents is not None:
+            await self._agents.agent(directory, agent)
 
     async def _exists(self, session_id: str) -> bool:
         return await self._store.queries.session(session_id) is not None

@@ -240,7 +240,7 @@ class StepRunner:
             attempt = attrs.evolve(request, metadata={**request.metadata, "attempt": physical})
             try:
                 finished = await self._stream(step, attempt, limited)
-                if step.calls.denied is None and (finished is None or finished.reason == "unknown"):
+                if finished is None or finished.reason == "unknown":
                     raise IncompleteStreamError(
                         "the model stream ended early"
                         if finished is None
@@ -392,8 +392,6 @@ class StepRunner:
                         )
                     case ToolCall():
                         await step.calls.called(part, limited=limited)
-                        if step.calls.denied is not None:
-                            return None  # a declined permission interrupts the step
                     case Finish():
                         return part
         return None
@@ -436,22 +434,10 @@ class StepRunner:
         await step.flushed()
 
     async def _end(
-        self, step: _Attempt, finished: Finish | None, outcomes: list[ToolOutcome], limited: bool
+        self, step: _Attempt, finished: Finish, outcomes: list[ToolOutcome], limited: bool
     ) -> StepOutcome:
         sid, aid = step.session_id, step.assistant_id
         step.calls.fail_unfinished("The model never completed the tool call")
-        if step.calls.denied is not None or finished is None:
-            step.emit(
-                ev.StepFailed(
-                    session_id=sid,
-                    assistant_message_id=aid,
-                    error=ev.ErrorInfo(
-                        type="aborted", message=f"Permission denied: {step.calls.denied}"
-                    ),
-                )
-            )
-            await step.flushed()
-            return StepOutcome()
         if finished.reason == "content-filter":
             # The partial content stays visible; the step (and execution) fail.
             error = ev.ErrorInfo(

@@ -11,7 +11,8 @@ way no call outlives the step that started it.
 
 A call whose input streamed but never completed is failed by
 :meth:`ToolCalls.fail_unfinished` (``executed: false``); a tool the agent
-may not use fails with ``aborted`` and interrupts the step (:attr:`denied`).
+may not use fails with ``permission.denied`` without running, and the step
+goes on: the model sees the failure in the next step's history and can react.
 """
 
 from __future__ import annotations
@@ -71,8 +72,6 @@ class ToolCalls:
         self._unfinished: dict[str, str] = {}
         self._tasks: dict[str, asyncio.Task[ToolOutcome]] = {}
         self._terminals = asyncio.Lock()
-        #: The tool a declined permission refused; it interrupts the step.
-        self.denied: str | None = None
 
     def input_started(self, call_id: str, name: str) -> None:
         self._unfinished[call_id] = name
@@ -96,9 +95,9 @@ class ToolCalls:
         if limited:
             refusal = ToolOutcome.failure("tool.disabled", TOOLS_DISABLED_ERROR)
         elif permission(agent.permissions, call.name) == "deny":
-            self.denied = call.name
             refusal = ToolOutcome.failure(
-                "aborted", f"Permission denied: agent {agent.name} may not use {call.name}"
+                "permission.denied",
+                f"Permission denied: agent {agent.name} may not use the {call.name} tool",
             )
         loop = asyncio.get_running_loop()
         self._tasks[call.id] = loop.create_task(self._settle(call, refusal), name=f"tool:{call.id}")

@@ -30,7 +30,8 @@ def permission(agent_rules: Mapping[str, Decision], tool_name: str) -> Decision:
 
     An exact name wins over ``"*"``; with neither present the answer is
     ``"allow"`` — except for a capability, which is ``"deny"`` unless named.
-    A declined call is the caller's to fail (as ``aborted``).
+    Only allowed tools are offered to the model; a declined call is the
+    caller's to fail (as ``permission.denied``), without running it.
 
     Raises:
         ValueError: the deciding rule is neither ``"allow"`` nor ``"deny"``.

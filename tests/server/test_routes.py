@@ -97,6 +97,27 @@ async def test_each_error_tag_over_http(client: Client) -> None:
     assert await tag_of(await client.put("/api/session")) == (405, "MethodNotAllowedError")
 
 
+async def test_an_unknown_agent_is_a_tagged_400_at_creation_and_selection(
+    client: Client,
+) -> None:
+    response = await client.post("/api/session", json={"agent": "plna"})
+    assert response.status == 400
+    body = await response.json()
+    assert (body["_tag"], body["field"]) == ("InvalidRequestError", "agent")
+    assert "unknown agent 'plna'" in body["message"]
+    listed = await client.get("/api/session")
+    assert (await listed.json())["data"] == []
+
+    sid = (await create_session(client))["id"]
+    response = await client.post(f"/api/session/{sid}/agent", json={"agent": "plna"})
+    assert response.status == 400
+    body = await response.json()
+    assert (body["_tag"], body["field"]) == ("InvalidRequestError", "agent")
+    response = await client.post(f"/api/session/{sid}/agent", json={"agent": "plan"})
+    assert response.status == 204
+    assert (await (await client.get(f"/api/session/{sid}")).json())["data"]["agent"] == "plan"
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body", "field"),
     [
