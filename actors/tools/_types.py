@@ -28,6 +28,7 @@ and (for schema violations) ``invalid-input``.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -40,6 +41,7 @@ from actors.tools._process import ProcessGroup
 __all__ = [
     "DEFAULT_BASH_TIMEOUT_S",
     "Content",
+    "SucceededThenInterrupted",
     "Tool",
     "ToolContext",
     "ToolError",
@@ -179,3 +181,18 @@ class ToolOutcome:
     @classmethod
     def from_error(cls, error: ToolError) -> ToolOutcome:
         return cls.failure(error.type, error.message)
+
+
+class SucceededThenInterrupted(asyncio.CancelledError):
+    """A cancellation that arrived after the tool had already succeeded.
+
+    Raised by :meth:`~actors.tools.ToolExecutor.execute` instead of a bare
+    ``CancelledError`` when the interrupt came too late to stop the tool: its
+    operation happened and ``outcome`` is its bounded success, which is the
+    call's one true settlement. It *is* a ``CancelledError``, so a caller that
+    knows nothing of it still sees the cancellation and never swallows it.
+    """
+
+    def __init__(self, outcome: ToolOutcome) -> None:
+        super().__init__()
+        self.outcome = outcome

@@ -13,6 +13,7 @@ import pytest
 from actors import BlockingRunner
 from actors.tools import (
     OutputBounding,
+    SucceededThenInterrupted,
     ToolContext,
     ToolError,
     ToolExecutor,
@@ -285,6 +286,34 @@ async def test_cancelling_the_awaiting_task_sets_ctx_cancel_and_propagates(
     assert ctx.cancel.is_set()
     # The tool had returned before the cancellation reached us: nothing runs on.
     assert returned.is_set()
+
+
+async def test_a_cancel_after_the_tool_returned_hands_back_the_bounded_success(
+    runner: BlockingRunner, output_dir: Path, ctx: ToolContext
+) -> None:
+    loop = asyncio.get_running_loop()
+    call: list[asyncio.Task[ToolOutcome]] = []
+
+    def succeed_then_interrupt(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        # The tool's last act: queue the interrupt on the loop. The runner hands the
+        # job's result back with its own call_soon_threadsafe, queued after this one,
+        # so the cancellation always lands once the tool has succeeded and before
+        # its success reaches the awaiting task.
+        loop.call_soon_threadsafe(call[0].cancel)
+        return ToolResult.text("1\n2\n3\n4")
+
+    bounding = OutputBounding(output_dir=output_dir, max_lines=2)
+    executor = executor_for(runner, bounding, FnTool("t", succeed_then_interrupt))
+    call.append(asyncio.create_task(executor.execute("t", {}, ctx)))
+    with pytest.raises(SucceededThenInterrupted) as late:
+        await call[0]
+    assert call[0].cancelled()  # still a cancellation: never swallowed
+    outcome = late.value.outcome
+    assert outcome.status == "success"
+    # Bounding ran to the end inside the same region: the full text is saved.
+    assert outcome.metadata["truncated"] is True
+    saved = await runner.run(Path(outcome.metadata["outputPath"]).read_text)
+    assert saved == "1\n2\n3\n4"
 
 
 # -- executor: concurrency -----------------------------------------------------------------------
