@@ -391,6 +391,9 @@ class StepRunner:
                             )
                         )
                     case ToolCall():
+                        # tool.called is durable output: retrying the message from
+                        # scratch would forget a call that may have run.
+                        step.output = True
                         await step.calls.called(part, limited=limited)
                         if step.calls.denied is not None:
                             return None  # a declined permission interrupts the step
