@@ -216,8 +216,9 @@ async def test_a_large_result_is_bounded_and_saved_before_it_is_returned(
     assert outcome.metadata["truncated"] is True
     saved = await runner.run(Path(outcome.metadata["outputPath"]).read_text)
     assert saved == "1\n2\n3\n4"
-    assert outcome.content[0] == text_item("1\n2")
+    assert outcome.content[0] == text_item("1")
     assert outcome.content[1]["text"].startswith("... 2 lines truncated; ")
+    assert outcome.content[2] == text_item("4")
 
 
 async def test_a_tool_error_becomes_a_failed_outcome_with_its_type(
