@@ -16,6 +16,9 @@ The algorithm follows OpenCode's ``tool-output.ts`` (reference §4.7):
   spent, else in bytes. Text items are cut in order; non-text items keep their
   place; the marker ``... <N> <unit> truncated; full content saved to <path> ...``
   stands where text was left out (after the beginning, before the end).
+- A structured-only result (``structured`` set, no text item) is first given
+  a text item: its value as indented JSON. That preview is bounded like any
+  text (the managed file holds the whole JSON); ``structured`` is untouched.
 - The complete joined text is written to ``output_dir/tool_<id>`` *before* the
   preview is returned, and ``metadata`` gets ``truncated: True`` and
   ``outputPath``.
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
@@ -144,6 +148,11 @@ class OutputBounding:
 
     def bound(self, result: ToolResult) -> ToolResult:
         """Return ``result`` bounded to the limits (blocking: may write a file)."""
+        if result.structured is not None and not any(_is_text(i) for i in result.content):
+            # Structured-only: the model reads a JSON preview, bounded like any text;
+            # the value itself stays untouched in ``result.structured``.
+            preview = json.dumps(result.structured, indent=2, ensure_ascii=False, default=str)
+            result = attrs.evolve(result, content=(*result.content, text_item(preview)))
         if "truncated" in result.metadata:
             return result
         text = "\n".join(item["text"] for item in result.content if _is_text(item))
@@ -187,6 +196,7 @@ class OutputBounding:
         return ToolResult(
             content=_cut(result.content, head_end, tail_start, stop, text_item(marker)),
             metadata=metadata,
+            structured=result.structured,
         )
 
     def _keep(self, lines: list[str], total_bytes: int) -> tuple[int, int, int]:

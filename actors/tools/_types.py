@@ -114,10 +114,17 @@ class ToolContext:
 
 @attrs.frozen(kw_only=True)
 class ToolResult:
-    """What a tool returns: model-visible content items plus metadata."""
+    """What a tool returns: model-visible content items plus metadata.
 
-    content: tuple[Content, ...] = attrs.field(converter=_content)
+    ``structured`` is an optional JSON value (the tool's validated structured
+    result). Session consumers get it unchanged (``metadata["structured"]`` of
+    the settled outcome); the model sees only text, so a structured-only result
+    is shown to it as a bounded textual JSON preview (see ``OutputBounding``).
+    """
+
+    content: tuple[Content, ...] = attrs.field(converter=_content, default=())
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
+    structured: Any = None
 
     @classmethod
     def text(cls, text: str, **metadata: Any) -> ToolResult:
@@ -172,7 +179,10 @@ class ToolOutcome:
 
     @classmethod
     def success(cls, result: ToolResult) -> ToolOutcome:
-        return cls(status="success", content=result.content, metadata=result.metadata)
+        metadata = result.metadata
+        if result.structured is not None:
+            metadata = {**metadata, "structured": result.structured}
+        return cls(status="success", content=result.content, metadata=metadata)
 
     @classmethod
     def failure(cls, type: str, message: str) -> ToolOutcome:

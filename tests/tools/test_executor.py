@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -219,6 +220,40 @@ async def test_a_large_result_is_bounded_and_saved_before_it_is_returned(
     assert outcome.content[0] == text_item("1")
     assert outcome.content[1]["text"].startswith("... 2 lines truncated; ")
     assert outcome.content[2] == text_item("4")
+
+
+async def test_a_small_structured_only_result_is_shown_to_the_model_as_json(
+    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    value = {"matches": [{"path": "a.py", "line": 3}], "total": 1}
+    tool = FnTool("t", lambda input, ctx: ToolResult(structured=value))
+    outcome = await executor_for(runner, bounding, tool).execute("t", {}, ctx)
+    assert outcome.status == "success"
+    (preview,) = outcome.content
+    assert json.loads(preview["text"]) == value
+    assert outcome.metadata == {"truncated": False, "structured": value}
+
+
+async def test_a_large_structured_only_result_gets_a_bounded_json_preview(
+    runner: BlockingRunner, output_dir: Path, ctx: ToolContext
+) -> None:
+    value = {"rows": [{"n": n, "name": f"row {n}"} for n in range(500)]}
+    bounding = OutputBounding(output_dir=output_dir, max_lines=40, max_bytes=2_000)
+    tool = FnTool("t", lambda input, ctx: ToolResult(structured=value))
+    outcome = await executor_for(runner, bounding, tool).execute("t", {}, ctx)
+    assert outcome.status == "success"
+    head, marker, tail = (item["text"] for item in outcome.content)
+    path = outcome.metadata["outputPath"]
+    assert head.startswith('{\n  "rows": [')
+    assert tail.endswith("]\n}")
+    assert len((head + tail).encode()) <= 2_000
+    assert len((head + "\n" + tail).split("\n")) <= 40
+    assert marker.endswith(f"lines truncated; full content saved to {path} ...")
+    # The whole JSON is in the managed file, and consumers get the value unchanged.
+    saved = await runner.run(Path(path).read_text)
+    assert json.loads(saved) == value
+    assert outcome.metadata["structured"] == value
+    assert outcome.metadata["truncated"] is True
 
 
 async def test_a_tool_error_becomes_a_failed_outcome_with_its_type(
