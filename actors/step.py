@@ -391,6 +391,9 @@ class StepRunner:
                             )
                         )
                     case ToolCall():
+                        # tool.called is durable output: retrying the message from
+                        # scratch would forget a call that may have run.
+                        step.output = True
                         await step.calls.called(part, limited=limited)
                     case Finish():
                         return part

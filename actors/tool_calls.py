@@ -6,8 +6,21 @@ crash leaves a known call that recovery fails as stale instead of running it
 twice. Calls then run concurrently as tasks this object owns; their terminals
 (``tool.success`` / ``tool.failed``) are published one at a time, in the
 order the calls finish. :meth:`ToolCalls.join` collects every outcome and
-:meth:`ToolCalls.cancel` settles every started call as ``aborted``: either
-way no call outlives the step that started it.
+:meth:`ToolCalls.cancel` settles every started call: either way no call
+outlives the step that started it.
+
+Settlement, exactly:
+
+- A call stays on the books from the moment its input starts (or its
+  ``tool.called`` is submitted) until its terminal is durable; it leaves the
+  "unfinished" list only once ``tool.called`` is durable and its task exists,
+  so an interrupt that lands while ``tool.called`` commits still leaves a call
+  that :meth:`fail_unfinished` settles.
+- :meth:`cancel` returns only when every call has a durable terminal, even a
+  call whose task was cancelled before it ever ran (``executed: false``).
+- An interrupt that arrives after the tool succeeded publishes that success
+  (:class:`~actors.tools.SucceededThenInterrupted`), never ``aborted``: the
+  model must not be told a write that happened did not.
 
 A call whose input streamed but never completed is failed by
 :meth:`ToolCalls.fail_unfinished` (``executed: false``); a tool the agent
@@ -28,7 +41,13 @@ from actors._shield import finish
 from actors.agents import Agent
 from actors.bus import EventBus
 from actors.llm import TOOLS_DISABLED_ERROR, ToolCall
-from actors.tools import ToolContext, ToolExecutor, ToolOutcome, permission
+from actors.tools import (
+    SucceededThenInterrupted,
+    ToolContext,
+    ToolExecutor,
+    ToolOutcome,
+    permission,
+)
 from protocol import events as ev
 from protocol.shapes import Session
 
@@ -71,6 +90,10 @@ class ToolCalls:
         #: Calls whose input started streaming but that were never completed (id -> name).
         self._unfinished: dict[str, str] = {}
         self._tasks: dict[str, asyncio.Task[ToolOutcome]] = {}
+        #: Calls whose ``tool.called`` is durable and whose terminal is not yet (id -> name).
+        self._open: dict[str, str] = {}
+        #: Calls whose task began to run (so the tool may have executed).
+        self._ran: set[str] = set()
         self._terminals = asyncio.Lock()
 
     def input_started(self, call_id: str, name: str) -> None:
@@ -78,7 +101,9 @@ class ToolCalls:
 
     async def called(self, call: ToolCall, *, limited: bool) -> None:
         """Record ``call`` durably, then start it (or its refusal)."""
-        self._unfinished.pop(call.id, None)
+        # On the books before anything is submitted: an interrupt while
+        # tool.called commits must still leave a call to settle.
+        self._unfinished.setdefault(call.id, call.name)
         # Durable before any side effect: after a crash the call is known, and
         # is failed as stale rather than silently run twice.
         await self._journal.durable(
@@ -100,19 +125,26 @@ class ToolCalls:
                 f"Permission denied: agent {agent.name} may not use the {call.name} tool",
             )
         loop = asyncio.get_running_loop()
+        self._open[call.id] = call.name
         self._tasks[call.id] = loop.create_task(self._settle(call, refusal), name=f"tool:{call.id}")
+        del self._unfinished[call.id]  # from here on its task owns its terminal
 
     async def join(self) -> list[ToolOutcome]:
         """Every started call's outcome, in the order the calls were made."""
         return [await task for task in self._tasks.values()]
 
     async def cancel(self) -> None:
-        """Cancel the running calls and wait until each has published its terminal."""
+        """Cancel the running calls and wait until each has a durable terminal."""
         for task in self._tasks.values():
             task.cancel()
         for task in self._tasks.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        # A task cancelled before its first step never ran its coroutine, so it
+        # published nothing: its call still gets its one terminal here.
+        for call_id, name in list(self._open.items()):
+            never_ran = ToolOutcome.failure("aborted", f"Tool execution interrupted: {name}")
+            await finish(self._terminal(call_id, never_ran, executed=call_id in self._ran))
 
     def fail_unfinished(self, message: str) -> None:
         """Every call the step started reaches a terminal, even one never completed."""
@@ -129,6 +161,7 @@ class ToolCalls:
         self._unfinished.clear()
 
     async def _settle(self, call: ToolCall, refusal: ToolOutcome | None) -> ToolOutcome:
+        self._ran.add(call.id)
         if refusal is not None:
             outcome = refusal
         else:
@@ -147,6 +180,10 @@ class ToolCalls:
             )
             try:
                 outcome = await self._executor.execute(call.name, call.input, ctx)
+            except SucceededThenInterrupted as late:
+                # The tool's operation happened: its success is the settlement.
+                await finish(self._terminal(call.id, late.outcome))
+                raise
             except asyncio.CancelledError:
                 interrupted = ToolOutcome.failure(
                     "aborted", f"Tool execution interrupted: {call.name}"
@@ -156,7 +193,7 @@ class ToolCalls:
         await finish(self._terminal(call.id, outcome))
         return outcome
 
-    async def _terminal(self, call_id: str, outcome: ToolOutcome) -> None:
+    async def _terminal(self, call_id: str, outcome: ToolOutcome, *, executed: bool = True) -> None:
         event: ev.Event
         if outcome.status == "success":
             event = ev.ToolSucceeded(
@@ -178,10 +215,14 @@ class ToolCalls:
                 ),
                 content=tuple(outcome.content) or None,
                 metadata=dict(outcome.metadata) or None,
+                executed=executed,
             )
         # One terminal at a time, in the order the calls finish.
         async with self._terminals:
+            if call_id not in self._open:
+                return  # already settled: a call has exactly one terminal
             await self._journal.durable(event)
+            del self._open[call_id]
 
     def _progress(self, call_id: str) -> Any:
         loop = asyncio.get_running_loop()

@@ -30,6 +30,7 @@ from actors.tools._registry import ToolRegistry, ToolSpec
 from actors.tools._types import (
     DEFAULT_BASH_TIMEOUT_S,
     Content,
+    SucceededThenInterrupted,
     Tool,
     ToolContext,
     ToolError,
@@ -52,6 +53,7 @@ __all__ = [
     "OutputBounding",
     "ProcessGroup",
     "RecordProcess",
+    "SucceededThenInterrupted",
     "Tool",
     "ToolContext",
     "ToolError",

@@ -7,13 +7,18 @@ The algorithm follows OpenCode's ``tool-output.ts`` (reference §4.7):
 - All text items are joined with ``"\\n"``; a trailing newline is not another
   line. If the lines fit ``max_lines`` and the UTF-8 bytes fit ``max_bytes``,
   the content is unchanged and ``metadata.truncated`` is ``False``.
-- Otherwise the preview is the **head**: whole lines, at most ``max_lines``,
-  stopping before the byte budget (newlines included) would be exceeded. The
-  omitted amount is counted in bytes when the byte budget ended the head, else
-  in lines. Text items are cut in order to the kept character budget; non-text
-  items keep their place; the marker
-  ``... <N> <unit> truncated; full content saved to <path> ...`` follows the
-  cut item.
+- Otherwise the preview keeps the **beginning and the end** (the glossary:
+  "Generic truncation preserves the beginning and end of textual output";
+  OpenCode's version read keeps the head only). Whole lines only: the
+  beginning takes up to half of ``max_lines`` and of ``max_bytes``, the end
+  what is left of both, then the beginning any remainder; newlines inside each
+  part count. The omitted amount is counted in lines when the line budget is
+  spent, else in bytes. Text items are cut in order; non-text items keep their
+  place; the marker ``... <N> <unit> truncated; full content saved to <path> ...``
+  stands where text was left out (after the beginning, before the end).
+- A structured-only result (``structured`` set, no text item) is first given
+  a text item: its value as indented JSON. That preview is bounded like any
+  text (the managed file holds the whole JSON); ``structured`` is untouched.
 - The complete joined text is written to ``output_dir/tool_<id>`` *before* the
   preview is returned, and ``metadata`` gets ``truncated: True`` and
   ``outputPath``.
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
@@ -142,6 +148,11 @@ class OutputBounding:
 
     def bound(self, result: ToolResult) -> ToolResult:
         """Return ``result`` bounded to the limits (blocking: may write a file)."""
+        if result.structured is not None and not any(_is_text(i) for i in result.content):
+            # Structured-only: the model reads a JSON preview, bounded like any text;
+            # the value itself stays untouched in ``result.structured``.
+            preview = json.dumps(result.structured, indent=2, ensure_ascii=False, default=str)
+            result = attrs.evolve(result, content=(*result.content, text_item(preview)))
         if "truncated" in result.metadata:
             return result
         text = "\n".join(item["text"] for item in result.content if _is_text(item))
@@ -152,25 +163,25 @@ class OutputBounding:
         if len(lines) <= self._max_lines and total_bytes <= self._max_bytes:
             return attrs.evolve(result, metadata={**result.metadata, "truncated": False})
 
-        kept_lines = kept_chars = kept_bytes = 0
-        hit_bytes = False
-        for line in lines[: self._max_lines]:
-            separator = 1 if kept_lines else 0
-            size = _utf8_len(line) + separator
-            if kept_bytes + size > self._max_bytes:
-                hit_bytes = True
-                break
-            kept_lines += 1
-            kept_bytes += size
-            kept_chars += len(line) + separator
-        # Every line fits yet bytes are left over: the dropped trailing newline.
-        if not hit_bytes and kept_lines == len(lines) and total_bytes > kept_bytes:
-            hit_bytes = True
+        head, tail, kept_bytes = self._keep(lines, total_bytes)
+        omitted_lines = len(lines) - head - tail
         omitted = (
-            _amount(total_bytes - kept_bytes, "byte")
-            if hit_bytes
-            else _amount(len(lines) - kept_lines, "line")
+            _amount(omitted_lines, "line")
+            if omitted_lines and head + tail == self._max_lines
+            else _amount(total_bytes - kept_bytes, "byte")
         )
+        # Where the kept text sits in the joined text: [0, head_end) and [tail_start, stop).
+        head_end = sum(len(line) for line in lines[:head]) + max(0, head - 1)
+        tail_start = len(text) if not tail else len(text) - len("\n".join(lines[-tail:]))
+        stop = len(text)
+        if text.endswith("\n"):
+            tail_start -= 1  # lines[-tail:] was measured without the trailing newline
+            if tail and kept_bytes < total_bytes and kept_bytes + 1 > self._max_bytes:
+                stop -= 1  # the trailing newline did not fit
+            elif tail:
+                kept_bytes += 1
+            else:
+                stop = tail_start = len(text)
 
         metadata: dict[str, Any] = {**result.metadata, "truncated": True}
         try:
@@ -183,8 +194,44 @@ class OutputBounding:
             marker = f"... {omitted} truncated; full content saved to {path} ..."
             metadata["outputPath"] = str(path)
         return ToolResult(
-            content=_cut(result.content, kept_chars, text_item(marker)), metadata=metadata
+            content=_cut(result.content, head_end, tail_start, stop, text_item(marker)),
+            metadata=metadata,
+            structured=result.structured,
         )
+
+    def _keep(self, lines: list[str], total_bytes: int) -> tuple[int, int, int]:
+        """How many whole lines to keep at the start and at the end, and their bytes.
+
+        The beginning gets the first half of both budgets, the end what is left,
+        then the beginning any remainder; kept bytes include the newlines inside
+        each part, not the omitted span between them.
+        """
+        sizes = [_utf8_len(line) for line in lines]
+        count = len(lines)
+        head = tail = head_bytes = tail_bytes = 0
+
+        def extend(from_end: bool, max_lines: int, max_bytes: int) -> None:
+            nonlocal head, tail, head_bytes, tail_bytes
+            while head + tail < count and head + tail < max_lines:
+                if from_end:
+                    size = sizes[count - 1 - tail] + (1 if tail else 0)
+                else:
+                    size = sizes[head] + (1 if head else 0)
+                if head_bytes + tail_bytes + size > max_bytes:
+                    return
+                if from_end:
+                    tail, tail_bytes = tail + 1, tail_bytes + size
+                else:
+                    head, head_bytes = head + 1, head_bytes + size
+
+        extend(False, (self._max_lines + 1) // 2, self._max_bytes // 2)
+        extend(True, self._max_lines, self._max_bytes)
+        extend(False, self._max_lines, self._max_bytes)
+        joined = head_bytes + tail_bytes + (1 if head and tail else 0)
+        if head + tail == count and joined <= self._max_bytes:
+            # Every line fits: only the trailing newline is left out, at the end.
+            return count, 0, joined
+        return head, tail, head_bytes + tail_bytes
 
     def _save(self, text: str) -> Path:
         self._output_dir.mkdir(parents=True, exist_ok=True)
@@ -230,30 +277,38 @@ class OutputBounding:
         return removed
 
 
-def _cut(content: tuple[Content, ...], budget: int, marker: Content) -> list[Content]:
-    """Keep the first ``budget`` characters of the joined text; place ``marker`` after the cut."""
+def _cut(
+    content: tuple[Content, ...], head_end: int, tail_start: int, stop: int, marker: Content
+) -> list[Content]:
+    """Keep joined-text characters ``[0, head_end)`` and ``[tail_start, stop)``.
+
+    ``marker`` takes the place of what is left out; non-text items keep theirs.
+    """
     bounded: list[Content] = []
-    remaining = budget
+    position = 0
     seen_text = marked = False
     for item in content:
         if not _is_text(item):
             bounded.append(item)
             continue
         text: str = item["text"]
-        # The "\n" that joined this item to the previous one is part of the budget.
-        if seen_text and remaining > 0:
-            remaining -= 1
+        if seen_text:
+            position += 1  # the "\n" that joined this item to the previous one
         seen_text = True
-        if remaining >= len(text):
+        start, end = position, position + len(text)
+        position = end
+        if end <= head_end:
             bounded.append(item)
-            remaining -= len(text)
             continue
-        if remaining > 0:
-            bounded.append({**item, "text": text[:remaining]})
+        head = text[: max(0, head_end - start)]
+        tail = text[max(0, tail_start - start) : max(0, stop - start)] if end > tail_start else ""
+        if head:
+            bounded.append({**item, "text": head})
         if not marked:
             bounded.append(marker)
-        remaining = 0
-        marked = True
+            marked = True
+        if tail:
+            bounded.append(item if tail == text else {**item, "text": tail})
     if not marked:
         bounded.append(marker)
     return bounded

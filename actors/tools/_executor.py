@@ -35,9 +35,17 @@ the job's cancel event. Two ways to stop a call:
 - The task awaiting ``execute`` is cancelled (an interrupt): the runner sets
   ``ctx.cancel``, waits until the job has returned (the tool has stopped its
   subprocess, bounding has finished writing if the tool had already
-  succeeded), and then ``CancelledError`` **propagates** out of ``execute``.
-  No outcome is returned; the caller publishes the failed terminal itself
-  (``{"type": "aborted"}``). ``execute`` never swallows a cancellation.
+  succeeded), and then the cancellation **propagates** out of ``execute``.
+  ``execute`` never swallows a cancellation. What it carries depends on how
+  the job ended:
+
+  - the tool succeeded (the interrupt came too late to stop it, or the tool
+    finished its work regardless): :class:`SucceededThenInterrupted`, whose
+    ``outcome`` is the bounded success. Once a tool operation has succeeded,
+    bounding it and handing it back is one interruption-safe region: the
+    caller publishes that success, never ``aborted`` for work that happened;
+  - otherwise a plain ``CancelledError``: no outcome, the caller publishes the
+    failed terminal itself (``{"type": "aborted"}``).
 """
 
 from __future__ import annotations
@@ -55,7 +63,14 @@ from actors._threaded import BlockingRunner
 from actors.tools._bounding import OutputBounding
 from actors.tools._process import ProcessGroup
 from actors.tools._registry import ToolRegistry
-from actors.tools._types import Tool, ToolContext, ToolError, ToolOutcome, ToolResult
+from actors.tools._types import (
+    SucceededThenInterrupted,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolOutcome,
+    ToolResult,
+)
 
 __all__ = ["RecordProcess", "ToolExecutor"]
 
@@ -98,6 +113,8 @@ class ToolExecutor:
         """Run tool ``name`` with ``input`` and return its settled outcome.
 
         Raises:
+            SucceededThenInterrupted: the awaiting task was cancelled but the
+                tool had succeeded anyway; ``outcome`` is its bounded success.
             asyncio.CancelledError: the awaiting task was cancelled; the tool has
                 been asked to stop (``ctx.cancel``) and has returned.
         """
@@ -112,8 +129,17 @@ class ToolExecutor:
             return ToolOutcome.failure("aborted", f"Tool execution aborted: {name}")
         if self._record is not None:
             ctx = attrs.evolve(ctx, spawned=self._spawned(self._record, ctx))
+        # The job leaves its settled outcome here too: a cancellation makes the
+        # runner drop the job's return value, but not a success that happened.
+        settled: list[ToolOutcome] = []
         try:
-            return await self._runner.run(self._settle, tool, input, ctx, cancel=ctx.cancel)
+            return await self._runner.run(
+                self._settle, tool, input, ctx, settled, cancel=ctx.cancel
+            )
+        except asyncio.CancelledError:
+            if settled and settled[0].status == "success":
+                raise SucceededThenInterrupted(settled[0]) from None
+            raise
         except ActorDeadError as exc:
             return ToolOutcome.failure("aborted", f"Tool execution aborted: {name} ({exc})")
         except Exception as exc:
@@ -145,8 +171,19 @@ class ToolExecutor:
 
         return spawned
 
-    def _settle(self, tool: Tool, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-        """Worker-thread side: run the tool, then bound a success."""
+    def _settle(
+        self, tool: Tool, input: Mapping[str, Any], ctx: ToolContext, settled: list[ToolOutcome]
+    ) -> ToolOutcome:
+        """Worker-thread side: run the tool, then bound a success (also left in ``settled``).
+
+        ``settled`` is read on the loop only after the runner has seen this job
+        return (its result hop happens after the append), so no lock is needed.
+        """
+        outcome = self._outcome(tool, input, ctx)
+        settled.append(outcome)
+        return outcome
+
+    def _outcome(self, tool: Tool, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         try:
             result: object = tool.run(input, ctx)
             if not isinstance(result, ToolResult):
@@ -157,7 +194,7 @@ class ToolExecutor:
             logger.warning("tool %r raised unexpectedly", tool.name, exc_info=True)
             return ToolOutcome.failure("tool.error", _describe(exc))
         # No cancel check from here on: once the tool has succeeded, bounding it and
-        # handing it back is one region; a late interrupt only stops the hand-back.
+        # handing it back is one region; a late interrupt cannot undo the success.
         try:
             bounded = self._bounding.bound(result)
         except Exception as exc:

@@ -28,6 +28,7 @@ and (for schema violations) ``invalid-input``.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -40,6 +41,7 @@ from actors.tools._process import ProcessGroup
 __all__ = [
     "DEFAULT_BASH_TIMEOUT_S",
     "Content",
+    "SucceededThenInterrupted",
     "Tool",
     "ToolContext",
     "ToolError",
@@ -112,10 +114,17 @@ class ToolContext:
 
 @attrs.frozen(kw_only=True)
 class ToolResult:
-    """What a tool returns: model-visible content items plus metadata."""
+    """What a tool returns: model-visible content items plus metadata.
 
-    content: tuple[Content, ...] = attrs.field(converter=_content)
+    ``structured`` is an optional JSON value (the tool's validated structured
+    result). Session consumers get it unchanged (``metadata["structured"]`` of
+    the settled outcome); the model sees only text, so a structured-only result
+    is shown to it as a bounded textual JSON preview (see ``OutputBounding``).
+    """
+
+    content: tuple[Content, ...] = attrs.field(converter=_content, default=())
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
+    structured: Any = None
 
     @classmethod
     def text(cls, text: str, **metadata: Any) -> ToolResult:
@@ -170,7 +179,10 @@ class ToolOutcome:
 
     @classmethod
     def success(cls, result: ToolResult) -> ToolOutcome:
-        return cls(status="success", content=result.content, metadata=result.metadata)
+        metadata = result.metadata
+        if result.structured is not None:
+            metadata = {**metadata, "structured": result.structured}
+        return cls(status="success", content=result.content, metadata=metadata)
 
     @classmethod
     def failure(cls, type: str, message: str) -> ToolOutcome:
@@ -179,3 +191,18 @@ class ToolOutcome:
     @classmethod
     def from_error(cls, error: ToolError) -> ToolOutcome:
         return cls.failure(error.type, error.message)
+
+
+class SucceededThenInterrupted(asyncio.CancelledError):
+    """A cancellation that arrived after the tool had already succeeded.
+
+    Raised by :meth:`~actors.tools.ToolExecutor.execute` instead of a bare
+    ``CancelledError`` when the interrupt came too late to stop the tool: its
+    operation happened and ``outcome`` is its bounded success, which is the
+    call's one true settlement. It *is* a ``CancelledError``, so a caller that
+    knows nothing of it still sees the cancellation and never swallows it.
+    """
+
+    def __init__(self, outcome: ToolOutcome) -> None:
+        super().__init__()
+        self.outcome = outcome

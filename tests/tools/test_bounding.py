@@ -1,4 +1,9 @@
-"""Output bounding: the cases of OpenCode's tool-output.test.ts, plus lossy saving and retention."""
+"""Output bounding: the cases of OpenCode's tool-output.test.ts, plus lossy saving and retention.
+
+Unlike the OpenCode version read (head only), the preview keeps the beginning
+*and* the end of the output (the glossary's "Generic truncation preserves the
+beginning and end of textual output"), with the marker where text was left out.
+"""
 
 from __future__ import annotations
 
@@ -42,18 +47,45 @@ def test_writes_oversized_text_and_returns_a_bounded_preview(output_dir: Path) -
     # The whole text was saved before the preview came back.
     assert Path(path).read_text() == "one\ntwo\nthree"
     assert result.content == (
-        text_item("one\ntwo"),
+        text_item("one"),
         text_item(f"... 1 line truncated; full content saved to {path} ..."),
+        text_item("three"),
     )
+
+
+def test_keeps_the_beginning_and_the_end_of_a_long_output(output_dir: Path) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=4, max_bytes=1_000)
+    lines = [f"line {n}" for n in range(1, 11)]
+    result = bounding.bound(text("\n".join(lines) + "\n"))
+    path = result.metadata["outputPath"]
+    assert result.content == (
+        text_item("line 1\nline 2"),
+        text_item(f"... 6 lines truncated; full content saved to {path} ..."),
+        text_item("line 9\nline 10\n"),
+    )
+    assert Path(path).read_text() == "\n".join(lines) + "\n"
+
+
+def test_the_end_gets_what_the_beginning_left_of_the_byte_budget(output_dir: Path) -> None:
+    # 40 bytes: the beginning takes what fits in 20, the end the remaining 20 or so.
+    bounding = OutputBounding(output_dir=output_dir, max_lines=100, max_bytes=40)
+    body = "\n".join(f"{n:04d}" for n in range(100))  # 5 bytes a line with its newline
+    result = bounding.bound(text(body))
+    head, marker, tail = (item["text"] for item in result.content)
+    assert head == "0000\n0001\n0002\n0003"
+    assert tail == "0096\n0097\n0098\n0099"
+    assert len(head.encode()) + len(tail.encode()) <= 40
+    assert marker.startswith(f"... {len(body) - len(head) - len(tail)} bytes truncated; ")
 
 
 def test_reports_bytes_omitted_by_the_byte_limit(output_dir: Path) -> None:
     bounding = OutputBounding(output_dir=output_dir, max_lines=100, max_bytes=5)
     result = bounding.bound(text("one\ntwo"))
     path = result.metadata["outputPath"]
+    # Neither half fits beside the other: the end is kept, being the most recent.
     assert result.content == (
-        text_item("one"),
         text_item(f"... 4 bytes truncated; full content saved to {path} ..."),
+        text_item("two"),
     )
 
 
@@ -67,8 +99,8 @@ def test_preserves_mixed_content_ordering(output_dir: Path) -> None:
     assert result.content == (
         text_item("before"),
         file,
-        text_item("after"),
         text_item(f"... 1 line truncated; full content saved to {path} ..."),
+        text_item("omitted"),
     )
     assert Path(path).read_text() == "before\nafter\nomitted"
 
@@ -110,16 +142,18 @@ def test_plural_lines_and_the_default_limits(output_dir: Path) -> None:
     assert (bounding.max_lines, bounding.max_bytes) == (2_000, 51_200)
     lines = "\n".join(str(n) for n in range(2_005))
     result = bounding.bound(text(lines))
-    assert result.content[0] == text_item("\n".join(str(n) for n in range(2_000)))
+    assert result.content[0] == text_item("\n".join(str(n) for n in range(1_000)))
     assert result.content[1]["text"].startswith("... 5 lines truncated; full content saved to ")
+    assert result.content[2] == text_item("\n".join(str(n) for n in range(1_005, 2_005)))
 
 
 def test_the_byte_budget_counts_utf8_bytes_and_newlines(output_dir: Path) -> None:
-    # "ééé" is 6 bytes; the next line would need 1 (newline) + 1 more.
+    # "ééé" is 6 bytes and "x" 1: both fit in 7, the newline between them does not.
     bounding = OutputBounding(output_dir=output_dir, max_lines=10, max_bytes=7)
     result = bounding.bound(text("ééé\nx"))
     assert result.content[0] == text_item("ééé")
-    assert result.content[1]["text"].startswith("... 2 bytes truncated; ")
+    assert result.content[1]["text"].startswith("... 1 byte truncated; ")
+    assert result.content[2] == text_item("x")
 
 
 def test_a_single_oversized_line_leaves_only_the_marker(output_dir: Path) -> None:
@@ -140,9 +174,9 @@ def test_text_items_are_cut_in_order_and_non_text_items_keep_their_place(
     path = result.metadata["outputPath"]
     assert result.content == (
         text_item("a\nb"),
-        text_item("c"),
         text_item(f"... 2 lines truncated; full content saved to {path} ..."),
         image,
+        text_item("e"),
     )
     assert Path(path).read_text() == "a\nb\nc\nd\ne"
 
@@ -163,8 +197,9 @@ def test_an_unwritable_output_dir_gives_an_explicitly_lossy_preview(
     with caplog.at_level(logging.WARNING, logger="actors.tools._bounding"):
         result = bounding.bound(text("one\ntwo\nthree"))
     assert result.content == (
-        text_item("one\ntwo"),
+        text_item("one"),
         text_item("... 1 line truncated; full content could not be saved ..."),
+        text_item("three"),
     )
     assert result.metadata["truncated"] is True
     assert "outputPath" not in result.metadata

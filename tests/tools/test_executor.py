@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from actors import BlockingRunner
 from actors.tools import (
     OutputBounding,
+    SucceededThenInterrupted,
     ToolContext,
     ToolError,
     ToolExecutor,
@@ -215,8 +217,43 @@ async def test_a_large_result_is_bounded_and_saved_before_it_is_returned(
     assert outcome.metadata["truncated"] is True
     saved = await runner.run(Path(outcome.metadata["outputPath"]).read_text)
     assert saved == "1\n2\n3\n4"
-    assert outcome.content[0] == text_item("1\n2")
+    assert outcome.content[0] == text_item("1")
     assert outcome.content[1]["text"].startswith("... 2 lines truncated; ")
+    assert outcome.content[2] == text_item("4")
+
+
+async def test_a_small_structured_only_result_is_shown_to_the_model_as_json(
+    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    value = {"matches": [{"path": "a.py", "line": 3}], "total": 1}
+    tool = FnTool("t", lambda input, ctx: ToolResult(structured=value))
+    outcome = await executor_for(runner, bounding, tool).execute("t", {}, ctx)
+    assert outcome.status == "success"
+    (preview,) = outcome.content
+    assert json.loads(preview["text"]) == value
+    assert outcome.metadata == {"truncated": False, "structured": value}
+
+
+async def test_a_large_structured_only_result_gets_a_bounded_json_preview(
+    runner: BlockingRunner, output_dir: Path, ctx: ToolContext
+) -> None:
+    value = {"rows": [{"n": n, "name": f"row {n}"} for n in range(500)]}
+    bounding = OutputBounding(output_dir=output_dir, max_lines=40, max_bytes=2_000)
+    tool = FnTool("t", lambda input, ctx: ToolResult(structured=value))
+    outcome = await executor_for(runner, bounding, tool).execute("t", {}, ctx)
+    assert outcome.status == "success"
+    head, marker, tail = (item["text"] for item in outcome.content)
+    path = outcome.metadata["outputPath"]
+    assert head.startswith('{\n  "rows": [')
+    assert tail.endswith("]\n}")
+    assert len((head + tail).encode()) <= 2_000
+    assert len((head + "\n" + tail).split("\n")) <= 40
+    assert marker.endswith(f"lines truncated; full content saved to {path} ...")
+    # The whole JSON is in the managed file, and consumers get the value unchanged.
+    saved = await runner.run(Path(path).read_text)
+    assert json.loads(saved) == value
+    assert outcome.metadata["structured"] == value
+    assert outcome.metadata["truncated"] is True
 
 
 async def test_a_tool_error_becomes_a_failed_outcome_with_its_type(
@@ -285,6 +322,34 @@ async def test_cancelling_the_awaiting_task_sets_ctx_cancel_and_propagates(
     assert ctx.cancel.is_set()
     # The tool had returned before the cancellation reached us: nothing runs on.
     assert returned.is_set()
+
+
+async def test_a_cancel_after_the_tool_returned_hands_back_the_bounded_success(
+    runner: BlockingRunner, output_dir: Path, ctx: ToolContext
+) -> None:
+    loop = asyncio.get_running_loop()
+    call: list[asyncio.Task[ToolOutcome]] = []
+
+    def succeed_then_interrupt(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        # The tool's last act: queue the interrupt on the loop. The runner hands the
+        # job's result back with its own call_soon_threadsafe, queued after this one,
+        # so the cancellation always lands once the tool has succeeded and before
+        # its success reaches the awaiting task.
+        loop.call_soon_threadsafe(call[0].cancel)
+        return ToolResult.text("1\n2\n3\n4")
+
+    bounding = OutputBounding(output_dir=output_dir, max_lines=2)
+    executor = executor_for(runner, bounding, FnTool("t", succeed_then_interrupt))
+    call.append(asyncio.create_task(executor.execute("t", {}, ctx)))
+    with pytest.raises(SucceededThenInterrupted) as late:
+        await call[0]
+    assert call[0].cancelled()  # still a cancellation: never swallowed
+    outcome = late.value.outcome
+    assert outcome.status == "success"
+    # Bounding ran to the end inside the same region: the full text is saved.
+    assert outcome.metadata["truncated"] is True
+    saved = await runner.run(Path(outcome.metadata["outputPath"]).read_text)
+    assert saved == "1\n2\n3\n4"
 
 
 # -- executor: concurrency -----------------------------------------------------------------------
