@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
-from aiohttp import ClientResponse
-from http_helpers import Client, create_session, runtime_of
+from http_helpers import Client, create_session, frames, runtime_of
 
 from protocol.requests import PromptInput
-
-
-async def frames(response: ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The stream's SSE frames as {'event', 'data'} (comments skipped)."""
-    current: dict[str, Any] = {}
-    async for raw in response.content:
-        line = raw.decode().rstrip("\n")
-        if not line:
-            if current:
-                yield current
-            current = {}
-        elif not line.startswith(":"):
-            key, _, value = line.partition(": ")
-            current[key] = orjson.loads(value) if key == "data" else value
-
 
 _STARTED = {
     "session.text.started": "session.text.delta",
