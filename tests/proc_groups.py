@@ -14,6 +14,15 @@ from actors.tools._process import group_alive
 Spawn = Callable[[str], subprocess.Popen[bytes]]
 
 
+def alive(pid: int) -> bool:
+    """Running: a zombie (an orphan an init that never reaps left behind) is not."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
 @contextlib.contextmanager
 def own_groups(cwd: Path) -> Iterator[Spawn]:
     """``start(command)`` runs ``sh -c command`` in a new session; every group is killed at exit."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 import pytest
-from proc_groups import Spawn, own_groups
+from proc_groups import Spawn, alive, own_groups
 
 from actors.bus import Envelope
 from actors.runtime import Runtime, RuntimeConfig
@@ -30,15 +30,6 @@ from storage import Command
 GUARD = 20.0
 #: A grandchild in the background, its pid on stdout, and a child in the foreground.
 FAMILY = "sh -c 'sleep 30 & echo grandchild $!; sleep 30'"
-
-
-def alive(pid: int) -> bool:
-    """Running: a zombie (an orphan an init that never reaps left behind) is not."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def tool_prompt(command: str) -> PromptInput:

@@ -12,19 +12,10 @@ from pathlib import Path
 
 import attrs
 import pytest
-from proc_groups import Spawn, own_groups
+from proc_groups import Spawn, alive, own_groups
 
 from actors.tools import ProcessGroup
 from actors.tools._process import group_alive, identify, kill_stale
-
-
-def alive(pid: int) -> bool:
-    """Running: a zombie (an orphan an init that never reaps left behind) is not."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.fixture
