@@ -70,7 +70,13 @@ class _Schemas:
             ) in typing.get_args(tp)
             if field.default is attrs.NOTHING and not optional:
                 required.append(wire)
-        schema: dict[str, Any] = {"type": "object", "properties": properties}
+        # Members a class does not declare are refused in requests (a 400 naming
+        # them) and never sent in replies.
+        schema: dict[str, Any] = {
+            "type": "object",
+            "properties": properties,
+            "additionalProperties": False,
+        }
         if required:
             schema["required"] = required
         if cls.__doc__:

@@ -286,3 +286,41 @@ async def test_resume_cut_short_by_shutdown_is_503(client: Client) -> None:
     await runtime.execution.shutdown()
     response = await waiting
     assert (response.status, (await response.json())["_tag"]) == (503, "ServiceUnavailableError")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/session/{sid}/prompt", {"text": "x", "delivry": "queue"}, "delivry"),
+        (
+            "/api/session/{sid}/prompt",
+            {"text": "x", "files": [{"uri": "data:,a", "mime": "text/plain", "nme": "a"}]},
+            "files[0].nme",
+        ),
+        ("/api/session/{sid}/prompt", {"prompt": {"text": "x", "txt": "y"}}, "prompt.txt"),
+        ("/api/session", {"titel": "t"}, "titel"),
+        ("/api/session", {"model": {"id": "m", "providerID": "p", "extra": 1}}, "model.extra"),
+        ("/api/session/{sid}/synthetic", {"text": "x", "resum": False}, "resum"),
+    ],
+)
+async def test_unknown_body_fields_are_400s_naming_them(
+    client: Client, path: str, body: Any, field: str
+) -> None:
+    sid = (await create_session(client))["id"]
+    response = await client.post(path.format(sid=sid), json=body)
+    assert await tag_of(response) == (400, "InvalidRequestError")
+    answer = await response.json()
+    assert answer["field"] == field
+    assert field in answer["message"]
+    # Nothing was admitted by the refused request.
+    inbox = await client.get(f"/api/session/{sid}/inbox")
+    assert (await inbox.json())["data"] == []
+
+
+async def test_free_form_metadata_keeps_any_member(client: Client) -> None:
+    sid = (await create_session(client))["id"]
+    response = await client.post(
+        f"/api/session/{sid}/prompt",
+        json={"text": "x", "resume": False, "metadata": {"anything": {"goes": 1}}},
+    )
+    assert response.status == 200, await response.text()
