@@ -40,6 +40,7 @@ from protocol.shapes import ModelRef, Session
 from server._cli_run import Host, RunOptions, Sigint, open_host, run
 from server.app import ServerSettings
 from server.config import ConfigError, load_config, runtime_config
+from server.logs import configure as configure_logs
 from server.serve import serve
 from storage import StorageError, StoreLockedError
 
@@ -148,6 +149,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--config", type=Path, help="a TOML file of [server], [runtime] and [providers] settings"
     )
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="log lines on stderr as text (default) or one JSON object each",
+    )
 
     run = commands.add_parser("run", help="send a prompt and show the answer as it streams")
     run.add_argument("prompt", help="the prompt text")
@@ -228,6 +235,12 @@ def _serve(args: argparse.Namespace) -> int:
         settings = ServerSettings(password=password, **server)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    secret_names = {*config.secret_env, _PASSWORD_ENV}
+    secret_names |= {c.api_key_env for c in config.provider_configs.values() if c.api_key_env}
+    secrets = [os.environ.get(name, "") for name in secret_names]
+    if args.log_format == "json":
+        # Text stays as it was: start and stop on stdout, warnings and errors on stderr.
+        configure_logs("json", secrets=[*secrets, password or ""])
     asyncio.run(serve(config, settings, host=host, port=port))
     return 0
 
