@@ -46,7 +46,7 @@ from protocol.errors import (
 )
 from protocol.openapi import document
 from protocol.operations import OPERATIONS, LogQuery, Operation, by_id
-from server import sse
+from server import console, sse
 from server._decode import decode_body, decode_path, decode_query
 from server.auth import authorized
 from server.feed import EventFeed
@@ -224,7 +224,8 @@ async def _errors(request: web.Request, handler: Endpoint) -> web.StreamResponse
 @web.middleware
 async def _auth(request: web.Request, handler: Endpoint) -> web.StreamResponse:
     password = request.app[SETTINGS].password
-    if password and not authorized(request.headers.get("Authorization"), password):
+    public = request.match_info.route.name in console.PUBLIC_ROUTES
+    if password and not public and not authorized(request.headers.get("Authorization"), password):
         raise UnauthorizedError()
     return await handler(request)
 
@@ -395,6 +396,7 @@ def make_app(
         else:
             app.router.add_route(op.method, op.path, _endpoint(op), name=op.id)
     app.router.add_get("/doc", _doc, name="openapi")
+    console.add_routes(app)
     app.router.add_get("/metrics", _metrics, name="metrics")
     app.router.add_get("/health", _health, name="health")
     app.router.add_get("/api/session/{sessionID}/event", _compat_event_log, name="compat.log")

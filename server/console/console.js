@@ -1,0 +1,672 @@
+// The sessionrt web console: plain JavaScript, no dependencies, no build step.
+//
+// Every call goes through api() or stream(), which add the password (asked
+// for on the first 401, kept in sessionStorage for this tab) as a Bearer
+// header; streams are read with fetch, since an EventSource cannot send one.
+//
+// Two kinds of streams:
+// - the instance feed (/api/event): session statuses, unread marks and the
+//   live text/reasoning deltas of the open session; on each (re)connection
+//   the list and statuses are read again, since the feed has no replay;
+// - the open session's durable log, followed from a seq (after=, and
+//   Last-Event-ID on reconnection) with events at or below the last seen
+//   seq skipped, so nothing is missed or shown twice. A durable event makes
+//   the page re-read the messages it names: applying one twice is harmless.
+"use strict";
+
+const BEYOND = 9007199254740991; // an `after` past any seq: the log answers with log.synced only
+const PAGE = 100; // messages per page
+const MAX_LOG_ROWS = 2000; // the log view keeps this many rows (older rows leave the page)
+const MAX_OUTPUT = 4000; // characters of a tool output shown
+const MAX_LIVE = 1 << 20; // characters of one streaming block kept before its durable end
+
+const $ = (id) => document.getElementById(id);
+const el = (tag, cls, text) => {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined) node.textContent = text;
+  return node;
+};
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const oneLine = (value, limit = 160) => {
+  const text = (typeof value === "string" ? value : JSON.stringify(value) || "").replace(/\s+/g, " ");
+  return text.length > limit ? text.slice(0, limit - 1) + "…" : text;
+};
+
+// -- calls -------------------------------------------------------------------------------------
+
+let password = sessionStorage.getItem("sessionrt.password");
+let asking = null;
+
+function askPassword() {
+  if (!asking) {
+    asking = new Promise((resolve) => {
+      const dialog = $("auth");
+      $("password").value = "";
+      dialog.addEventListener(
+        "close",
+        () => {
+          password = $("password").value || null;
+          if (password) sessionStorage.setItem("sessionrt.password", password);
+          asking = null;
+          resolve();
+        },
+        { once: true },
+      );
+      dialog.showModal();
+    });
+  }
+  return asking;
+}
+
+function headers(extra) {
+  const h = Object.assign({}, extra);
+  if (password) h.Authorization = "Bearer " + password;
+  return h;
+}
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.message) || "HTTP " + status);
+    this.status = status;
+    this.body = body;
+  }
+}
+
+async function api(method, path, body) {
+  for (;;) {
+    const init = { method, headers: headers() };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const response = await fetch(path, init);
+    if (response.status === 401) {
+      await askPassword();
+      continue;
+    }
+    if (response.status === 204) return null;
+    const json = await response.json().catch(() => null);
+    if (!response.ok) throw new ApiError(response.status, json);
+    return json;
+  }
+}
+
+// Reads one SSE response with fetch; calls onEvent({id, event, data}) per frame.
+async function stream(path, { onEvent, onOpen, signal, lastEventId }) {
+  const extra = { Accept: "text/event-stream" };
+  if (lastEventId) extra["Last-Event-ID"] = String(lastEventId);
+  const response = await fetch(path, { headers: headers(extra), signal });
+  if (response.status === 401) {
+    await askPassword();
+    return;
+  }
+  if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+  if (onOpen) onOpen();
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const frame = { id: null, event: "message" };
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (!line || line[0] === ":") continue;
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let v = colon < 0 ? "" : line.slice(colon + 1);
+        if (v[0] === " ") v = v.slice(1);
+        if (field === "id") frame.id = v;
+        else if (field === "event") frame.event = v;
+        else if (field === "data") data.push(v);
+      }
+      if (data.length) {
+        frame.data = JSON.parse(data.join("\n"));
+        onEvent(frame);
+      }
+    }
+  }
+}
+
+// Keeps a stream open: reconnects with backoff until stopped. `path()` is read
+// on every connection, so it can carry the latest `after`.
+function keep(path, onEvent, { lastEventId, onState } = {}) {
+  const control = new AbortController();
+  (async () => {
+    let delay = 250;
+    while (!control.signal.aborted) {
+      try {
+        await stream(path(), {
+          onEvent,
+          signal: control.signal,
+          lastEventId: lastEventId && lastEventId(),
+          onOpen: () => {
+            delay = 250;
+            if (onState) onState(true);
+          },
+        });
+      } catch (err) {
+        if (control.signal.aborted) return;
+        if (err instanceof ApiError && err.status === 404) return;
+      }
+      if (onState) onState(false);
+      if (control.signal.aborted) return;
+      await sleep(delay);
+      delay = Math.min(delay * 2, 5000);
+    }
+  })();
+  return control;
+}
+
+// -- sessions list -----------------------------------------------------------------------------
+
+const sessions = new Map(); // id -> Session
+const status = new Map(); // id -> "running" | "retrying"
+const retryAt = new Map(); // id -> epoch ms of the next attempt
+const unread = new Set();
+let current = null; // the open session's view
+
+async function loadSessions() {
+  const search = $("search").value.trim();
+  const query = new URLSearchParams({ limit: "200" });
+  if (search) query.set("search", search);
+  const [page, active] = await Promise.all([
+    api("GET", "/api/session?" + query),
+    api("GET", "/api/session/active"),
+  ]);
+  sessions.clear();
+  for (const session of page.data) {
+    sessions.set(session.id, session);
+    if (session.retry) retryAt.set(session.id, session.retry.at);
+  }
+  for (const id of [...status.keys()]) if (!(id in active.data)) status.delete(id);
+  for (const id of Object.keys(active.data)) if (status.get(id) !== "retrying") status.set(id, "running");
+  renderSessions();
+}
+
+function statusOf(id) {
+  return status.get(id) || "idle";
+}
+
+function renderSessions() {
+  const list = $("sessions");
+  list.textContent = "";
+  for (const session of sessions.values()) {
+    const item = el("li");
+    item.dataset.id = session.id;
+    const state = statusOf(session.id);
+    const dot = el("span", "dot " + (state !== "idle" ? state : unread.has(session.id) ? "unread" : ""));
+    dot.title = unread.has(session.id) && state === "idle" ? "unread" : state;
+    item.append(dot, el("span", "title", session.title || session.id));
+    item.classList.toggle("current", current !== null && current.id === session.id);
+    item.classList.toggle("unread", unread.has(session.id));
+    item.dataset.status = state;
+    item.addEventListener("click", () => openSession(session.id));
+    list.append(item);
+  }
+}
+
+// -- the instance feed ---------------------------------------------------------------------------
+
+function onFeed(frame) {
+  const envelope = frame.data || {};
+  const type = envelope.type || frame.event;
+  const data = envelope.data || {};
+  const sid = data.sessionID;
+  if (type === "server.connected") {
+    loadSessions().catch(showError);
+    if (current) current.refreshAll();
+    return;
+  }
+  if (!sid) return;
+  if (type === "session.created" || type === "session.renamed" || type === "session.deleted") {
+    loadSessions().catch(showError);
+  }
+  if (type === "session.execution.started") status.set(sid, "running");
+  else if (type === "session.retry.scheduled") {
+    status.set(sid, "retrying");
+    retryAt.set(sid, data.at);
+  } else if (type === "session.step.started" && status.get(sid) === "retrying") status.set(sid, "running");
+  else if (/^session\.execution\.(succeeded|failed|interrupted)$/.test(type)) {
+    status.delete(sid);
+    retryAt.delete(sid);
+  }
+  if (envelope.durable && (!current || current.id !== sid)) unread.add(sid);
+  if (current && current.id === sid) {
+    if (type === "session.text.delta") current.live(data, "text");
+    else if (type === "session.reasoning.delta") current.live(data, "reasoning");
+    current.renderStatus();
+  }
+  if (envelope.durable || type.startsWith("session.execution") || type === "session.retry.scheduled") {
+    renderSessions();
+  }
+}
+
+// -- one session ---------------------------------------------------------------------------------
+
+class SessionView {
+  constructor(id) {
+    this.id = id;
+    this.messages = new Map(); // id -> message
+    this.nodes = new Map(); // id -> element
+    this.liveText = new Map(); // messageID -> Map(ordinal -> {kind, text})
+    this.older = null; // cursor to earlier messages
+    this.lastSeq = 0; // the transcript stream's last durable seq
+    this.logSeq = 0; // the log view's last seq
+    this.logRows = 0;
+    this.dirty = new Set();
+    this.flushTimer = null;
+    this.streams = [];
+  }
+
+  async start() {
+    $("transcript").textContent = "";
+    $("log").tBodies[0].textContent = "";
+    const session = sessions.get(this.id) || (await api("GET", "/api/session/" + this.id)).data;
+    $("session-title").textContent = session.title || "";
+    $("session-id").textContent = this.id;
+    // The watermark first, then the messages (which include at least that much),
+    // then the log from the watermark: nothing falls between the two reads.
+    this.lastSeq = await this.watermark();
+    const page = await api("GET", `/api/session/${this.id}/message?limit=${PAGE}&order=desc`);
+    this.older = page.cursor.next || null;
+    for (const message of page.data.slice().reverse()) this.put(message);
+    $("older").hidden = !this.older;
+    this.scrollDown();
+    this.renderStatus();
+    this.loadInbox();
+    this.streams.push(
+      keep(
+        () => `/api/experimental/session/${this.id}/log?follow=true&after=${this.lastSeq}`,
+        (frame) => this.onDurable(frame),
+        { lastEventId: () => this.lastSeq },
+      ),
+    );
+    this.startLog();
+  }
+
+  stop() {
+    for (const control of this.streams) control.abort();
+    if (this.logStream) this.logStream.abort();
+    clearTimeout(this.flushTimer);
+  }
+
+  async watermark() {
+    let seq = 0;
+    await stream(`/api/experimental/session/${this.id}/log?after=${BEYOND}`, {
+      onEvent: (frame) => {
+        if (frame.event === "log.synced") seq = frame.data.seq || 0;
+      },
+    });
+    return seq;
+  }
+
+  async loadOlder() {
+    if (!this.older) return;
+    const page = await api("GET", `/api/session/${this.id}/message?cursor=${encodeURIComponent(this.older)}`);
+    this.older = page.cursor.next || null;
+    const box = $("transcript");
+    const before = box.scrollHeight;
+    for (const message of page.data) this.put(message);
+    box.scrollTop += box.scrollHeight - before;
+    $("older").hidden = !this.older;
+  }
+
+  refreshAll() {
+    for (const id of this.messages.keys()) this.dirty.add(id);
+    this.scheduleFlush();
+    this.loadInbox();
+  }
+
+  // A durable event of this session, from its log.
+  onDurable(frame) {
+    if (frame.event === "log.synced") return;
+    const seq = Number(frame.id);
+    if (!(seq > this.lastSeq)) return; // already applied
+    this.lastSeq = seq;
+    const data = (frame.data && frame.data.data) || {};
+    const type = frame.event;
+    const target = data.assistantMessageID || (type === "session.inbox.delivered" ? data.inboxID : null);
+    if (target) {
+      this.dirty.add(target);
+      this.scheduleFlush();
+    }
+    if (type.startsWith("session.inbox.")) this.loadInbox();
+    if (type === "session.renamed") $("session-title").textContent = data.title || "";
+  }
+
+  scheduleFlush() {
+    if (this.flushTimer === null) this.flushTimer = setTimeout(() => this.flush(), 30);
+  }
+
+  async flush() {
+    this.flushTimer = null;
+    const ids = [...this.dirty];
+    this.dirty.clear();
+    await Promise.all(
+      ids.map(async (id) => {
+        try {
+          const { data } = await api("GET", `/api/session/${this.id}/message/${id}`);
+          if (current === this) this.put(data);
+        } catch (err) {
+          if (!(err instanceof ApiError && err.status === 404)) showError(err);
+        }
+      }),
+    );
+  }
+
+  put(message) {
+    const atBottom = this.isAtBottom();
+    this.messages.set(message.id, message);
+    const node = this.render(message);
+    const old = this.nodes.get(message.id);
+    if (old) old.replaceWith(node);
+    else this.insert(node, message.seq);
+    this.nodes.set(message.id, node);
+    if (atBottom) this.scrollDown();
+  }
+
+  insert(node, seq) {
+    node.dataset.seq = String(seq);
+    const box = $("transcript");
+    for (const child of box.children) {
+      if (Number(child.dataset.seq) > seq) {
+        box.insertBefore(node, child);
+        return;
+      }
+    }
+    box.append(node);
+  }
+
+  render(message) {
+    const node = el("div", "msg " + message.type);
+    node.dataset.id = message.id;
+    node.dataset.seq = String(message.seq);
+    if (message.type !== "assistant") {
+      node.textContent = message.text || message.description || "";
+      return node;
+    }
+    const live = this.liveText.get(message.id) || new Map();
+    const shown = new Set();
+    for (const part of message.parts || []) {
+      if (part.type === "tool") {
+        node.append(this.renderTool(part));
+        continue;
+      }
+      shown.add(part.ordinal);
+      const streaming = live.get(part.ordinal);
+      let text = part.text;
+      let cls = part.type === "reasoning" ? "reasoning" : "text";
+      if (streaming && streaming.text.length > text.length) {
+        text = streaming.text;
+        cls += " streaming";
+      } else if (streaming && part.text) live.delete(part.ordinal);
+      const block = el("div", cls, text);
+      block.dataset.ordinal = String(part.ordinal);
+      node.append(block);
+    }
+    for (const [ordinal, streaming] of live) {
+      if (shown.has(ordinal)) continue;
+      const block = el("div", (streaming.kind === "reasoning" ? "reasoning" : "text") + " streaming", streaming.text);
+      block.dataset.ordinal = String(ordinal);
+      node.append(block);
+    }
+    if (message.error) node.append(el("div", "error-text", oneLine(message.error.message || message.error)));
+    if (message.tokens || message.cost) {
+      const t = message.tokens || {};
+      const cache = t.cache || {};
+      node.append(
+        el(
+          "div",
+          "cost",
+          `tokens in ${t.input || 0} · out ${t.output || 0} · reasoning ${t.reasoning || 0}` +
+            ` · cache ${cache.read || 0}/${cache.write || 0} · $${(message.cost || 0).toFixed(4)}`,
+        ),
+      );
+    }
+    return node;
+  }
+
+  renderTool(part) {
+    const box = el("details", "tool " + part.status);
+    box.append(el("summary", "", `⚙ ${part.name} ${oneLine(part.input || {})} [${part.status}]`));
+    let output = "";
+    for (const item of part.content || []) output += item.text !== undefined ? item.text : JSON.stringify(item);
+    if (part.error) output += (output ? "\n" : "") + (part.error.message || JSON.stringify(part.error));
+    const pre = el("pre");
+    if (output.length > MAX_OUTPUT) {
+      pre.textContent = output.slice(0, MAX_OUTPUT);
+      box.append(pre, el("div", "muted", `… ${output.length - MAX_OUTPUT} more characters not shown`));
+    } else {
+      pre.textContent = output || "(no output)";
+      box.append(pre);
+    }
+    return box;
+  }
+
+  // A live delta (text or reasoning) from the instance feed.
+  live(data, kind) {
+    const id = data.assistantMessageID;
+    let blocks = this.liveText.get(id);
+    if (!blocks) this.liveText.set(id, (blocks = new Map()));
+    const block = blocks.get(data.ordinal) || { kind, text: "" };
+    if (block.text.length < MAX_LIVE) block.text += data.delta;
+    blocks.set(data.ordinal, block);
+    const atBottom = this.isAtBottom();
+    let node = this.nodes.get(id);
+    if (!node) {
+      // The step's durable start has not been read yet: a placeholder until it is.
+      node = el("div", "msg assistant");
+      node.dataset.id = id;
+      this.insert(node, this.lastSeq + 0.5);
+      this.nodes.set(id, node);
+      this.dirty.add(id);
+      this.scheduleFlush();
+    }
+    let target = node.querySelector(`[data-ordinal="${data.ordinal}"]`);
+    if (!target) {
+      target = el("div", (kind === "reasoning" ? "reasoning" : "text") + " streaming");
+      target.dataset.ordinal = String(data.ordinal);
+      node.append(target);
+    }
+    if (block.text.length > target.textContent.length) {
+      target.textContent = block.text;
+      target.classList.add("streaming");
+    }
+    if (atBottom) this.scrollDown();
+  }
+
+  renderStatus() {
+    const state = statusOf(this.id);
+    const badge = $("session-status");
+    badge.textContent = state;
+    badge.className = "status " + state;
+    $("interrupt").disabled = state === "idle";
+    renderRetry();
+  }
+
+  async loadInbox() {
+    const { data } = await api("GET", `/api/session/${this.id}/inbox`);
+    if (current !== this) return;
+    const list = $("inbox");
+    list.textContent = "";
+    for (const item of data) {
+      const row = el("li");
+      row.dataset.id = item.id;
+      row.dataset.delivery = item.delivery;
+      const other = item.delivery === "queue" ? "steer" : "queue";
+      const change = el("button", "change", "→ " + other);
+      change.type = "button";
+      change.addEventListener("click", () =>
+        api("PATCH", `/api/session/${this.id}/inbox/${item.id}`, { delivery: other }).catch(showError),
+      );
+      const cancel = el("button", "cancel", "cancel");
+      cancel.type = "button";
+      cancel.addEventListener("click", () =>
+        api("DELETE", `/api/session/${this.id}/inbox/${item.id}`).catch(showError),
+      );
+      row.append(
+        el("span", "delivery status", item.delivery),
+        el("span", "text", oneLine(item.payload.text || item.type)),
+        change,
+        cancel,
+      );
+      list.append(row);
+    }
+    $("inbox-box").hidden = data.length === 0;
+  }
+
+  // -- the log view ------------------------------------------------------------------------------
+
+  startLog() {
+    if (this.logStream) this.logStream.abort();
+    const follow = $("follow").checked;
+    const path = () => `/api/experimental/session/${this.id}/log?follow=${follow}&after=${this.logSeq}`;
+    const onEvent = (frame) => {
+      if (frame.event === "log.synced") {
+        $("log-state").textContent = follow ? "following" : "up to date (not following)";
+        return;
+      }
+      const seq = Number(frame.id);
+      if (!(seq > this.logSeq)) return;
+      this.logSeq = seq;
+      this.logRow(seq, frame.event, frame.data);
+    };
+    if (follow) {
+      this.logStream = keep(path, onEvent, {
+        lastEventId: () => this.logSeq,
+        onState: (up) => {
+          if (!up) $("log-state").textContent = "reconnecting…";
+        },
+      });
+    } else {
+      const control = new AbortController();
+      stream(path(), { onEvent, signal: control.signal }).catch(showError);
+      this.logStream = control;
+    }
+  }
+
+  logRow(seq, type, envelope) {
+    const body = $("log").tBodies[0];
+    const row = el("tr");
+    row.dataset.seq = String(seq);
+    row.append(el("td", "seq", String(seq)), el("td", "type", type), el("td", "data", oneLine(envelope.data, 400)));
+    body.append(row);
+    if (++this.logRows > MAX_LOG_ROWS) {
+      body.firstElementChild.remove();
+      this.logRows--;
+    }
+  }
+
+  isAtBottom() {
+    const box = $("transcript");
+    return box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+  }
+
+  scrollDown() {
+    const box = $("transcript");
+    box.scrollTop = box.scrollHeight;
+  }
+}
+
+async function openSession(id) {
+  if (current) current.stop();
+  unread.delete(id);
+  history.replaceState(null, "", "#" + id);
+  $("empty").hidden = true;
+  $("session").hidden = false;
+  current = new SessionView(id);
+  renderSessions();
+  try {
+    await current.start();
+    document.body.dataset.ready = id;
+  } catch (err) {
+    showError(err);
+  }
+}
+
+function renderRetry() {
+  const box = $("retry");
+  const at = current && statusOf(current.id) === "retrying" ? retryAt.get(current.id) : undefined;
+  if (at === undefined) {
+    box.hidden = true;
+    return;
+  }
+  box.hidden = false;
+  box.textContent = `retry in ${Math.max(0, Math.ceil((at - Date.now()) / 1000))} s`;
+}
+
+function showError(err) {
+  console.error(err);
+  const box = $("transcript");
+  if (box) box.append(el("div", "msg error-text", String(err.message || err)));
+}
+
+// -- wiring --------------------------------------------------------------------------------------
+
+function setTab(log) {
+  $("transcript-view").hidden = log;
+  $("log-view").hidden = !log;
+  $("tab-log").classList.toggle("active", log);
+  $("tab-transcript").classList.toggle("active", !log);
+}
+
+function main() {
+  $("create-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const title = $("new-title").value.trim();
+    try {
+      const { data } = await api("POST", "/api/session", title ? { title } : {});
+      $("new-title").value = "";
+      sessions.set(data.id, data);
+      await openSession(data.id);
+      loadSessions().catch(showError);
+    } catch (err) {
+      showError(err);
+    }
+  });
+  let searchTimer = null;
+  $("search").addEventListener("input", () => {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(() => loadSessions().catch(showError), 200);
+  });
+  $("prompt-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const text = $("prompt").value;
+    if (!current || !text.trim()) return;
+    try {
+      await api("POST", `/api/session/${current.id}/prompt`, { text, delivery: $("delivery").value });
+      $("prompt").value = "";
+      current.loadInbox();
+    } catch (err) {
+      showError(err);
+    }
+  });
+  $("prompt").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("prompt-form").requestSubmit();
+  });
+  $("interrupt").addEventListener("click", () => {
+    if (current) api("POST", `/api/session/${current.id}/interrupt`).catch(showError);
+  });
+  $("older").addEventListener("click", () => current && current.loadOlder().catch(showError));
+  $("tab-log").addEventListener("click", () => setTab(true));
+  $("tab-transcript").addEventListener("click", () => setTab(false));
+  $("follow").addEventListener("change", () => current && current.startLog());
+  setInterval(renderRetry, 1000);
+  keep(() => "/api/event", onFeed, {
+    onState: (up) => $("feed-state").classList.toggle("live", up),
+  });
+  loadSessions()
+    .then(() => {
+      const wanted = location.hash.slice(1);
+      if (wanted) return openSession(wanted);
+    })
+    .catch(showError);
+}
+
+main();

@@ -1,0 +1,227 @@
+"""The web console in a real browser: Debian's Chromium, headless, driven by Playwright.
+
+The server is a real ``sessionrt serve`` subprocess with a password; the page
+asks for it and uses it for every call and stream. Screenshots go to
+``$SESSIONRT_TEST_OUTPUT`` (default: the test's tmp directory), never the
+repository.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from serve_proc import serving
+
+pytest.importorskip("playwright")
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+CHROMIUM = "/usr/bin/chromium"
+PASSWORD = "console-pw"
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium"),
+    pytest.mark.timeout(120),
+]
+#: A slow answer: 2 characters every 60 ms, long enough to watch, reload and interrupt.
+SLOW_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
+SLOW = f"#reasoning thinking first\n#delay 60\n#chunk 2\n#text {SLOW_TEXT.strip()}"
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as pw:
+        launched = await pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("SESSIONRT_TEST_OUTPUT", tmp_path / "screenshots"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture
+async def url(tmp_path: Path) -> AsyncIterator[str]:
+    env = {**os.environ, "SESSIONRT_SERVER_PASSWORD": PASSWORD}
+    async with serving(tmp_path / "data", env=env, cwd=tmp_path) as served:
+        yield served.url
+
+
+async def signed_in(browser: Browser, url: str) -> Page:
+    page = await browser.new_page(viewport={"width": 1200, "height": 800})
+    await page.goto(url + "/")
+    dialog = page.locator("#auth")
+    await expect(dialog).to_be_visible()
+    await page.fill("#password", PASSWORD)
+    await page.click("#auth-ok")
+    await expect(dialog).to_be_hidden()
+    await expect(page.locator("#feed-state.live")).to_be_visible()
+    return page
+
+
+async def create(page: Page, title: str) -> str:
+    await page.fill("#new-title", title)
+    await page.click("#create")
+    await expect(page.locator("#session-title")).to_have_text(title)
+    sid = await page.locator("#session-id").text_content()
+    assert sid is not None
+    assert sid.startswith("ses_")
+    await expect(page.locator(f'#sessions li[data-id="{sid}"]')).to_be_visible()
+    return sid
+
+
+async def send(page: Page, text: str, delivery: str = "steer") -> None:
+    await page.fill("#prompt", text)
+    await page.select_option("#delivery", delivery)
+    await page.click("#send")
+
+
+async def log_seqs(page: Page) -> list[int]:
+    cells = await page.locator("#log tbody td.seq").all_text_contents()
+    return [int(c) for c in cells]
+
+
+async def test_the_page_is_same_origin_and_needs_the_password_for_data(
+    browser: Browser, url: str
+) -> None:
+    page = await browser.new_page()
+    response = await page.goto(url + "/")
+    assert response is not None
+    assert response.status == 200
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    # Without the password the page can load, but no data: the API answers 401.
+    status = await page.evaluate("fetch('/api/session').then(r => r.status)")
+    assert status == 401
+    await page.close()
+
+
+async def test_create_prompt_stream_queue_and_interrupt(
+    browser: Browser, url: str, shots: Path
+) -> None:
+    page = await signed_in(browser, url)
+    await create(page, "first demo")
+    await send(page, SLOW)
+    transcript = page.locator("#transcript")
+    await expect(transcript.locator(".msg.user")).to_have_count(1)
+    streaming = transcript.locator(".msg.assistant .text.streaming")
+    await expect(streaming).to_be_visible()  # the answer is streaming in
+    partial = await streaming.text_content() or ""
+    assert 0 < len(partial) < len(SLOW_TEXT.strip())
+    await expect(page.locator("#session-status")).to_have_text("running")
+    await expect(transcript.locator(".msg.assistant .reasoning")).to_have_text("thinking first")
+    # A second prompt, queued: pending while the first runs, then delivered.
+    await send(page, "#text second answer", "queue")
+    pending = page.locator("#inbox li")
+    await expect(pending).to_have_count(1)
+    await expect(pending.first).to_have_attribute("data-delivery", "queue")
+    await page.screenshot(path=shots / "streaming-with-pending.png")
+    final = transcript.locator(".msg.assistant .text", has_text=SLOW_TEXT.strip())
+    await expect(final).to_have_count(1, timeout=30_000)
+    await expect(
+        transcript.locator(".msg.assistant .text", has_text="second answer")
+    ).to_have_count(1, timeout=30_000)
+    await expect(pending).to_have_count(0)
+    await expect(page.locator("#inbox-box")).to_be_hidden()
+    await expect(page.locator("#session-status")).to_have_text("idle")
+    await expect(transcript.locator(".cost").first).to_contain_text("tokens in")
+    # Interrupt a slow run: the status goes back to idle with the run cut short.
+    await send(page, SLOW)
+    await expect(page.locator("#session-status")).to_have_text("running")
+    await expect(transcript.locator(".msg.assistant .text.streaming")).to_be_visible()
+    await page.click("#interrupt")
+    await expect(page.locator("#session-status")).to_have_text("idle")
+    await page.click("#tab-log")
+    await expect(
+        page.locator("#log td.type", has_text="session.execution.interrupted")
+    ).to_have_count(1)
+    await page.screenshot(path=shots / "log-after-interrupt.png")
+    await page.close()
+
+
+async def test_pending_items_can_change_delivery_and_be_cancelled(
+    browser: Browser, url: str
+) -> None:
+    page = await signed_in(browser, url)
+    await create(page, "inbox")
+    await send(page, SLOW)
+    await expect(page.locator("#session-status")).to_have_text("running")
+    await send(page, "#text one", "queue")
+    await send(page, "#text two", "queue")
+    items = page.locator("#inbox li")
+    await expect(items).to_have_count(2)
+    await items.nth(1).locator("button.cancel").click()
+    await expect(items).to_have_count(1)
+    await items.first.locator("button.change").click()  # queue -> steer
+    await expect(items).to_have_count(0, timeout=30_000)  # a steer is taken at the next step
+    await expect(page.locator("#transcript .msg.user", has_text="#text one")).to_have_count(1)
+    await expect(page.locator("#transcript .msg.user", has_text="#text two")).to_have_count(0)
+    await expect(page.locator("#session-status")).to_have_text("idle", timeout=30_000)
+    await page.close()
+
+
+async def test_reload_mid_stream_shows_no_gap_and_no_duplicate(
+    browser: Browser, url: str, shots: Path
+) -> None:
+    page = await signed_in(browser, url)
+    sid = await create(page, "reload")
+    await send(page, SLOW)
+    await expect(page.locator("#transcript .msg.assistant .text.streaming")).to_be_visible()
+    await page.reload()
+    # The password stays for the tab; the session re-opens from the URL's hash.
+    assert page.url.endswith("#" + sid)
+    await expect(page.locator("#session-id")).to_have_text(sid)
+    await page.click("#tab-log")
+    done = page.locator("#log td.type", has_text="session.execution.succeeded")
+    await expect(done).to_have_count(1, timeout=30_000)
+    seqs = await log_seqs(page)
+    assert seqs == list(range(1, len(seqs) + 1))  # every seq once, none missing
+    await page.click("#tab-transcript")
+    answers = page.locator("#transcript .msg.assistant .text")
+    await expect(answers).to_have_count(1)
+    await expect(answers).to_have_text(SLOW_TEXT.strip())
+    await expect(page.locator("#transcript .msg.user")).to_have_count(1)
+    await page.screenshot(path=shots / "after-reload.png")
+    # The log follow resumes without a gap after its stream is cut: turn follow
+    # off, let the session move on, turn it back on.
+    await page.click("#tab-log")
+    await page.uncheck("#follow")
+    await page.evaluate(
+        """([sid, pw]) => fetch(`/api/session/${sid}/prompt`, {method: 'POST',
+        headers: {'Content-Type': 'application/json', Authorization: 'Bearer ' + pw},
+        body: JSON.stringify({text: '#text more'})})""",
+        [sid, PASSWORD],
+    )
+    await page.check("#follow")
+    await expect(done).to_have_count(2, timeout=30_000)
+    seqs = await log_seqs(page)
+    assert seqs == list(range(1, len(seqs) + 1))
+    await page.close()
+
+
+async def test_sessions_list_search_and_unread(browser: Browser, url: str, shots: Path) -> None:
+    page = await signed_in(browser, url)
+    first = await create(page, "alpha project")
+    second = await create(page, "beta project")
+    # Activity in a session not on screen marks it unread in the list.
+    await page.evaluate(
+        """([sid, pw]) => fetch(`/api/session/${sid}/prompt`, {method: 'POST',
+        headers: {'Content-Type': 'application/json', Authorization: 'Bearer ' + pw},
+        body: JSON.stringify({text: '#text hi'})})""",
+        [first, PASSWORD],
+    )
+    await expect(page.locator(f'#sessions li[data-id="{first}"].unread')).to_be_visible()
+    await expect(page.locator(f'#sessions li[data-id="{second}"].current')).to_be_visible()
+    await page.fill("#search", "alpha")
+    await expect(page.locator("#sessions li")).to_have_count(1)
+    await expect(page.locator("#sessions li .title")).to_have_text(re.compile("alpha"))
+    await page.screenshot(path=shots / "search.png")
+    await page.locator(f'#sessions li[data-id="{first}"]').click()
+    await expect(page.locator(f'#sessions li[data-id="{first}"].unread')).to_have_count(0)
+    await page.close()
