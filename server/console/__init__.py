@@ -29,12 +29,13 @@ _TYPES: Final = {
     ".css": "text/css; charset=utf-8",
 }
 #: The files the console is made of; nothing else is served from here.
-ASSETS: Final = ("index.html", "console.js", "console.css")
+ASSETS: Final = ("index.html", "console.js", "console-feed.js", "console.css")
 #: Route names the password does not cover (the page must load to ask for it).
 PUBLIC_ROUTES: Final = frozenset({"console.index", "console.asset"})
 _HEADERS: Final = {
     "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self';"
+        "default-src 'none'; script-src 'self'; worker-src 'self'; style-src 'self';"
+        " connect-src 'self';"
         " img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ),
     "X-Content-Type-Options": "nosniff",

@@ -4,14 +4,19 @@
 // for on the first 401, kept in sessionStorage for this tab) as a Bearer
 // header; streams are read with fetch, since an EventSource cannot send one.
 //
-// Two kinds of streams:
-// - the instance feed (/api/event): session statuses, unread marks and the
-//   live text/reasoning deltas of the open session; on each (re)connection
-//   the list and statuses are read again, since the feed has no replay;
-// - the open session's durable log, followed from a seq (after=, and
-//   Last-Event-ID on reconnection) with events at or below the last seen
-//   seq skipped, so nothing is missed or shown twice. A durable event makes
-//   the page re-read the messages it names: applying one twice is harmless.
+// The browser holds one long-lived stream, the instance feed (/api/event),
+// shared by all console tabs through a SharedWorker (console-feed.js): a
+// browser gives an origin six HTTP/1.1 connections in all, so a stream per
+// view or per tab would leave later tabs waiting forever. The feed brings session
+// statuses, unread marks, the live text/reasoning deltas and the durable
+// events of the open session. Durable events are applied strictly in seq
+// order: the session's log is read (finite reads, `after=` the last applied
+// seq) when the session opens, whenever the feed (re)connects (it has no
+// replay), and whenever a feed event arrives beyond the next seq; feed events
+// at or below the last applied seq are skipped. So nothing is missed or shown
+// twice. A durable event makes the page re-read the message it names, which
+// is harmless to do twice. The log view and its "follow" toggle read the
+// same way, from the last seq they showed.
 "use strict";
 
 const BEYOND = 9007199254740991; // an `after` past any seq: the log answers with log.synced only
@@ -37,6 +42,7 @@ const oneLine = (value, limit = 160) => {
 
 let password = sessionStorage.getItem("sessionrt.password");
 let asking = null;
+let feedPort = null; // the shared feed worker's port
 
 function askPassword() {
   if (!asking) {
@@ -48,6 +54,7 @@ function askPassword() {
         () => {
           password = $("password").value || null;
           if (password) sessionStorage.setItem("sessionrt.password", password);
+          if (feedPort) feedPort.postMessage({ password });
           asking = null;
           resolve();
         },
@@ -219,8 +226,12 @@ function onFeed(frame) {
   const data = envelope.data || {};
   const sid = data.sessionID;
   if (type === "server.connected") {
+    // A (re)connection: what happened while the feed was away is read again.
     loadSessions().catch(showError);
-    if (current) current.refreshAll();
+    if (current) {
+      current.refreshAll();
+      current.catchUp();
+    }
     return;
   }
   if (!sid) return;
@@ -237,6 +248,9 @@ function onFeed(frame) {
     retryAt.delete(sid);
   }
   if (envelope.durable && (!current || current.id !== sid)) unread.add(sid);
+  if (envelope.durable && current && current.id === sid) {
+    current.offer(envelope.durable.seq, type, envelope);
+  }
   if (current && current.id === sid) {
     if (type === "session.text.delta") current.live(data, "text");
     else if (type === "session.reasoning.delta") current.live(data, "reasoning");
@@ -261,18 +275,28 @@ class SessionView {
     this.logRows = 0;
     this.dirty = new Set();
     this.flushTimer = null;
-    this.streams = [];
+    this.control = new AbortController(); // ends this view's reads when it closes
+    this.ready = false; // messages read: durable events may apply
+    this.pending = new Map(); // seq -> [type, envelope] arrived ahead of the next seq
+    this.catching = null; // the log read in progress
+    this.again = false;
+    this.logLive = false; // the log view appends applied events
+    this.logRun = 0;
   }
 
   async start() {
     $("transcript").textContent = "";
     $("log").tBodies[0].textContent = "";
-    const session = sessions.get(this.id) || (await api("GET", "/api/session/" + this.id)).data;
-    $("session-title").textContent = session.title || "";
     $("session-id").textContent = this.id;
+    const known = sessions.get(this.id);
+    const session = known
+      ? Promise.resolve(known)
+      : api("GET", "/api/session/" + this.id).then((answer) => answer.data);
+    session.catch(() => {}); // a missing session fails the log read below, and is shown there
     // The watermark first, then the messages (which include at least that much),
     // then the log from the watermark: nothing falls between the two reads.
     this.lastSeq = await this.watermark();
+    $("session-title").textContent = (await session).title || "";
     const page = await api("GET", `/api/session/${this.id}/message?limit=${PAGE}&order=desc`);
     this.older = page.cursor.next || null;
     for (const message of page.data.slice().reverse()) this.put(message);
@@ -280,20 +304,60 @@ class SessionView {
     this.scrollDown();
     this.renderStatus();
     this.loadInbox();
-    this.streams.push(
-      keep(
-        () => `/api/experimental/session/${this.id}/log?follow=true&after=${this.lastSeq}`,
-        (frame) => this.onDurable(frame),
-        { lastEventId: () => this.lastSeq },
-      ),
-    );
+    this.ready = true;
+    this.catchUp();
     this.startLog();
   }
 
   stop() {
-    for (const control of this.streams) control.abort();
-    if (this.logStream) this.logStream.abort();
+    this.control.abort();
     clearTimeout(this.flushTimer);
+  }
+
+  // A durable event of this session from the feed: applied in seq order only.
+  offer(seq, type, envelope) {
+    if (seq <= this.lastSeq) return;
+    if (this.ready && !this.catching && seq === this.lastSeq + 1) {
+      this.apply(seq, type, envelope);
+      return;
+    }
+    if (this.pending.size < 10000) this.pending.set(seq, [type, envelope]);
+    if (this.ready) this.catchUp();
+  }
+
+  // Read the log from the last applied seq (a finite read), then what waited.
+  async catchUp() {
+    if (!this.ready) return;
+    if (this.catching) {
+      this.again = true;
+      return;
+    }
+    this.catching = true;
+    try {
+      do {
+        this.again = false;
+        await stream(`/api/experimental/session/${this.id}/log?after=${this.lastSeq}`, {
+          signal: this.control.signal,
+          lastEventId: this.lastSeq,
+          onEvent: (frame) => {
+            if (frame.event !== "log.synced") this.apply(Number(frame.id), frame.event, frame.data);
+          },
+        });
+      } while (this.again);
+    } catch (err) {
+      if (!this.control.signal.aborted) showError(err);
+    } finally {
+      this.catching = null;
+    }
+    for (const seq of [...this.pending.keys()].sort((a, b) => a - b)) {
+      const [type, envelope] = this.pending.get(seq);
+      this.pending.delete(seq);
+      if (seq === this.lastSeq + 1) this.apply(seq, type, envelope);
+    }
+    if (this.pending.size) {
+      this.pending.clear();
+      this.catchUp(); // still a hole: read it from the log
+    }
   }
 
   async watermark() {
@@ -323,14 +387,15 @@ class SessionView {
     this.loadInbox();
   }
 
-  // A durable event of this session, from its log.
-  onDurable(frame) {
-    if (frame.event === "log.synced") return;
-    const seq = Number(frame.id);
+  // One durable event, the next in seq order (from the log or the feed).
+  apply(seq, type, envelope) {
     if (!(seq > this.lastSeq)) return; // already applied
     this.lastSeq = seq;
-    const data = (frame.data && frame.data.data) || {};
-    const type = frame.event;
+    if (this.logLive && seq > this.logSeq) {
+      this.logSeq = seq;
+      this.logRow(seq, type, envelope);
+    }
+    const data = (envelope && envelope.data) || {};
     const target = data.assistantMessageID || (type === "session.inbox.delivered" ? data.inboxID : null);
     if (target) {
       this.dirty.add(target);
@@ -523,32 +588,33 @@ class SessionView {
 
   // -- the log view ------------------------------------------------------------------------------
 
-  startLog() {
-    if (this.logStream) this.logStream.abort();
+  // The log view: read from the last row shown until it reaches what the
+  // transcript applied, then (following) take each event as it is applied.
+  async startLog() {
+    const run = ++this.logRun;
+    this.logLive = false;
     const follow = $("follow").checked;
-    const path = () => `/api/experimental/session/${this.id}/log?follow=${follow}&after=${this.logSeq}`;
-    const onEvent = (frame) => {
-      if (frame.event === "log.synced") {
-        $("log-state").textContent = follow ? "following" : "up to date (not following)";
-        return;
-      }
-      const seq = Number(frame.id);
-      if (!(seq > this.logSeq)) return;
-      this.logSeq = seq;
-      this.logRow(seq, frame.event, frame.data);
-    };
-    if (follow) {
-      this.logStream = keep(path, onEvent, {
-        lastEventId: () => this.logSeq,
-        onState: (up) => {
-          if (!up) $("log-state").textContent = "reconnecting…";
-        },
-      });
-    } else {
-      const control = new AbortController();
-      stream(path(), { onEvent, signal: control.signal }).catch(showError);
-      this.logStream = control;
+    $("log-state").textContent = "reading…";
+    try {
+      do {
+        await stream(`/api/experimental/session/${this.id}/log?after=${this.logSeq}`, {
+          signal: this.control.signal,
+          onEvent: (frame) => {
+            if (run !== this.logRun || frame.event === "log.synced") return;
+            const seq = Number(frame.id);
+            if (!(seq > this.logSeq)) return;
+            this.logSeq = seq;
+            this.logRow(seq, frame.event, frame.data);
+          },
+        });
+        if (run !== this.logRun) return;
+      } while (follow && this.logSeq < this.lastSeq);
+    } catch (err) {
+      if (!this.control.signal.aborted) showError(err);
+      return;
     }
+    this.logLive = follow;
+    $("log-state").textContent = follow ? "following" : "up to date (not following)";
   }
 
   logRow(seq, type, envelope) {
@@ -584,6 +650,8 @@ async function openSession(id) {
   renderSessions();
   try {
     await current.start();
+    // When the transcript first stood on screen (ms since navigation), for benchmarks.
+    document.body.dataset.readyMs = String(Math.round(performance.now()));
     document.body.dataset.ready = id;
   } catch (err) {
     showError(err);
@@ -658,15 +726,26 @@ function main() {
   $("tab-transcript").addEventListener("click", () => setTab(false));
   $("follow").addEventListener("change", () => current && current.startLog());
   setInterval(renderRetry, 1000);
-  keep(() => "/api/event", onFeed, {
-    onState: (up) => $("feed-state").classList.toggle("live", up),
-  });
-  loadSessions()
-    .then(() => {
-      const wanted = location.hash.slice(1);
-      if (wanted) return openSession(wanted);
-    })
-    .catch(showError);
+  const onState = (up) => $("feed-state").classList.toggle("live", up);
+  if (typeof SharedWorker === "function") {
+    const worker = new SharedWorker("/console/console-feed.js", { name: "sessionrt-feed" });
+    feedPort = worker.port;
+    feedPort.onmessage = (message) => {
+      const data = message.data || {};
+      if (data.frame) onFeed(data.frame);
+      if ("state" in data) onState(data.state);
+      if (data.auth) askPassword();
+    };
+    feedPort.start();
+    feedPort.postMessage({ password });
+    addEventListener("pagehide", () => feedPort.postMessage({ bye: true }));
+  } else {
+    keep(() => "/api/event", onFeed, { onState }); // one stream per tab
+  }
+  // The list and the session named in the URL load side by side.
+  loadSessions().catch(showError);
+  const wanted = location.hash.slice(1);
+  if (/^ses_\w+$/.test(wanted)) openSession(wanted);
 }
 
 main();

@@ -225,3 +225,34 @@ async def test_sessions_list_search_and_unread(browser: Browser, url: str, shots
     await page.locator(f'#sessions li[data-id="{first}"]').click()
     await expect(page.locator(f'#sessions li[data-id="{first}"].unread')).to_have_count(0)
     await page.close()
+
+
+async def test_a_retry_shows_its_countdown_then_the_answer(browser: Browser, url: str) -> None:
+    page = await signed_in(browser, url)
+    await create(page, "retry")
+    await send(page, "#fail rate-limit retry-after=4000 once\n#text recovered")
+    await expect(page.locator("#session-status")).to_have_text("retrying")
+    await expect(page.locator("#retry")).to_have_text(re.compile(r"retry in [1-4] s"))
+    await expect(page.locator("#transcript .msg.assistant .text")).to_have_text(
+        "recovered", timeout=30_000
+    )
+    await expect(page.locator("#retry")).to_be_hidden()
+    await page.close()
+
+
+async def test_many_tabs_of_one_browser_all_work(browser: Browser, url: str) -> None:
+    # A browser gives an origin six connections; each tab holds one stream only.
+    context = await browser.new_context()
+    await context.add_init_script(f"sessionStorage.setItem('sessionrt.password', '{PASSWORD}')")
+    pages = []
+    for _ in range(8):
+        page = await context.new_page()
+        await page.goto(url + "/")
+        await expect(page.locator("#feed-state.live")).to_be_visible()
+        pages.append(page)
+    sid = await create(pages[-1], "seen everywhere")
+    await send(pages[-1], "#text hello tabs")
+    await expect(pages[-1].locator("#transcript .msg.assistant .text")).to_have_text("hello tabs")
+    for page in pages[:-1]:
+        await expect(page.locator(f'#sessions li[data-id="{sid}"]')).to_be_visible()
+    await context.close()
