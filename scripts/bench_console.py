@@ -70,6 +70,13 @@ def _fill(url: str, sid: str, messages: int) -> int:
     return count
 
 
+def _feed_subscribers(url: str) -> int:
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as response:
+        text = response.read().decode()
+    match = re.search(r'^sessionrt_sse_subscribers\{stream="event"\} (\S+)$', text, re.M)
+    return int(float(match.group(1))) if match else -1
+
+
 def _cpu_rss(pid: int) -> tuple[float, int]:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -115,13 +122,15 @@ async def _measure(args: argparse.Namespace, url: str, pid: int) -> dict[str, An
             wall = await asyncio.to_thread(_workload, url, work, args.prompts)
             cpu1, rss1 = _cpu_rss(pid)
             phases["no consoles"] = {"cpu_s": cpu1 - cpu0, "rss": rss1, "wall_s": wall}
-            context = await browser.new_context()
-            pages = []
+            # One browser context per console: each is its own user with its
+            # own feed stream (tabs of one context share one, see console-feed.js).
+            contexts = []
             for _ in range(args.consoles):
+                context = await browser.new_context()
                 page = await context.new_page()
                 await page.goto(url + "/")
                 await page.wait_for_selector("#feed-state.live", timeout=60_000)
-                pages.append(page)
+                contexts.append(context)
             await asyncio.sleep(1.0)
             cpu2, _ = _cpu_rss(pid)
             wall = await asyncio.to_thread(_workload, url, work, args.prompts)
@@ -192,6 +201,11 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"  {name:<28} cpu {phase['cpu_s']:6.2f} s   rss {phase['rss'] / 2**20:7.1f} MiB"
             f"   wall {phase['wall_s']:6.2f} s"
+            + (
+                f"   feed streams {phase['feed_subscribers']}"
+                if "feed_subscribers" in phase
+                else ""
+            )
         )
     lines += target_lines(
         report["targets"], lambda v, unit: f"{v:.0f} {unit}", heading="targets (informational):"

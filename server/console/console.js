@@ -20,7 +20,7 @@
 "use strict";
 
 const BEYOND = 9007199254740991; // an `after` past any seq: the log answers with log.synced only
-const PAGE = 100; // messages per page
+const FIRST_PAGE = 30; // messages per page: a screenful and more
 const MAX_LOG_ROWS = 2000; // the log view keeps this many rows (older rows leave the page)
 const MAX_OUTPUT = 4000; // characters of a tool output shown
 const MAX_LIVE = 1 << 20; // characters of one streaming block kept before its durable end
@@ -297,7 +297,7 @@ class SessionView {
     // then the log from the watermark: nothing falls between the two reads.
     this.lastSeq = await this.watermark();
     $("session-title").textContent = (await session).title || "";
-    const page = await api("GET", `/api/session/${this.id}/message?limit=${PAGE}&order=desc`);
+    const page = await api("GET", `/api/session/${this.id}/message?limit=${FIRST_PAGE}&order=desc`);
     this.older = page.cursor.next || null;
     for (const message of page.data.slice().reverse()) this.put(message);
     $("older").hidden = !this.older;
@@ -372,6 +372,7 @@ class SessionView {
 
   async loadOlder() {
     if (!this.older) return;
+    // A continuation takes only its cursor (which holds the page size).
     const page = await api("GET", `/api/session/${this.id}/message?cursor=${encodeURIComponent(this.older)}`);
     this.older = page.cursor.next || null;
     const box = $("transcript");
