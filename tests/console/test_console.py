@@ -256,3 +256,34 @@ async def test_many_tabs_of_one_browser_all_work(browser: Browser, url: str) -> 
     for page in pages[:-1]:
         await expect(page.locator(f'#sessions li[data-id="{sid}"]')).to_be_visible()
     await context.close()
+
+
+async def test_a_long_session_opens_at_its_end_and_loads_earlier_messages(
+    browser: Browser, url: str
+) -> None:
+    page = await signed_in(browser, url)
+    sid = await create(page, "long")
+    # 20 prompts with answers: 40 messages, more than the first page holds.
+    await page.evaluate(
+        """async ([sid, pw]) => {
+        const h = {'Content-Type': 'application/json', Authorization: 'Bearer ' + pw};
+        for (let i = 0; i < 20; i++) {
+          await fetch(`/api/session/${sid}/prompt`, {method: 'POST', headers: h,
+            body: JSON.stringify({text: '#text answer ' + i})});
+          await fetch(`/api/experimental/session/${sid}/wait`, {method: 'POST', headers: h});
+        }}""",
+        [sid, PASSWORD],
+    )
+    await page.reload()
+    await expect(page.locator("#session-id")).to_have_text(sid)
+    messages = page.locator("#transcript .msg")
+    await expect(messages.last).to_contain_text("answer 19")
+    first_count = await messages.count()
+    assert first_count < 40
+    await page.click("#older")
+    await expect(page.locator("#older")).to_be_hidden()
+    await expect(messages).to_have_count(40)
+    await expect(messages.first).to_contain_text("#text answer 0")
+    seqs = [int(s) for s in await messages.evaluate_all("ns => ns.map(n => n.dataset.seq)")]
+    assert seqs == sorted(seqs)
+    await page.close()

@@ -64,7 +64,7 @@ async def test_metrics_gauge_open_streams_and_running_sessions(client: Client) -
     await feed.content.readline()
     await log.content.readline()
     await client.post(f"/api/session/{sid}/prompt", json={"text": "#delay 3000\n#text slow"})
-    for _ in range(100):
+    for _ in range(1000):
         now = await scrape(client)
         if now["sessionrt_active_sessions"] == 1:
             break
@@ -74,8 +74,9 @@ async def test_metrics_gauge_open_streams_and_running_sessions(client: Client) -
     assert now['sessionrt_sse_subscribers{stream="log"}'] == 1
     feed.close()
     log.close()
-    await client.post(f"/api/session/{sid}/interrupt")
-    for _ in range(100):
+    interrupted = await client.post(f"/api/session/{sid}/interrupt")
+    assert await interrupted.json() == {"interrupted": True}
+    for _ in range(1000):
         now = await scrape(client)
         if (
             now['sessionrt_sse_subscribers{stream="log"}'] == 0
