@@ -25,6 +25,11 @@ __all__ = [
     "LIVE_TYPES",
     "REGISTRY",
     "AgentSelected",
+    "CompactionDelta",
+    "CompactionEnded",
+    "CompactionFailed",
+    "CompactionReason",
+    "CompactionStarted",
     "EnqueuedItem",
     "ErrorInfo",
     "Event",
@@ -381,6 +386,50 @@ class ToolFailed(Event):
     executed: bool = True
 
 
+# -- compaction -----------------------------------------------------------------------------------
+
+CompactionReason = Literal["auto", "manual"]
+
+
+@attrs.frozen(kw_only=True)
+class CompactionStarted(Event):
+    """A compaction began: ``recent`` is the serialized tail kept (``""`` for a
+    manual one at delivery, published with the control item's delivery)."""
+
+    TYPE = "session.compaction.started"
+    reason: CompactionReason
+    recent: str
+    input_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CompactionEnded(Event):
+    """The summary is durable: the active history restarts from ``text`` + ``recent``.
+
+    Also the instruction epoch's boundary (current instruction values become initial).
+    """
+
+    TYPE = "session.compaction.ended"
+    reason: CompactionReason
+    model: ModelRef
+    provider_state: Mapping[str, Any] | None = None
+    provider_context: Mapping[str, Any] | None = None
+    text: str
+    recent: str
+    cost: float = 0.0
+    tokens: StepTokens = attrs.field(factory=StepTokens)
+
+
+@attrs.frozen(kw_only=True)
+class CompactionFailed(Event):
+    TYPE = "session.compaction.failed"
+    reason: CompactionReason
+    error: ErrorInfo
+    input_id: str | None = None
+    cost: float | None = None
+    tokens: StepTokens | None = None
+
+
 # -- live only: published to followers of the instance feed, never stored ------------------------
 
 
@@ -418,6 +467,15 @@ class ToolProgress(Event):
     assistant_message_id: str
     id: str
     metadata: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class CompactionDelta(Event):
+    """A piece of a compaction's summary as it streams (instance feed only)."""
+
+    TYPE = "session.compaction.delta"
+    DURABLE = False
+    text: str
 
 
 def stored_type(event: Event | type[Event]) -> str:
@@ -458,12 +516,16 @@ REGISTRY: Mapping[str, type[Event]] = {
         ToolSpawned,
         ToolSucceeded,
         ToolFailed,
+        CompactionStarted,
+        CompactionEnded,
+        CompactionFailed,
     )
 }
 
 #: Live-only event types: never stored, so never in :data:`REGISTRY`.
 LIVE_TYPES: Mapping[str, type[Event]] = {
-    cls.TYPE: cls for cls in (TextDelta, ReasoningDelta, ToolInputDelta, ToolProgress)
+    cls.TYPE: cls
+    for cls in (TextDelta, ReasoningDelta, ToolInputDelta, ToolProgress, CompactionDelta)
 }
 
 
