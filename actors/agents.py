@@ -28,6 +28,8 @@ Configuration is TOML. Two owners, two powers:
     system = "You are a careful engineer."
     model = { id = "scripted", providerID = "scripted" }
 
+    compaction = false          # automatic compaction off for this agent
+
     [agents.build.permissions]
     bash = "deny"
 
@@ -81,6 +83,9 @@ class Agent:
     system: str = ""
     permissions: Mapping[str, Decision] = attrs.field(factory=lambda: {"*": "allow"})
     script: str | None = None
+    #: Automatic compaction for sessions of this agent; None follows
+    #: ``[runtime] compaction``.
+    compaction: bool | None = None
 
 
 _BUILTIN: Final[dict[str, Agent]] = {
@@ -223,6 +228,10 @@ def _merge(base: Agent | None, name: str, table: Any, path: Path) -> Agent:
             if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
                 raise InvalidRequestError("steps must be a positive integer", field="steps")
             fields["steps"] = steps
+        if "compaction" in table:
+            if not isinstance(table["compaction"], bool):
+                raise InvalidRequestError("compaction must be true or false", field="compaction")
+            fields["compaction"] = table["compaction"]
         for key in ("system", "script"):
             if key in table:
                 if not isinstance(table[key], str):

@@ -22,32 +22,53 @@ execution with the step's error.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 from actors._threaded import BlockingRunner
 from actors.agents import Agent, AgentCatalogs
 from actors.bus import EventBus
+from actors.compaction import CompactionSettings, Compactor
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
-from actors.inbox import Scope
-from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
+from actors.inbox import Scope, control_head
+from actors.llm import (
+    SCRIPTED_MODEL,
+    ModelLimits,
+    ModelRequest,
+    ProviderRegistry,
+    ToolSpec,
+    with_max_steps,
+)
 from actors.reaper import kill_recorded, stale_failure
 from actors.sessions import Sessions
 from actors.step import StepRunner, retry_policy
 from actors.tools import ToolExecutor, ToolRegistry, permission
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, SessionNotFoundError
-from protocol.shapes import AssistantMessage, ModelRef, Session
+from protocol.shapes import (
+    AssistantMessage,
+    CompactionMessage,
+    InboxItem,
+    ModelRef,
+    Session,
+    SessionMessage,
+)
 from storage import Command, SQLiteStore
 
 __all__ = [
     "AgentUnavailableError",
+    "ControlHandler",
+    "ControlUnsupportedError",
     "InstructionSource",
     "NoInstructions",
     "Runner",
     "StepFailedError",
 ]
+
+
+#: Handles one control item at the head of the inbox (delivers it, does its work).
+ControlHandler = Callable[[Session, InboxItem], Awaitable[None]]
 
 
 class StepFailedError(Exception):
@@ -56,6 +77,12 @@ class StepFailedError(Exception):
     def __init__(self, error: ev.ErrorInfo) -> None:
         super().__init__(error.message)
         self.type = error.type
+
+
+class ControlUnsupportedError(Exception):
+    """A control item this build has no handler for heads the inbox."""
+
+    type: Final = "control.unsupported"
 
 
 class AgentUnavailableError(Exception):
@@ -95,6 +122,8 @@ class Runner:
         retry_base_delay_s: float = 2.0,
         retry_max_delay_s: float = 900.0,
         chat_cache_bytes: int = CHAT_CACHE_BYTES,
+        compaction: CompactionSettings | None = None,
+        model_limits: Callable[[ModelRef], ModelLimits | None] | None = None,
     ) -> None:
         self._store = store
         self._default_model = default_model
@@ -105,6 +134,18 @@ class Runner:
         self._agents = agents
         self._chat = ChatCache(chat_cache_bytes)
         self._instructions = instructions or NoInstructions()
+        retry = retry_policy(retry_base_delay_s, retry_max_delay_s)
+        self._compactor = Compactor(
+            store=store,
+            bus=bus,
+            providers=providers,
+            retry=retry,
+            limits=model_limits or (lambda model: None),
+            settings=compaction,
+        )
+        #: What the runner does with a control item at the head of the inbox,
+        #: by its type (``move`` is registered by Session movement).
+        self._controls: dict[str, ControlHandler] = {"compaction": self._manual_compaction}
         self._steps = StepRunner(
             store=store,
             bus=bus,
@@ -114,8 +155,12 @@ class Runner:
             tools=tools,
             secret_env=secret_env,
             server_dirs=server_dirs,
-            retry=retry_policy(retry_base_delay_s, retry_max_delay_s),
+            retry=retry,
         )
+
+    @property
+    def compactor(self) -> Compactor:
+        return self._compactor
 
     @property
     def chat_cache(self) -> ChatCache:
@@ -127,10 +172,15 @@ class Runner:
         except SessionNotFoundError:
             return  # deleted meanwhile: nothing to run
         await self.fail_stale_tools(session_id)
+        await self._compactor.settle_stale(session_id)
         continuing = False
         first = True
         step = 0
         while True:
+            if await self._control(session, "steer" if continuing else scope):
+                first = False  # handled: the loop goes on from what follows it
+                session = await self._sessions.get(session_id)
+                continue
             delivered = await self._sessions.promote(session_id, "steer" if continuing else scope)
             if delivered:
                 step = 0  # new input resets the allowance, once per batch
@@ -147,17 +197,73 @@ class Runner:
             await self._instructions.prepare(session, agent)
             step += 1
             limited = agent.steps is not None and step >= agent.steps
-            request = await self._request(session, agent, step, limited)
+            history = await self._store.queries.context(session.id)
+            request = await self._request(session, agent, step, limited, history=history)
+            auto = self._compactor.enabled(agent.compaction)
+            if self._compactor.due(history, request, auto) is not None:
+                await self._compactor.run(
+                    session.id,
+                    request.model,
+                    history,
+                    "auto",
+                    script=_script(agent, session.metadata),
+                )
+                request = await self._request(session, agent, step, limited)
+            rebuild = functools.partial(self._request, session, agent, step, limited)
             outcome = await self._steps.run(
                 session,
                 agent,
                 request,
                 limited=limited,
-                rebuild=functools.partial(self._request, session, agent, step, limited),
+                rebuild=rebuild,
+                compact=functools.partial(self._overflow, session, agent, request.model)
+                if auto
+                else None,
             )
             if outcome.error is not None:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
+
+    async def _control(self, session: Session, scope: Scope) -> bool:
+        """Handle the control item due at this boundary, if any; True when one was.
+
+        Promotion never delivers control items and stops before them, so one
+        at the head of the inbox would otherwise stall every later input.
+        """
+        pending = await self._store.queries.inbox(session.id)
+        item = control_head(pending, scope)
+        if item is None:
+            return False
+        handler = self._controls.get(item.type)
+        if handler is None:
+            raise ControlUnsupportedError(f"control item {item.type!r} is not supported")
+        await handler(session, item)
+        return True
+
+    async def _manual_compaction(self, session: Session, item: InboxItem) -> None:
+        started = ev.CompactionStarted(
+            session_id=session.id, reason="manual", recent="", input_id=item.id
+        )
+        if not await self._sessions.inbox.control(session.id, item, started):
+            return  # cancelled meanwhile
+        agent = await self._agent(session)
+        model = session.model or agent.model or self._default_model
+        history = await self._store.queries.context(session.id)
+        await self._compactor.run(
+            session.id,
+            model,
+            history,
+            "manual",
+            script=_script(agent, session.metadata),
+            input_id=item.id,
+        )
+
+    async def _overflow(self, session: Session, agent: Agent, model: ModelRef) -> bool:
+        """The one overflow-triggered compaction of a step."""
+        history = await self._store.queries.context(session.id)
+        return await self._compactor.run(
+            session.id, model, history, "auto", script=_script(agent, session.metadata)
+        )
 
     async def _agent(self, session: Session) -> Agent:
         """The session's agent, sampled before every step like the session itself.
@@ -200,14 +306,23 @@ class Runner:
         return len(stale)
 
     async def _request(
-        self, session: Session, agent: Agent, step: int, limited: bool, native: bool = True
+        self,
+        session: Session,
+        agent: Agent,
+        step: int,
+        limited: bool,
+        native: bool = True,
+        *,
+        history: Sequence[SessionMessage] | None = None,
     ) -> ModelRequest:
         """The step's request from projected history (again for a later attempt).
 
         ``native=False`` leaves out provider-native continuation state: the
-        full rebuild after a provider rejected it.
+        full rebuild after a provider rejected it. ``history`` is the active
+        history when the caller has just read it.
         """
-        history = await self._store.queries.context(session.id)
+        if history is None:
+            history = await self._store.queries.context(session.id)
         # Only what the agent may call is offered; a call to anything else
         # still fails (ToolCalls checks again), but the model is not invited.
         allowed = [t.name for t in self._tools if permission(agent.permissions, t.name) == "allow"]
@@ -235,6 +350,10 @@ class Runner:
         if not history:
             return False
         last = history[-1]
+        if isinstance(last, CompactionMessage):
+            # An automatic one runs right before a step that was due; a manual
+            # one (or one that failed) asked for nothing more.
+            return last.reason == "auto" and last.status == "completed"
         if not isinstance(last, AssistantMessage):
             return True
         return last.finish == "tool-calls" and last.error is None

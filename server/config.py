@@ -29,6 +29,9 @@
     default_model = "local/fake-model"   # PROVIDER/MODEL; scripted when unset
     retry_base_delay_s = 2               # first retry's backoff, doubled per retry
     retry_max_delay_s = 900              # cap on a provider's retry-after
+    compaction = true                    # automatic compaction (an agent may override)
+    compaction_buffer = 20000            # reserved headroom, tokens
+    compaction_tail_tokens = 15000       # recent tail kept verbatim, tokens
 
     [providers.local]                    # real models: see actors/llm/_config.py
     kind = "openai"                      # or "anthropic"
@@ -87,6 +90,9 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "retry_base_delay_s": (int, float),
         "retry_max_delay_s": (int, float),
         "decode_cache_bytes": int,
+        "compaction": bool,
+        "compaction_buffer": int,
+        "compaction_tail_tokens": int,
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.

@@ -44,6 +44,7 @@ __all__ = [
     "TextBlock",
     "ToolBlock",
     "find_script",
+    "find_summary",
     "parse_script",
 ]
 
@@ -65,8 +66,22 @@ FAILURE_KINDS: Final[Mapping[str, type[ProviderError]]] = {
 }
 
 _KEYWORDS: Final = frozenset(
-    {"text", "reasoning", "tool", "delay", "chunk", "fail", "finish", "usage", "step"}
+    {
+        "text",
+        "reasoning",
+        "tool",
+        "delay",
+        "chunk",
+        "fail",
+        "finish",
+        "usage",
+        "step",
+        "summary",
+        "summary-delay",
+    }
 )
+#: Directives of compaction requests; a model step ignores them.
+_SUMMARY_KEYWORDS: Final = frozenset({"summary", "summary-delay"})
 _DIRECTIVE: Final = re.compile(r"#([a-z][a-z-]*)(?:[ \t](.*))?")
 _USAGE_KEYS: Final = {
     "input": "input",
@@ -175,6 +190,32 @@ def find_script(text: str) -> Script | None:
     return script if found else None
 
 
+def find_summary(text: str) -> tuple[str | None, int]:
+    """The ``#summary`` text of ``text`` (the last block of them) and its ``#summary-delay``.
+
+    Consecutive ``#summary`` lines form one block joined by newlines; a later
+    block replaces an earlier one (the newest prompt's wins).
+    """
+    blocks: list[list[str]] = []
+    delay = 0
+    last_was_summary = False
+    for number, raw in enumerate(text.splitlines(), start=1):
+        match = _DIRECTIVE.fullmatch(raw.strip())
+        keyword = match.group(1) if match else None
+        if keyword == "summary" and match is not None:
+            piece = (match.group(2) or "").rstrip()
+            if last_was_summary:
+                blocks[-1].append(piece)
+            else:
+                blocks.append([piece])
+            last_was_summary = True
+            continue
+        last_was_summary = False
+        if keyword == "summary-delay" and match is not None:
+            delay = _int(number, "#summary-delay", (match.group(2) or "").strip(), minimum=0)
+    return ("\n".join(blocks[-1]) if blocks else None), delay
+
+
 def _parse(text: str, *, strict: bool) -> tuple[Script, bool]:
     """The script, and whether ``text`` held any directive at all."""
     steps: list[_StepBuilder] = [_StepBuilder(separator_line=0)]
@@ -192,6 +233,8 @@ def _parse(text: str, *, strict: bool) -> tuple[Script, bool]:
             continue
         seen_directive = True
         keyword, argument = match.group(1), match.group(2) or ""
+        if keyword in _SUMMARY_KEYWORDS:
+            continue  # read by compaction requests only (find_summary)
         if keyword == "step":
             if argument.strip():
                 raise ScriptError(number, "#step takes no argument")
