@@ -47,6 +47,7 @@ BODIES: dict[str, Any] = {
     "session.switchAgent": {"agent": "plan"},
     "session.switchModel": {"model": {"id": "m", "providerID": "scripted"}},
     "session.inbox.update": {"delivery": "steer"},
+    "session.compact": {"delivery": "queue"},
 }
 
 
