@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -98,6 +99,8 @@ CHARS_PER_TOKEN: Final = 4
 TOOL_RESULT_CHARS: Final = 2_000
 #: Per-message estimates kept (count-bounded; the oldest entry goes first).
 ESTIMATE_CACHE_ENTRIES: Final = 65_536
+#: Sessions whose last history (and its running sums) the estimator keeps.
+ESTIMATE_SESSIONS: Final = 256
 
 HEADINGS: Final = (
     "Objective",
@@ -192,11 +195,22 @@ def _anchor_tokens(message: SessionMessage) -> int | None:
 
 
 class Estimator:
-    """Token estimates of a request, incremental over an unchanged history."""
+    """Token estimates of a request, incremental over an unchanged history.
 
-    def __init__(self, max_entries: int = ESTIMATE_CACHE_ENTRIES) -> None:
+    Two bounded caches: per-message estimates by the decoded message's
+    identity (count-bounded, :data:`ESTIMATE_CACHE_ENTRIES`), and per session
+    the last history seen with its running sums (:data:`ESTIMATE_SESSIONS`
+    sessions, least recently used dropped), so an unchanged prefix costs one
+    identity comparison per message, run in C.
+    """
+
+    def __init__(
+        self, max_entries: int = ESTIMATE_CACHE_ENTRIES, max_sessions: int = ESTIMATE_SESSIONS
+    ) -> None:
         self._max = max_entries
+        self._max_sessions = max_sessions
         self._cache: dict[int, tuple[SessionMessage, int]] = {}
+        self._sums: dict[str, tuple[list[SessionMessage], list[int], list[int]]] = {}
 
     def message(self, message: SessionMessage) -> int:
         entry = self._cache.get(id(message))
@@ -208,20 +222,50 @@ class Estimator:
         self._cache[id(message)] = (message, tokens)
         return tokens
 
-    def estimate(self, history: Sequence[SessionMessage], request: ModelRequest) -> int:
-        """The tokens of ``request`` built from ``history`` (the active history)."""
-        for i in range(len(history) - 1, -1, -1):
-            anchored = _anchor_tokens(history[i])
-            if anchored is not None:
-                anchor = history[i]
-                assert isinstance(anchor, AssistantMessage)
-                later = sum(self.message(m) for m in history[i + 1 :])
-                return anchored + _results_tokens(anchor) + later
+    def estimate(
+        self, history: Sequence[SessionMessage], request: ModelRequest, *, anchor: bool = True
+    ) -> int:
+        """The tokens of ``request`` built from ``history`` (the active history).
+
+        ``anchor=False`` ignores reported tokens and counts every message.
+        """
+        sums, anchors = self._track(request.session_id, history)
+        at = anchors[-1] if anchor and anchors else -1
+        if at >= 0:
+            found = history[at]
+            assert isinstance(found, AssistantMessage)
+            reported = _anchor_tokens(found) or 0
+            return reported + _results_tokens(found) + sums[-1] - sums[at]
         fixed = _tokens(sum(map(len, request.system)))
         for tool in request.tools:
             schema = len(orjson.dumps(tool.input_schema))
             fixed += _tokens(len(tool.name) + len(tool.description) + schema)
-        return fixed + sum(self.message(m) for m in history)
+        return fixed + (sums[-1] if sums else 0)
+
+    def _track(
+        self, session_id: str, history: Sequence[SessionMessage]
+    ) -> tuple[list[int], list[int]]:
+        """Running sums and newest-anchor indexes of ``history``, reusing the prefix
+        seen last time for this session (one identity comparison per message)."""
+        seen, sums, anchors = self._sums.pop(session_id, ([], [], []))
+        n = min(len(seen), len(history))
+        if not all(map(operator.is_, history[:n], seen[:n])):
+            n = next(i for i in range(n) if history[i] is not seen[i])
+        del seen[n:], sums[n:], anchors[n:]
+        running = sums[-1] if sums else 0
+        newest = anchors[-1] if anchors else -1
+        for i in range(n, len(history)):
+            m = history[i]
+            running += self.message(m)
+            if _anchor_tokens(m) is not None:
+                newest = i
+            seen.append(m)
+            sums.append(running)
+            anchors.append(newest)
+        if len(self._sums) >= self._max_sessions:
+            self._sums.pop(next(iter(self._sums)))
+        self._sums[session_id] = (seen, sums, anchors)
+        return sums, anchors
 
 
 def select_tail(
