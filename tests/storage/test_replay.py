@@ -8,6 +8,7 @@ a replay into an empty schema, and checks every aggregate's seq is 1..n.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors.inbox import control_head
 from actors.sessions import Sessions
 from protocol import DomainError, Location, ModelRef, SessionQuery
 from protocol import events as ev
@@ -24,7 +26,14 @@ from protocol.requests import (
     SyntheticInput,
     UpdateSessionInput,
 )
-from storage import Command, DivergedError, SeqConflictError, SQLiteStore, rebuild_projections
+from storage import (
+    Command,
+    DivergedError,
+    ProjectionConflict,
+    SeqConflictError,
+    SQLiteStore,
+    rebuild_projections,
+)
 
 pick = st.integers(min_value=0, max_value=50)
 texts = st.text(max_size=12)
@@ -46,6 +55,9 @@ operations = st.lists(
         st.tuples(st.just("agent"), pick, st.sampled_from(["build", "plan"])),
         st.tuples(st.just("model"), pick, st.sampled_from(["m1", "m2"])),
         st.tuples(st.just("remove"), pick),
+        st.tuples(st.just("compact"), pick, fixed_ids, delivery),
+        st.tuples(st.just("control"), pick),
+        st.tuples(st.just("compaction"), pick, st.sampled_from(["start", "end", "fail"])),
     ),
     max_size=40,
 )
@@ -101,8 +113,44 @@ async def run(path: Path, ops: list[tuple[Any, ...]]) -> None:
                     await sessions.remove(session(args[0]))
                     remaining = {s.id for s in (await sessions.list(SessionQuery(limit=200))).data}
                     live[:] = [s for s in live if s in remaining]
+                elif kind == "compact":
+                    await sessions.inbox.compact(session(args[0]), args[1], args[2], resume=False)
+                elif kind == "control":
+                    # What the runner does with a compaction at the inbox head.
+                    sid = session(args[0])
+                    head = control_head(await sessions.pending(sid), "input")
+                    if head is not None:
+                        started = ev.CompactionStarted(
+                            session_id=sid, reason="manual", recent="", input_id=head.id
+                        )
+                        await sessions.inbox.control(sid, head, started)
+                elif kind == "compaction":
+                    await compaction_fact(store, session(args[0]), args[1])
             except DomainError:
                 pass  # refusals are part of the workload; they must leave no trace
+
+
+async def compaction_fact(store: SQLiteStore, sid: str, what: str) -> None:
+    """A compaction's own facts, in or out of turn (out of turn is refused whole)."""
+    event: ev.Event
+    if what == "start":
+        event = ev.CompactionStarted(session_id=sid, reason="auto", recent="[user]\nrecent")
+    elif what == "end":
+        event = ev.CompactionEnded(
+            session_id=sid,
+            reason="auto",
+            model=ModelRef(id="m1", provider_id="scripted"),
+            text="## Objective\nsummary",
+            recent="[user]\nrecent",
+            cost=0.5,
+            tokens=ev.StepTokens(input=3, output=2),
+        )
+    else:
+        event = ev.CompactionFailed(
+            session_id=sid, reason="auto", error=ev.ErrorInfo(type="aborted", message="x")
+        )
+    with contextlib.suppress(ProjectionConflict):
+        await store.append(Command.of(event))
 
 
 def check(path: Path) -> None:
