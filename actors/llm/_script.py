@@ -41,6 +41,7 @@ __all__ = [
     "Script",
     "ScriptError",
     "Step",
+    "Summary",
     "TextBlock",
     "ToolBlock",
     "find_script",
@@ -78,10 +79,11 @@ _KEYWORDS: Final = frozenset(
         "step",
         "summary",
         "summary-delay",
+        "summary-fail",
     }
 )
 #: Directives of compaction requests; a model step ignores them.
-_SUMMARY_KEYWORDS: Final = frozenset({"summary", "summary-delay"})
+_SUMMARY_KEYWORDS: Final = frozenset({"summary", "summary-delay", "summary-fail"})
 _DIRECTIVE: Final = re.compile(r"#([a-z][a-z-]*)(?:[ \t](.*))?")
 _USAGE_KEYS: Final = {
     "input": "input",
@@ -190,20 +192,32 @@ def find_script(text: str) -> Script | None:
     return script if found else None
 
 
-def find_summary(text: str) -> tuple[str | None, int]:
-    """The ``#summary`` text of ``text`` (the last block of them) and its ``#summary-delay``.
+@attrs.frozen(kw_only=True)
+class Summary:
+    """What a compaction request gets from a script: text, pace, a failure."""
+
+    text: str | None = None
+    delay_ms: int = 0
+    failure: Failure | None = None
+
+
+def find_summary(text: str) -> Summary:
+    """The ``#summary`` text of ``text`` (the last block of them), its
+    ``#summary-delay`` and its ``#summary-fail`` (same kinds and options as ``#fail``).
 
     Consecutive ``#summary`` lines form one block joined by newlines; a later
     block replaces an earlier one (the newest prompt's wins).
     """
     blocks: list[list[str]] = []
     delay = 0
+    failure: Failure | None = None
     last_was_summary = False
     for number, raw in enumerate(text.splitlines(), start=1):
         match = _DIRECTIVE.fullmatch(raw.strip())
         keyword = match.group(1) if match else None
-        if keyword == "summary" and match is not None:
-            piece = (match.group(2) or "").rstrip()
+        argument = (match.group(2) or "") if match else ""
+        if keyword == "summary":
+            piece = argument.rstrip()
             if last_was_summary:
                 blocks[-1].append(piece)
             else:
@@ -211,9 +225,13 @@ def find_summary(text: str) -> tuple[str | None, int]:
             last_was_summary = True
             continue
         last_was_summary = False
-        if keyword == "summary-delay" and match is not None:
-            delay = _int(number, "#summary-delay", (match.group(2) or "").strip(), minimum=0)
-    return ("\n".join(blocks[-1]) if blocks else None), delay
+        if keyword == "summary-delay":
+            delay = _int(number, "#summary-delay", argument.strip(), minimum=0)
+        elif keyword == "summary-fail":
+            builder = _StepBuilder(separator_line=number)
+            builder._fail(number, argument)
+            failure = builder.failure
+    return Summary(text="\n".join(blocks[-1]) if blocks else None, delay_ms=delay, failure=failure)
 
 
 def _parse(text: str, *, strict: bool) -> tuple[Script, bool]:

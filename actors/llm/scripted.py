@@ -41,6 +41,9 @@ of ``#``, a keyword, and its argument after one space::
                            (consecutive lines form one block; the last
                            block found wins); a model step ignores it
     #summary-delay <ms>    sleep <ms> before each summary chunk
+    #summary-fail <kind> [opts]  fail the compaction request as #fail would
+                           (``attempts=<n>``/``once`` count the requests of
+                           one compaction)
     #step  or  ---         end the current step and begin the next; a
                            "---" line counts even amid a prompt's prose
                            (once the prompt holds any directive)
@@ -230,26 +233,28 @@ class ScriptedProvider:
     async def _summary(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
         configured = request.metadata.get("script")
         try:
-            text, delay_ms = find_summary(configured if isinstance(configured, str) else "")
-            if text is None:
+            found = find_summary(configured if isinstance(configured, str) else "")
+            if found.text is None and found.failure is None:
                 for message in reversed(request.messages):
                     if message.role == "user":
-                        text, delay_ms = find_summary(message.text)
-                        if text is not None:
+                        found = find_summary(message.text)
+                        if found.text is not None or found.failure is not None:
                             break
         except ScriptError as exc:
             raise InvalidRequestError(f"Invalid script: {exc}") from None
-        if text is None:
-            text = _default_summary(request)
+        attempt = _attempt(request)
+        failure = found.failure
+        if failure is not None and failure.applies(attempt):
+            raise failure.error(f"Scripted {failure.kind} failure (summary, attempt {attempt})")
+        text = found.text if found.text is not None else _default_summary(request)
         yield TextStart(ordinal=0)
         for piece in _chunks(text, DEFAULT_CHUNK):
-            if delay_ms:
-                await self.sleep(delay_ms / 1000)
+            if found.delay_ms:
+                await self.sleep(found.delay_ms / 1000)
             yield TextDelta(ordinal=0, delta=piece)
         yield TextEnd(ordinal=0)
-        yield Finish(
-            reason="stop", usage=_derived_usage(request, [TextBlock(kind="text", text=text)])
-        )
+        usage = _derived_usage(request, [TextBlock(kind="text", text=text)])
+        yield Finish(reason="stop", usage=usage)
 
 
 def _default_summary(request: ModelRequest) -> str:

@@ -409,3 +409,32 @@ def test_runtime_config_knows_limits_of_configured_and_given_models(tmp_path: Pa
     )
     assert cfg.limits(ModelRef(id="other", provider_id="local")) is None
     assert attrs.asdict(cfg)["compaction"] is True
+
+
+async def test_a_compactions_requests_share_one_retry_allowance(
+    tmp_path: Path, workdir: Path, recorder: Recorder
+) -> None:
+    async with Runtime(config(tmp_path, workdir, recorder, retry_base_delay_s=0.001)) as rt:
+        feed = Feed()
+        rt.bus.subscribe(feed)
+        s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+        await ask(rt, s.id, "#summary-fail rate-limit attempts=2\n#summary ## Objective\nfirst")
+        await ask(rt, s.id, "second question")
+        await rt.sessions.compact(s.id)
+        await rt.execution.wait_idle(s.id)
+        ended = await feed.wait("session.compaction.ended", sessionID=s.id)
+        assert ended["data"]["text"] == "## Objective"
+        assert [r.metadata["attempt"] for r in recorder.summaries()] == [1, 2, 3]
+
+        t = await rt.sessions.create(CreateSessionInput(model=MODEL))
+        await ask(rt, t.id, "#summary-fail rate-limit\nfirst")
+        await ask(rt, t.id, "second question")
+        before = len(recorder.summaries())
+        await rt.sessions.compact(t.id)
+        await rt.execution.wait_idle(t.id)
+        failed = await feed.wait("session.compaction.failed", sessionID=t.id)
+        assert failed["data"]["error"]["type"] == "provider.rate-limit"
+        # The first request and four retries, then the compaction gives up.
+        assert len(recorder.summaries()) - before == 5
+        context = await rt.sessions.context(t.id)
+        assert context[0].type == "user"  # no boundary after a failed compaction
