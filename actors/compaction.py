@@ -5,6 +5,7 @@ model-visible request fits the selected model's window (reference §4.8):
 
     output  = min(limits.output, 32000)
     ceiling = limits.context - max(output, buffer)
+              (limits.context - output when that leaves nothing)
     due     = auto and limits known and estimate >= ceiling
               and the last message is not a completed compaction
               and older history exists to summarize
@@ -402,7 +403,10 @@ class Compactor:
         if limits is None:
             return None
         output = min(limits.output, OUTPUT_TOKEN_MAX)
-        return limits.context - max(output, self.settings.buffer)
+        ceiling = limits.context - max(output, self.settings.buffer)
+        # A window smaller than the buffer cannot keep it: only the output is
+        # reserved then, or every step would compact.
+        return ceiling if ceiling > 0 else limits.context - output
 
     def due(
         self, history: Sequence[SessionMessage], request: ModelRequest, auto: bool

@@ -144,8 +144,10 @@ class Runner:
             settings=compaction,
         )
         #: What the runner does with a control item at the head of the inbox,
-        #: by its type (``move`` is registered by Session movement).
-        self._controls: dict[str, ControlHandler] = {"compaction": self._manual_compaction}
+        #: by its type. A handler delivers the item (``Inbox.control``, with
+        #: its own facts in the same command) and does its work; Session
+        #: movement registers ``move`` here.
+        self.controls: dict[str, ControlHandler] = {"compaction": self._manual_compaction}
         self._steps = StepRunner(
             store=store,
             bus=bus,
@@ -234,7 +236,7 @@ class Runner:
         item = control_head(pending, scope)
         if item is None:
             return False
-        handler = self._controls.get(item.type)
+        handler = self.controls.get(item.type)
         if handler is None:
             raise ControlUnsupportedError(f"control item {item.type!r} is not supported")
         await handler(session, item)

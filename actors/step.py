@@ -288,7 +288,7 @@ class StepRunner:
                             error=ev.ErrorInfo(
                                 type=error.type,
                                 message="The request exceeds the model's context window"
-                                " and compacting the session failed",
+                                f" and compacting the session failed: {error.message}",
                             )
                         )
                     assistant_id, started = ids.message_id(), False

@@ -11,6 +11,7 @@ from protocol.shapes import (
     CacheTokens,
     CompactionMessage,
     MessageTime,
+    ModelRef,
     SessionMessage,
     TextPart,
     Tokens,
@@ -95,3 +96,33 @@ def test_serialized_tool_results_are_cut() -> None:
     text = serialize([attrs.evolve(reply(1, "a"), parts=(tool,))])
     assert text.endswith("r" * 10 + "[truncated]")
     assert len(text) < 2100
+
+
+def test_the_ceiling_reserves_output_and_buffer() -> None:
+    from actors.compaction import CompactionSettings, Compactor
+    from actors.llm import ModelLimits
+
+    limits = {
+        "big": ModelLimits(context=200_000, output=64_000),
+        "tiny": ModelLimits(context=1000, output=100),
+    }
+
+    def compactor(buffer: int) -> Compactor:
+        return Compactor(
+            store=None,  # type: ignore[arg-type]
+            bus=None,  # type: ignore[arg-type]
+            providers=None,  # type: ignore[arg-type]
+            retry=None,  # type: ignore[arg-type]
+            limits=lambda m: limits.get(m.id),
+            settings=CompactionSettings(buffer=buffer),
+        )
+
+    def ref(model: str) -> ModelRef:
+        return ModelRef(id=model, provider_id="p")
+
+    # The output reserve is capped at 32,000; the buffer wins when larger.
+    assert compactor(20_000).ceiling(ref("big")) == 200_000 - 32_000
+    assert compactor(50_000).ceiling(ref("big")) == 150_000
+    # A window smaller than the buffer reserves only the output.
+    assert compactor(20_000).ceiling(ref("tiny")) == 900
+    assert compactor(20_000).ceiling(ref("unknown")) is None
