@@ -126,3 +126,35 @@ def test_the_ceiling_reserves_output_and_buffer() -> None:
     # A window smaller than the buffer reserves only the output.
     assert compactor(20_000).ceiling(ref("tiny")) == 900
     assert compactor(20_000).ceiling(ref("unknown")) is None
+
+
+def test_a_control_item_is_due_only_when_nothing_may_deliver_before_it() -> None:
+    from actors.inbox import control_head, select_promotable
+    from protocol.shapes import InboxItem
+
+    def item(n: int, type_: str, delivery: str) -> InboxItem:
+        return InboxItem(
+            id=f"msg_{n}",
+            session_id="ses_a",
+            type=type_,  # type: ignore[arg-type]
+            delivery=delivery,  # type: ignore[arg-type]
+            time_created=n,
+            payload={},
+        )
+
+    steer, queued = item(1, "user", "steer"), item(2, "user", "queue")
+    compaction, queued_compaction = item(3, "compaction", "steer"), item(4, "compaction", "queue")
+    # A steer ahead delivers first; promotion stops before the control item.
+    assert control_head([steer, compaction], "steer") is None
+    assert select_promotable([steer, compaction, item(5, "user", "steer")], "steer") == [steer]
+    # Behind queued input only, a steered control item is due at any boundary.
+    assert control_head([queued, compaction], "steer") is compaction
+    assert control_head([compaction, steer], "steer") is compaction
+    # A queued one waits for the idle boundary, at the head, with no steer pending.
+    assert control_head([queued_compaction], "steer") is None
+    assert control_head([queued_compaction], "input") is queued_compaction
+    assert control_head([queued, queued_compaction], "input") is None
+    assert control_head([queued_compaction, item(6, "user", "steer")], "input") is None
+    move = item(7, "move", "steer")
+    assert control_head([move], "steer") is move
+    assert control_head([], "input") is None
