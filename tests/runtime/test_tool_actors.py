@@ -20,7 +20,9 @@ from proc_groups import alive
 from actors.bus import Envelope
 from actors.runtime import Runtime, RuntimeConfig
 from actors.tools import ToolCallActor
+from protocol import events as ev
 from protocol.requests import PromptInput
+from server.config import load_config, runtime_config
 
 GUARD = 20.0
 SLEEPER = "echo $$ > leader.pid; echo up; sleep 30"
@@ -93,3 +95,41 @@ async def test_shutting_the_runtime_down_mid_call_leaves_no_orphan(
         types = await terminals(rt, s.id)
     assert types.count("session.tool.failed.2") == 1
     assert types.index("session.tool.failed.2") < types.index("session.step.failed.1")
+
+
+CONFIG = """
+[runtime]
+max_tool_threads = 3
+max_blocking_threads = 2
+bash_timeout_s = 1
+bash_max_timeout_s = 1.5
+bash_output_memory_bytes = 2097152
+"""
+
+
+async def test_the_runtime_keys_reach_the_pools_and_bash(
+    tmp_path: Path, workdir: Path, loop_hygiene: None
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG)
+    config = runtime_config(load_config(path), None, fallback_data_dir=tmp_path / "data")
+    config = attrs.evolve(config, default_directory=str(workdir))
+    async with Runtime(config) as rt:
+        assert rt.tool_actors.limit == 3
+        assert rt.blocking.limit == 2
+        s = await rt.sessions.create()
+        # No timeout named: the configured default (1 s) ends it.
+        await rt.sessions.prompt(
+            s.id, PromptInput(text="#tool bash " + json.dumps({"command": "sleep 30"}))
+        )
+        await rt.execution.wait_idle(s.id)
+        # Asking for a minute: clamped to the 1.5 s cap.
+        await rt.sessions.prompt(s.id, prompt("sleep 30"))
+        await rt.execution.wait_idle(s.id)
+        failed = [
+            r for r in await rt.store.read(s.id, limit=1000) if r.type == "session.tool.failed.2"
+        ]
+    errors = [r.event.error for r in failed if isinstance(r.event, ev.ToolFailed)]
+    assert [e.type for e in errors] == ["timeout", "timeout"]
+    assert errors[0].message.startswith("Command timed out after 1 s:")
+    assert errors[1].message.startswith("Command timed out after 1.5 s:")
