@@ -3,7 +3,9 @@
 A step hands each complete call to :class:`ToolCalls`. The call is recorded
 (``session.tool.called``) and awaited durable *before* the tool starts, so a
 crash leaves a known call that recovery fails as stale instead of running it
-twice. Calls then run concurrently as tasks this object owns; their terminals
+twice. Calls then run concurrently as tasks this object owns, each tool in its
+own pykka child actor adopted by this step's :class:`~actors.tools.ToolOwner`
+(its Progress comes back here and is published live); their terminals
 (``tool.success`` / ``tool.failed``) are published one at a time, in the
 order the calls finish. :meth:`ToolCalls.join` collects every outcome and
 :meth:`ToolCalls.cancel` settles every started call: either way no call

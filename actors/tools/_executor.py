@@ -38,9 +38,10 @@ Two ways to stop a call:
   raises ``ToolError(type="aborted")``, and ``execute`` *returns* that failed
   outcome.
 - The task awaiting ``execute`` is cancelled (an interrupt): the child is
-  cancelled (``ctx.cancel``), the call waits until the child has reported (the tool has stopped its
-  subprocess, bounding has finished writing if the tool had already
-  succeeded), and then the cancellation **propagates** out of ``execute``.
+  cancelled (``ctx.cancel``), the call waits until the child has reported
+  (the tool has stopped its subprocess, bounding has finished writing if the
+  tool had already succeeded), and then the cancellation **propagates** out
+  of ``execute``.
   ``execute`` never swallows a cancellation. What it carries depends on how
   the job ended:
 
