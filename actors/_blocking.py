@@ -34,7 +34,7 @@ from typing import Any, Self, TypeVar, TypeVarTuple
 
 from actors._exceptions import ActorDeadError, ActorError
 
-__all__ = ["BlockingExecutor", "wait_out"]
+__all__ = ["BlockingExecutor", "wait_all", "wait_out"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -51,6 +51,23 @@ async def wait_out(future: asyncio.Future[Any]) -> None:
             await asyncio.wait({future})
         except asyncio.CancelledError:
             continue
+
+
+async def wait_all(futures: list[asyncio.Future[Any]]) -> None:
+    """Wait until every one of ``futures`` is done, then re-raise a cancellation that came.
+
+    For owners that must not leave a child behind: a cancel of the caller
+    neither abandons a child nor is lost (like :func:`actors._shield.finish`).
+    """
+    cancelled = False
+    for future in futures:
+        while not future.done():
+            try:
+                await asyncio.wait({future})
+            except asyncio.CancelledError:
+                cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 class _State(enum.Enum):

@@ -52,7 +52,7 @@ from typing import Any, Self
 import attrs
 import pykka
 
-from actors._blocking import wait_out
+from actors._blocking import wait_all, wait_out
 from actors._exceptions import ActorDeadError
 from actors.tools._types import SucceededThenInterrupted, ToolOutcome
 
@@ -182,12 +182,15 @@ class ToolOwner:
         return report
 
     async def stop(self) -> None:
-        """Cancel every child and wait until each one has reported its outcome."""
+        """Cancel every child and wait until each one has reported its outcome.
+
+        A cancellation of the caller does not cut the wait short; it is
+        re-raised once every child has reported.
+        """
         children = list(self._children)
         for child in children:
             child.request_cancel()
-        for child in children:
-            await wait_out(child.done)
+        await wait_all([child.done for child in children])
 
 
 @attrs.frozen(kw_only=True)
@@ -369,13 +372,12 @@ class ToolActors:
         children = list(self._running)
         for child in children:
             child.request_cancel()
-        for child in children:
-            await wait_out(child.done)
+        await wait_all([child.done for child in children])
         spawner, self._spawner = self._spawner, None
         if spawner is not None:
             _ = spawner.stop(block=False)  # never .get() on the loop
         if self._spawner_stopped is not None:
-            await wait_out(self._spawner_stopped)
+            await wait_all([self._spawner_stopped])
         # A thread reports from its last lines; it is gone a moment later.
         for _ in range(5000):
             if not any(t.is_alive() for t in self._exiting):

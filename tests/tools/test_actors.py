@@ -234,3 +234,36 @@ async def test_lifecycle_errors(bounding: OutputBounding, ctx: ToolContext) -> N
     async with runner:
         with pytest.raises(RuntimeError, match="cannot be opened"):
             await runner.__aenter__()
+
+
+async def test_a_cancelled_owner_stop_still_waits_for_every_child_then_raises(
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    release = threading.Event()
+    returned = threading.Event()
+
+    def slow_to_stop(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        loop.call_soon_threadsafe(started.set)
+        ctx.cancel.wait(GUARD)
+        release.wait(GUARD)  # takes its time after the cancel
+        returned.set()
+        raise ToolError("stopped", type="aborted")
+
+    owner = ToolOwner()
+    call = asyncio.create_task(
+        executor_for(runner, bounding, FnTool("t", slow_to_stop)).execute("t", {}, ctx, owner=owner)
+    )
+    async with asyncio.timeout(GUARD):
+        await started.wait()
+    stopping = asyncio.create_task(owner.stop())
+    await asyncio.sleep(0.05)
+    stopping.cancel()
+    await asyncio.sleep(0.05)
+    assert not stopping.done()  # the cancel did not abandon the child
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    assert returned.is_set()
+    assert (await call).error == {"type": "aborted", "message": "stopped"}
