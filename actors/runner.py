@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from actors._threaded import BlockingRunner
+from actors._blocking import BlockingExecutor
 from actors.agents import Agent, AgentCatalogs
 from actors.bus import EventBus
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
@@ -84,7 +84,7 @@ class Runner:
         providers: ProviderRegistry,
         tools: ToolRegistry,
         executor: ToolExecutor,
-        blocking: BlockingRunner,
+        blocking: BlockingExecutor,
         bus: EventBus,
         agents: AgentCatalogs,
         output_dir: Path,

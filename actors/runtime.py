@@ -36,7 +36,7 @@ from typing import Self
 
 import attrs
 
-from actors._threaded import BlockingRunner
+from actors._blocking import BlockingExecutor
 from actors.agents import AgentCatalogs
 from actors.bus import EventBus
 from actors.execution import Execution, Terminal
@@ -54,18 +54,25 @@ from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.runner import InstructionSource, Runner
 from actors.sessions import Sessions
 from actors.tools import (
+    DEFAULT_BASH_TIMEOUT_S,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_LINES,
     OutputBounding,
     ProcessGroup,
     RecordProcess,
     Tool,
+    ToolActors,
     ToolContext,
     ToolError,
     ToolExecutor,
     ToolRegistry,
     builtin_tools,
     run_sweeper,
+)
+from actors.tools.builtin import (
+    DEFAULT_MAX_TIMEOUT_S,
+    DEFAULT_OUTPUT_MEMORY_BYTES,
+    BashTool,
 )
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
@@ -89,7 +96,18 @@ class RuntimeConfig:
     #: Environment variables no tool subprocess inherits, besides the built-in
     #: rule (password, ``*_API_KEY``, ``*TOKEN*`` …): see ``actors.tools.tool_environment``.
     secret_env: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: At most this many tool calls run at once, each in its own pykka child
+    #: actor (one thread each); more wait for a slot (``actors.tools.ToolActors``).
     max_tool_threads: int = 16
+    #: Threads of the plain executor for blocking helpers that are not tool
+    #: calls: catalogue reads, attachments, makedirs, the output sweep.
+    max_blocking_threads: int = 4
+    #: bash: the timeout of a call that names none, and the most one may ask for.
+    bash_timeout_s: float = DEFAULT_BASH_TIMEOUT_S
+    bash_max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S
+    #: bash: output kept in memory per call while it streams; beyond it the
+    #: complete output goes to a managed tool-output file (head and tail kept).
+    bash_output_memory_bytes: int = DEFAULT_OUTPUT_MEMORY_BYTES
     tool_output_max_lines: int = DEFAULT_MAX_LINES
     tool_output_max_bytes: int = DEFAULT_MAX_BYTES
     #: Extra model providers by provider id; the scripted model is always there.
@@ -224,8 +242,20 @@ class Runtime:
             decode_cache_bytes=config.decode_cache_bytes,
         )
         self.bus = EventBus()
-        self.blocking = BlockingRunner(limit=config.max_tool_threads)
-        self.tools = ToolRegistry(builtin_tools() if config.tools is None else config.tools)
+        if config.max_tool_threads < 1 or config.max_blocking_threads < 1:
+            raise ValueError("max_tool_threads and max_blocking_threads must be at least 1")
+        self.blocking = BlockingExecutor(limit=config.max_blocking_threads)
+        self.tool_actors = ToolActors(limit=config.max_tool_threads)
+        bash = BashTool(
+            default_timeout_s=config.bash_timeout_s,
+            max_timeout_s=max(config.bash_max_timeout_s, config.bash_timeout_s),
+            output_memory_bytes=max(
+                config.bash_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
+            ),
+        )
+        self.tools = ToolRegistry(
+            builtin_tools(bash=bash) if config.tools is None else config.tools
+        )
         self.bounding = OutputBounding(
             output_dir=config.tool_output_dir,
             max_lines=config.tool_output_max_lines,
@@ -290,6 +320,7 @@ class Runtime:
                 # Closed after everything that could still stream from them.
                 self._stack.push_async_callback(adapter.aclose)
             await self._stack.enter_async_context(self.blocking)
+            await self._stack.enter_async_context(self.tool_actors)
             if self.config.read_only:
                 await self._stack.enter_async_context(self.store)
                 self.bus.attach(self.store)
@@ -311,7 +342,10 @@ class Runtime:
                 providers=self.providers,
                 tools=self.tools,
                 executor=ToolExecutor(
-                    self.tools, self.blocking, self.bounding, record=_process_recorder(self.store)
+                    self.tools,
+                    self.tool_actors,
+                    self.bounding,
+                    record=_process_recorder(self.store),
                 ),
                 blocking=self.blocking,
                 bus=self.bus,

@@ -3,7 +3,9 @@
 A step hands each complete call to :class:`ToolCalls`. The call is recorded
 (``session.tool.called``) and awaited durable *before* the tool starts, so a
 crash leaves a known call that recovery fails as stale instead of running it
-twice. Calls then run concurrently as tasks this object owns; their terminals
+twice. Calls then run concurrently as tasks this object owns, each tool in its
+own pykka child actor adopted by this step's :class:`~actors.tools.ToolOwner`
+(its Progress comes back here and is published live); their terminals
 (``tool.success`` / ``tool.failed``) are published one at a time, in the
 order the calls finish. :meth:`ToolCalls.join` collects every outcome and
 :meth:`ToolCalls.cancel` settles every started call: either way no call
@@ -33,19 +35,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from actors._shield import finish
 from actors.agents import Agent
 from actors.bus import EventBus
 from actors.llm import TOOLS_DISABLED_ERROR, ToolCall
 from actors.tools import (
+    Progress,
     SucceededThenInterrupted,
     ToolContext,
     ToolExecutor,
     ToolOutcome,
+    ToolOwner,
     permission,
 )
 from protocol import events as ev
@@ -95,6 +98,8 @@ class ToolCalls:
         #: Calls whose task began to run (so the tool may have executed).
         self._ran: set[str] = set()
         self._terminals = asyncio.Lock()
+        #: The step's child actors, one per running call; they report Progress here.
+        self._owner = ToolOwner(on_progress=self._progress)
 
     def input_started(self, call_id: str, name: str) -> None:
         self._unfinished[call_id] = name
@@ -133,10 +138,20 @@ class ToolCalls:
         """Every started call's outcome, in the order the calls were made."""
         return [await task for task in self._tasks.values()]
 
+    @property
+    def owner(self) -> ToolOwner:
+        """The step's books of its child actors (one per running local call)."""
+        return self._owner
+
     async def cancel(self) -> None:
-        """Cancel the running calls and wait until each has a durable terminal."""
+        """Stop the running calls and wait until each has a durable terminal.
+
+        Stopping the owner stops its children: each is cancelled, and this
+        returns only after every child has reported and every call settled.
+        """
         for task in self._tasks.values():
             task.cancel()
+        await self._owner.stop()
         for task in self._tasks.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -173,13 +188,14 @@ class ToolCalls:
                 directory=Path(session.location.directory),
                 output_dir=self._output_dir,
                 cancel=threading.Event(),
-                progress=self._progress(call.id),
                 config_writes=permission(self._agent.permissions, "config") == "allow",
                 secret_env=self._secret_env,
                 server_dirs=self._server_dirs,
             )
             try:
-                outcome = await self._executor.execute(call.name, call.input, ctx)
+                outcome = await self._executor.execute(
+                    call.name, call.input, ctx, owner=self._owner
+                )
             except SucceededThenInterrupted as late:
                 # The tool's operation happened: its success is the settlement.
                 await finish(self._terminal(call.id, late.outcome))
@@ -224,19 +240,13 @@ class ToolCalls:
             await self._journal.durable(event)
             del self._open[call_id]
 
-    def _progress(self, call_id: str) -> Any:
-        loop = asyncio.get_running_loop()
-        bus = self._bus
-        session_id, assistant_id = self._session.id, self._assistant_id
-
-        def report(metadata: Mapping[str, Any]) -> None:  # called on the tool's thread
-            event = ev.ToolProgress(
-                session_id=session_id,
-                assistant_message_id=assistant_id,
-                id=call_id,
-                metadata=dict(metadata),
+    def _progress(self, message: Progress) -> None:
+        """A child's Progress (on the loop): published live, never stored."""
+        self._bus.live(
+            ev.ToolProgress(
+                session_id=self._session.id,
+                assistant_message_id=self._assistant_id,
+                id=message.call_id,
+                metadata=dict(message.metadata),
             )
-            with contextlib.suppress(RuntimeError):  # loop closed: nobody listens
-                loop.call_soon_threadsafe(bus.live, event)
-
-        return report
+        )
