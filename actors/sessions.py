@@ -94,7 +94,7 @@ class Sessions:
     ) -> None:
         self._store = store
         #: The tool calls of this process waiting for a permission reply.
-        self._waiters = waiters or PermissionWaiters()
+        self._waiters = PermissionWaiters() if waiters is None else waiters
         self._stop = stop
         self._locks = KeyedLock()
         self._blocking = blocking

@@ -200,7 +200,7 @@ class StepRunner:
         retry: RetryPolicy | None = None,
         waiters: PermissionWaiters | None = None,
     ) -> None:
-        self._waiters = waiters or PermissionWaiters()
+        self._waiters = PermissionWaiters() if waiters is None else waiters
         self._store = store
         self._secret_env = secret_env
         self._server_dirs = server_dirs

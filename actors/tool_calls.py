@@ -98,7 +98,7 @@ class ToolCalls:
         waiters: PermissionWaiters | None = None,
         session_rules: SessionRules = _no_rules,
     ) -> None:
-        self._waiters = waiters or PermissionWaiters()
+        self._waiters = PermissionWaiters() if waiters is None else waiters
         self._session_rules = session_rules
         self._journal = journal
         self._session = session
