@@ -31,7 +31,8 @@ The run, on a fresh temporary directory (``--keep`` keeps it and prints its path
      was sent (so before, while or after the reply commits).
 
    Sessions run under the agent ``crashsim`` (``DIR/data/agents.toml``), whose bash rule
-   asks for any command line holding the simple command ``true ASK`` and allows the rest.
+   asks for any command line holding a simple command ``true ASK <marker>`` and allows
+   the rest (an ``always`` answer allows just that call's command again).
    About a third of the tool calls carry it. An answerer polls
    ``GET /api/session/{id}/permission`` in every boot (the final one too) and answers
    each request after a random pause, at random ``once``, ``always`` or ``reject``.
@@ -68,10 +69,11 @@ Checks (:func:`check_database`, importable; each finding is a :class:`Violation`
 (e) ``storage.rebuild.rebuild_projections``: stored projections == rebuilt;
 (f) permissions (:func:`check_permissions`): no call runs unasked: a marker whose call
     carries ``true ASK`` has a start line only if its ``session.permission.asked`` has a
-    ``once``/``always`` reply committed before the line was written; a rejected call never
-    runs and never succeeds; a request has at most one reply, and every reply follows its
-    request; each asked call settles exactly once (checked by (c)); after the settle no
-    request is left pending.
+    ``once``/``always`` reply committed before the line was written, or an earlier
+    ``always`` reply in its session has a pattern matching the call's asked command; a
+    rejected call never runs and never succeeds; a request has at most one reply, and
+    every reply follows its request; each asked call settles exactly once (checked by
+    (c)); after the settle no request is left pending.
 
 Plus the API (final boot): every receipt is pending in ``inbox`` or delivered in
 ``messages``, and nothing is left active. A server that fails to start after a crash is a
@@ -118,6 +120,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from actors.recovery import DEFAULT_MAX_ATTEMPTS
+from actors.tools._permission import matches, simple_commands
 from protocol.client import Client, ClientError
 from protocol.errors import DomainError
 from protocol.operations import InterruptQuery, MessagesQuery, PermissionReplyInput
@@ -148,7 +151,7 @@ AGENT: Final = "crashsim"
 ASK: Final = "true ASK"
 AGENTS_TOML: Final = f"""
 [agents.{AGENT}.permissions]
-bash = {{ "*" = "allow", "{ASK}" = "ask" }}
+bash = {{ "*" = "allow", "{ASK} *" = "ask" }}
 """
 MARKER: Final = re.compile(r"\bCSM_[0-9A-Za-z_]+")
 START_TIMEOUT_S: Final = 30.0
@@ -506,6 +509,7 @@ def check_permissions(
     asks_of: dict[CallKey, list[Event]] = collections.defaultdict(list)
     replies: dict[str, list[Event]] = collections.defaultdict(list)
     calls: dict[str, CallKey] = {}
+    commands: dict[CallKey, str] = {}
     ask_calls: set[CallKey] = set()
     terminals: dict[CallKey, list[Event]] = collections.defaultdict(list)
     for e in events:
@@ -520,6 +524,7 @@ def check_permissions(
         elif e.type == "session.tool.called":
             key = (e.aggregate_id, e.data["assistantMessageID"], e.data["id"])
             command = str(e.data.get("input", {}).get("command", ""))
+            commands[key] = command
             if ASK in command:
                 ask_calls.add(key)
             for marker in set(MARKER.findall(command)):
@@ -541,7 +546,23 @@ def check_permissions(
             if r.data["reply"] in ("once", "always")
         ]
         if not asks_of.get(key):
-            out.append(Violation("permission.ran-unasked", f"{marker} {key}: never asked, ran"))
+            command = commands[key]
+            granted = any(
+                r.data["reply"] == "always"
+                and r.aggregate_id == key[0]
+                and r.created <= line.ms
+                and any(
+                    matches(pattern, simple)
+                    for pattern in asked[pid].data.get("always", ())
+                    for simple in simple_commands(command)
+                    if simple.startswith(ASK)
+                )
+                for pid, answers in replies.items()
+                if pid in asked
+                for r in answers
+            )
+            if not granted:
+                out.append(Violation("permission.ran-unasked", f"{marker} {key}: never asked, ran"))
         elif not allowed:
             out.append(Violation("permission.ran-unallowed", f"{marker} {key}: no allowing reply"))
         elif line.ms < min(r.created for r in allowed):
@@ -898,7 +919,9 @@ class Sim:
             f'echo "D {marker} {stamp} >> {ledger}'
         )
         if ask or (ask is None and rng.random() < 0.35):
-            command = f"{ASK}; {command}"
+            # The marker makes the asked simple command unique to this call: an
+            # "always" answer covers only this call's own command.
+            command = f"{ASK} {marker}; {command}"
         return "#tool bash " + json.dumps({"command": command})
 
     def text(
