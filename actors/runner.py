@@ -119,6 +119,7 @@ class Runner:
             server_dirs=server_dirs,
             retry=retry_policy(retry_base_delay_s, retry_max_delay_s),
             waiters=waiters,
+            blocking=blocking.run,
         )
 
     @property

@@ -72,7 +72,7 @@ from actors.llm import (
     ToolInputStart,
 )
 from actors.permissions import PermissionWaiters
-from actors.tool_calls import ToolCalls
+from actors.tool_calls import Blocking, ToolCalls
 from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids
@@ -199,7 +199,9 @@ class StepRunner:
         server_dirs: tuple[Path, ...] = (),
         retry: RetryPolicy | None = None,
         waiters: PermissionWaiters | None = None,
+        blocking: Blocking | None = None,
     ) -> None:
+        self._blocking = blocking
         self._waiters = PermissionWaiters() if waiters is None else waiters
         self._store = store
         self._secret_env = secret_env
@@ -312,6 +314,7 @@ class StepRunner:
             secret_env=self._secret_env,
             server_dirs=self._server_dirs,
             waiters=self._waiters,
+            blocking=self._blocking,
             session_rules=functools.partial(self._store.queries.permission_rules, session.id),
         )
         return step

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -49,7 +50,7 @@ from actors._shield import finish
 from actors.agents import Agent
 from actors.bus import EventBus
 from actors.llm import TOOLS_DISABLED_ERROR, ToolCall
-from actors.permissions import Check, PermissionWaiters, judge, summary
+from actors.permissions import FILE_TOOLS, Check, PermissionWaiters, judge, summary
 from actors.tools import (
     SucceededThenInterrupted,
     ToolContext,
@@ -68,8 +69,16 @@ __all__ = ["Journal", "SessionRules", "ToolCalls"]
 SessionRules = Callable[[], Awaitable[Sequence[tuple[str, str]]]]
 
 
+#: Runs a blocking callable off the loop (the runtime's bounded BlockingRunner).
+Blocking = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
 async def _no_rules() -> Sequence[tuple[str, str]]:
     return ()
+
+
+async def _to_thread(fn: Callable[[], Any]) -> Any:
+    return await asyncio.to_thread(fn)
 
 
 class Journal(Protocol):
@@ -97,7 +106,10 @@ class ToolCalls:
         server_dirs: tuple[Path, ...],
         waiters: PermissionWaiters | None = None,
         session_rules: SessionRules = _no_rules,
+        blocking: Blocking | None = None,
     ) -> None:
+        #: Where path resolution for a file tool's permission runs (it reads symlinks).
+        self._blocking: Blocking = _to_thread if blocking is None else blocking
         self._waiters = PermissionWaiters() if waiters is None else waiters
         self._session_rules = session_rules
         self._journal = journal
@@ -226,7 +238,7 @@ class ToolCalls:
         """
         agent = self._agent
         rules = await self._session_rules()
-        checks = await asyncio.to_thread(
+        judged = functools.partial(
             judge,
             agent.permissions,
             rules,
@@ -235,6 +247,8 @@ class ToolCalls:
             directory=Path(self._session.location.directory),
             output_dir=self._output_dir,
         )
+        # Only a file tool's path is resolved (blocking: it reads symlinks).
+        checks = await self._blocking(judged) if call.name in FILE_TOOLS else judged()
         external: list[Path] = []
         for check in checks:
             if check.decision == "deny":
