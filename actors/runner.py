@@ -32,10 +32,12 @@ from actors.bus import EventBus
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
 from actors.inbox import Scope
 from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
+from actors.permissions import PermissionWaiters
 from actors.reaper import kill_recorded, stale_failure
 from actors.sessions import Sessions
 from actors.step import StepRunner, retry_policy
-from actors.tools import ToolExecutor, ToolRegistry, permission
+from actors.tools import ToolExecutor, ToolRegistry
+from actors.tools._permission import offered
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, SessionNotFoundError
 from protocol.shapes import AssistantMessage, ModelRef, Session
@@ -95,6 +97,7 @@ class Runner:
         retry_base_delay_s: float = 2.0,
         retry_max_delay_s: float = 900.0,
         chat_cache_bytes: int = CHAT_CACHE_BYTES,
+        waiters: PermissionWaiters | None = None,
     ) -> None:
         self._store = store
         self._default_model = default_model
@@ -115,6 +118,8 @@ class Runner:
             secret_env=secret_env,
             server_dirs=server_dirs,
             retry=retry_policy(retry_base_delay_s, retry_max_delay_s),
+            waiters=waiters,
+            blocking=blocking.run,
         )
 
     @property
@@ -210,7 +215,7 @@ class Runner:
         history = await self._store.queries.context(session.id)
         # Only what the agent may call is offered; a call to anything else
         # still fails (ToolCalls checks again), but the model is not invited.
-        allowed = [t.name for t in self._tools if permission(agent.permissions, t.name) == "allow"]
+        allowed = [t.name for t in self._tools if offered(agent.permissions, t.name)]
         metadata: dict[str, Any] = {"step": step, "attempt": 1}
         script = _script(agent, session.metadata)
         if script is not None:

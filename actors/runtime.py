@@ -50,6 +50,7 @@ from actors.llm import (
     build_providers,
 )
 from actors.locations import DirectoryRules
+from actors.permissions import PermissionWaiters
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.runner import InstructionSource, Runner
 from actors.sessions import Sessions
@@ -280,6 +281,8 @@ class Runtime:
             except InvalidRequestError as exc:
                 raise ValueError(f"default_model: {exc}") from None
         self.agents = AgentCatalogs((config.agents_file,), self.blocking.run)
+        #: Tool calls waiting for a permission reply (answered through sessions).
+        self.permission_waiters = PermissionWaiters()
         self.sessions = Sessions(
             self.store,
             wake=self._wake,
@@ -289,6 +292,7 @@ class Runtime:
             directories=self.directories,
             check_model=self.providers.check,
             agents=self.agents,
+            waiters=self.permission_waiters,
         )
         self._execution: Execution | None = None
         self.recovery = RecoveryReport()
@@ -359,6 +363,7 @@ class Runtime:
                 retry_base_delay_s=self.config.retry_base_delay_s,
                 retry_max_delay_s=self.config.retry_max_delay_s,
                 chat_cache_bytes=self.config.decode_cache_bytes,
+                waiters=self.permission_waiters,
             )
             self.runner = runner
             sweeper = asyncio.get_running_loop().create_task(

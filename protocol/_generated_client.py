@@ -10,6 +10,7 @@ from typing import Final
 from protocol._client_group import APIGroup
 from protocol._client_http import CallOptions, Connection
 from protocol._client_stream import EventStream
+from protocol.events import PermissionAsked
 from protocol.operations import (
     ActiveSession,
     AgentInput,
@@ -19,6 +20,7 @@ from protocol.operations import (
     LogQuery,
     MessagesQuery,
     ModelInput,
+    PermissionReplyInput,
     SessionListQuery,
     by_id,
 )
@@ -43,6 +45,8 @@ _SESSION_SWITCH_MODEL: Final = by_id("session.switchModel")
 _SESSION_INBOX_LIST: Final = by_id("session.inbox.list")
 _SESSION_INBOX_CANCEL: Final = by_id("session.inbox.cancel")
 _SESSION_INBOX_UPDATE: Final = by_id("session.inbox.update")
+_SESSION_PERMISSION_LIST: Final = by_id("session.permission.list")
+_SESSION_PERMISSION_REPLY: Final = by_id("session.permission.reply")
 _SESSION_MESSAGES: Final = by_id("session.messages")
 _SESSION_MESSAGE_GET: Final = by_id("session.message.get")
 _SESSION_CONTEXT: Final = by_id("session.context")
@@ -361,6 +365,45 @@ class SessionsAPI(APIGroup):
         await self._call(
             _SESSION_INBOX_UPDATE,
             path_params={"sessionID": session_id, "inboxID": inbox_id},
+            body=input,
+            options=options,
+        )
+
+    async def permissions(
+        self,
+        session_id: str,
+        *,
+        options: CallOptions | None = None,
+    ) -> tuple[PermissionAsked, ...]:
+        """Tool calls waiting for a permission reply, oldest first.
+
+        ``GET /api/session/{sessionID}/permission`` (session.permission.list). Errors:
+        InvalidRequestError, UnauthorizedError, SessionNotFoundError.
+        """
+        result: tuple[PermissionAsked, ...] = await self._call(
+            _SESSION_PERMISSION_LIST,
+            path_params={"sessionID": session_id},
+            options=options,
+        )
+        return result
+
+    async def reply_permission(
+        self,
+        session_id: str,
+        permission_id: str,
+        input: PermissionReplyInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Answer a permission request: once, always (for this session) or reject.
+
+        ``POST /api/session/{sessionID}/permission/{permissionID}`` (session.permission.reply).
+        Errors: InvalidRequestError, UnauthorizedError, SessionNotFoundError,
+        PermissionNotFoundError, ConflictError.
+        """
+        await self._call(
+            _SESSION_PERMISSION_REPLY,
+            path_params={"sessionID": session_id, "permissionID": permission_id},
             body=input,
             options=options,
         )

@@ -40,6 +40,9 @@ __all__ = [
     "InterruptReason",
     "MetadataUpdated",
     "ModelSelected",
+    "PermissionAsked",
+    "PermissionReplied",
+    "PermissionReply",
     "ReasoningDelta",
     "ReasoningEnded",
     "ReasoningStarted",
@@ -381,6 +384,41 @@ class ToolFailed(Event):
     executed: bool = True
 
 
+PermissionReply = Literal["once", "always", "reject"]
+
+
+@attrs.frozen(kw_only=True)
+class PermissionAsked(Event):
+    """A tool call waits for a person's answer before it may run.
+
+    Durable after the call's ``tool.called`` and before anything runs.
+    ``permission`` is the rule key that said ``ask`` (the tool's name, or
+    ``external_directory``); ``patterns`` are the subjects it judged (bash
+    simple commands, paths), ``always`` the patterns an ``always`` reply
+    allows for the rest of the session, ``summary`` a short, bounded text of
+    the call's input for a person to read.
+    """
+
+    TYPE = "session.permission.asked"
+    id: str
+    tool: str
+    call_id: str
+    assistant_message_id: str
+    permission: str
+    summary: str
+    patterns: tuple[str, ...]
+    always: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class PermissionReplied(Event):
+    """The answer to one :class:`PermissionAsked`; ``always`` also records a session rule."""
+
+    TYPE = "session.permission.replied"
+    id: str
+    reply: PermissionReply
+
+
 # -- live only: published to followers of the instance feed, never stored ------------------------
 
 
@@ -458,6 +496,8 @@ REGISTRY: Mapping[str, type[Event]] = {
         ToolSpawned,
         ToolSucceeded,
         ToolFailed,
+        PermissionAsked,
+        PermissionReplied,
     )
 }
 

@@ -25,6 +25,7 @@ from typing import Any, Final, Literal
 import attrs
 
 from protocol import errors as e
+from protocol.events import PermissionAsked, PermissionReply
 from protocol.ids import IdKind
 from protocol.requests import (
     CreateSessionInput,
@@ -46,6 +47,7 @@ __all__ = [
     "ModelInput",
     "Operation",
     "OutputKind",
+    "PermissionReplyInput",
     "SessionListQuery",
     "by_id",
 ]
@@ -107,6 +109,11 @@ class DeliveryInput:
 
 
 @attrs.frozen(kw_only=True)
+class PermissionReplyInput:
+    reply: PermissionReply
+
+
+@attrs.frozen(kw_only=True)
 class InterruptResult:
     interrupted: bool
 
@@ -119,7 +126,12 @@ class ActiveSession:
 # -- the table --------------------------------------------------------------------------------
 
 _PARAM: Final = re.compile(r"{(\w+)}")
-_ID_KINDS: Final[dict[str, IdKind]] = {"sessionID": "ses", "inboxID": "msg", "messageID": "msg"}
+_ID_KINDS: Final[dict[str, IdKind]] = {
+    "sessionID": "ses",
+    "inboxID": "msg",
+    "messageID": "msg",
+    "permissionID": "per",
+}
 
 #: Every route can fail these: a malformed request, or missing credentials.
 COMMON_ERRORS: Final[tuple[type[e.DomainError], ...]] = (e.InvalidRequestError, e.UnauthorizedError)
@@ -323,6 +335,26 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         output_kind="no_content",
         errors=(*_NF, e.ConflictError),
         client=("sessions", "change_delivery"),
+    ),
+    Operation(
+        id="session.permission.list",
+        method="GET",
+        path="/api/session/{sessionID}/permission",
+        summary="Tool calls waiting for a permission reply, oldest first",
+        output_kind="items",
+        output=PermissionAsked,
+        errors=_NF,
+        client=("sessions", "permissions"),
+    ),
+    Operation(
+        id="session.permission.reply",
+        method="POST",
+        path="/api/session/{sessionID}/permission/{permissionID}",
+        summary="Answer a permission request: once, always (for this session) or reject",
+        body=PermissionReplyInput,
+        output_kind="no_content",
+        errors=(*_NF, e.PermissionNotFoundError, e.ConflictError),
+        client=("sessions", "reply_permission"),
     ),
     Operation(
         id="session.messages",

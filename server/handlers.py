@@ -23,6 +23,7 @@ from protocol.operations import (
     InterruptResult,
     MessagesQuery,
     ModelInput,
+    PermissionReplyInput,
     SessionListQuery,
 )
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput, UpdateSessionInput
@@ -140,6 +141,17 @@ async def inbox_update(call: Call) -> Any:
     )
 
 
+async def permission_list(call: Call) -> Any:
+    return await call.runtime.sessions.permissions(call.session_id)
+
+
+async def permission_reply(call: Call) -> Any:
+    body: PermissionReplyInput = call.body
+    await call.runtime.sessions.reply_permission(
+        call.session_id, call.path["permissionID"], body.reply
+    )
+
+
 async def session_messages(call: Call) -> Any:
     q: MessagesQuery = call.query or MessagesQuery()
     return await call.runtime.sessions.messages(
@@ -172,6 +184,8 @@ HANDLERS: dict[str, Handler] = {
     "session.inbox.list": inbox_list,
     "session.inbox.cancel": inbox_cancel,
     "session.inbox.update": inbox_update,
+    "session.permission.list": permission_list,
+    "session.permission.reply": permission_reply,
     "session.messages": session_messages,
     "session.message.get": session_message,
     "session.context": session_context,

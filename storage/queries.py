@@ -14,6 +14,7 @@ import attrs
 import orjson
 
 from protocol import codec
+from protocol import events as ev
 from protocol.cursor import (
     Direction,
     MessageAnchor,
@@ -280,6 +281,32 @@ class Queries:
             )
             for r in rows
         ]
+
+    async def permission_requests(self, session_id: str) -> list[ev.PermissionAsked]:
+        """The session's unanswered permission requests, oldest first (at most 1,000)."""
+        rows = await self._fetch(
+            "SELECT data FROM session_permission WHERE session_id = ? AND status = 'pending'"
+            " ORDER BY asked_seq LIMIT 1000",
+            (session_id,),
+        )
+        return [codec.from_json(ev.PermissionAsked, orjson.loads(r[0])) for r in rows]
+
+    async def permission_status(self, session_id: str, permission_id: str) -> str | None:
+        """``pending``, a reply, or ``expired``; None for an id this session never asked."""
+        rows = await self._fetch(
+            "SELECT status FROM session_permission WHERE session_id = ? AND id = ?",
+            (session_id, permission_id),
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def permission_rules(self, session_id: str) -> list[tuple[str, str]]:
+        """``(permission, pattern)`` the session allowed with ``always`` replies, in order."""
+        rows = await self._fetch(
+            "SELECT permission, j.value FROM session_permission, json_each(data, '$.always') j"
+            " WHERE session_id = ? AND status = 'always' ORDER BY asked_seq, j.key LIMIT 10000",
+            (session_id,),
+        )
+        return [(str(r[0]), str(r[1])) for r in rows]
 
     async def open_step(self, session_id: str) -> str | None:
         """The newest assistant message when its step has no terminal (cut off by a crash).

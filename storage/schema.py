@@ -114,8 +114,28 @@ CREATE TABLE tool_process (
 CREATE INDEX tool_process_session ON tool_process (session_id);
 """
 
+# v5: permission requests (``session.permission.asked``): ``pending`` until
+# replied (``once``/``always``/``reject``) or until the call settled without an
+# answer (``expired``). ``always`` rows are the session's recorded rules.
+_V5: Final = """
+CREATE TABLE session_permission (
+    id           TEXT PRIMARY KEY,
+    session_id   TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
+    message_id   TEXT NOT NULL,
+    call_id      TEXT NOT NULL,
+    permission   TEXT NOT NULL,
+    status       TEXT NOT NULL
+        CHECK (status IN ('pending', 'once', 'always', 'reject', 'expired')),
+    asked_seq    INTEGER NOT NULL,
+    time_created INTEGER NOT NULL,
+    data         TEXT NOT NULL
+);
+CREATE INDEX session_permission_status ON session_permission (session_id, status, asked_seq);
+CREATE INDEX session_permission_call ON session_permission (message_id, call_id);
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).
@@ -125,6 +145,7 @@ PROJECTION_TABLES: Final = (
     "session_inbox",
     "session_part",
     "tool_process",
+    "session_permission",
 )
 
 

@@ -111,6 +111,9 @@ class ToolContext:
     #: Names of environment variables a tool's subprocess must not inherit
     #: (beyond the built-in rule of :func:`actors.tools.tool_environment`).
     secret_env: frozenset[str] = frozenset()
+    #: Resolved paths outside the Location this call was granted by the
+    #: ``external_directory`` permission (the path, and below it for a directory).
+    external: tuple[Path, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
