@@ -213,12 +213,16 @@ class AssistantMessage:
 
 @attrs.frozen(kw_only=True)
 class SystemMessage:
+    """A chronological instruction update, its text frozen when it was admitted."""
+
     type: Literal["system"] = "system"
     id: str
     session_id: str
     seq: int
     time: MessageTime
     text: str
+    #: The instruction source keys whose change the text announces.
+    keys: tuple[str, ...] | None = None
 
 
 SessionMessage = UserMessage | SyntheticMessage | AssistantMessage | SystemMessage
