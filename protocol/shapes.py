@@ -17,6 +17,7 @@ __all__ = [
     "FileSource",
     "InboxItem",
     "InboxItemType",
+    "InstructionEntry",
     "Location",
     "MessageTime",
     "ModelRef",
@@ -226,6 +227,14 @@ class SystemMessage:
 
 
 SessionMessage = UserMessage | SyntheticMessage | AssistantMessage | SystemMessage
+
+
+@attrs.frozen(kw_only=True)
+class InstructionEntry:
+    """An API-managed instruction value; its source key is ``api/<key>``."""
+
+    key: str
+    value: Any
 
 
 @attrs.frozen(kw_only=True)
