@@ -35,6 +35,7 @@ from protocol.client import (
     ClientError,
     EventsAPI,
     EventStream,
+    InstructionsAPI,
     SessionsAPI,
     SSEEvent,
     follow_log,
@@ -63,6 +64,9 @@ class Host(Protocol):
 
     @property
     def sessions(self) -> SessionsAPI: ...
+
+    @property
+    def instructions(self) -> InstructionsAPI: ...
 
     @property
     def events(self) -> EventsAPI: ...

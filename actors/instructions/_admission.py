@@ -78,7 +78,7 @@ class Instructions:
         data_dir: Path,
         discover_project: bool = True,
         platform: str = sys.platform,
-        today: Callable[[], str] = _today,
+        today: Callable[[], str] | None = None,
         baseline_cache_bytes: int = BASELINE_CACHE_BYTES,
     ) -> None:
         self._store = store
@@ -86,6 +86,8 @@ class Instructions:
         self._data_dir = str(data_dir)
         self._discover_project = discover_project
         self._platform = platform
+        #: The date source; None reads the host-local date (looked up at each
+        #: call, so a test can pin it).
         self._today = today
         self.files = FileCache()
         self.hashes = HashCache()
@@ -113,7 +115,7 @@ class Instructions:
                     system=agent.system,
                     directory=session.location.directory,
                     platform=self._platform,
-                    date=self._today(),
+                    date=(self._today or _today)(),
                 ),
             ),
             *files,

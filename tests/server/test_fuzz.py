@@ -60,6 +60,7 @@ async def test_no_request_produces_a_500(
         "sessionID": sid if ident == "ses_ok" else ident,
         "inboxID": ident,
         "messageID": ident,
+        "key": ident,
     }
     url = op.url(**{k: params[k] for k in op.path_params})
     data = body[3:] if isinstance(body, bytes) else orjson.dumps(body)

@@ -36,7 +36,7 @@ async def prepared(client: Client) -> dict[str, str]:
         f"/api/session/{sid}/prompt", json={"text": "q", "resume": False, "delivery": "queue"}
     )
     pending = (await response.json())["data"]["id"]
-    return {"sessionID": sid, "inboxID": pending, "messageID": inbox}
+    return {"sessionID": sid, "inboxID": pending, "messageID": inbox, "key": "style"}
 
 
 BODIES: dict[str, Any] = {
@@ -47,6 +47,7 @@ BODIES: dict[str, Any] = {
     "session.switchAgent": {"agent": "plan"},
     "session.switchModel": {"model": {"id": "m", "providerID": "scripted"}},
     "session.inbox.update": {"delivery": "steer"},
+    "session.instructions.entry.put": {"value": {"tone": "terse"}},
 }
 
 
