@@ -269,6 +269,16 @@ class Runtime:
         self._execution: Execution | None = None
         self.recovery = RecoveryReport()
 
+    def _builtin_instructions(self) -> Instructions:
+        instructions = Instructions(
+            store=self.store,
+            data_dir=self.config.data_dir,
+            discover_project=self.config.project_instructions,
+        )
+        # Closed after execution stops (the stack unwinds in reverse).
+        self._stack.callback(instructions.close)
+        return instructions
+
     @property
     def execution(self) -> Execution:
         if self._execution is None:
@@ -323,13 +333,7 @@ class Runtime:
                 bus=self.bus,
                 agents=self.agents,
                 output_dir=self.config.tool_output_dir,
-                instructions=self.config.instructions
-                or Instructions(
-                    store=self.store,
-                    blocking=self.blocking,
-                    data_dir=self.config.data_dir,
-                    discover_project=self.config.project_instructions,
-                ),
+                instructions=self.config.instructions or self._builtin_instructions(),
                 secret_env=frozenset(self.config.secret_env)
                 | {c.api_key_env for c in self.config.provider_configs.values() if c.api_key_env},
                 server_dirs=(self.config.data_dir,),

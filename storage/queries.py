@@ -358,6 +358,32 @@ class Queries:
             current=orjson.loads(r[3]),
         )
 
+    async def instruction_inputs(
+        self, session_id: str
+    ) -> tuple[InstructionState | None, list[tuple[str, str]]]:
+        """:meth:`instruction_state` and :meth:`instruction_entries` in one statement."""
+        rows = await self._fetch(
+            "SELECT 0, epoch_start, through_seq, initial_values, current_values"
+            " FROM instruction_state WHERE session_id = ?"
+            " UNION ALL SELECT 1, key, value, NULL, NULL FROM instruction_entry"
+            " WHERE session_id = ? AND removed = 0",
+            (session_id, session_id),
+        )
+        state = None
+        entries: list[tuple[str, str]] = []
+        for r in rows:
+            if r[0] == 0:
+                state = InstructionState(
+                    epoch_start=int(r[1]),
+                    through_seq=int(r[2]),
+                    initial=orjson.loads(r[3]),
+                    current=orjson.loads(r[4]),
+                )
+            else:
+                entries.append((str(r[1]), str(r[2])))
+        entries.sort()
+        return state, entries
+
     async def instruction_blobs(self, hashes: Sequence[str]) -> dict[str, str]:
         """The stored canonical JSON of each known hash, read 500 per statement."""
         out: dict[str, str] = {}

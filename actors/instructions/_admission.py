@@ -25,12 +25,12 @@ import asyncio
 import datetime
 import sys
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
-from actors._threaded import BlockingRunner
 from actors.agents import Agent
 from actors.instructions._render import (
     render_baseline,
@@ -55,6 +55,8 @@ from storage.queries import InstructionState
 
 __all__ = ["BASELINE_CACHE_BYTES", "Instructions", "InstructionsUnavailableError"]
 
+#: Threads observing instruction files at once (each job is one session's step).
+OBSERVE_THREADS: Final = 2
 #: Rendered baselines kept, by their initial values; least recently used evicted.
 BASELINE_CACHE_BYTES: Final = 8 * 1024 * 1024
 
@@ -74,7 +76,6 @@ class Instructions:
         self,
         *,
         store: SQLiteStore,
-        blocking: BlockingRunner,
         data_dir: Path,
         discover_project: bool = True,
         platform: str = sys.platform,
@@ -82,7 +83,12 @@ class Instructions:
         baseline_cache_bytes: int = BASELINE_CACHE_BYTES,
     ) -> None:
         self._store = store
-        self._blocking = blocking
+        # File observation is short blocking I/O (stats, and reads of changed
+        # files): a plain bounded executor of its own, one hop per step, not a
+        # tool thread. :meth:`close` ends its threads.
+        self._executor = ThreadPoolExecutor(
+            max_workers=OBSERVE_THREADS, thread_name_prefix="sessionrt-instructions"
+        )
         self._data_dir = str(data_dir)
         self._discover_project = discover_project
         self._platform = platform
@@ -102,11 +108,10 @@ class Instructions:
             references=agent.references,
             skills=agent.skills,
         )
-        queries = self._store.queries
-        files, entries, state = await asyncio.gather(
-            self._blocking.run(observe_files, spec, self.files),
-            queries.instruction_entries(session.id),
-            queries.instruction_state(session.id),
+        loop = asyncio.get_running_loop()
+        files, (state, entries) = await asyncio.gather(
+            loop.run_in_executor(self._executor, observe_files, spec, self.files),
+            self._store.queries.instruction_inputs(session.id),
         )
         observations = [
             Observation(
@@ -170,6 +175,10 @@ class Instructions:
                 )
             )
         return (await self.baseline(state),)
+
+    def close(self) -> None:
+        """End the observation threads (after the last drain: jobs are milliseconds)."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
     async def baseline(self, state: InstructionState) -> str:
         """The epoch baseline: the stored initial values, rendered."""

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
-from actors.confine import PROJECT_CONFIG_DIR, PathRefused, confined
+from actors.confine import PROJECT_CONFIG_DIR
 
 __all__ = [
     "DISCOVERY_KEY",
@@ -92,12 +92,43 @@ class FileCache:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._texts: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+        self._dirs: dict[str, tuple[tuple[int, int, int], list[str]]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def read(self, path: Path) -> str | None:
+    def listdir(self, name: str) -> list[str] | None:
+        """The sorted entries of a directory; None when there is none.
+
+        Reused while the directory's own mtime is unchanged (an entry added or
+        removed changes it); at most ``max_entries`` directories are kept.
+        """
+        try:
+            st = os.stat(name)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise _Unreadable(f"{name}: {exc.strerror or exc}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        signature = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        with self._lock:
+            hit = self._dirs.get(name)
+        if hit is not None and hit[0] == signature:
+            return hit[1]
+        try:
+            names = sorted(os.listdir(name))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise _Unreadable(f"{name}: {exc.strerror or exc}") from None
+        with self._lock:
+            if len(self._dirs) >= self.max_entries:
+                self._dirs.clear()
+            self._dirs[name] = (signature, names)
+        return names
+
+    def read(self, name: str) -> str | None:
         """The file's text; None when nothing (or no regular file) is there."""
-        name = str(path)
         try:
             st = os.stat(name)
         except FileNotFoundError:
@@ -106,7 +137,7 @@ class FileCache:
             return None
         except OSError as exc:
             raise _Unreadable(f"{name}: {exc.strerror or exc}") from None
-        if not _is_file(st.st_mode):
+        if not stat.S_ISREG(st.st_mode):
             return None
         signature = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
         with self._lock:
@@ -136,42 +167,43 @@ class FileCache:
         return text
 
 
-def _is_file(mode: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(mode)
-
-
 def observe_files(spec: FileSpec, cache: FileCache) -> list[Observation]:
     """Blocking: the discovery, skill and reference observations for ``spec``."""
     return [_discovery(spec, cache), _skills(spec, cache), _references(spec, cache)]
 
 
-def _project_dirs(directory: Path) -> list[Path]:
+def _project_dirs(directory: str) -> list[str]:
     """From the project root (nearest ``.git`` upward) down to ``directory``."""
-    walked: list[Path] = []
-    for current in (directory, *directory.parents):
+    walked: list[str] = []
+    current = directory
+    while True:
         walked.append(current)
-        if os.path.exists(current / ".git"):
-            return list(reversed(walked))
-    return [directory]
+        if os.path.exists(os.path.join(current, ".git")):
+            return walked[::-1]
+        parent = os.path.dirname(current)
+        if parent == current:
+            return [directory]
+        current = parent
 
 
 def _discovery(spec: FileSpec, cache: FileCache) -> Observation:
+    # Plain strings and os.path: this runs before every step, and pathlib's
+    # parsing cost more than the system calls.
     files: list[dict[str, str]] = []
     try:
-        for path in [Path(spec.data_dir) / "AGENTS.md"]:
-            text = cache.read(path)
-            if text is not None:
-                files.append({"path": str(path), "text": text})
+        path = os.path.join(spec.data_dir, "AGENTS.md")
+        text = cache.read(path)
+        if text is not None:
+            files.append({"path": path, "text": text})
         if spec.discover_project:
-            dirs = _project_dirs(Path(spec.directory))
+            dirs = _project_dirs(spec.directory)
             for name in ("AGENTS.md", "CLAUDE.md"):
                 found = []
                 for d in dirs:
-                    text = cache.read(d / name)
+                    path = os.path.join(d, name)
+                    text = cache.read(path)
                     if text is not None:
-                        found.append({"path": str(d / name), "text": text})
+                        found.append({"path": path, "text": text})
                 if found:
                     files.extend(found)
                     break
@@ -196,17 +228,15 @@ def _frontmatter(text: str) -> dict[str, str]:
 
 def _skills(spec: FileSpec, cache: FileCache) -> Observation:
     found: dict[str, str] = {}
-    roots = (Path(spec.data_dir) / "skills", Path(spec.directory) / PROJECT_CONFIG_DIR / "skills")
+    roots = (
+        os.path.join(spec.data_dir, "skills"),
+        os.path.join(spec.directory, PROJECT_CONFIG_DIR, "skills"),
+    )
     try:
         for root in roots:  # the project's, read last, wins by name
-            try:
-                names = sorted(os.listdir(root))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            except OSError as exc:
-                raise _Unreadable(f"{root}: {exc.strerror or exc}") from None
-            for entry in names:
-                text = cache.read(root / entry / "SKILL.md")
+            names = cache.listdir(root)
+            for entry in names or ():
+                text = cache.read(os.path.join(root, entry, "SKILL.md"))
                 if text is None:
                     continue
                 meta = _frontmatter(text)
@@ -228,16 +258,20 @@ def reference_key(raw: str) -> str:
 def _references(spec: FileSpec, cache: FileCache) -> Observation:
     values: dict[str, Any] = {}
     unavailable: dict[str, str] = {}
-    root = Path(spec.directory)
+    root = os.path.realpath(spec.directory)
     for raw in spec.references:
         key = reference_key(raw)
         if key in values or key in unavailable:
             continue
         try:
-            path = confined(root, raw)
+            # Where it really leads (symlinks followed), inside the Location only.
+            path = os.path.realpath(os.path.join(root, raw))
+            if os.path.commonpath((root, path)) != root:
+                unavailable[key] = f"reference {raw}: outside the session's directory ({root})"
+                continue
             text = cache.read(path)
-        except PathRefused as exc:
-            unavailable[key] = f"reference {raw}: {exc.message}"
+        except ValueError as exc:  # a NUL byte
+            unavailable[key] = f"reference {raw}: {exc}"
             continue
         except _Unreadable as exc:
             unavailable[key] = str(exc)
