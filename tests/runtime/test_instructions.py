@@ -17,6 +17,7 @@ import orjson
 import pytest
 from feed import Feed
 
+from actors.agents import CATALOG_TTL_S
 from actors.instructions import ENTRY_MAX_BYTES, _admission, digest, encode
 from actors.llm import Finish, ModelRequest, StreamPart, TextDelta, TextEnd, TextStart
 from actors.runtime import Runtime, RuntimeConfig
@@ -357,3 +358,58 @@ async def test_a_fork_adopts_the_parents_newest_values_and_a_move_keeps_state(
         Command.of(ev.SessionMoved(session_id=child.id, location=Location(directory="/elsewhere")))
     )
     assert await state(rt, child.id) == before
+
+
+async def test_skills_and_references_from_the_agents_configuration(
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+) -> None:
+    work = project / "pkg"
+    config = work / ".sessionrt"
+    for name, description in (("release", "Cut a release."), ("other", "Not allowed.")):
+        (config / "skills" / name).mkdir(parents=True)
+        (config / "skills" / name / "SKILL.md").write_text(
+            f"---\nname: {name}\ndescription: {description}\n---\nThe body stays hidden.\n"
+        )
+    (config / "agents.toml").write_text(
+        '[agents.build]\nreferences = ["docs/Style.md"]\nskills = ["release"]\n'
+    )
+    (work / "docs").mkdir()
+    (work / "docs" / "Style.md").write_text("Short sentences.\n")
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, s.id, "one", 1)
+    [initial] = updates(feed, s.id)
+    assert {"skill/available", "reference/docs/style.md"} <= set(initial["data"]["delta"])
+    system = recorder.requests[0].system[0]
+    assert "- release: Cut a release." in system
+    assert "other" not in system
+    assert "The body stays hidden." not in system
+    assert "Reference docs/Style.md:\nShort sentences." in system
+
+    # A reference leading outside the Location is refused, and says so.
+    (config / "agents.toml").write_text('[agents.build]\nreferences = ["../../outside.md"]\n')
+    (project.parent / "outside.md").write_text("secret\n")
+    await asyncio.sleep(CATALOG_TTL_S + 0.1)  # the agent catalog is reused that long
+    fresh = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await rt.sessions.prompt(fresh.id, PromptInput(text="x"))
+    failed = await feed.wait("session.execution.failed", sessionID=fresh.id)
+    assert "outside the session's directory" in failed["data"]["error"]["message"]
+    assert all("secret" not in t for r in recorder.requests for t in r.system)
+
+
+async def test_a_model_switch_is_no_source_and_an_agent_switch_is_an_update(
+    rt: Runtime, feed: Feed, recorder: Recorder
+) -> None:
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, s.id, "one", 1)
+    await rt.sessions.switch_model(s.id, ModelRef(id="rec-2", provider_id="rec"))
+    await turn(rt, feed, s.id, "two", 2)
+    assert len(updates(feed, s.id)) == 1
+    assert recorder.requests[1].model.id == "rec-2"
+    assert recorder.requests[1].system == recorder.requests[0].system
+    await rt.sessions.switch_agent(s.id, "plan")
+    await turn(rt, feed, s.id, "three", 3)
+    update = updates(feed, s.id)[1]
+    assert list(update["data"]["delta"]) == ["builtin/agent"]
+    assert "planning agent" in update["data"]["text"]
+    assert recorder.requests[2].system == recorder.requests[0].system  # the baseline stays
+    assert recorder.requests[2].agent == "plan"
