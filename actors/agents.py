@@ -27,6 +27,9 @@ Configuration is TOML. Two owners, two powers:
     steps = 25
     system = "You are a careful engineer."
     model = { id = "scripted", providerID = "scripted" }
+    # instruction sources: files of the session's directory, skills it may use
+    references = ["docs/style.md"]
+    skills = ["release"]
 
     [agents.build.permissions]
     bash = { "git *" = "allow", "rm *" = "ask", "*" = "deny" }
@@ -83,6 +86,10 @@ class Agent:
     system: str = ""
     permissions: Mapping[str, Rule] = attrs.field(factory=lambda: {"*": "allow"})
     script: str | None = None
+    #: Files (relative to the session's directory) whose text is an instruction source.
+    references: tuple[str, ...] = ()
+    #: Skills the agent may use; None = every skill found.
+    skills: tuple[str, ...] | None = None
 
 
 _BUILTIN: Final[dict[str, Agent]] = {
@@ -235,6 +242,12 @@ def _merge(base: Agent | None, name: str, table: Any, path: Path) -> Agent:
                 if not isinstance(table[key], str):
                     raise InvalidRequestError(f"{key} must be a string", field=key)
                 fields[key] = table[key]
+        for key in ("references", "skills"):
+            if key in table:
+                items = table[key]
+                if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                    raise InvalidRequestError(f"{key} must be a list of strings", field=key)
+                fields[key] = tuple(items)
         if "permissions" in table:
             rules = table["permissions"]
             if not isinstance(rules, dict) or any(isinstance(v, tuple) for v in rules.values()):

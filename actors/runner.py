@@ -5,11 +5,15 @@ A drain (called by the session's busy period) works like this:
 1. At drain start, tool calls still projected as streaming/running belong to
    an earlier process or an interrupted step: they fail with ``aborted``,
    keeping their assistant message, before any model work. Nothing is replayed.
-2. Before each step, at the Safe Step Boundary: sample the session's agent and
-   model (a switch applies from the next step on), prepare instructions (a
-   hook; no sources yet), promote input — steers at every boundary while the
-   drain continues, one queued item only at the idle boundary — and reload the
-   projected history. Promotion that delivers input resets the step allowance.
+2. Before each step, at the Safe Step Boundary, once the step is known to
+   reach the model (something is promotable, or the drain continues): admit
+   instructions (:mod:`actors.instructions`: one delta when a source changed),
+   *then* promote input — steers at every boundary while the drain continues,
+   one queued item only at the idle boundary — so an update enters history
+   before the input it precedes, and an unreadable first baseline leaves the
+   input pending. Then read the session's agent and model (a switch applies
+   from the next step on) and reload the projected history. Promotion that
+   delivers input resets the step allowance.
 3. Run the step (:mod:`actors.step`). If it needs a continuation (the model
    called tools), loop: the continuation is a new step built from history,
    never an in-memory tool loop. Otherwise go back to the idle boundary, where
@@ -30,7 +34,7 @@ from actors._blocking import BlockingExecutor
 from actors.agents import Agent, AgentCatalogs
 from actors.bus import EventBus
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
-from actors.inbox import Scope
+from actors.inbox import Scope, select_promotable
 from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
 from actors.permissions import PermissionWaiters
 from actors.reaper import kill_recorded, stale_failure
@@ -67,14 +71,16 @@ class AgentUnavailableError(Exception):
 
 
 class InstructionSource(Protocol):
-    """Prepares instructions at each Safe Step Boundary (the instructions issue fills it)."""
+    """Admits instructions at each Safe Step Boundary; returns the request's system text."""
 
-    async def prepare(self, session: Session, agent: Agent) -> None: ...
+    async def prepare(self, session: Session, agent: Agent) -> tuple[str, ...]: ...
 
 
 class NoInstructions:
-    async def prepare(self, session: Session, agent: Agent) -> None:
-        return None
+    """No sources: the agent's system prompt, as it is, and nothing admitted."""
+
+    async def prepare(self, session: Session, agent: Agent) -> tuple[str, ...]:
+        return (agent.system,) if agent.system else ()
 
 
 class Runner:
@@ -136,33 +142,45 @@ class Runner:
         first = True
         step = 0
         while True:
-            delivered = await self._sessions.promote(session_id, "steer" if continuing else scope)
-            if delivered:
-                step = 0  # new input resets the allowance, once per batch
-            idle = not continuing and not delivered
-            if idle and not (first and force and await self._awaits_reply(session_id)):
-                return
+            promote_scope: Scope = "steer" if continuing else scope
+            resumed = False
+            if not continuing and not await self._promotable(session_id, promote_scope):
+                resumed = first and force and await self._awaits_reply(session_id)
+                if not resumed:
+                    return
             if not first:
-                # Sampled again before every later step: a switch of agent or
-                # model applies from the next step on. The first step uses the
-                # read made at drain start, a moment ago.
                 session = await self._sessions.get(session_id)
             first = False
+            # Admission, then promotion: instruction updates enter history
+            # before the input they precede; a blocked first baseline raises
+            # here, with the input still pending.
+            system = await self._instructions.prepare(session, await self._agent(session))
+            delivered = await self._sessions.promote(session_id, promote_scope)
+            if delivered:
+                step = 0  # new input resets the allowance, once per batch
+            elif not continuing and not resumed:
+                return  # what was promotable was cancelled meanwhile
+            # The agent and model this step runs with: read after admission
+            # and promotion, never a read from before them.
+            session = await self._sessions.get(session_id)
             agent = await self._agent(session)
-            await self._instructions.prepare(session, agent)
             step += 1
             limited = agent.steps is not None and step >= agent.steps
-            request = await self._request(session, agent, step, limited)
+            request = await self._request(session, agent, step, limited, system)
             outcome = await self._steps.run(
                 session,
                 agent,
                 request,
                 limited=limited,
-                rebuild=functools.partial(self._request, session, agent, step, limited),
+                rebuild=functools.partial(self._request, session, agent, step, limited, system),
             )
             if outcome.error is not None:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
+
+    async def _promotable(self, session_id: str, scope: Scope) -> bool:
+        """Whether a promotion at ``scope`` would deliver something now."""
+        return bool(select_promotable(await self._store.queries.inbox(session_id), scope))
 
     async def _agent(self, session: Session) -> Agent:
         """The session's agent, sampled before every step like the session itself.
@@ -205,7 +223,13 @@ class Runner:
         return len(stale)
 
     async def _request(
-        self, session: Session, agent: Agent, step: int, limited: bool, native: bool = True
+        self,
+        session: Session,
+        agent: Agent,
+        step: int,
+        limited: bool,
+        system: tuple[str, ...],
+        native: bool = True,
     ) -> ModelRequest:
         """The step's request from projected history (again for a later attempt).
 
@@ -224,7 +248,7 @@ class Runner:
             session_id=session.id,
             agent=agent.name,
             model=session.model or agent.model or self._default_model,
-            system=(agent.system,) if agent.system else (),
+            system=system,
             messages=to_chat(history, self._chat, native=native),
             tools=tuple(
                 ToolSpec(name=s.name, description=s.description, input_schema=s.input_schema)

@@ -41,6 +41,7 @@ from actors.agents import AgentCatalogs
 from actors.bus import EventBus
 from actors.execution import Execution, Terminal
 from actors.inbox import Scope, select_promotable
+from actors.instructions import InstructionEntries, Instructions
 from actors.llm import (
     SCRIPTED_MODEL,
     HttpProvider,
@@ -120,7 +121,11 @@ class RuntimeConfig:
     default_model: ModelRef | None = None
     #: Tools offered to models; the built-in set when None.
     tools: tuple[Tool, ...] | None = None
+    #: Instruction admission; the built-in sources (:mod:`actors.instructions`) when None.
     instructions: InstructionSource | None = None
+    #: Discover the project's AGENTS.md / CLAUDE.md files (``[runtime]
+    #: project_instructions``); the data dir's AGENTS.md is read either way.
+    project_instructions: bool = True
     #: Run the startup sweep (resume claimed sessions) before accepting work.
     recover: bool = True
     #: Only read: the store opens read-only, no sweep, no execution (every
@@ -294,8 +299,19 @@ class Runtime:
             agents=self.agents,
             waiters=self.permission_waiters,
         )
+        self.instructions = InstructionEntries(self.store)
         self._execution: Execution | None = None
         self.recovery = RecoveryReport()
+
+    def _builtin_instructions(self) -> Instructions:
+        instructions = Instructions(
+            store=self.store,
+            data_dir=self.config.data_dir,
+            discover_project=self.config.project_instructions,
+        )
+        # Closed after execution stops (the stack unwinds in reverse).
+        self._stack.callback(instructions.close)
+        return instructions
 
     @property
     def execution(self) -> Execution:
@@ -355,7 +371,7 @@ class Runtime:
                 bus=self.bus,
                 agents=self.agents,
                 output_dir=self.config.tool_output_dir,
-                instructions=self.config.instructions,
+                instructions=self.config.instructions or self._builtin_instructions(),
                 secret_env=frozenset(self.config.secret_env)
                 | {c.api_key_env for c in self.config.provider_configs.values() if c.api_key_env},
                 server_dirs=(self.config.data_dir,),

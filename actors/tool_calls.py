@@ -73,7 +73,7 @@ __all__ = ["Journal", "SessionRules", "ToolCalls"]
 SessionRules = Callable[[], Awaitable[Sequence[tuple[str, str]]]]
 
 
-#: Runs a blocking callable off the loop (the runtime's bounded BlockingRunner).
+#: Runs a blocking callable off the loop (the runtime's bounded BlockingExecutor).
 Blocking = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 

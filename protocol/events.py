@@ -13,7 +13,7 @@ Names and fields follow ``reference/opencode-v2.md`` §2.2.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import attrs
 import orjson
@@ -25,6 +25,7 @@ __all__ = [
     "LIVE_TYPES",
     "REGISTRY",
     "AgentSelected",
+    "CompactionEnded",
     "EnqueuedItem",
     "ErrorInfo",
     "Event",
@@ -37,6 +38,7 @@ __all__ = [
     "InboxDelivered",
     "InboxDeliveryChanged",
     "InboxEnqueued",
+    "InstructionsUpdated",
     "InterruptReason",
     "MetadataUpdated",
     "ModelSelected",
@@ -47,8 +49,11 @@ __all__ = [
     "ReasoningEnded",
     "ReasoningStarted",
     "RetryScheduled",
+    "RevertCommitted",
     "SessionCreated",
     "SessionDeleted",
+    "SessionForked",
+    "SessionMoved",
     "SessionRenamed",
     "StepEnded",
     "StepFailed",
@@ -83,6 +88,10 @@ class Event:
     DURABLE: ClassVar[bool] = True
 
     session_id: str
+
+    def envelope_metadata(self) -> Mapping[str, Any] | None:
+        """The envelope's ``metadata``, derived from the data; None for most events."""
+        return None
 
 
 @attrs.frozen(kw_only=True)
@@ -170,6 +179,75 @@ class SyntheticRecorded(Event):
     text: str
     description: str | None = None
     metadata: Mapping[str, Any] | None = None
+
+
+# -- instructions ---------------------------------------------------------------------------------
+
+#: A delta value naming an observed absence instead of a content hash.
+REMOVED: Final = "removed"
+
+
+@attrs.frozen(kw_only=True)
+class InstructionsUpdated(Event):
+    """Instruction values admitted at a Safe Step Boundary, as content hashes.
+
+    ``delta`` maps each changed source key to the SHA-256 hex of its encoded
+    value, or :data:`REMOVED`. The values themselves live once in the
+    machine-local blob store, written by the same commit. ``text`` is the
+    update rendered once at admission and frozen here; the initial delta of
+    an epoch carries none (its envelope says ``metadata.instructions.initial``).
+    """
+
+    TYPE = "session.instructions.updated"
+    VERSION = 2
+    delta: Mapping[str, str]
+    text: str | None = None
+
+    def envelope_metadata(self) -> Mapping[str, Any] | None:
+        # Every later delta renders a sentence per key (a removal too), so
+        # only an epoch's initial delta has no text.
+        return {"instructions": {"initial": True}} if self.text is None else None
+
+
+# -- epoch events owned by other issues (compaction, revert, fork, move): the
+# -- fields the instruction projection reads, named as reference §2.2 names them.
+
+
+@attrs.frozen(kw_only=True)
+class CompactionEnded(Event):
+    TYPE = "session.compaction.ended"
+    reason: Literal["auto", "manual"]
+    text: str
+    recent: str = ""
+    model: ModelRef | None = None
+    cost: float = 0.0
+    tokens: StepTokens | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RevertCommitted(Event):
+    TYPE = "session.revert.committed"
+    #: The message the session was reverted to.
+    to: str
+
+
+@attrs.frozen(kw_only=True)
+class SessionForked(Event):
+    TYPE = "session.forked"
+    VERSION = 2
+    parent_id: str
+    boundary: Any = None
+    #: The parent's newest instruction values (key -> hash): the child's baseline.
+    instructions: Mapping[str, str] | None = None
+    instruction_entries: tuple[Mapping[str, Any], ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SessionMoved(Event):
+    TYPE = "session.moved"
+    location: Location
+    project_id: str | None = None
+    subpath: str | None = None
 
 
 # -- execution ------------------------------------------------------------------------------------
@@ -477,6 +555,11 @@ REGISTRY: Mapping[str, type[Event]] = {
         InboxCancelled,
         InboxDeliveryChanged,
         SyntheticRecorded,
+        InstructionsUpdated,
+        CompactionEnded,
+        RevertCommitted,
+        SessionForked,
+        SessionMoved,
         ExecutionStarted,
         ExecutionSucceeded,
         ExecutionFailed,
@@ -523,6 +606,9 @@ def decode_event(type_: str, data: bytes | str) -> Event | None:
 def envelope(*, id: str, created: int, event: Event, seq: int | None) -> dict[str, Any]:
     """The public event envelope of ``reference/wire.md``."""
     out: dict[str, Any] = {"id": id, "created": created, "type": event.TYPE}
+    metadata = event.envelope_metadata()
+    if metadata is not None:
+        out["metadata"] = metadata
     if seq is not None:
         out["durable"] = {"aggregateID": event.session_id, "seq": seq, "version": event.VERSION}
     out["data"] = codec.to_json(event)

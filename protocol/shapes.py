@@ -17,6 +17,7 @@ __all__ = [
     "FileSource",
     "InboxItem",
     "InboxItemType",
+    "InstructionEntry",
     "Location",
     "MessageTime",
     "ModelRef",
@@ -213,15 +214,27 @@ class AssistantMessage:
 
 @attrs.frozen(kw_only=True)
 class SystemMessage:
+    """A chronological instruction update, its text frozen when it was admitted."""
+
     type: Literal["system"] = "system"
     id: str
     session_id: str
     seq: int
     time: MessageTime
     text: str
+    #: The instruction source keys whose change the text announces.
+    keys: tuple[str, ...] | None = None
 
 
 SessionMessage = UserMessage | SyntheticMessage | AssistantMessage | SystemMessage
+
+
+@attrs.frozen(kw_only=True)
+class InstructionEntry:
+    """An API-managed instruction value; its source key is ``api/<key>``."""
+
+    key: str
+    value: Any
 
 
 @attrs.frozen(kw_only=True)

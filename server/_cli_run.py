@@ -42,6 +42,7 @@ from protocol.client import (
     ClientError,
     EventsAPI,
     EventStream,
+    InstructionsAPI,
     SessionsAPI,
     SSEEvent,
     follow_log,
@@ -70,6 +71,9 @@ class Host(Protocol):
 
     @property
     def sessions(self) -> SessionsAPI: ...
+
+    @property
+    def instructions(self) -> InstructionsAPI: ...
 
     @property
     def events(self) -> EventsAPI: ...

@@ -33,6 +33,7 @@
     default_model = "local/fake-model"   # PROVIDER/MODEL; scripted when unset
     retry_base_delay_s = 2               # first retry's backoff, doubled per retry
     retry_max_delay_s = 900              # cap on a provider's retry-after
+    project_instructions = true          # read the project's AGENTS.md / CLAUDE.md files
 
     [providers.local]                    # real models: see actors/llm/_config.py
     kind = "openai"                      # or "anthropic"
@@ -95,6 +96,7 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "retry_base_delay_s": (int, float),
         "retry_max_delay_s": (int, float),
         "decode_cache_bytes": int,
+        "project_instructions": bool,
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.

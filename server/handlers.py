@@ -19,6 +19,7 @@ from protocol.operations import (
     ActiveSession,
     AgentInput,
     DeliveryInput,
+    InstructionEntryInput,
     InterruptQuery,
     InterruptResult,
     MessagesQuery,
@@ -167,6 +168,19 @@ async def session_context(call: Call) -> Any:
     return await call.runtime.sessions.context(call.session_id)
 
 
+async def instruction_entries(call: Call) -> Any:
+    return await call.runtime.instructions.list(call.session_id)
+
+
+async def instruction_entry_put(call: Call) -> Any:
+    body: InstructionEntryInput = call.body
+    await call.runtime.instructions.put(call.session_id, call.path["key"], body.value)
+
+
+async def instruction_entry_remove(call: Call) -> Any:
+    await call.runtime.instructions.remove(call.session_id, call.path["key"])
+
+
 HANDLERS: dict[str, Handler] = {
     "session.list": session_list,
     "session.create": session_create,
@@ -189,4 +203,7 @@ HANDLERS: dict[str, Handler] = {
     "session.messages": session_messages,
     "session.message.get": session_message,
     "session.context": session_context,
+    "session.instructions.entry.list": instruction_entries,
+    "session.instructions.entry.put": instruction_entry_put,
+    "session.instructions.entry.remove": instruction_entry_remove,
 }

@@ -20,6 +20,7 @@ import orjson
 
 from protocol import events as ev
 from storage._ops import Op, json_text, touch
+from storage._project_instructions import INSTRUCTION_PROJECTORS
 from storage._project_permissions import PERMISSION_PROJECTORS
 from storage._project_steps import STEP_PROJECTORS, retry_cleared
 from storage.recorder import RecordedEvent
@@ -222,6 +223,7 @@ _PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
     ev.SyntheticRecorded: _typed(_synthetic),
     **STEP_PROJECTORS,
     **PERMISSION_PROJECTORS,
+    **INSTRUCTION_PROJECTORS,
 }
 
 

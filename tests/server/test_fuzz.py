@@ -62,6 +62,7 @@ async def test_no_request_produces_a_500(
         "inboxID": ident,
         "messageID": ident,
         "permissionID": ident,
+        "key": ident,
     }
     url = op.url(**{k: params[k] for k in op.path_params})
     data = body[3:] if isinstance(body, bytes) else orjson.dumps(body)

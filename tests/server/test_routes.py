@@ -55,6 +55,7 @@ async def prepared(client: Client) -> dict[str, str]:
         "inboxID": pending,
         "messageID": inbox,
         "permissionID": asked.id,
+        "key": "style",
     }
 
 
@@ -67,6 +68,7 @@ BODIES: dict[str, Any] = {
     "session.switchModel": {"model": {"id": "m", "providerID": "scripted"}},
     "session.inbox.update": {"delivery": "steer"},
     "session.permission.reply": {"reply": "once"},
+    "session.instructions.entry.put": {"value": {"tone": "terse"}},
 }
 
 
