@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -72,7 +73,8 @@ from actors.llm import (
     ToolInputEnd,
     ToolInputStart,
 )
-from actors.tool_calls import ToolCalls
+from actors.permissions import PermissionWaiters
+from actors.tool_calls import Blocking, ToolCalls
 from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids
@@ -201,7 +203,11 @@ class StepRunner:
         secret_env: frozenset[str] = frozenset(),
         server_dirs: tuple[Path, ...] = (),
         retry: RetryPolicy | None = None,
+        waiters: PermissionWaiters | None = None,
+        blocking: Blocking | None = None,
     ) -> None:
+        self._blocking = blocking
+        self._waiters = PermissionWaiters() if waiters is None else waiters
         self._store = store
         self._secret_env = secret_env
         self._server_dirs = server_dirs
@@ -339,6 +345,9 @@ class StepRunner:
             output_dir=self._output_dir,
             secret_env=self._secret_env,
             server_dirs=self._server_dirs,
+            waiters=self._waiters,
+            blocking=self._blocking,
+            session_rules=functools.partial(self._store.queries.permission_rules, session.id),
         )
         return step
 

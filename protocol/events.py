@@ -13,7 +13,7 @@ Names and fields follow ``reference/opencode-v2.md`` §2.2.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import attrs
 import orjson
@@ -42,15 +42,22 @@ __all__ = [
     "InboxDelivered",
     "InboxDeliveryChanged",
     "InboxEnqueued",
+    "InstructionsUpdated",
     "InterruptReason",
     "MetadataUpdated",
     "ModelSelected",
+    "PermissionAsked",
+    "PermissionReplied",
+    "PermissionReply",
     "ReasoningDelta",
     "ReasoningEnded",
     "ReasoningStarted",
     "RetryScheduled",
+    "RevertCommitted",
     "SessionCreated",
     "SessionDeleted",
+    "SessionForked",
+    "SessionMoved",
     "SessionRenamed",
     "StepEnded",
     "StepFailed",
@@ -85,6 +92,10 @@ class Event:
     DURABLE: ClassVar[bool] = True
 
     session_id: str
+
+    def envelope_metadata(self) -> Mapping[str, Any] | None:
+        """The envelope's ``metadata``, derived from the data; None for most events."""
+        return None
 
 
 @attrs.frozen(kw_only=True)
@@ -172,6 +183,64 @@ class SyntheticRecorded(Event):
     text: str
     description: str | None = None
     metadata: Mapping[str, Any] | None = None
+
+
+# -- instructions ---------------------------------------------------------------------------------
+
+#: A delta value naming an observed absence instead of a content hash.
+REMOVED: Final = "removed"
+
+
+@attrs.frozen(kw_only=True)
+class InstructionsUpdated(Event):
+    """Instruction values admitted at a Safe Step Boundary, as content hashes.
+
+    ``delta`` maps each changed source key to the SHA-256 hex of its encoded
+    value, or :data:`REMOVED`. The values themselves live once in the
+    machine-local blob store, written by the same commit. ``text`` is the
+    update rendered once at admission and frozen here; the initial delta of
+    an epoch carries none (its envelope says ``metadata.instructions.initial``).
+    """
+
+    TYPE = "session.instructions.updated"
+    VERSION = 2
+    delta: Mapping[str, str]
+    text: str | None = None
+
+    def envelope_metadata(self) -> Mapping[str, Any] | None:
+        # Every later delta renders a sentence per key (a removal too), so
+        # only an epoch's initial delta has no text.
+        return {"instructions": {"initial": True}} if self.text is None else None
+
+
+# -- epoch events owned by other issues (revert, fork, move): the fields the
+# -- instruction projection reads, named as reference §2.2 names them.
+
+
+@attrs.frozen(kw_only=True)
+class RevertCommitted(Event):
+    TYPE = "session.revert.committed"
+    #: The message the session was reverted to.
+    to: str
+
+
+@attrs.frozen(kw_only=True)
+class SessionForked(Event):
+    TYPE = "session.forked"
+    VERSION = 2
+    parent_id: str
+    boundary: Any = None
+    #: The parent's newest instruction values (key -> hash): the child's baseline.
+    instructions: Mapping[str, str] | None = None
+    instruction_entries: tuple[Mapping[str, Any], ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SessionMoved(Event):
+    TYPE = "session.moved"
+    location: Location
+    project_id: str | None = None
+    subpath: str | None = None
 
 
 # -- execution ------------------------------------------------------------------------------------
@@ -430,6 +499,41 @@ class CompactionFailed(Event):
     tokens: StepTokens | None = None
 
 
+PermissionReply = Literal["once", "always", "reject"]
+
+
+@attrs.frozen(kw_only=True)
+class PermissionAsked(Event):
+    """A tool call waits for a person's answer before it may run.
+
+    Durable after the call's ``tool.called`` and before anything runs.
+    ``permission`` is the rule key that said ``ask`` (the tool's name, or
+    ``external_directory``); ``patterns`` are the subjects it judged (bash
+    simple commands, paths), ``always`` the patterns an ``always`` reply
+    allows for the rest of the session, ``summary`` a short, bounded text of
+    the call's input for a person to read.
+    """
+
+    TYPE = "session.permission.asked"
+    id: str
+    tool: str
+    call_id: str
+    assistant_message_id: str
+    permission: str
+    summary: str
+    patterns: tuple[str, ...]
+    always: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class PermissionReplied(Event):
+    """The answer to one :class:`PermissionAsked`; ``always`` also records a session rule."""
+
+    TYPE = "session.permission.replied"
+    id: str
+    reply: PermissionReply
+
+
 # -- live only: published to followers of the instance feed, never stored ------------------------
 
 
@@ -497,6 +601,10 @@ REGISTRY: Mapping[str, type[Event]] = {
         InboxCancelled,
         InboxDeliveryChanged,
         SyntheticRecorded,
+        InstructionsUpdated,
+        RevertCommitted,
+        SessionForked,
+        SessionMoved,
         ExecutionStarted,
         ExecutionSucceeded,
         ExecutionFailed,
@@ -519,6 +627,8 @@ REGISTRY: Mapping[str, type[Event]] = {
         CompactionStarted,
         CompactionEnded,
         CompactionFailed,
+        PermissionAsked,
+        PermissionReplied,
     )
 }
 
@@ -545,6 +655,9 @@ def decode_event(type_: str, data: bytes | str) -> Event | None:
 def envelope(*, id: str, created: int, event: Event, seq: int | None) -> dict[str, Any]:
     """The public event envelope of ``reference/wire.md``."""
     out: dict[str, Any] = {"id": id, "created": created, "type": event.TYPE}
+    metadata = event.envelope_metadata()
+    if metadata is not None:
+        out["metadata"] = metadata
     if seq is not None:
         out["durable"] = {"aggregateID": event.session_id, "seq": seq, "version": event.VERSION}
     out["data"] = codec.to_json(event)

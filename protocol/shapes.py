@@ -18,6 +18,7 @@ __all__ = [
     "FileSource",
     "InboxItem",
     "InboxItemType",
+    "InstructionEntry",
     "Location",
     "MessageTime",
     "ModelRef",
@@ -214,12 +215,16 @@ class AssistantMessage:
 
 @attrs.frozen(kw_only=True)
 class SystemMessage:
+    """A chronological instruction update, its text frozen when it was admitted."""
+
     type: Literal["system"] = "system"
     id: str
     session_id: str
     seq: int
     time: MessageTime
     text: str
+    #: The instruction source keys whose change the text announces.
+    keys: tuple[str, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -246,6 +251,14 @@ class CompactionMessage:
 SessionMessage = (
     UserMessage | SyntheticMessage | AssistantMessage | SystemMessage | CompactionMessage
 )
+
+
+@attrs.frozen(kw_only=True)
+class InstructionEntry:
+    """An API-managed instruction value; its source key is ``api/<key>``."""
+
+    key: str
+    value: Any
 
 
 @attrs.frozen(kw_only=True)

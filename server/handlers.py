@@ -19,10 +19,12 @@ from protocol.operations import (
     ActiveSession,
     AgentInput,
     DeliveryInput,
+    InstructionEntryInput,
     InterruptQuery,
     InterruptResult,
     MessagesQuery,
     ModelInput,
+    PermissionReplyInput,
     SessionListQuery,
 )
 from protocol.requests import (
@@ -151,6 +153,17 @@ async def inbox_update(call: Call) -> Any:
     )
 
 
+async def permission_list(call: Call) -> Any:
+    return await call.runtime.sessions.permissions(call.session_id)
+
+
+async def permission_reply(call: Call) -> Any:
+    body: PermissionReplyInput = call.body
+    await call.runtime.sessions.reply_permission(
+        call.session_id, call.path["permissionID"], body.reply
+    )
+
+
 async def session_messages(call: Call) -> Any:
     q: MessagesQuery = call.query or MessagesQuery()
     return await call.runtime.sessions.messages(
@@ -164,6 +177,19 @@ async def session_message(call: Call) -> Any:
 
 async def session_context(call: Call) -> Any:
     return await call.runtime.sessions.context(call.session_id)
+
+
+async def instruction_entries(call: Call) -> Any:
+    return await call.runtime.instructions.list(call.session_id)
+
+
+async def instruction_entry_put(call: Call) -> Any:
+    body: InstructionEntryInput = call.body
+    await call.runtime.instructions.put(call.session_id, call.path["key"], body.value)
+
+
+async def instruction_entry_remove(call: Call) -> Any:
+    await call.runtime.instructions.remove(call.session_id, call.path["key"])
 
 
 HANDLERS: dict[str, Handler] = {
@@ -184,7 +210,12 @@ HANDLERS: dict[str, Handler] = {
     "session.inbox.list": inbox_list,
     "session.inbox.cancel": inbox_cancel,
     "session.inbox.update": inbox_update,
+    "session.permission.list": permission_list,
+    "session.permission.reply": permission_reply,
     "session.messages": session_messages,
     "session.message.get": session_message,
     "session.context": session_context,
+    "session.instructions.entry.list": instruction_entries,
+    "session.instructions.entry.put": instruction_entry_put,
+    "session.instructions.entry.remove": instruction_entry_remove,
 }

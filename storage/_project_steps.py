@@ -13,6 +13,7 @@ import orjson
 from protocol import codec
 from protocol import events as ev
 from storage._ops import Op, touch
+from storage._project_permissions import expire_asks
 from storage.recorder import RecordedEvent
 
 __all__ = ["STEP_PROJECTORS", "retry_cleared", "session_usage"]
@@ -332,6 +333,7 @@ def _tool_settled(
 ) -> tuple[Op, ...]:
     paths = "".join(f", '$.{k}', json(?)" for k in fields)
     return (
+        expire_asks(message_id, call_id),
         # The call's process group is the tool's to end; from here nothing owns it.
         Op(
             "DELETE FROM tool_process WHERE message_id = ? AND call_id = ?",

@@ -27,6 +27,7 @@ from protocol.requests import (
     UpdateSessionInput,
 )
 from storage import (
+    AppendConflictError,
     Command,
     DivergedError,
     ProjectionConflict,
@@ -39,6 +40,12 @@ pick = st.integers(min_value=0, max_value=50)
 texts = st.text(max_size=12)
 delivery = st.sampled_from(["steer", "queue"])
 fixed_ids = st.sampled_from(["msg_a", "msg_b", "msg_c", None, None])
+
+# Instruction deltas over a few keys: a hash, or an observed removal.
+_hashes = st.sampled_from(["0" * 64, "1" * 64, "2" * 64])
+_keys = st.sampled_from(["builtin/environment", "discovery/agents", "api/a", "api/b"])
+deltas = st.dictionaries(_keys, _hashes | st.just(ev.REMOVED), min_size=1, max_size=4)
+values_maps = st.dictionaries(_keys, _hashes, max_size=4)
 
 operations = st.lists(
     st.one_of(
@@ -58,6 +65,11 @@ operations = st.lists(
         st.tuples(st.just("compact"), pick, fixed_ids, delivery),
         st.tuples(st.just("control"), pick),
         st.tuples(st.just("compaction"), pick, st.sampled_from(["start", "end", "fail"])),
+        st.tuples(st.just("instructions"), pick, deltas, st.none() | texts),
+        st.tuples(st.just("compacted"), pick),
+        st.tuples(st.just("reverted"), pick),
+        st.tuples(st.just("forked"), pick, pick, st.none() | values_maps),
+        st.tuples(st.just("moved"), pick),
     ),
     max_size=40,
 )
@@ -126,8 +138,30 @@ async def run(path: Path, ops: list[tuple[Any, ...]]) -> None:
                         await sessions.inbox.control(sid, head, started)
                 elif kind == "compaction":
                     await compaction_fact(store, session(args[0]), args[1])
-            except DomainError:
+                elif kind in ("instructions", "compacted", "reverted", "forked", "moved"):
+                    await store.append(Command.of(_epoch_event(kind, session, args)))
+            except (DomainError, ProjectionConflict, AppendConflictError):
                 pass  # refusals are part of the workload; they must leave no trace
+
+
+def _epoch_event(kind: str, session: Any, args: list[Any]) -> ev.Event:
+    """Instruction deltas and the epoch events, appended as their owners would."""
+    sid = session(args[0])
+    if kind == "instructions":
+        return ev.InstructionsUpdated(session_id=sid, delta=args[1], text=args[2])
+    if kind == "compacted":
+        return ev.CompactionEnded(
+            session_id=sid,
+            reason="auto",
+            model=ModelRef(id="m1", provider_id="scripted"),
+            text="summary",
+            recent="",
+        )
+    if kind == "reverted":
+        return ev.RevertCommitted(session_id=sid, to="msg_a")
+    if kind == "forked":
+        return ev.SessionForked(session_id=sid, parent_id=session(args[1]), instructions=args[2])
+    return ev.SessionMoved(session_id=sid, location=Location(directory="/elsewhere"))
 
 
 async def compaction_fact(store: SQLiteStore, sid: str, what: str) -> None:
