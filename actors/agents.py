@@ -31,6 +31,8 @@ Configuration is TOML. Two owners, two powers:
     references = ["docs/style.md"]
     skills = ["release"]
 
+    compaction = false          # automatic compaction off for this agent
+
     [agents.build.permissions]
     bash = { "git *" = "allow", "rm *" = "ask", "*" = "deny" }
     edit = "ask"
@@ -86,6 +88,9 @@ class Agent:
     system: str = ""
     permissions: Mapping[str, Rule] = attrs.field(factory=lambda: {"*": "allow"})
     script: str | None = None
+    #: Automatic compaction for sessions of this agent; None follows
+    #: ``[runtime] compaction``.
+    compaction: bool | None = None
     #: Files (relative to the session's directory) whose text is an instruction source.
     references: tuple[str, ...] = ()
     #: Skills the agent may use; None = every skill found.
@@ -237,6 +242,10 @@ def _merge(base: Agent | None, name: str, table: Any, path: Path) -> Agent:
             if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
                 raise InvalidRequestError("steps must be a positive integer", field="steps")
             fields["steps"] = steps
+        if "compaction" in table:
+            if not isinstance(table["compaction"], bool):
+                raise InvalidRequestError("compaction must be true or false", field="compaction")
+            fields["compaction"] = table["compaction"]
         for key in ("system", "script"):
             if key in table:
                 if not isinstance(table[key], str):

@@ -26,16 +26,24 @@ execution with the step's error.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 from actors._blocking import BlockingExecutor
 from actors.agents import Agent, AgentCatalogs
 from actors.bus import EventBus
+from actors.compaction import CompactionSettings, Compactor
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
-from actors.inbox import Scope, select_promotable
-from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
+from actors.inbox import Scope, control_head, select_promotable
+from actors.llm import (
+    SCRIPTED_MODEL,
+    ModelLimits,
+    ModelRequest,
+    ProviderRegistry,
+    ToolSpec,
+    with_max_steps,
+)
 from actors.permissions import PermissionWaiters
 from actors.reaper import kill_recorded, stale_failure
 from actors.sessions import Sessions
@@ -44,16 +52,29 @@ from actors.tools import ToolExecutor, ToolRegistry
 from actors.tools._permission import offered
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, SessionNotFoundError
-from protocol.shapes import AssistantMessage, ModelRef, Session
+from protocol.shapes import (
+    AssistantMessage,
+    CompactionMessage,
+    InboxItem,
+    ModelRef,
+    Session,
+    SessionMessage,
+)
 from storage import Command, SQLiteStore
 
 __all__ = [
     "AgentUnavailableError",
+    "ControlHandler",
+    "ControlUnsupportedError",
     "InstructionSource",
     "NoInstructions",
     "Runner",
     "StepFailedError",
 ]
+
+
+#: Handles one control item at the head of the inbox (delivers it, does its work).
+ControlHandler = Callable[[Session, InboxItem], Awaitable[None]]
 
 
 class StepFailedError(Exception):
@@ -62,6 +83,12 @@ class StepFailedError(Exception):
     def __init__(self, error: ev.ErrorInfo) -> None:
         super().__init__(error.message)
         self.type = error.type
+
+
+class ControlUnsupportedError(Exception):
+    """A control item this build has no handler for heads the inbox."""
+
+    type: Final = "control.unsupported"
 
 
 class AgentUnavailableError(Exception):
@@ -75,12 +102,19 @@ class InstructionSource(Protocol):
 
     async def prepare(self, session: Session, agent: Agent) -> tuple[str, ...]: ...
 
+    async def current(self, session: Session, agent: Agent) -> tuple[str, ...]:
+        """The system text as stored now (after the epoch moved), admitting nothing."""
+        ...
+
 
 class NoInstructions:
     """No sources: the agent's system prompt, as it is, and nothing admitted."""
 
     async def prepare(self, session: Session, agent: Agent) -> tuple[str, ...]:
         return (agent.system,) if agent.system else ()
+
+    async def current(self, session: Session, agent: Agent) -> tuple[str, ...]:
+        return await self.prepare(session, agent)
 
 
 class Runner:
@@ -103,6 +137,8 @@ class Runner:
         retry_base_delay_s: float = 2.0,
         retry_max_delay_s: float = 900.0,
         chat_cache_bytes: int = CHAT_CACHE_BYTES,
+        compaction: CompactionSettings | None = None,
+        model_limits: Callable[[ModelRef], ModelLimits | None] | None = None,
         waiters: PermissionWaiters | None = None,
     ) -> None:
         self._store = store
@@ -114,6 +150,20 @@ class Runner:
         self._agents = agents
         self._chat = ChatCache(chat_cache_bytes)
         self._instructions = instructions or NoInstructions()
+        retry = retry_policy(retry_base_delay_s, retry_max_delay_s)
+        self._compactor = Compactor(
+            store=store,
+            bus=bus,
+            providers=providers,
+            retry=retry,
+            limits=model_limits or (lambda model: None),
+            settings=compaction,
+        )
+        #: What the runner does with a control item at the head of the inbox,
+        #: by its type. A handler delivers the item (``Inbox.control``, with
+        #: its own facts in the same command) and does its work; Session
+        #: movement registers ``move`` here.
+        self.controls: dict[str, ControlHandler] = {"compaction": self._manual_compaction}
         self._steps = StepRunner(
             store=store,
             bus=bus,
@@ -123,10 +173,14 @@ class Runner:
             tools=tools,
             secret_env=secret_env,
             server_dirs=server_dirs,
-            retry=retry_policy(retry_base_delay_s, retry_max_delay_s),
+            retry=retry,
             waiters=waiters,
             blocking=blocking.run,
         )
+
+    @property
+    def compactor(self) -> Compactor:
+        return self._compactor
 
     @property
     def chat_cache(self) -> ChatCache:
@@ -138,11 +192,16 @@ class Runner:
         except SessionNotFoundError:
             return  # deleted meanwhile: nothing to run
         await self.fail_stale_tools(session_id)
+        await self._compactor.settle_stale(session_id)
         continuing = False
         first = True
         step = 0
         while True:
             promote_scope: Scope = "steer" if continuing else scope
+            if await self._control(session, promote_scope):
+                first = False  # handled: the loop goes on from what follows it
+                session = await self._sessions.get(session_id)
+                continue
             resumed = False
             if not continuing and not await self._promotable(session_id, promote_scope):
                 resumed = first and force and await self._awaits_reply(session_id)
@@ -166,17 +225,74 @@ class Runner:
             agent = await self._agent(session)
             step += 1
             limited = agent.steps is not None and step >= agent.steps
-            request = await self._request(session, agent, step, limited, system)
+            history = await self._store.queries.context(session.id)
+            request = await self._request(session, agent, step, limited, system, history=history)
+            auto = self._compactor.enabled(agent.compaction)
+            if self._compactor.due(history, request, auto) is not None:
+                await self._compactor.run(
+                    session.id,
+                    request.model,
+                    history,
+                    "auto",
+                    script=_script(agent, session.metadata),
+                )
+                # The epoch moved: the baseline is the new initial values.
+                system = await self._instructions.current(session, agent)
+                request = await self._request(session, agent, step, limited, system)
             outcome = await self._steps.run(
                 session,
                 agent,
                 request,
                 limited=limited,
-                rebuild=functools.partial(self._request, session, agent, step, limited, system),
+                rebuild=functools.partial(self._rebuild, session, agent, step, limited),
+                compact=functools.partial(self._overflow, session, agent, request.model)
+                if auto
+                else None,
             )
             if outcome.error is not None:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
+
+    async def _control(self, session: Session, scope: Scope) -> bool:
+        """Handle the control item due at this boundary, if any; True when one was.
+
+        Promotion never delivers control items and stops before them, so one
+        at the head of the inbox would otherwise stall every later input.
+        """
+        pending = await self._store.queries.inbox(session.id)
+        item = control_head(pending, scope)
+        if item is None:
+            return False
+        handler = self.controls.get(item.type)
+        if handler is None:
+            raise ControlUnsupportedError(f"control item {item.type!r} is not supported")
+        await handler(session, item)
+        return True
+
+    async def _manual_compaction(self, session: Session, item: InboxItem) -> None:
+        started = ev.CompactionStarted(
+            session_id=session.id, reason="manual", recent="", input_id=item.id
+        )
+        if not await self._sessions.inbox.control(session.id, item, started):
+            return  # cancelled meanwhile
+        agent = await self._agent(session)
+        model = session.model or agent.model or self._default_model
+        history = await self._store.queries.context(session.id)
+        await self._compactor.run(
+            session.id,
+            model,
+            history,
+            "manual",
+            script=_script(agent, session.metadata),
+            input_id=item.id,
+        )
+
+    async def _overflow(self, session: Session, agent: Agent, model: ModelRef) -> bool:
+        """The one overflow-triggered compaction of a step."""
+        history = await self._store.queries.context(session.id)
+        return await self._compactor.run(
+            session.id, model, history, "auto", script=_script(agent, session.metadata)
+        )
 
     async def _promotable(self, session_id: str, scope: Scope) -> bool:
         """Whether a promotion at ``scope`` would deliver something now."""
@@ -222,6 +338,14 @@ class Runner:
             )
         return len(stale)
 
+    async def _rebuild(
+        self, session: Session, agent: Agent, step: int, limited: bool, native: bool
+    ) -> ModelRequest:
+        """A later attempt's request: the baseline read again, as an overflow
+        compaction may have moved the instruction epoch since the step began."""
+        system = await self._instructions.current(session, agent)
+        return await self._request(session, agent, step, limited, system, native)
+
     async def _request(
         self,
         session: Session,
@@ -230,13 +354,17 @@ class Runner:
         limited: bool,
         system: tuple[str, ...],
         native: bool = True,
+        *,
+        history: Sequence[SessionMessage] | None = None,
     ) -> ModelRequest:
         """The step's request from projected history (again for a later attempt).
 
         ``native=False`` leaves out provider-native continuation state: the
-        full rebuild after a provider rejected it.
+        full rebuild after a provider rejected it. ``history`` is the active
+        history when the caller has just read it.
         """
-        history = await self._store.queries.context(session.id)
+        if history is None:
+            history = await self._store.queries.context(session.id)
         # Only what the agent may call is offered; a call to anything else
         # still fails (ToolCalls checks again), but the model is not invited.
         allowed = [t.name for t in self._tools if offered(agent.permissions, t.name)]
@@ -264,6 +392,10 @@ class Runner:
         if not history:
             return False
         last = history[-1]
+        if isinstance(last, CompactionMessage):
+            # An automatic one runs right before a step that was due; a manual
+            # one (or one that failed) asked for nothing more.
+            return last.reason == "auto" and last.status == "completed"
         if not isinstance(last, AssistantMessage):
             return True
         return last.finish == "tool-calls" and last.error is None

@@ -39,12 +39,14 @@ import attrs
 from actors._blocking import BlockingExecutor
 from actors.agents import AgentCatalogs
 from actors.bus import EventBus
+from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
 from actors.execution import Execution, Terminal
-from actors.inbox import Scope, select_promotable
+from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import InstructionEntries, Instructions
 from actors.llm import (
     SCRIPTED_MODEL,
     HttpProvider,
+    ModelLimits,
     Provider,
     ProviderConfig,
     ProviderRegistry,
@@ -139,6 +141,25 @@ class RuntimeConfig:
     #: Bytes each decode cache may hold (the store's decoded messages, the
     #: runner's converted chat history): least recently used evicted first.
     decode_cache_bytes: int = 32 * 1024 * 1024
+    #: Automatic compaction (``[runtime] compaction``); an agent's
+    #: ``compaction`` overrides it. Manual compaction works either way.
+    compaction: bool = True
+    #: Reserved headroom in tokens: a step compacts first once its estimate
+    #: reaches ``context - max(min(output, 32000), compaction_buffer)``.
+    compaction_buffer: int = BUFFER_TOKENS
+    #: Token budget of the recent tail a compaction keeps verbatim.
+    compaction_tail_tokens: int = TAIL_TOKENS
+    #: Window limits of models no ``[providers.*]`` table describes (the
+    #: scripted model, injected providers), keyed ``PROVIDER/MODEL``.
+    model_limits: Mapping[str, ModelLimits] = attrs.field(factory=dict)
+
+    def limits(self, model: ModelRef) -> ModelLimits | None:
+        """The context and output limits of ``model``; None when unknown."""
+        given = self.model_limits.get(f"{model.provider_id}/{model.id}")
+        if given is not None:
+            return given
+        provider = self.provider_configs.get(model.provider_id)
+        return None if provider is None else provider.models.get(model.id)
 
     @property
     def db_path(self) -> Path:
@@ -379,6 +400,12 @@ class Runtime:
                 retry_base_delay_s=self.config.retry_base_delay_s,
                 retry_max_delay_s=self.config.retry_max_delay_s,
                 chat_cache_bytes=self.config.decode_cache_bytes,
+                compaction=CompactionSettings(
+                    auto=self.config.compaction,
+                    buffer=self.config.compaction_buffer,
+                    tail_tokens=self.config.compaction_tail_tokens,
+                ),
+                model_limits=self.config.limits,
                 waiters=self.permission_waiters,
             )
             self.runner = runner
@@ -435,8 +462,7 @@ class Runtime:
         if resume:
             pending = await self.sessions.pending(session_id)
             steers = select_promotable(pending, "steer")
-            head = next((i for i in pending if i.delivery == "steer"), None)
-            if steers or (head is not None and head.type in ("compaction", "move")):
+            if steers or control_head(pending, "steer") is not None:
                 self.execution.wake(session_id, "steer")
         return interrupted
 

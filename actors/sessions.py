@@ -240,6 +240,13 @@ class Sessions:
     async def change_delivery(self, session_id: str, inbox_id: str, delivery: Delivery) -> None:
         await self.inbox.change_delivery(session_id, inbox_id, delivery)
 
+    async def compact(
+        self, session_id: str, item_id: str | None = None, delivery: Delivery = "steer"
+    ) -> InboxItem:
+        """Request a manual compaction: a control item in the inbox (one pending at most)."""
+        await self.get(session_id)
+        return await self.inbox.compact(session_id, item_id, delivery)
+
     async def promote(self, session_id: str, scope: Scope) -> int:
         return len(await self.inbox.promote(session_id, scope))
 
@@ -317,7 +324,7 @@ class Sessions:
         return message
 
     async def context(self, session_id: str) -> builtins.list[SessionMessage]:
-        """The model-visible history: messages after the last compaction (all, for now)."""
+        """The model-visible history: the last completed compaction and what follows it."""
         await self.get(session_id)
         return await self._store.queries.context(session_id)
 

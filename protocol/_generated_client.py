@@ -25,7 +25,13 @@ from protocol.operations import (
     SessionListQuery,
     by_id,
 )
-from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput, UpdateSessionInput
+from protocol.requests import (
+    CompactInput,
+    CreateSessionInput,
+    PromptInput,
+    SyntheticInput,
+    UpdateSessionInput,
+)
 from protocol.shapes import InboxItem, InstructionEntry, Page, Session, SessionMessage
 
 __all__ = ["EventsAPI", "InstructionsAPI", "OperationGroups", "SessionsAPI"]
@@ -38,6 +44,7 @@ _SESSION_UPDATE: Final = by_id("session.update")
 _SESSION_REMOVE: Final = by_id("session.remove")
 _SESSION_PROMPT: Final = by_id("session.prompt")
 _SESSION_SYNTHETIC: Final = by_id("session.synthetic")
+_SESSION_COMPACT: Final = by_id("session.compact")
 _SESSION_INTERRUPT: Final = by_id("session.interrupt")
 _SESSION_RESUME: Final = by_id("session.resume")
 _SESSION_WAIT: Final = by_id("session.wait")
@@ -219,6 +226,26 @@ class SessionsAPI(APIGroup):
         """
         result: InboxItem = await self._call(
             _SESSION_SYNTHETIC,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+        return result
+
+    async def compact(
+        self,
+        session_id: str,
+        input: CompactInput | None = None,
+        *,
+        options: CallOptions | None = None,
+    ) -> InboxItem:
+        """Request a manual compaction: a control item in the inbox, one pending at most.
+
+        ``POST /api/session/{sessionID}/compact`` (session.compact). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError, ConflictError.
+        """
+        result: InboxItem = await self._call(
+            _SESSION_COMPACT,
             path_params={"sessionID": session_id},
             body=input,
             options=options,
@@ -477,7 +504,7 @@ class SessionsAPI(APIGroup):
         *,
         options: CallOptions | None = None,
     ) -> tuple[SessionMessage, ...]:
-        """The model-visible history after the last compaction.
+        """The model-visible history: the last completed compaction and what follows.
 
         ``GET /api/session/{sessionID}/context`` (session.context). Errors: InvalidRequestError,
         UnauthorizedError, SessionNotFoundError.

@@ -25,7 +25,11 @@ __all__ = [
     "LIVE_TYPES",
     "REGISTRY",
     "AgentSelected",
+    "CompactionDelta",
     "CompactionEnded",
+    "CompactionFailed",
+    "CompactionReason",
+    "CompactionStarted",
     "EnqueuedItem",
     "ErrorInfo",
     "Event",
@@ -209,19 +213,8 @@ class InstructionsUpdated(Event):
         return {"instructions": {"initial": True}} if self.text is None else None
 
 
-# -- epoch events owned by other issues (compaction, revert, fork, move): the
-# -- fields the instruction projection reads, named as reference §2.2 names them.
-
-
-@attrs.frozen(kw_only=True)
-class CompactionEnded(Event):
-    TYPE = "session.compaction.ended"
-    reason: Literal["auto", "manual"]
-    text: str
-    recent: str = ""
-    model: ModelRef | None = None
-    cost: float = 0.0
-    tokens: StepTokens | None = None
+# -- epoch events owned by other issues (revert, fork, move): the fields the
+# -- instruction projection reads, named as reference §2.2 names them.
 
 
 @attrs.frozen(kw_only=True)
@@ -462,6 +455,50 @@ class ToolFailed(Event):
     executed: bool = True
 
 
+# -- compaction -----------------------------------------------------------------------------------
+
+CompactionReason = Literal["auto", "manual"]
+
+
+@attrs.frozen(kw_only=True)
+class CompactionStarted(Event):
+    """A compaction began: ``recent`` is the serialized tail kept (``""`` for a
+    manual one at delivery, published with the control item's delivery)."""
+
+    TYPE = "session.compaction.started"
+    reason: CompactionReason
+    recent: str
+    input_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CompactionEnded(Event):
+    """The summary is durable: the active history restarts from ``text`` + ``recent``.
+
+    Also the instruction epoch's boundary (current instruction values become initial).
+    """
+
+    TYPE = "session.compaction.ended"
+    reason: CompactionReason
+    model: ModelRef
+    provider_state: Mapping[str, Any] | None = None
+    provider_context: Mapping[str, Any] | None = None
+    text: str
+    recent: str
+    cost: float = 0.0
+    tokens: StepTokens = attrs.field(factory=StepTokens)
+
+
+@attrs.frozen(kw_only=True)
+class CompactionFailed(Event):
+    TYPE = "session.compaction.failed"
+    reason: CompactionReason
+    error: ErrorInfo
+    input_id: str | None = None
+    cost: float | None = None
+    tokens: StepTokens | None = None
+
+
 PermissionReply = Literal["once", "always", "reject"]
 
 
@@ -536,6 +573,15 @@ class ToolProgress(Event):
     metadata: Mapping[str, Any]
 
 
+@attrs.frozen(kw_only=True)
+class CompactionDelta(Event):
+    """A piece of a compaction's summary as it streams (instance feed only)."""
+
+    TYPE = "session.compaction.delta"
+    DURABLE = False
+    text: str
+
+
 def stored_type(event: Event | type[Event]) -> str:
     """The versioned type the log stores: ``session.inbox.enqueued.1``."""
     return f"{event.TYPE}.{event.VERSION}"
@@ -556,7 +602,6 @@ REGISTRY: Mapping[str, type[Event]] = {
         InboxDeliveryChanged,
         SyntheticRecorded,
         InstructionsUpdated,
-        CompactionEnded,
         RevertCommitted,
         SessionForked,
         SessionMoved,
@@ -579,6 +624,9 @@ REGISTRY: Mapping[str, type[Event]] = {
         ToolSpawned,
         ToolSucceeded,
         ToolFailed,
+        CompactionStarted,
+        CompactionEnded,
+        CompactionFailed,
         PermissionAsked,
         PermissionReplied,
     )
@@ -586,7 +634,8 @@ REGISTRY: Mapping[str, type[Event]] = {
 
 #: Live-only event types: never stored, so never in :data:`REGISTRY`.
 LIVE_TYPES: Mapping[str, type[Event]] = {
-    cls.TYPE: cls for cls in (TextDelta, ReasoningDelta, ToolInputDelta, ToolProgress)
+    cls.TYPE: cls
+    for cls in (TextDelta, ReasoningDelta, ToolInputDelta, ToolProgress, CompactionDelta)
 }
 
 

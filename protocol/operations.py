@@ -29,6 +29,7 @@ from protocol import ids
 from protocol.events import PermissionAsked, PermissionReply
 from protocol.ids import IdKind
 from protocol.requests import (
+    CompactInput,
     CreateSessionInput,
     PromptInput,
     SyntheticInput,
@@ -283,6 +284,17 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         client=("sessions", "synthetic"),
     ),
     Operation(
+        id="session.compact",
+        method="POST",
+        path="/api/session/{sessionID}/compact",
+        summary="Request a manual compaction: a control item in the inbox, one pending at most",
+        body=CompactInput,
+        output_kind="data",
+        output=InboxItem,
+        errors=(*_NF, e.ConflictError),
+        client=("sessions", "compact"),
+    ),
+    Operation(
         id="session.interrupt",
         method="POST",
         path="/api/session/{sessionID}/interrupt",
@@ -405,7 +417,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         id="session.context",
         method="GET",
         path="/api/session/{sessionID}/context",
-        summary="The model-visible history after the last compaction",
+        summary="The model-visible history: the last completed compaction and what follows",
         output_kind="items",
         output=SessionMessage,
         errors=_NF,

@@ -12,6 +12,7 @@ import attrs
 
 __all__ = [
     "AssistantMessage",
+    "CompactionMessage",
     "Delivery",
     "FileAttachment",
     "FileSource",
@@ -226,7 +227,30 @@ class SystemMessage:
     keys: tuple[str, ...] | None = None
 
 
-SessionMessage = UserMessage | SyntheticMessage | AssistantMessage | SystemMessage
+@attrs.frozen(kw_only=True)
+class CompactionMessage:
+    """A compaction's transcript row: ``running`` until it ends or fails.
+
+    A ``completed`` one is the active history's boundary: the model sees its
+    summary ``text`` and the serialized ``recent`` tail, then what follows it.
+    """
+
+    type: Literal["compaction"] = "compaction"
+    id: str
+    session_id: str
+    seq: int
+    time: MessageTime
+    status: Literal["running", "completed", "failed"]
+    reason: Literal["auto", "manual"]
+    text: str | None = None
+    recent: str | None = None
+    error: Mapping[str, Any] | None = None
+    input_id: str | None = None
+
+
+SessionMessage = (
+    UserMessage | SyntheticMessage | AssistantMessage | SystemMessage | CompactionMessage
+)
 
 
 @attrs.frozen(kw_only=True)

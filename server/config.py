@@ -33,6 +33,9 @@
     default_model = "local/fake-model"   # PROVIDER/MODEL; scripted when unset
     retry_base_delay_s = 2               # first retry's backoff, doubled per retry
     retry_max_delay_s = 900              # cap on a provider's retry-after
+    compaction = true                    # automatic compaction (an agent may override)
+    compaction_buffer = 20000            # reserved headroom, tokens
+    compaction_tail_tokens = 15000       # recent tail kept verbatim, tokens
     project_instructions = true          # read the project's AGENTS.md / CLAUDE.md files
 
     [providers.local]                    # real models: see actors/llm/_config.py
@@ -96,6 +99,9 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "retry_base_delay_s": (int, float),
         "retry_max_delay_s": (int, float),
         "decode_cache_bytes": int,
+        "compaction": bool,
+        "compaction_buffer": int,
+        "compaction_tail_tokens": int,
         "project_instructions": bool,
     },
 }

@@ -27,7 +27,13 @@ from protocol.operations import (
     PermissionReplyInput,
     SessionListQuery,
 )
-from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput, UpdateSessionInput
+from protocol.requests import (
+    CompactInput,
+    CreateSessionInput,
+    PromptInput,
+    SyntheticInput,
+    UpdateSessionInput,
+)
 from protocol.shapes import Location
 
 __all__ = ["HANDLERS", "Call", "Handler"]
@@ -97,6 +103,11 @@ async def session_prompt(call: Call) -> Any:
 async def session_synthetic(call: Call) -> Any:
     body: SyntheticInput = call.body
     return await call.runtime.sessions.synthetic(call.session_id, body)
+
+
+async def session_compact(call: Call) -> Any:
+    body: CompactInput = call.body
+    return await call.runtime.sessions.compact(call.session_id, body.id, body.delivery)
 
 
 async def session_interrupt(call: Call) -> Any:
@@ -189,6 +200,7 @@ HANDLERS: dict[str, Handler] = {
     "session.update": session_update,
     "session.remove": session_remove,
     "session.prompt": session_prompt,
+    "session.compact": session_compact,
     "session.synthetic": session_synthetic,
     "session.interrupt": session_interrupt,
     "session.resume": session_resume,

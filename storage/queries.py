@@ -28,6 +28,7 @@ from protocol.lru import ByteLRU
 from protocol.shapes import (
     AssistantMessage,
     CacheTokens,
+    CompactionMessage,
     FileAttachment,
     InboxItem,
     Location,
@@ -217,9 +218,12 @@ class Queries:
         return self._decoded(rows[0]) if rows else None
 
     async def context(self, session_id: str) -> list[SessionMessage]:
+        """The active history: from the last completed compaction on (all without one)."""
         rows = await self._fetch(
-            f"{_WITH_PARTS} WHERE session_id = ? ORDER BY seq",
-            (session_id,),
+            f"{_WITH_PARTS} WHERE session_id = ? AND seq >= coalesce((SELECT max(seq)"
+            " FROM session_message WHERE session_id = ? AND type = 'compaction'"
+            " AND json_extract(data, '$.status') = 'completed'), 0) ORDER BY seq",
+            (session_id, session_id),
         )
         return [self._decoded(r) for r in rows]
 
@@ -304,6 +308,20 @@ class Queries:
             )
             for r in rows
         ]
+
+    async def running_compaction(self, session_id: str) -> CompactionMessage | None:
+        """The session's compaction still ``running`` (a crash or restart cut it off)."""
+        rows = await self._fetch(
+            f"SELECT {_MESSAGE_COLUMNS} FROM session_message WHERE session_id = ?"
+            " AND type = 'compaction' AND json_extract(data, '$.status') = 'running'"
+            " ORDER BY seq DESC LIMIT 1",
+            (session_id,),
+        )
+        if not rows:
+            return None
+        message = message_from_row(rows[0])
+        assert isinstance(message, CompactionMessage)
+        return message
 
     async def permission_requests(self, session_id: str) -> list[ev.PermissionAsked]:
         """The session's unanswered permission requests, oldest first (at most 1,000)."""
@@ -585,5 +603,18 @@ def message_from_row(r: Row, parts: Sequence[Any] = ()) -> SessionMessage:
             text=payload.get("text", ""),
             description=payload.get("description"),
             metadata=payload.get("metadata"),
+        )
+    if r[2] == "compaction":
+        return CompactionMessage(
+            id=r[0],
+            session_id=r[1],
+            seq=r[3],
+            time=time,
+            status=data["status"],
+            reason=data["reason"],
+            text=data.get("text"),
+            recent=data.get("recent"),
+            error=data.get("error"),
+            input_id=data.get("inputID"),
         )
     raise ValueError(f"unknown message type {r[2]!r}")

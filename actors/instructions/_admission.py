@@ -176,6 +176,11 @@ class Instructions:
             )
         return (await self.baseline(state),)
 
+    async def current(self, session: Session, agent: Agent) -> tuple[str, ...]:
+        """The epoch baseline as stored now (after a compaction moved it); reads no source."""
+        state = await self._store.queries.instruction_state(session.id)
+        return () if state is None else (await self.baseline(state),)
+
     def close(self) -> None:
         """End the observation threads (after the last drain: jobs are milliseconds)."""
         self._executor.shutdown(wait=True, cancel_futures=True)

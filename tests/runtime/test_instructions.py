@@ -303,8 +303,19 @@ async def test_compaction_makes_current_values_initial(
     await turn(rt, feed, s.id, "two", 2)
     _, _, initial, current = await state(rt, s.id)
     assert initial != current
+    await rt.store.append(
+        Command.of(ev.CompactionStarted(session_id=s.id, reason="auto", recent=""))
+    )
     [compacted] = await rt.store.append(
-        Command.of(ev.CompactionEnded(session_id=s.id, reason="auto", text="summary"))
+        Command.of(
+            ev.CompactionEnded(
+                session_id=s.id,
+                reason="auto",
+                model=ModelRef(id="m1", provider_id="scripted"),
+                text="summary",
+                recent="",
+            )
+        )
     )
     epoch, through, initial, now = await state(rt, s.id)
     assert (epoch, through) == (compacted.seq, compacted.seq)

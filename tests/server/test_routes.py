@@ -67,6 +67,7 @@ BODIES: dict[str, Any] = {
     "session.switchAgent": {"agent": "plan"},
     "session.switchModel": {"model": {"id": "m", "providerID": "scripted"}},
     "session.inbox.update": {"delivery": "steer"},
+    "session.compact": {"delivery": "queue"},
     "session.permission.reply": {"reply": "once"},
     "session.instructions.entry.put": {"value": {"tone": "terse"}},
 }
