@@ -17,6 +17,13 @@
 // twice. A durable event makes the page re-read the message it names, which
 // is harmless to do twice. The log view and its "follow" toggle read the
 // same way, from the last seq they showed.
+//
+// Permission asks (a tool call waiting for a person) are read from
+// /api/session/{id}/permission whenever a session.permission.* event (or an
+// event that can end an ask: a failed call, an ended execution) is applied,
+// and shown on the tool call they hold, with once/always/reject buttons.
+// Compaction rows show their reason and status; the summary is collapsed, and
+// streams in from session.compaction.delta while the compaction runs.
 "use strict";
 
 const BEYOND = 9007199254740991; // an `after` past any seq: the log answers with log.synced only
@@ -254,6 +261,7 @@ function onFeed(frame) {
   if (current && current.id === sid) {
     if (type === "session.text.delta") current.live(data, "text");
     else if (type === "session.reasoning.delta") current.live(data, "reasoning");
+    else if (type === "session.compaction.delta") current.liveCompaction(data.text || "");
     current.renderStatus();
   }
   if (envelope.durable || type.startsWith("session.execution") || type === "session.retry.scheduled") {
@@ -282,6 +290,10 @@ class SessionView {
     this.again = false;
     this.logLive = false; // the log view appends applied events
     this.logRun = 0;
+    this.asks = new Map(); // permissionID -> pending ask
+    this.asksRead = 0; // generation of the latest asks read: an older answer is dropped
+    this.compacting = null; // the id of the compaction row running, if known
+    this.compactText = ""; // its summary so far, from the live deltas
   }
 
   async start() {
@@ -304,6 +316,7 @@ class SessionView {
     this.scrollDown();
     this.renderStatus();
     this.loadInbox();
+    this.loadAsks();
     this.ready = true;
     this.catchUp();
     this.startLog();
@@ -386,6 +399,7 @@ class SessionView {
     for (const id of this.messages.keys()) this.dirty.add(id);
     this.scheduleFlush();
     this.loadInbox();
+    this.loadAsks();
   }
 
   // One durable event, the next in seq order (from the log or the feed).
@@ -403,6 +417,29 @@ class SessionView {
       this.scheduleFlush();
     }
     if (type.startsWith("session.inbox.")) this.loadInbox();
+    if (
+      type.startsWith("session.permission.") ||
+      type === "session.tool.failed" ||
+      /^session\.execution\.(succeeded|failed|interrupted)$/.test(type)
+    ) {
+      this.loadAsks();
+    }
+    if (type === "session.compaction.started") {
+      // The row's id: the manual request's id, else the starting event's (evt_X -> msg_X).
+      const id = data.inputID || "msg_" + String((envelope && envelope.id) || "").replace(/^evt_/, "");
+      this.compacting = id;
+      this.compactText = "";
+      this.dirty.add(id);
+      this.scheduleFlush();
+    } else if (type === "session.compaction.ended" || type === "session.compaction.failed") {
+      if (this.compacting) this.dirty.add(this.compacting);
+      for (const message of this.messages.values()) {
+        if (message.type === "compaction" && message.status === "running") this.dirty.add(message.id);
+      }
+      this.compacting = null;
+      this.compactText = "";
+      this.scheduleFlush();
+    }
     if (type === "session.renamed") $("session-title").textContent = data.title || "";
   }
 
@@ -434,6 +471,7 @@ class SessionView {
     if (old) old.replaceWith(node);
     else this.insert(node, message.seq);
     this.nodes.set(message.id, node);
+    if (message.type === "assistant") this.renderAsks();
     if (atBottom) this.scrollDown();
   }
 
@@ -453,6 +491,7 @@ class SessionView {
     const node = el("div", "msg " + message.type);
     node.dataset.id = message.id;
     node.dataset.seq = String(message.seq);
+    if (message.type === "compaction") return this.renderCompaction(message, node);
     if (message.type !== "assistant") {
       node.textContent = message.text || message.description || "";
       return node;
@@ -498,8 +537,30 @@ class SessionView {
     return node;
   }
 
+  renderCompaction(message, node) {
+    node.dataset.status = message.status;
+    node.append(el("div", "compaction-head", `⇢ compaction (${message.reason}) [${message.status}]`));
+    let text = message.text || "";
+    if (message.status === "running" && this.compacting === message.id) text = this.compactText;
+    const summary = el("details", "summary");
+    summary.append(el("summary", "", message.status === "running" ? "Summary so far" : "Summary"));
+    summary.append(el("pre", "", text || "(none yet)"));
+    node.append(summary);
+    if (message.error) node.append(el("div", "error-text", oneLine(message.error.message || message.error)));
+    return node;
+  }
+
+  // A piece of the running compaction's summary, from the instance feed.
+  liveCompaction(text) {
+    if (this.compactText.length < MAX_LIVE) this.compactText += text;
+    const node = this.compacting && this.nodes.get(this.compacting);
+    const pre = node && node.querySelector("details.summary pre");
+    if (pre) pre.textContent = this.compactText;
+  }
+
   renderTool(part) {
     const box = el("details", "tool " + part.status);
+    box.dataset.call = part.id;
     box.append(el("summary", "", `⚙ ${part.name} ${oneLine(part.input || {})} [${part.status}]`));
     let output = "";
     for (const item of part.content || []) output += item.text !== undefined ? item.text : JSON.stringify(item);
@@ -554,6 +615,61 @@ class SessionView {
     badge.className = "status " + state;
     $("interrupt").disabled = state === "idle";
     renderRetry();
+  }
+
+  async loadAsks() {
+    const generation = ++this.asksRead;
+    let data;
+    try {
+      ({ data } = await api("GET", `/api/session/${this.id}/permission`));
+    } catch (err) {
+      if (!this.control.signal.aborted) showError(err);
+      return;
+    }
+    if (current !== this || generation !== this.asksRead) return;
+    this.asks = new Map(data.map((ask) => [ask.id, ask]));
+    this.renderAsks();
+  }
+
+  // Each pending ask goes after the tool call it holds, or (call not on
+  // screen yet) in the session's list above the prompt.
+  renderAsks() {
+    const box = $("transcript");
+    for (const node of box.querySelectorAll(".ask")) node.remove();
+    const list = $("asks");
+    list.textContent = "";
+    for (const ask of this.asks.values()) {
+      const node = this.renderAsk(ask);
+      const call = [...box.querySelectorAll("details.tool")].find((d) => d.dataset.call === ask.callID);
+      if (call) call.after(node);
+      else list.append(node);
+    }
+    $("asks-box").hidden = list.children.length === 0;
+  }
+
+  renderAsk(ask) {
+    const node = el("div", "ask");
+    node.dataset.id = ask.id;
+    node.dataset.call = ask.callID;
+    const what = ask.patterns && ask.patterns.length ? " · " + ask.patterns.join(", ") : "";
+    node.append(el("span", "ask-text", `Allow ${ask.permission}: ${oneLine(ask.summary, 240)}${what}?`));
+    for (const reply of ["once", "always", "reject"]) {
+      const button = el("button", "reply " + reply, reply);
+      button.type = "button";
+      if (reply === "always" && ask.always && ask.always.length) button.title = "always: " + ask.always.join(", ");
+      button.addEventListener("click", async () => {
+        for (const b of node.querySelectorAll("button")) b.disabled = true;
+        try {
+          await api("POST", `/api/session/${this.id}/permission/${ask.id}`, { reply });
+        } catch (err) {
+          // 409: answered meanwhile (another tab); the asks are read again either way.
+          if (!(err instanceof ApiError && err.status === 409)) showError(err);
+        }
+        this.loadAsks();
+      });
+      node.append(button);
+    }
+    return node;
   }
 
   async loadInbox() {
@@ -721,6 +837,9 @@ function main() {
   });
   $("interrupt").addEventListener("click", () => {
     if (current) api("POST", `/api/session/${current.id}/interrupt`).catch(showError);
+  });
+  $("compact").addEventListener("click", () => {
+    if (current) api("POST", `/api/session/${current.id}/compact`, {}).then(() => current && current.loadInbox(), showError);
   });
   $("older").addEventListener("click", () => current && current.loadOlder().catch(showError));
   $("tab-log").addEventListener("click", () => setTab(true));

@@ -287,3 +287,97 @@ async def test_a_long_session_opens_at_its_end_and_loads_earlier_messages(
     seqs = [int(s) for s in await messages.evaluate_all("ns => ns.map(n => n.dataset.seq)")]
     assert seqs == sorted(seqs)
     await page.close()
+
+
+#: An agent whose every bash call waits for a person's answer.
+ASKER = '[agents.asker.permissions]\nbash = "ask"\n'
+
+
+@pytest.fixture
+async def asker_url(tmp_path: Path) -> AsyncIterator[str]:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    (data / "agents.toml").write_text(ASKER)
+    env = {**os.environ, "SESSIONRT_SERVER_PASSWORD": PASSWORD}
+    async with serving(data, env=env, cwd=tmp_path) as served:
+        yield served.url
+
+
+async def test_a_permission_ask_is_answered_in_the_page_and_the_call_runs(
+    browser: Browser, asker_url: str, shots: Path
+) -> None:
+    page = await signed_in(browser, asker_url)
+    sid = await page.evaluate(
+        """async (pw) => {
+        const r = await fetch('/api/session', {method: 'POST', headers:
+          {'Content-Type': 'application/json', Authorization: 'Bearer ' + pw},
+          body: JSON.stringify({title: 'asks', agent: 'asker'})});
+        return (await r.json()).data.id;}""",
+        PASSWORD,
+    )
+    await page.locator(f'#sessions li[data-id="{sid}"]').click()
+    await expect(page.locator("#session-id")).to_have_text(sid)
+    script = "\n".join(
+        [
+            '#tool bash {"command": "printf first-%s ran"}',
+            "#step",
+            '#tool bash {"command": "printf second-%s ran"}',
+            "#step",
+            "#text all done",
+        ]
+    )
+    await send(page, script)
+    transcript = page.locator("#transcript")
+    # The ask stands on the tool call it holds; nothing has run.
+    ask = transcript.locator(".msg.assistant .ask")
+    await expect(ask).to_have_count(1)
+    await expect(ask).to_contain_text("printf first-%s ran")
+    call = transcript.locator("details.tool").first
+    await expect(call).to_have_class(re.compile(r"\brunning\b"))
+    assert await call.get_attribute("data-call") == await ask.get_attribute("data-call")
+    await page.screenshot(path=shots / "permission-ask.png")
+    await ask.locator("button.once").click()
+    first = transcript.locator("details.tool.completed", has_text="first-ran")
+    await expect(first).to_have_count(1)
+    # The second call asks again (once granted only the first); reject it.
+    await expect(ask).to_have_count(1)
+    await expect(ask).to_contain_text("printf second-%s ran")
+    await ask.locator("button.reject").click()
+    await expect(transcript.locator("details.tool.error")).to_have_count(1)
+    await expect(transcript.locator(".msg.assistant .text", has_text="all done")).to_have_count(1)
+    await expect(ask).to_have_count(0)
+    await expect(page.locator("#asks-box")).to_be_hidden()
+    await expect(page.locator("#session-status")).to_have_text("idle")
+    await page.click("#tab-log")
+    replies = page.locator("#log td.type", has_text="session.permission.replied")
+    await expect(replies).to_have_count(2)
+    await page.close()
+
+
+async def test_a_compaction_row_shows_its_summary_collapsed(browser: Browser, url: str) -> None:
+    page = await signed_in(browser, url)
+    await create(page, "compacted")
+    transcript = page.locator("#transcript")
+    # Two exchanges: the older one is what a compaction summarizes.
+    await send(page, "#summary ## Objective\n#summary Keep the tests green.\n#text first answer")
+    await expect(transcript.locator(".msg.assistant .text")).to_have_text("first answer")
+    await expect(page.locator("#session-status")).to_have_text("idle")
+    await send(page, "#text noted")
+    await expect(transcript.locator(".msg.assistant .text").last).to_have_text("noted")
+    await expect(page.locator("#session-status")).to_have_text("idle")
+    await page.click("#compact")
+    row = transcript.locator(".msg.compaction")
+    await expect(row).to_have_attribute("data-status", "completed", timeout=30_000)
+    await expect(row.locator(".compaction-head")).to_contain_text("manual")
+    summary = row.locator("details.summary")
+    body = summary.locator("pre")
+    await expect(body).to_be_hidden()  # collapsed until opened
+    await summary.locator("summary").click()
+    await expect(body).to_contain_text("Keep the tests green.")
+    # After the boundary the row stays where it was, below the answer it summarized.
+    seqs = [
+        int(s)
+        for s in await transcript.locator(".msg").evaluate_all("ns => ns.map(n => n.dataset.seq)")
+    ]
+    assert seqs == sorted(seqs)
+    await page.close()
