@@ -144,7 +144,39 @@ async def _measure(args: argparse.Namespace, url: str, pid: int) -> dict[str, An
         finally:
             await browser.close()
     paint_ms = statistics.median(loaded)
+    base_ms = statistics.median(baseline)
+    alone = phases["no consoles"]
+    many = phases[f"{args.consoles} consoles"]
+    figures: list[dict[str, Any]] = [
+        {
+            "name": f"first paint, {held} messages",
+            "value": paint_ms,
+            "unit": "ms",
+            "baseline": base_ms,
+            "baseline_label": "empty session",
+            "ratio": paint_ms / base_ms if base_ms else None,
+            "target": f"<= {TARGET_PAINT_MS:.0f} ms",
+            "pass": paint_ms <= TARGET_PAINT_MS,
+        },
+        {
+            "name": f"server cpu, {args.prompts} answers, {args.consoles} consoles open",
+            "value": many["cpu_s"],
+            "unit": "s",
+            "baseline": alone["cpu_s"],
+            "baseline_label": "no console",
+            "ratio": many["cpu_s"] / alone["cpu_s"] if alone["cpu_s"] else None,
+        },
+        {
+            "name": f"server rss, {args.consoles} consoles open",
+            "value": many["rss"] / 2**20,
+            "unit": "MiB",
+            "baseline": alone["rss"] / 2**20,
+            "baseline_label": "no console",
+            "ratio": many["rss"] / alone["rss"] if alone["rss"] else None,
+        },
+    ]
     return {
+        "figures": figures,
         "messages": held,
         "first_paint_ms": {
             "empty session (baseline)": statistics.median(baseline),
