@@ -108,6 +108,11 @@ def _success(op: Operation, schemas: _Schemas) -> tuple[str, dict[str, Any]]:
             "description": "Server-sent events",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
         }
+    if op.output_kind == "text":
+        return "200", {
+            "description": op.summary,
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
     item = schemas.of(op.output)
     if op.output_kind == "data":
         body = {"type": "object", "properties": {"data": item}, "required": ["data"]}

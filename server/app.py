@@ -264,6 +264,10 @@ def _endpoint(op: Operation) -> Endpoint:
             )
         if op.id == "event.subscribe":
             return await request.app[FEED].stream(request)
+        if op.id == "server.metrics":
+            return await _metrics(request)
+        if op.id == "server.health":
+            return await _health(request)
         settings = request.app[SETTINGS]
         body = await decode_body(op, request, settings.body_timeout_s, settings.max_body_bytes)
         call = Call(
@@ -397,8 +401,6 @@ def make_app(
             app.router.add_route(op.method, op.path, _endpoint(op), name=op.id)
     app.router.add_get("/doc", _doc, name="openapi")
     console.add_routes(app)
-    app.router.add_get("/metrics", _metrics, name="metrics")
-    app.router.add_get("/health", _health, name="health")
     app.router.add_get("/api/session/{sessionID}/event", _compat_event_log, name="compat.log")
     app.router.add_get("/event", _compat_feed, name="compat.event")
 

@@ -12,7 +12,7 @@ import pytest
 from actors.runtime import RuntimeConfig
 from protocol import SessionNotFoundError
 from protocol.errors import ConflictError, PermissionNotFoundError
-from protocol.operations import LogQuery, PermissionReplyInput
+from protocol.operations import HealthStatus, LogQuery, PermissionReplyInput
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import Location
 from server.embedded import Embedded
@@ -130,3 +130,18 @@ async def test_embedded_lists_and_answers_permission_requests(tmp_path: Path) ->
                 session.id, "per_nothing", PermissionReplyInput(reply="once")
             )
         assert list(await oc.sessions.permissions(session.id)) == []
+
+
+async def test_health_and_metrics_through_the_typed_client(tmp_path: Path) -> None:
+    async with Embedded(tmp_path / "data") as oc:
+        assert (await oc.server.health()) == HealthStatus(healthy=True)
+        session = await oc.sessions.create()
+        await oc.sessions.prompt(session.id, PromptInput(text="#text counted"))
+        await oc.sessions.wait(session.id)
+        text = await oc.server.metrics()
+        # The text exposition format, with the admission just made counted.
+        lines = [
+            line for line in text.splitlines() if line.startswith("sessionrt_admissions_total")
+        ]
+        assert lines, text[:400]
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in lines) >= 1

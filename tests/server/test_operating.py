@@ -173,3 +173,15 @@ async def test_serve_logs_start_recovery_and_stop_as_json(tmp_path: Path) -> Non
     assert phases == ["start", "recovery", "stop", "stopped"], err
     assert lines[0]["password"] is True
     assert "top-secret-pw" not in err
+
+
+async def test_metrics_and_health_are_in_the_openapi_document(client: Client) -> None:
+    doc = await (await client.get("/doc")).json()
+    metrics = doc["paths"]["/metrics"]["get"]
+    assert list(metrics["responses"]["200"]["content"]) == ["text/plain"]
+    health = doc["paths"]["/health"]["get"]["responses"]
+    schema = health["200"]["content"]["application/json"]["schema"]
+    if "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    assert schema["properties"]["healthy"] == {"type": "boolean"}
+    assert "StorageUnavailableError" in health["503"]["description"]
