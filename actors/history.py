@@ -30,6 +30,7 @@ from protocol.shapes import (
     AssistantMessage,
     ReasoningPart,
     SessionMessage,
+    ShellMessage,
     SyntheticMessage,
     SystemMessage,
     TextPart,
@@ -136,6 +137,9 @@ def _convert(message: SessionMessage) -> tuple[ChatMessage, ...]:
             return (ChatMessage(role="system", parts=(TextContent(text=message.text),)),)
         case AssistantMessage():
             return tuple(_assistant(message))
+        case ShellMessage():
+            # The model sees a shell through its notice (synthetic input), once.
+            return ()
 
 
 def _assistant(message: AssistantMessage) -> list[ChatMessage]:

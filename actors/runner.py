@@ -34,6 +34,8 @@ from actors.inbox import Scope
 from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
 from actors.reaper import kill_recorded, stale_failure
 from actors.sessions import Sessions
+from actors.shells import Environments
+from actors.snapshots import Snapshots
 from actors.step import StepRunner, retry_policy
 from actors.tools import ToolExecutor, ToolRegistry, permission
 from protocol import events as ev
@@ -95,6 +97,8 @@ class Runner:
         retry_base_delay_s: float = 2.0,
         retry_max_delay_s: float = 900.0,
         chat_cache_bytes: int = CHAT_CACHE_BYTES,
+        snapshots: Snapshots | None = None,
+        environments: Environments | None = None,
     ) -> None:
         self._store = store
         self._default_model = default_model
@@ -115,6 +119,8 @@ class Runner:
             secret_env=secret_env,
             server_dirs=server_dirs,
             retry=retry_policy(retry_base_delay_s, retry_max_delay_s),
+            snapshots=snapshots,
+            environments=environments,
         )
 
     @property

@@ -70,6 +70,8 @@ from actors.llm import (
     ToolInputEnd,
     ToolInputStart,
 )
+from actors.shells import Environments
+from actors.snapshots import SnapshotError, Snapshots
 from actors.tool_calls import ToolCalls
 from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
@@ -94,6 +96,8 @@ CONTINUE_TEXT: Final = (
     " stopped, without repeating what you already wrote."
 )
 CONTINUE_DESCRIPTION: Final = "Continuing after an incomplete response"
+#: Tools whose call makes the step take a snapshot after it (``step.ended``).
+WRITING_TOOLS: Final = frozenset({"write", "edit", "bash"})
 _ABORTED: Final = ev.ErrorInfo(type="aborted", message="Step interrupted")
 
 #: Builds the step's request again from projected history; ``native=False``
@@ -196,8 +200,12 @@ class StepRunner:
         secret_env: frozenset[str] = frozenset(),
         server_dirs: tuple[Path, ...] = (),
         retry: RetryPolicy | None = None,
+        snapshots: Snapshots | None = None,
+        environments: Environments | None = None,
     ) -> None:
         self._store = store
+        self._snapshots = snapshots
+        self._environments = environments
         self._secret_env = secret_env
         self._server_dirs = server_dirs
         self._bus = bus
@@ -223,11 +231,13 @@ class StepRunner:
         retries = 0  # generic retries and continuations spent
         rebuilt = False
         started = False
+        before: str | None = None
         while True:
             physical += 1
             step = self._attempt(session, agent, assistant_id)
             if not started:
                 started = True
+                before = await self._track(session)
                 step.emit(
                     ev.StepStarted(
                         session_id=session.id,
@@ -235,6 +245,7 @@ class StepRunner:
                         agent=agent.name,
                         model=request.model,
                         started=now_ms(),
+                        snapshot=before,
                     )
                 )
             attempt = attrs.evolve(request, metadata={**request.metadata, "attempt": physical})
@@ -293,7 +304,33 @@ class StepRunner:
                 log.exception("step of %s failed unexpectedly", session.id)
                 error = ev.ErrorInfo(type="unknown", message=f"{type(exc).__name__}: {exc}")
                 return await self._failed(step, error)
-            return await self._end(step, finished, outcomes, limited)
+            return await self._end(step, finished, outcomes, limited, session, before)
+
+    async def _track(self, session: Session) -> str | None:
+        """The session directory's snapshot now; None without a store or a git work tree."""
+        if self._snapshots is None:
+            return None
+        try:
+            return await self._snapshots.track(session.location.directory)
+        except (SnapshotError, OSError) as exc:
+            # A broken snapshot store costs revert its files, never the step.
+            log.warning("snapshot of %s failed: %s", session.id, exc)
+            return None
+
+    async def _after_writes(
+        self, step: _Attempt, session: Session, before: str | None
+    ) -> tuple[str | None, tuple[str, ...] | None]:
+        if before is None or self._snapshots is None or not (step.calls.ran_tools & WRITING_TOOLS):
+            return None, None
+        after = await self._track(session)
+        if after is None:
+            return None, None
+        try:
+            files = await self._snapshots.changed(session.location.directory, before, after)
+        except SnapshotError as exc:
+            log.warning("snapshot diff of %s failed: %s", session.id, exc)
+            return None, None
+        return after, files
 
     def _attempt(self, session: Session, agent: Agent, assistant_id: str) -> _Attempt:
         step = _Attempt(self._store, self._bus, session.id, assistant_id)
@@ -307,6 +344,9 @@ class StepRunner:
             output_dir=self._output_dir,
             secret_env=self._secret_env,
             server_dirs=self._server_dirs,
+            environment=(
+                None if self._environments is None else self._environments.variables(session.id)
+            ),
         )
         return step
 
@@ -437,7 +477,13 @@ class StepRunner:
         await step.flushed()
 
     async def _end(
-        self, step: _Attempt, finished: Finish, outcomes: list[ToolOutcome], limited: bool
+        self,
+        step: _Attempt,
+        finished: Finish,
+        outcomes: list[ToolOutcome],
+        limited: bool,
+        session: Session,
+        before: str | None,
     ) -> StepOutcome:
         sid, aid = step.session_id, step.assistant_id
         step.calls.fail_unfinished("The model never completed the tool call")
@@ -459,6 +505,7 @@ class StepRunner:
             )
             await step.flushed()
             return StepOutcome(error=error)
+        snapshot, files = await self._after_writes(step, session, before)
         step.emit(
             ev.StepEnded(
                 session_id=sid,
@@ -467,6 +514,8 @@ class StepRunner:
                 cost=finished.usage.cost,
                 tokens=_tokens(finished.usage),
                 provider_state=step.provider_state,
+                snapshot=snapshot,
+                files=files,
             )
         )
         await step.flushed()

@@ -77,6 +77,7 @@ class ToolCalls:
         output_dir: Path,
         secret_env: frozenset[str],
         server_dirs: tuple[Path, ...],
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         self._journal = journal
         self._session = session
@@ -87,6 +88,9 @@ class ToolCalls:
         self._output_dir = output_dir
         self._secret_env = secret_env
         self._server_dirs = server_dirs
+        self._environment = environment or {}
+        #: Names of the tools this step ran (a write, edit or bash makes a snapshot).
+        self.ran_tools: set[str] = set()
         #: Calls whose input started streaming but that were never completed (id -> name).
         self._unfinished: dict[str, str] = {}
         self._tasks: dict[str, asyncio.Task[ToolOutcome]] = {}
@@ -177,7 +181,9 @@ class ToolCalls:
                 config_writes=permission(self._agent.permissions, "config") == "allow",
                 secret_env=self._secret_env,
                 server_dirs=self._server_dirs,
+                environment=self._environment,
             )
+            self.ran_tools.add(call.name)
             try:
                 outcome = await self._executor.execute(call.name, call.input, ctx)
             except SucceededThenInterrupted as late:

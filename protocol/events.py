@@ -19,7 +19,7 @@ import attrs
 import orjson
 
 from protocol import codec
-from protocol.shapes import Delivery, InboxItemType, Location, ModelRef
+from protocol.shapes import Delivery, InboxItemType, Location, ModelRef, SessionRevert, ShellInfo
 
 __all__ = [
     "LIVE_TYPES",
@@ -44,9 +44,14 @@ __all__ = [
     "ReasoningEnded",
     "ReasoningStarted",
     "RetryScheduled",
+    "RevertCleared",
+    "RevertCommitted",
+    "RevertStaged",
     "SessionCreated",
     "SessionDeleted",
     "SessionRenamed",
+    "ShellEnded",
+    "ShellStarted",
     "StepEnded",
     "StepFailed",
     "StepStarted",
@@ -169,6 +174,44 @@ class SyntheticRecorded(Event):
     metadata: Mapping[str, Any] | None = None
 
 
+# -- user shells and reverts ------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ShellStarted(Event):
+    TYPE = "session.shell.started"
+    shell: ShellInfo
+
+
+@attrs.frozen(kw_only=True)
+class ShellEnded(Event):
+    """The command ended (or was cancelled); ``output`` is bounded like tool output."""
+
+    TYPE = "session.shell.ended"
+    shell: ShellInfo
+    output: str
+
+
+@attrs.frozen(kw_only=True)
+class RevertStaged(Event):
+    TYPE = "session.revert.staged"
+    revert: SessionRevert
+
+
+@attrs.frozen(kw_only=True)
+class RevertCleared(Event):
+    TYPE = "session.revert.cleared"
+
+
+@attrs.frozen(kw_only=True)
+class RevertCommitted(Event):
+    """The staged revert is permanent: the transcript from ``to`` on leaves the
+    projections (never the log) and instruction state is cleared."""
+
+    TYPE = "session.revert.committed"
+    to: str
+
+
 # -- execution ------------------------------------------------------------------------------------
 
 
@@ -239,6 +282,8 @@ class StepStarted(Event):
     model: ModelRef
     #: Dispatch time, epoch ms.
     started: int
+    #: The file snapshot before the step (absent outside a git work tree).
+    snapshot: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -251,6 +296,10 @@ class StepEnded(Event):
     #: Provider-native continuation state (e.g. reasoning signatures), replayed
     #: only to the exact provider and model that produced it.
     provider_state: Mapping[str, Any] | None = None
+    #: The file snapshot after a step that ran a writing tool (a tree id of the
+    #: project's snapshot store), and the paths it changed, relative to the Location.
+    snapshot: str | None = None
+    files: tuple[str, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -439,6 +488,11 @@ REGISTRY: Mapping[str, type[Event]] = {
         InboxCancelled,
         InboxDeliveryChanged,
         SyntheticRecorded,
+        ShellStarted,
+        ShellEnded,
+        RevertStaged,
+        RevertCleared,
+        RevertCommitted,
         ExecutionStarted,
         ExecutionSucceeded,
         ExecutionFailed,

@@ -19,11 +19,15 @@ from protocol.operations import (
     ActiveSession,
     AgentInput,
     DeliveryInput,
+    DiffQuery,
+    EnvironmentInput,
     InterruptQuery,
     InterruptResult,
     MessagesQuery,
     ModelInput,
+    RevertStageInput,
     SessionListQuery,
+    ShellInput,
 )
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput, UpdateSessionInput
 from protocol.shapes import Location
@@ -155,6 +159,38 @@ async def session_context(call: Call) -> Any:
     return await call.runtime.sessions.context(call.session_id)
 
 
+async def session_shell(call: Call) -> Any:
+    body: ShellInput = call.body
+    session = await call.runtime.sessions.get(call.session_id)
+    await call.runtime.shells.start(session, body.command, body.id)
+
+
+async def session_environment(call: Call) -> Any:
+    body: EnvironmentInput = call.body
+    await call.runtime.sessions.get(call.session_id)
+    call.runtime.environments.replace(call.session_id, body.variables)
+
+
+async def revert_stage(call: Call) -> Any:
+    body: RevertStageInput = call.body
+    return await call.runtime.reverts.stage(call.session_id, body.message_id, body.files)
+
+
+async def revert_clear(call: Call) -> Any:
+    await call.runtime.reverts.clear(call.session_id)
+
+
+async def revert_commit(call: Call) -> Any:
+    await call.runtime.reverts.commit(call.session_id)
+
+
+async def session_diff(call: Call) -> Any:
+    q: DiffQuery = call.query or DiffQuery()
+    return await call.runtime.reverts.diff(
+        call.session_id, q.from_, q.to, 3 if q.context is None else q.context
+    )
+
+
 HANDLERS: dict[str, Handler] = {
     "session.list": session_list,
     "session.create": session_create,
@@ -175,4 +211,10 @@ HANDLERS: dict[str, Handler] = {
     "session.messages": session_messages,
     "session.message.get": session_message,
     "session.context": session_context,
+    "session.shell": session_shell,
+    "session.environment": session_environment,
+    "session.revert.stage": revert_stage,
+    "session.revert.clear": revert_clear,
+    "session.revert.commit": revert_commit,
+    "session.diff": session_diff,
 }

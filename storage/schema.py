@@ -114,8 +114,14 @@ CREATE TABLE tool_process (
 CREATE INDEX tool_process_session ON tool_process (session_id);
 """
 
+# v5: the staged revert of a session (``session.revert.staged``), as its JSON;
+# NULL when none is staged. Shell entries are ``session_message`` rows.
+_V5: Final = """
+ALTER TABLE session ADD COLUMN revert TEXT;
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).
