@@ -59,14 +59,23 @@ class Snapshots:
 
     # -- the public operations ------------------------------------------------------------------
 
-    async def track(self, directory: str | Path) -> str | None:
-        """Snapshot ``directory`` now; its tree id, or None outside a git work tree."""
+    async def track(self, directory: str | Path, paths: Sequence[str] | None = None) -> str | None:
+        """Snapshot ``directory`` now; its tree id, or None outside a git work tree.
+
+        With ``paths`` (the files a step's write/edit calls named), only those
+        are looked at: everything else is as the previous snapshot left it in
+        the store's index. That is what keeps a writing step's snapshot cheap
+        on a large tree; a full look (``paths`` None) costs about a ``git status``.
+        """
         work = Path(directory)
         if not await asyncio.to_thread(_in_git_work_tree, work):
             return None
         async with self._locks.hold(self._store(work).name):
-            await self._ensure(work)
-            await self._git(work, "add", "--all", "--ignore-errors", "--", ".", check=False)
+            if not await self._ensure(work):
+                paths = None  # a new store has no index to build on
+            await self._git(
+                work, "add", "--all", "--ignore-errors", "--", *(paths or ["."]), check=False
+            )
             return (await self._git(work, "write-tree")).decode().strip()
 
     async def changed(self, directory: str | Path, a: str, b: str) -> tuple[str, ...]:
@@ -87,9 +96,7 @@ class Snapshots:
         work = Path(directory)
         if not files:
             return
-        base = await asyncio.to_thread(os.path.realpath, work)
-        for name in files:
-            await asyncio.to_thread(_confine, base, name)
+        base = await asyncio.to_thread(_confine_all, work, files)
         async with self._locks.hold(self._store(work).name):
             listed = await self._git(work, "ls-tree", "-r", "-z", "--name-only", tree, "--", *files)
             present = [p for p in listed.decode("utf-8", "surrogateescape").split("\0") if p]
@@ -146,10 +153,11 @@ class Snapshots:
         key = hashlib.sha256(os.fsencode(os.path.abspath(work))).hexdigest()[:24]
         return self.root / key
 
-    async def _ensure(self, work: Path) -> None:
+    async def _ensure(self, work: Path) -> bool:
+        """Create the store unless it exists; whether it existed."""
         store = self._store(work)
-        if await asyncio.to_thread((store / "HEAD").exists):
-            return
+        if await asyncio.to_thread((store / "index").exists):
+            return True
         await asyncio.to_thread(os.makedirs, store, exist_ok=True)
         await self._git(work, "init", "--quiet")
         for key, value in (
@@ -159,9 +167,16 @@ class Snapshots:
             ("core.symlinks", "true"),
             ("core.fsmonitor", "false"),
             ("gc.auto", "0"),
+            # Untracked-file scans skip directories whose mtime did not change,
+            # and the index is the compact v4 format: what keeps an incremental
+            # snapshot near a plain ``git status``.
+            ("core.untrackedCache", "true"),
+            ("index.version", "4"),
+            ("core.preloadIndex", "true"),
         ):
             await self._git(work, "config", key, value)
         await asyncio.to_thread(self._write_exclude, work, store)
+        return False
 
     def _write_exclude(self, work: Path, store: Path) -> None:
         lines = []
@@ -212,6 +227,13 @@ class Snapshots:
 
 def _in_git_work_tree(work: Path) -> bool:
     return any((candidate / ".git").exists() for candidate in (work, *work.parents))
+
+
+def _confine_all(work: Path, names: Sequence[str]) -> str:
+    base = os.path.realpath(work)
+    for name in names:
+        _confine(base, name)
+    return base
 
 
 def _confine(base: str, name: str) -> None:

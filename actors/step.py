@@ -306,12 +306,12 @@ class StepRunner:
                 return await self._failed(step, error)
             return await self._end(step, finished, outcomes, limited, session, before)
 
-    async def _track(self, session: Session) -> str | None:
+    async def _track(self, session: Session, paths: list[str] | None = None) -> str | None:
         """The session directory's snapshot now; None without a store or a git work tree."""
         if self._snapshots is None:
             return None
         try:
-            return await self._snapshots.track(session.location.directory)
+            return await self._snapshots.track(session.location.directory, paths)
         except (SnapshotError, OSError) as exc:
             # A broken snapshot store costs revert its files, never the step.
             log.warning("snapshot of %s failed: %s", session.id, exc)
@@ -322,7 +322,9 @@ class StepRunner:
     ) -> tuple[str | None, tuple[str, ...] | None]:
         if before is None or self._snapshots is None or not (step.calls.ran_tools & WRITING_TOOLS):
             return None, None
-        after = await self._track(session)
+        calls = step.calls
+        paths = None if "bash" in calls.ran_tools else sorted(calls.written_paths)
+        after = await self._track(session, paths)
         if after is None:
             return None, None
         try:

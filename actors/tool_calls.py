@@ -91,6 +91,9 @@ class ToolCalls:
         self._environment = environment or {}
         #: Names of the tools this step ran (a write, edit or bash makes a snapshot).
         self.ran_tools: set[str] = set()
+        #: The paths write/edit calls named (a snapshot need only look at these
+        #: when no bash ran).
+        self.written_paths: set[str] = set()
         #: Calls whose input started streaming but that were never completed (id -> name).
         self._unfinished: dict[str, str] = {}
         self._tasks: dict[str, asyncio.Task[ToolOutcome]] = {}
@@ -184,6 +187,8 @@ class ToolCalls:
                 environment=self._environment,
             )
             self.ran_tools.add(call.name)
+            if call.name in ("write", "edit") and isinstance(call.input.get("path"), str):
+                self.written_paths.add(call.input["path"])
             try:
                 outcome = await self._executor.execute(call.name, call.input, ctx)
             except SucceededThenInterrupted as late:

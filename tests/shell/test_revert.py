@@ -14,6 +14,7 @@ from protocol.operations import DiffQuery, RevertStageInput, ShellInput
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
 from protocol.shapes import Location
 from server.embedded import Embedded
+from storage import rebuild_projections
 from tests.shell.conftest import git, until
 
 BINARY = bytes(range(256)) * 4
@@ -197,3 +198,24 @@ async def test_shell_changes_are_not_attributed_to_steps(host: Embedded, repo: P
     await host.sessions.revert_stage(s.id, RevertStageInput(message_id=msg, files=True))
     assert (repo / "user.txt").read_text() == "user\n"
     assert not (repo / "x.txt").exists()
+
+
+async def test_replay_rebuilds_shell_and_revert_projections(tmp_path: Path, repo: Path) -> None:
+    async with Embedded(tmp_path / "data") as oc:
+        sid, _, second = await writing_session(oc, repo)
+        # Removed from the projection by the commit below (it came after ``second``).
+        await oc.sessions.shell(sid, ShellInput(command="echo gone"))
+        await until(oc, sid, "session.shell.ended")
+        await oc.sessions.revert_stage(sid, RevertStageInput(message_id=second, files=True))
+        await oc.sessions.synthetic(sid, SyntheticInput(text="held"))
+        await oc.sessions.revert_commit(sid)
+        other, _, third = await writing_session(oc, repo)
+        await oc.sessions.shell(other, ShellInput(command="echo kept"))
+        await until(oc, other, "session.shell.ended")
+        await oc.sessions.revert_stage(other, RevertStageInput(message_id=third))
+        db = oc.runtime.config.db_path
+    stored, rebuilt = rebuild_projections(str(db))
+    assert stored == rebuilt
+    shells = [row for row in stored["session_message"] if row[2] == "shell"]
+    assert len(shells) == 1
+    assert "kept" in shells[0][6]
