@@ -268,7 +268,9 @@ class Runtime:
         }
         self._secret_env = secret_env
         self.environments = Environments(secret_env)
-        self.snapshots = Snapshots(config.data_dir / "snapshot", exclude=(config.data_dir,))
+        self.snapshots = Snapshots(
+            config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=self.blocking.run
+        )
         self.reverts = Reverts(self.store, self.sessions.locks, self.snapshots, busy=self._busy)
         self.sessions.inbox.revert_commit = self.reverts.commit_events
         self.shells = Shells(

@@ -28,16 +28,19 @@ only while used (:class:`~actors._keyed_lock.KeyedLock`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from actors._keyed_lock import KeyedLock
 from protocol.shapes import FileDiff
 
-__all__ = ["SnapshotError", "Snapshots"]
+__all__ = ["Blocking", "SnapshotError", "Snapshots"]
+
+Blocking = Callable[..., Awaitable[Any]]
 
 #: Bytes of one file's patch kept in a diff; longer patches are cut there.
 MAX_PATCH_BYTES: Final = 256 * 1024
@@ -50,9 +53,14 @@ class SnapshotError(Exception):
 
 
 class Snapshots:
-    def __init__(self, root: Path, *, exclude: Sequence[Path] = ()) -> None:
+    def __init__(
+        self, root: Path, *, exclude: Sequence[Path] = (), blocking: Blocking = asyncio.to_thread
+    ) -> None:
         #: Where the stores live: ``<data dir>/snapshot``.
         self.root = root
+        #: Runs the few blocking file-system calls (stats, the exclude file, removals):
+        #: the runtime's bounded BlockingRunner, never the loop's default pool.
+        self._blocking = blocking
         #: Server directories never captured even if they lie inside a project.
         self._exclude = tuple(exclude)
         self._locks = KeyedLock()
@@ -68,7 +76,7 @@ class Snapshots:
         on a large tree; a full look (``paths`` None) costs about a ``git status``.
         """
         work = Path(directory)
-        if not await asyncio.to_thread(_in_git_work_tree, work):
+        if not await self._blocking(_in_git_work_tree, work):
             return None
         async with self._locks.hold(self._store(work).name):
             if not await self._ensure(work):
@@ -96,14 +104,14 @@ class Snapshots:
         work = Path(directory)
         if not files:
             return
-        base = await asyncio.to_thread(_confine_all, work, files)
+        base = await self._blocking(_confine_all, work, files)
         async with self._locks.hold(self._store(work).name):
             listed = await self._git(work, "ls-tree", "-r", "-z", "--name-only", tree, "--", *files)
             present = [p for p in listed.decode("utf-8", "surrogateescape").split("\0") if p]
             absent = sorted(set(files) - set(present))
             if present:
                 await self._git(work, "checkout", tree, "--", *present)
-            await asyncio.to_thread(_remove, base, absent)
+            await self._blocking(_remove, base, absent)
 
     async def diff(
         self, directory: str | Path, a: str, b: str, *, context: int = 3
@@ -156,9 +164,9 @@ class Snapshots:
     async def _ensure(self, work: Path) -> bool:
         """Create the store unless it exists; whether it existed."""
         store = self._store(work)
-        if await asyncio.to_thread((store / "index").exists):
+        if await self._blocking((store / "index").exists):
             return True
-        await asyncio.to_thread(os.makedirs, store, exist_ok=True)
+        await self._blocking(functools.partial(os.makedirs, store, exist_ok=True))
         await self._git(work, "init", "--quiet")
         for key, value in (
             ("core.autocrlf", "false"),
@@ -175,7 +183,7 @@ class Snapshots:
             ("core.preloadIndex", "true"),
         ):
             await self._git(work, "config", key, value)
-        await asyncio.to_thread(self._write_exclude, work, store)
+        await self._blocking(self._write_exclude, work, store)
         return False
 
     def _write_exclude(self, work: Path, store: Path) -> None:

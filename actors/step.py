@@ -71,7 +71,7 @@ from actors.llm import (
     ToolInputStart,
 )
 from actors.shells import Environments
-from actors.snapshots import SnapshotError, Snapshots
+from actors.snapshots import Snapshots
 from actors.tool_calls import ToolCalls
 from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
@@ -312,8 +312,9 @@ class StepRunner:
             return None
         try:
             return await self._snapshots.track(session.location.directory, paths)
-        except (SnapshotError, OSError) as exc:
-            # A broken snapshot store costs revert its files, never the step.
+        except Exception as exc:
+            # A broken snapshot store (or a bug in it) costs revert its files,
+            # never the step.
             log.warning("snapshot of %s failed: %s", session.id, exc)
             return None
 
@@ -329,7 +330,7 @@ class StepRunner:
             return None, None
         try:
             files = await self._snapshots.changed(session.location.directory, before, after)
-        except SnapshotError as exc:
+        except Exception as exc:
             log.warning("snapshot diff of %s failed: %s", session.id, exc)
             return None, None
         return after, files
