@@ -298,6 +298,8 @@ class Runtime:
             self._execution.wake(session_id, scope)
 
     async def _stop_sessions(self, session_ids: Sequence[str]) -> None:
+        for sid in session_ids:
+            self.environments.forget(sid)
         execution = self._execution
         if execution is None:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from actors.shells import CANCELLED_TEXT, notice_id
 from protocol import SessionNotFoundError
 from protocol.errors import InvalidRequestError
 from protocol.operations import EnvironmentInput, ShellInput
-from protocol.requests import CreateSessionInput
+from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import Location
 from server.embedded import Embedded
 from tests.shell.conftest import until
@@ -116,3 +117,20 @@ async def test_shutdown_kills_shell_and_next_start_cancels_it_once(
             (entry,) = [m for m in await rt.sessions.context(s.id) if m.type == "shell"]
             assert entry.type == "shell"
             assert entry.shell.state == "cancelled"
+
+
+async def test_bash_tool_gets_the_session_environment(
+    host: Embedded, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SERVER_TOKEN", "server-secret")
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+    await host.sessions.environment(s.id, EnvironmentInput(variables={"GREETING": "from-env"}))
+    command = 'echo "$GREETING/${SERVER_TOKEN:-none}" > out.txt'
+    await host.sessions.prompt(
+        s.id, PromptInput(text="#tool bash " + json.dumps({"command": command}) + "\n---\n#text")
+    )
+    await host.sessions.wait(s.id)
+    assert (repo / "out.txt").read_text() == "from-env/none\n"
+    # A deleted session's variables are forgotten.
+    await host.sessions.remove(s.id)
+    assert host.runtime.environments.variables(s.id) == {}
