@@ -16,6 +16,7 @@ from typing import Final
 import attrs
 import orjson
 
+from actors.compaction import render
 from actors.llm import (
     ChatMessage,
     ContentPart,
@@ -28,6 +29,7 @@ from actors.llm import (
 from protocol.lru import ByteLRU
 from protocol.shapes import (
     AssistantMessage,
+    CompactionMessage,
     ReasoningPart,
     SessionMessage,
     ShellMessage,
@@ -140,6 +142,12 @@ def _convert(message: SessionMessage) -> tuple[ChatMessage, ...]:
         case ShellMessage():
             # The model sees a shell through its notice (synthetic input), once.
             return ()
+        case CompactionMessage():
+            # The boundary of the active history: summary and tail as plain
+            # text, never any provider-native state. Running or failed: nothing.
+            if message.status != "completed":
+                return ()
+            return (ChatMessage(role="user", parts=(TextContent(text=render(message)),)),)
 
 
 def _assistant(message: AssistantMessage) -> list[ChatMessage]:

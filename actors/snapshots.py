@@ -59,7 +59,7 @@ class Snapshots:
         #: Where the stores live: ``<data dir>/snapshot``.
         self.root = root
         #: Runs the few blocking file-system calls (stats, the exclude file, removals):
-        #: the runtime's bounded BlockingRunner, never the loop's default pool.
+        #: the runtime's bounded BlockingExecutor, never the loop's default pool.
         self._blocking = blocking
         #: Server directories never captured even if they lie inside a project.
         self._exclude = tuple(exclude)

@@ -21,15 +21,23 @@ from protocol.operations import (
     DeliveryInput,
     DiffQuery,
     EnvironmentInput,
+    InstructionEntryInput,
     InterruptQuery,
     InterruptResult,
     MessagesQuery,
     ModelInput,
+    PermissionReplyInput,
     RevertStageInput,
     SessionListQuery,
     ShellInput,
 )
-from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput, UpdateSessionInput
+from protocol.requests import (
+    CompactInput,
+    CreateSessionInput,
+    PromptInput,
+    SyntheticInput,
+    UpdateSessionInput,
+)
 from protocol.shapes import Location
 
 __all__ = ["HANDLERS", "Call", "Handler"]
@@ -101,6 +109,11 @@ async def session_synthetic(call: Call) -> Any:
     return await call.runtime.sessions.synthetic(call.session_id, body)
 
 
+async def session_compact(call: Call) -> Any:
+    body: CompactInput = call.body
+    return await call.runtime.sessions.compact(call.session_id, body.id, body.delivery)
+
+
 async def session_interrupt(call: Call) -> Any:
     q: InterruptQuery = call.query or InterruptQuery()
     interrupted = await call.runtime.interrupt(call.session_id, resume=q.resume)
@@ -141,6 +154,17 @@ async def inbox_update(call: Call) -> Any:
     body: DeliveryInput = call.body
     await call.runtime.sessions.change_delivery(
         call.session_id, call.path["inboxID"], body.delivery
+    )
+
+
+async def permission_list(call: Call) -> Any:
+    return await call.runtime.sessions.permissions(call.session_id)
+
+
+async def permission_reply(call: Call) -> Any:
+    body: PermissionReplyInput = call.body
+    await call.runtime.sessions.reply_permission(
+        call.session_id, call.path["permissionID"], body.reply
     )
 
 
@@ -191,6 +215,19 @@ async def session_diff(call: Call) -> Any:
     )
 
 
+async def instruction_entries(call: Call) -> Any:
+    return await call.runtime.instructions.list(call.session_id)
+
+
+async def instruction_entry_put(call: Call) -> Any:
+    body: InstructionEntryInput = call.body
+    await call.runtime.instructions.put(call.session_id, call.path["key"], body.value)
+
+
+async def instruction_entry_remove(call: Call) -> Any:
+    await call.runtime.instructions.remove(call.session_id, call.path["key"])
+
+
 HANDLERS: dict[str, Handler] = {
     "session.list": session_list,
     "session.create": session_create,
@@ -199,6 +236,7 @@ HANDLERS: dict[str, Handler] = {
     "session.update": session_update,
     "session.remove": session_remove,
     "session.prompt": session_prompt,
+    "session.compact": session_compact,
     "session.synthetic": session_synthetic,
     "session.interrupt": session_interrupt,
     "session.resume": session_resume,
@@ -208,6 +246,8 @@ HANDLERS: dict[str, Handler] = {
     "session.inbox.list": inbox_list,
     "session.inbox.cancel": inbox_cancel,
     "session.inbox.update": inbox_update,
+    "session.permission.list": permission_list,
+    "session.permission.reply": permission_reply,
     "session.messages": session_messages,
     "session.message.get": session_message,
     "session.context": session_context,
@@ -217,4 +257,7 @@ HANDLERS: dict[str, Handler] = {
     "session.revert.clear": revert_clear,
     "session.revert.commit": revert_commit,
     "session.diff": session_diff,
+    "session.instructions.entry.list": instruction_entries,
+    "session.instructions.entry.put": instruction_entry_put,
+    "session.instructions.entry.remove": instruction_entry_remove,
 }
