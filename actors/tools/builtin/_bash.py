@@ -236,7 +236,7 @@ class BashTool:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=tool_environment(secret_env=ctx.secret_env),
+                env={**tool_environment(secret_env=ctx.secret_env), **ctx.environment},
             )
         except OSError as exc:
             raise ToolError(f"Could not start {self._shell}: {exc}") from exc
