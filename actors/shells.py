@@ -16,6 +16,13 @@ admitted twice. A shell still ``running`` at the next start (a crash or a
 shutdown killed it) is ended as ``cancelled`` the same way by
 :meth:`Shells.recover` ("Command cancelled because the server restarted").
 
+A command runs in its own process group behind a gate (as the bash tool's
+do): ``session.shell.spawned`` names the group durably before the command may
+run, so after a crash :meth:`Shells.recover` kills what is still running
+(the same group: same leader start time, same boot) before it records the
+cancellation. No shell outlives the host that started it by more than a
+restart.
+
 Output is read to at most ``max_output_bytes`` (the rest is counted and
 dropped) and bounded like tool output (:class:`~actors.tools.OutputBounding`:
 a preview, the full text in a managed file).
@@ -31,14 +38,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from actors._keyed_lock import KeyedLock
 from actors.tools import OutputBounding, ToolResult, tool_environment
+from actors.tools._process import GATE, GATE_OPEN, ProcessGroup, identify, kill_stale
 from protocol import events as ev
 from protocol import ids
 from protocol.errors import ConflictError, InvalidRequestError, SessionNotFoundError
@@ -55,6 +64,10 @@ MAX_ENVIRONMENTS: Final = 10_000
 MAX_ENVIRONMENT_BYTES: Final = 1024 * 1024
 
 Bound = Callable[[str], Awaitable[str]]
+#: Runs a blocking callable off the loop (the runtime's bounded BlockingExecutor).
+Blocking = Callable[..., Awaitable[Any]]
+#: SIGTERM to SIGKILL for a group a crash left running: nobody reads its output.
+STALE_KILL_GRACE_S: Final = 0.5
 
 
 def notice_id(shell_id: str) -> str:
@@ -110,7 +123,7 @@ class Shells:
         locks: KeyedLock,
         environments: Environments,
         bounding: OutputBounding,
-        bound_on: Callable[[Callable[[], ToolResult]], Awaitable[ToolResult]],
+        bound_on: Blocking,
         *,
         shell: str = "/bin/bash",
         max_output_bytes: int = MAX_OUTPUT_BYTES,
@@ -166,9 +179,21 @@ class Shells:
     async def recover(self) -> int:
         """End every shell a previous process left running as ``cancelled``."""
         count = 0
-        for session_id, info in await self._store.queries.running_shells():
-            if any(t.get_name() == f"shell-{info.id}" for t in self._tasks):
-                continue
+        stale = [
+            r
+            for r in await self._store.queries.running_shells()
+            if not any(t.get_name() == f"shell-{r.shell.id}" for t in self._tasks)
+        ]
+        groups = [
+            ProcessGroup(pgid=r.process[0], start_ticks=r.process[1], boot_id=r.process[2])
+            for r in stale
+            if r.process is not None
+        ]
+        if groups:
+            # Killed before the cancellation is recorded: nothing runs on unseen.
+            await self._bound_on(kill_stale, groups, STALE_KILL_GRACE_S)
+        for r in stale:
+            session_id, info = r.session_id, r.shell
             ended = ShellInfo(
                 id=info.id,
                 command=info.command,
@@ -185,10 +210,12 @@ class Shells:
             proc = await asyncio.create_subprocess_exec(
                 self._shell,
                 "-c",
+                GATE,
+                self._shell,
                 info.command,
                 cwd=session.location.directory,
                 env=self._env.for_process(session.id),
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
@@ -204,6 +231,7 @@ class Shells:
             await self._end(session.id, failed, f"Could not start the command: {exc.strerror}")
             return
         try:
+            await self._open_gate(session.id, info.id, proc)
             output = await self._read(proc)
             code = await proc.wait()
         except BaseException:
@@ -224,6 +252,29 @@ class Shells:
             time_ended=_now(),
         )
         await self._end(session.id, ended, text)
+
+    async def _open_gate(
+        self, session_id: str, shell_id: str, proc: asyncio.subprocess.Process
+    ) -> None:
+        """Record the (still gated) group durably, then let the command run."""
+        assert proc.stdin is not None
+        group = await self._bound_on(identify, proc.pid)
+        if group is not None:  # None: no /proc to name it by (not Linux)
+            await self._store.append(
+                Command.of(
+                    ev.ShellSpawned(
+                        session_id=session_id,
+                        shell_id=shell_id,
+                        pgid=group.pgid,
+                        start_ticks=group.start_ticks,
+                        boot_id=group.boot_id,
+                    )
+                )
+            )
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(GATE_OPEN)
+            await proc.stdin.drain()
+        proc.stdin.close()
 
     async def _read(self, proc: asyncio.subprocess.Process) -> str:
         assert proc.stdout is not None
@@ -255,7 +306,8 @@ class Shells:
                 delivery="steer",
                 payload={
                     "text": (
-                        f'<shell id="{info.id}" state="{info.state}" command="{info.command}">\n'
+                        f'<shell id="{info.id}" state="{info.state}"'
+                        f' command="{html.escape(info.command)}">\n'
                         f"{output}\n</shell>"
                     ),
                     "description": "Shell command",

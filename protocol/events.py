@@ -62,6 +62,7 @@ __all__ = [
     "SessionMoved",
     "SessionRenamed",
     "ShellEnded",
+    "ShellSpawned",
     "ShellStarted",
     "StepEnded",
     "StepFailed",
@@ -228,6 +229,22 @@ class InstructionsUpdated(Event):
 class ShellStarted(Event):
     TYPE = "session.shell.started"
     shell: ShellInfo
+
+
+@attrs.frozen(kw_only=True)
+class ShellSpawned(Event):
+    """A user shell's process group exists and has not yet run the command.
+
+    Durable before the command may do anything (it waits behind a gate), so
+    the next start can kill a group a crash left running before it records
+    the shell as ``cancelled``. The group is named as in :class:`ToolSpawned`.
+    """
+
+    TYPE = "session.shell.spawned"
+    shell_id: str
+    pgid: int
+    start_ticks: int
+    boot_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -643,6 +660,7 @@ REGISTRY: Mapping[str, type[Event]] = {
         InboxDeliveryChanged,
         SyntheticRecorded,
         ShellStarted,
+        ShellSpawned,
         ShellEnded,
         RevertStaged,
         RevertCleared,

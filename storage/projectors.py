@@ -239,6 +239,21 @@ def _shell_started(rec: RecordedEvent, e: ev.ShellStarted) -> tuple[Op, ...]:
     )
 
 
+def _shell_spawned(rec: RecordedEvent, e: ev.ShellSpawned) -> tuple[Op, ...]:
+    process = {"pgid": e.pgid, "startTicks": e.start_ticks, "bootID": e.boot_id}
+    return (
+        Op(
+            "UPDATE session_message SET data = json_set(data, '$.process', json(?))"
+            " WHERE id = ? AND session_id = ? AND type = 'shell'"
+            " AND json_extract(data, '$.shell.state') = 'running'",
+            (orjson.dumps(process).decode(), e.shell_id, e.session_id),
+            expect=1,
+            reason="shell.not-running",
+            subject=e.shell_id,
+        ),
+    )
+
+
 def _shell_ended(rec: RecordedEvent, e: ev.ShellEnded) -> tuple[Op, ...]:
     return (
         touch(rec),
@@ -312,6 +327,7 @@ _SESSION_PROJECTORS: Final[dict[type[ev.Event], Projector]] = {
     ev.InboxDeliveryChanged: _typed(_delivery_changed),
     ev.SyntheticRecorded: _typed(_synthetic),
     ev.ShellStarted: _typed(_shell_started),
+    ev.ShellSpawned: _typed(_shell_spawned),
     ev.ShellEnded: _typed(_shell_ended),
     ev.RevertStaged: _typed(_revert_staged),
     ev.RevertCleared: _typed(_revert_cleared),

@@ -92,6 +92,16 @@ class ToolProcess:
     boot_id: str
 
 
+@attrs.frozen(kw_only=True)
+class RunningShell:
+    """A user shell entry still ``running``, with its process group once recorded."""
+
+    session_id: str
+    shell: ShellInfo
+    #: ``(pgid, start_ticks, boot_id)`` from ``session.shell.spawned``; None before it.
+    process: tuple[int, int, str] | None = None
+
+
 Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Row]]]
 
 _SESSION_COLUMNS: Final = (
@@ -281,15 +291,26 @@ class Queries:
 
     # -- shells and snapshots -------------------------------------------------------------------
 
-    async def running_shells(self) -> list[tuple[str, ShellInfo]]:
-        """Every shell entry still ``running``: (session id, shell)."""
+    async def running_shells(self) -> list[RunningShell]:
+        """Every shell entry still ``running``, by session and log order."""
         rows = await self._fetch(
-            "SELECT session_id, json_extract(data, '$.shell') FROM session_message"
+            "SELECT session_id, json_extract(data, '$.shell'), json_extract(data, '$.process')"
+            " FROM session_message"
             " WHERE type = 'shell' AND json_extract(data, '$.shell.state') = 'running'"
             " ORDER BY session_id, seq",
             (),
         )
-        return [(str(r[0]), codec.from_json(ShellInfo, orjson.loads(r[1]))) for r in rows]
+        out = []
+        for r in rows:
+            p = None if r[2] is None else orjson.loads(r[2])
+            out.append(
+                RunningShell(
+                    session_id=str(r[0]),
+                    shell=codec.from_json(ShellInfo, orjson.loads(r[1])),
+                    process=None if p is None else (p["pgid"], p["startTicks"], p["bootID"]),
+                )
+            )
+        return out
 
     async def step_snapshots(
         self, session_id: str, from_seq: int = 0

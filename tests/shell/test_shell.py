@@ -47,6 +47,16 @@ async def test_shell_output_exit_entry_and_notice(host: Embedded, repo: Path) ->
     assert await host.runtime.execution.active() == []
 
 
+async def test_the_notice_quotes_the_command_in_its_attribute(host: Embedded, repo: Path) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+    command = 'echo "<done>" & true'
+    await host.sessions.shell(s.id, ShellInput(command=command))
+    await until(host, s.id, "session.shell.ended")
+    (item,) = await host.sessions.inbox(s.id)
+    head = item.payload["text"].split("\n", 1)[0]
+    assert head.endswith(' command="echo &quot;&lt;done&gt;&quot; &amp; true">')
+
+
 async def test_shell_retry_with_same_id_runs_once(host: Embedded, repo: Path) -> None:
     s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
     await host.sessions.shell(s.id, ShellInput(id="msg_once", command="echo x >> count"))
