@@ -165,8 +165,14 @@ CREATE TABLE instruction_entry (
 );
 """
 
+# v7: the staged revert of a session (``session.revert.staged``), as its JSON;
+# NULL when none is staged. Shell entries are ``session_message`` rows.
+_V7: Final = """
+ALTER TABLE session ADD COLUMN revert TEXT;
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).

@@ -68,6 +68,8 @@ BODIES: dict[str, Any] = {
     "session.switchAgent": {"agent": "plan"},
     "session.switchModel": {"model": {"id": "m", "providerID": "scripted"}},
     "session.inbox.update": {"delivery": "steer"},
+    "session.shell": {"command": "true"},
+    "session.environment": {"variables": {"GREETING": "hi"}},
     "session.compact": {"delivery": "queue"},
     "session.permission.reply": {"reply": "once"},
     "session.instructions.entry.put": {"value": {"tone": "terse"}},
@@ -78,7 +80,10 @@ BODIES: dict[str, Any] = {
 async def test_every_declared_route_answers(client: Client, op: Operation) -> None:
     params = await prepared(client)
     url = op.url(**{k: params[k] for k in op.path_params})
-    response = await client.request(op.method, url, json=BODIES.get(op.id))
+    body = BODIES.get(op.id)
+    if op.id == "session.revert.stage":
+        body = {"messageID": params["messageID"]}
+    response = await client.request(op.method, url, json=body)
     expected = 204 if op.output_kind == "no_content" else 200
     assert response.status == expected, await response.text()
     if op.output_kind == "text":
