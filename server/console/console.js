@@ -424,6 +424,10 @@ class SessionView {
     ) {
       this.loadAsks();
     }
+    if ((type === "session.shell.started" || type === "session.shell.ended") && data.shell) {
+      this.dirty.add(data.shell.id);
+      this.scheduleFlush();
+    }
     if (type === "session.compaction.started") {
       // The row's id: the manual request's id, else the starting event's (evt_X -> msg_X).
       const id = data.inputID || "msg_" + String((envelope && envelope.id) || "").replace(/^evt_/, "");
@@ -492,6 +496,7 @@ class SessionView {
     node.dataset.id = message.id;
     node.dataset.seq = String(message.seq);
     if (message.type === "compaction") return this.renderCompaction(message, node);
+    if (message.type === "shell") return this.renderShell(message, node);
     if (message.type !== "assistant") {
       node.textContent = message.text || message.description || "";
       return node;
@@ -547,6 +552,22 @@ class SessionView {
     summary.append(el("pre", "", text || "(none yet)"));
     node.append(summary);
     if (message.error) node.append(el("div", "error-text", oneLine(message.error.message || message.error)));
+    return node;
+  }
+
+  renderShell(message, node) {
+    const shell = message.shell || {};
+    const exit = shell.exit === null || shell.exit === undefined ? "" : ` exit ${shell.exit}`;
+    node.dataset.state = shell.state || "";
+    node.append(el("div", "shell-head", `$ ${shell.command || ""}  [${shell.state}${exit}]`));
+    const output = message.output || "";
+    if (output) {
+      const pre = el("pre", "", output.length > MAX_OUTPUT ? output.slice(0, MAX_OUTPUT) : output);
+      node.append(pre);
+      if (output.length > MAX_OUTPUT) {
+        node.append(el("div", "muted", `… ${output.length - MAX_OUTPUT} more characters not shown`));
+      }
+    }
     return node;
   }
 

@@ -381,3 +381,20 @@ async def test_a_compaction_row_shows_its_summary_collapsed(browser: Browser, ur
     ]
     assert seqs == sorted(seqs)
     await page.close()
+
+
+async def test_a_user_shell_row_shows_its_command_and_output(browser: Browser, url: str) -> None:
+    page = await signed_in(browser, url)
+    sid = await create(page, "shell")
+    status = await page.evaluate(
+        """([sid, pw]) => fetch(`/api/session/${sid}/shell`, {method: 'POST',
+        headers: {'Content-Type': 'application/json', Authorization: 'Bearer ' + pw},
+        body: JSON.stringify({command: 'printf shell-%s said'})}).then(r => r.status)""",
+        [sid, PASSWORD],
+    )
+    assert status == 204
+    row = page.locator("#transcript .msg.shell")
+    await expect(row).to_have_attribute("data-state", "completed", timeout=30_000)
+    await expect(row.locator(".shell-head")).to_contain_text("$ printf shell-%s said")
+    await expect(row.locator("pre")).to_have_text("shell-said")
+    await page.close()
