@@ -252,6 +252,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    # scripts/bench passes it to every benchmark; this one prints no progress anyway.
+    parser.add_argument("--quiet", action="store_true", help="no progress (none is printed)")
     args = parser.parse_args()
     return report_main(lambda: produce(args), render, as_json=args.json, hard_limit_s=1200)
 
