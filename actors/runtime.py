@@ -40,6 +40,7 @@ from actors._threaded import BlockingRunner
 from actors.agents import AgentCatalogs
 from actors.bus import EventBus
 from actors.execution import Execution, Terminal
+from actors.generate import Generator
 from actors.inbox import Scope, select_promotable
 from actors.llm import (
     SCRIPTED_MODEL,
@@ -67,6 +68,7 @@ from actors.tools import (
     builtin_tools,
     run_sweeper,
 )
+from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
@@ -260,6 +262,9 @@ class Runtime:
             check_model=self.providers.check,
             agents=self.agents,
         )
+        self.transfer = SessionTransfer(
+            self.store, self.sessions, directories=self.directories, blocking=self.blocking.run
+        )
         self._execution: Execution | None = None
         self.recovery = RecoveryReport()
 
@@ -327,6 +332,14 @@ class Runtime:
                 chat_cache_bytes=self.config.decode_cache_bytes,
             )
             self.runner = runner
+            self.generator = Generator(
+                store=self.store,
+                sessions=self.sessions,
+                providers=self.providers,
+                agents=self.agents,
+                chat=runner.chat_cache,
+                default_model=self.config.default_model or SCRIPTED_MODEL,
+            )
             sweeper = asyncio.get_running_loop().create_task(
                 run_sweeper(self.bounding, self.blocking), name="tool-output-sweeper"
             )

@@ -15,6 +15,7 @@ import asyncio
 import builtins
 import datetime
 import os
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -48,6 +49,7 @@ from protocol.requests import (
 )
 from protocol.shapes import (
     Delivery,
+    ForkBoundary,
     InboxItem,
     Location,
     ModelRef,
@@ -218,6 +220,46 @@ class Sessions:
                 ev.ModelSelected(session_id=session_id, model=model, previous=session.model),
             )
 
+    # -- structure ------------------------------------------------------------------------------
+
+    async def fork(self, session_id: str, before: str | None = None) -> Session:
+        """A new independent session holding ``session_id``'s settled transcript.
+
+        ``before`` (a message of the parent) copies the messages before it;
+        absent, everything projected now. A running parent may go on: its
+        unsettled step stays its own, and nothing either does later touches
+        the other.
+        """
+        parent = await self.get(session_id)
+        if before is not None:
+            ids.validate("msg", before, field="before")
+            if await self._store.queries.message(session_id, before) is None:
+                raise MessageNotFoundError(session_id, before)
+            boundary = ForkBoundary(type="before", message_id=before)
+        else:
+            newest = await self._store.queries.newest_message(session_id)
+            boundary = ForkBoundary(type="through", message_id=newest)
+        child = ids.session_id()
+        forked = ev.SessionForked(session_id=child, parent_id=session_id, boundary=boundary)
+        title = ev.SessionRenamed(session_id=child, title=_fork_title(parent.title))
+        try:
+            await self._store.append(Command.of(forked, title, expected={child: 0}))
+        except ProjectionConflict as exc:
+            if exc.reason == "fork.source-missing":
+                # The parent (or the boundary message) went between the read and the append.
+                if before is not None and await self._exists(session_id):
+                    raise MessageNotFoundError(session_id, before) from None
+                raise SessionNotFoundError(session_id) from None
+            raise ConflictError(str(exc), resource="session") from None
+        return await self.get(child)
+
+    async def view(self, session_id: str, idle: int) -> None:
+        """Mark the idle transition ``idle`` as seen (a monotone watermark)."""
+        if idle < 0:
+            raise InvalidRequestError("idle must be a non-negative epoch ms", field="idle")
+        await self.get(session_id)
+        await self._apply(session_id, ev.SessionViewed(session_id=session_id, idle=idle))
+
     # -- input ----------------------------------------------------------------------------------
 
     async def prompt(self, session_id: str, request: PromptInput) -> InboxItem:
@@ -302,6 +344,17 @@ def _check_limit(limit: Any, *, cursor: bool = False) -> None:
         if cursor:
             raise InvalidCursorError()
         raise InvalidRequestError(f"limit must be between 1 and {MAX_PAGE}", field="limit")
+
+
+_FORK_TITLE: Final = re.compile(r"^(.*) \(fork #(\d+)\)$", re.DOTALL)
+
+
+def _fork_title(title: str) -> str:
+    """``T`` -> ``T (fork #1)``; ``T (fork #n)`` -> ``T (fork #n+1)``."""
+    match = _FORK_TITLE.match(title)
+    if match is not None:
+        return f"{match.group(1)} (fork #{int(match.group(2)) + 1})"
+    return f"{title} (fork #1)"
 
 
 def _default_title() -> str:

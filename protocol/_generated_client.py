@@ -14,6 +14,8 @@ from protocol.operations import (
     ActiveSession,
     AgentInput,
     DeliveryInput,
+    ExportQuery,
+    GenerateResult,
     InterruptQuery,
     InterruptResult,
     LogQuery,
@@ -22,8 +24,16 @@ from protocol.operations import (
     SessionListQuery,
     by_id,
 )
-from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput, UpdateSessionInput
-from protocol.shapes import InboxItem, Page, Session, SessionMessage
+from protocol.requests import (
+    CreateSessionInput,
+    ForkInput,
+    GenerateInput,
+    PromptInput,
+    SyntheticInput,
+    UpdateSessionInput,
+    ViewInput,
+)
+from protocol.shapes import InboxItem, Page, Session, SessionExport, SessionMessage, SessionStats
 
 __all__ = ["EventsAPI", "OperationGroups", "SessionsAPI"]
 
@@ -33,6 +43,12 @@ _SESSION_ACTIVE: Final = by_id("session.active")
 _SESSION_GET: Final = by_id("session.get")
 _SESSION_UPDATE: Final = by_id("session.update")
 _SESSION_REMOVE: Final = by_id("session.remove")
+_SESSION_FORK: Final = by_id("session.fork")
+_SESSION_VIEW: Final = by_id("session.view")
+_SESSION_GENERATE: Final = by_id("session.generate")
+_SESSION_EXPORT: Final = by_id("session.export")
+_SESSION_IMPORT_SESSION: Final = by_id("session.importSession")
+_SESSION_STATS: Final = by_id("session.stats")
 _SESSION_PROMPT: Final = by_id("session.prompt")
 _SESSION_SYNTHETIC: Final = by_id("session.synthetic")
 _SESSION_INTERRUPT: Final = by_id("session.interrupt")
@@ -176,6 +192,119 @@ class SessionsAPI(APIGroup):
             path_params={"sessionID": session_id},
             options=options,
         )
+
+    async def fork(
+        self,
+        session_id: str,
+        input: ForkInput | None = None,
+        *,
+        options: CallOptions | None = None,
+    ) -> Session:
+        """Fork the session: a new session with its settled transcript through a boundary.
+
+        ``POST /api/session/{sessionID}/fork`` (session.fork). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError, MessageNotFoundError.
+        """
+        result: Session = await self._call(
+            _SESSION_FORK,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+        return result
+
+    async def view(
+        self,
+        session_id: str,
+        input: ViewInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Mark the session's idle transition (time.idle) as viewed.
+
+        ``POST /api/session/{sessionID}/view`` (session.view). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError.
+        """
+        await self._call(
+            _SESSION_VIEW,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+
+    async def generate(
+        self,
+        session_id: str,
+        input: GenerateInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> GenerateResult:
+        """A one-off answer from the session's context and model; records nothing.
+
+        ``POST /api/session/{sessionID}/generate`` (session.generate). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError, ServiceUnavailableError.
+        """
+        result: GenerateResult = await self._call(
+            _SESSION_GENERATE,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+        return result
+
+    async def export(
+        self,
+        session_id: str,
+        query: ExportQuery | None = None,
+        *,
+        options: CallOptions | None = None,
+    ) -> SessionExport:
+        """The session and its transcript as a transfer document {info, messages}.
+
+        ``GET /api/experimental/session/{sessionID}/export`` (session.export). Errors:
+        InvalidRequestError, UnauthorizedError, SessionNotFoundError.
+        """
+        result: SessionExport = await self._call(
+            _SESSION_EXPORT,
+            path_params={"sessionID": session_id},
+            query=query,
+            options=options,
+        )
+        return result
+
+    async def import_session(
+        self,
+        input: SessionExport,
+        *,
+        options: CallOptions | None = None,
+    ) -> Session:
+        """Create a session from a transfer document; an id already used is a 409.
+
+        ``POST /api/experimental/session/import`` (session.importSession). Errors:
+        InvalidRequestError, UnauthorizedError, ConflictError.
+        """
+        result: Session = await self._call(
+            _SESSION_IMPORT_SESSION,
+            body=input,
+            options=options,
+        )
+        return result
+
+    async def stats(
+        self,
+        *,
+        options: CallOptions | None = None,
+    ) -> SessionStats:
+        """Session counts, and tokens and cost by model.
+
+        ``GET /api/experimental/session/stats`` (session.stats). Errors: InvalidRequestError,
+        UnauthorizedError.
+        """
+        result: SessionStats = await self._call(
+            _SESSION_STATS,
+            options=options,
+        )
+        return result
 
     async def prompt(
         self,

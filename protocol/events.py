@@ -19,7 +19,7 @@ import attrs
 import orjson
 
 from protocol import codec
-from protocol.shapes import Delivery, InboxItemType, Location, ModelRef
+from protocol.shapes import Delivery, ForkBoundary, InboxItemType, Location, ModelRef
 
 __all__ = [
     "LIVE_TYPES",
@@ -38,6 +38,7 @@ __all__ = [
     "InboxDeliveryChanged",
     "InboxEnqueued",
     "InterruptReason",
+    "MessageImported",
     "MetadataUpdated",
     "ModelSelected",
     "ReasoningDelta",
@@ -46,7 +47,9 @@ __all__ = [
     "RetryScheduled",
     "SessionCreated",
     "SessionDeleted",
+    "SessionForked",
     "SessionRenamed",
+    "SessionViewed",
     "StepEnded",
     "StepFailed",
     "StepStarted",
@@ -123,6 +126,45 @@ class ModelSelected(Event):
 class SessionDeleted(Event):
     TYPE = "session.deleted"
     VERSION = 2
+
+
+@attrs.frozen(kw_only=True)
+class SessionForked(Event):
+    """The session ``session_id`` begins as a fork of ``parent_id``.
+
+    Its first event: the projection creates the session from the parent's row
+    and copies the parent's settled transcript through ``boundary`` as it is
+    projected at this event's position, so replay copies exactly the same rows.
+    ``instructions`` (key -> content hash) is the parent's newest instruction
+    state, the fork's baseline; ``instruction_entries`` a copy of its API entries.
+    """
+
+    TYPE = "session.forked"
+    VERSION = 2
+    parent_id: str
+    boundary: ForkBoundary
+    instructions: Mapping[str, str] | None = None
+    instruction_entries: tuple[Mapping[str, Any], ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SessionViewed(Event):
+    """A client saw the session's idle transition ``idle`` (epoch ms watermark)."""
+
+    TYPE = "session.viewed"
+    idle: int
+
+
+@attrs.frozen(kw_only=True)
+class MessageImported(Event):
+    """A transcript message recorded as it is, from an imported session document.
+
+    ``message`` is the public :class:`~protocol.shapes.SessionMessage` JSON
+    without ``sessionID`` and ``seq`` (this event's seq becomes the message's).
+    """
+
+    TYPE = "session.message.imported"
+    message: Mapping[str, Any]
 
 
 @attrs.frozen(kw_only=True)
@@ -434,6 +476,9 @@ REGISTRY: Mapping[str, type[Event]] = {
         AgentSelected,
         ModelSelected,
         SessionDeleted,
+        SessionForked,
+        SessionViewed,
+        MessageImported,
         InboxEnqueued,
         InboxDelivered,
         InboxCancelled,

@@ -28,17 +28,31 @@ from protocol import errors as e
 from protocol.ids import IdKind
 from protocol.requests import (
     CreateSessionInput,
+    ForkInput,
+    GenerateInput,
     PromptInput,
     SyntheticInput,
     UpdateSessionInput,
+    ViewInput,
 )
-from protocol.shapes import Delivery, InboxItem, ModelRef, Order, Session, SessionMessage
+from protocol.shapes import (
+    Delivery,
+    InboxItem,
+    ModelRef,
+    Order,
+    Session,
+    SessionExport,
+    SessionMessage,
+    SessionStats,
+)
 
 __all__ = [
     "OPERATIONS",
     "ActiveSession",
     "AgentInput",
     "DeliveryInput",
+    "ExportQuery",
+    "GenerateResult",
     "InterruptQuery",
     "InterruptResult",
     "LogQuery",
@@ -89,6 +103,17 @@ class InterruptQuery:
 class LogQuery:
     after: int = 0
     follow: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ExportQuery:
+    #: Leave out file contents and tool outputs.
+    sanitize: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class GenerateResult:
+    text: str
 
 
 @attrs.frozen(kw_only=True)
@@ -223,6 +248,69 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         output_kind="no_content",
         errors=_NF,
         client=("sessions", "remove"),
+    ),
+    Operation(
+        id="session.fork",
+        method="POST",
+        path="/api/session/{sessionID}/fork",
+        summary="Fork the session: a new session with its settled transcript through a boundary",
+        body=ForkInput,
+        output_kind="data",
+        output=Session,
+        errors=(*_NF, e.MessageNotFoundError),
+        client=("sessions", "fork"),
+    ),
+    Operation(
+        id="session.view",
+        method="POST",
+        path="/api/session/{sessionID}/view",
+        summary="Mark the session's idle transition (time.idle) as viewed",
+        body=ViewInput,
+        output_kind="no_content",
+        errors=_NF,
+        client=("sessions", "view"),
+    ),
+    Operation(
+        id="session.generate",
+        method="POST",
+        path="/api/session/{sessionID}/generate",
+        summary="A one-off answer from the session's context and model; records nothing",
+        body=GenerateInput,
+        output_kind="data",
+        output=GenerateResult,
+        errors=(*_NF, e.ServiceUnavailableError),
+        client=("sessions", "generate"),
+    ),
+    Operation(
+        id="session.export",
+        method="GET",
+        path="/api/experimental/session/{sessionID}/export",
+        summary="The session and its transcript as a transfer document {info, messages}",
+        query=ExportQuery,
+        output_kind="raw",
+        output=SessionExport,
+        errors=_NF,
+        client=("sessions", "export"),
+    ),
+    Operation(
+        id="session.importSession",
+        method="POST",
+        path="/api/experimental/session/import",
+        summary="Create a session from a transfer document; an id already used is a 409",
+        body=SessionExport,
+        output_kind="data",
+        output=Session,
+        errors=(e.ConflictError,),
+        client=("sessions", "import_session"),
+    ),
+    Operation(
+        id="session.stats",
+        method="GET",
+        path="/api/experimental/session/stats",
+        summary="Session counts, and tokens and cost by model",
+        output_kind="data",
+        output=SessionStats,
+        client=("sessions", "stats"),
     ),
     Operation(
         id="session.prompt",

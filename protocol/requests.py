@@ -21,9 +21,12 @@ from protocol.shapes import Delivery, Location, ModelRef
 __all__ = [
     "CreateSessionInput",
     "FileInput",
+    "ForkInput",
+    "GenerateInput",
     "PromptInput",
     "SyntheticInput",
     "UpdateSessionInput",
+    "ViewInput",
 ]
 
 
@@ -115,3 +118,20 @@ class CreateSessionInput:
 class UpdateSessionInput:
     title: str | None = None
     metadata: Mapping[str, Any] | None = _metadata()
+
+
+@attrs.frozen(kw_only=True)
+class ForkInput:
+    #: Copy the messages before this one; absent: copy everything.
+    before: str | None = _id_field("msg", "before")
+
+
+@attrs.frozen(kw_only=True)
+class ViewInput:
+    #: The idle transition (``time.idle``, epoch ms) the client showed.
+    idle: int = attrs.field(metadata={"schema": {"type": "integer", "minimum": 0}})
+
+
+@attrs.frozen(kw_only=True)
+class GenerateInput:
+    prompt: str

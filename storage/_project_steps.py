@@ -13,6 +13,7 @@ import orjson
 from protocol import codec
 from protocol import events as ev
 from storage._ops import Op, touch
+from storage._project_structure import idle_marked
 from storage.recorder import RecordedEvent
 
 __all__ = ["STEP_PROJECTORS", "retry_cleared"]
@@ -43,6 +44,7 @@ _RELEASE: Final = (
 
 
 def _release(rec: RecordedEvent) -> tuple[Op, ...]:
+    # Releasing the claim is also the session going idle.
     return (
         Op(
             _RELEASE,
@@ -51,6 +53,7 @@ def _release(rec: RecordedEvent) -> tuple[Op, ...]:
             reason="session.missing",
             subject=rec.aggregate_id,
         ),
+        idle_marked(rec),
     )
 
 

@@ -21,6 +21,7 @@ import orjson
 from protocol import events as ev
 from storage._ops import Op, json_text, touch
 from storage._project_steps import STEP_PROJECTORS, retry_cleared
+from storage._project_structure import STRUCTURE_PROJECTORS
 from storage.recorder import RecordedEvent
 
 __all__ = ["Op", "project"]
@@ -220,6 +221,7 @@ _PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
     ev.InboxDeliveryChanged: _typed(_delivery_changed),
     ev.SyntheticRecorded: _typed(_synthetic),
     **STEP_PROJECTORS,
+    **STRUCTURE_PROJECTORS,
 }
 
 
