@@ -5,7 +5,8 @@ the public shapes. ``sanitize`` blanks what may be private content (the
 bytes of attached files, the outputs of tool calls) and keeps the structure.
 
 An import records the document as events (``session.created`` and one
-``session.message.imported`` per message, in one command), so it is durable,
+``session.message.imported`` per message, then the document's usage totals as
+``session.usage.recorded``, in one command), so it is durable,
 replayable and visible in the session's log like anything else. The session
 keeps the document's id (taken, even by a deleted session: 409), as a create
 with an id would; messages get fresh ids (a copy of a session imported next
@@ -97,8 +98,23 @@ class SessionTransfer:
             )
             for m in document.messages
         ]
+        usage: builtins.list[ev.Event] = []
+        t = info.tokens
+        if info.cost or t != Tokens():
+            # The session's totals as the document states them: they include
+            # usage no message carries (a failed step's, a compaction's).
+            tokens = ev.StepTokens(
+                input=t.input,
+                output=t.output,
+                reasoning=t.reasoning,
+                cache_read=t.cache.read,
+                cache_write=t.cache.write,
+            )
+            usage.append(
+                ev.UsageRecorded(session_id=info.id, source="import", cost=info.cost, tokens=tokens)
+            )
         try:
-            await self._store.append(Command.of(created, *imported, expected={info.id: 0}))
+            await self._store.append(Command.of(created, *imported, *usage, expected={info.id: 0}))
         except AppendConflictError as exc:
             raise ConflictError(
                 f"session {info.id} cannot be imported: {exc}", resource="session"

@@ -66,6 +66,7 @@ __all__ = [
     "ToolProgress",
     "ToolSpawned",
     "ToolSucceeded",
+    "UsageRecorded",
     "decode_event",
     "encode_data",
     "envelope",
@@ -165,6 +166,16 @@ class MessageImported(Event):
 
     TYPE = "session.message.imported"
     message: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class UsageRecorded(Event):
+    """Usage charged to the session outside any step (``import``: a document's totals)."""
+
+    TYPE = "session.usage.recorded"
+    source: Literal["title", "compaction", "import"]
+    cost: float
+    tokens: StepTokens
 
 
 @attrs.frozen(kw_only=True)
@@ -479,6 +490,7 @@ REGISTRY: Mapping[str, type[Event]] = {
         SessionForked,
         SessionViewed,
         MessageImported,
+        UsageRecorded,
         InboxEnqueued,
         InboxDelivered,
         InboxCancelled,

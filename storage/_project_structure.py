@@ -182,27 +182,31 @@ def _message_imported(rec: RecordedEvent, e: ev.MessageImported) -> tuple[Op, ..
                 ),
             )
         )
-    if kind == "assistant":
-        tokens = data.get("tokens") or {}
-        cache = tokens.get("cache") or {}
-        ops.append(
-            Op(
-                "UPDATE session SET cost = cost + ?, tokens_input = tokens_input + ?,"
-                " tokens_output = tokens_output + ?, tokens_reasoning = tokens_reasoning + ?,"
-                " tokens_cache_read = tokens_cache_read + ?,"
-                " tokens_cache_write = tokens_cache_write + ? WHERE id = ?",
-                (
-                    float(data.get("cost") or 0.0),
-                    int(tokens.get("input", 0)),
-                    int(tokens.get("output", 0)),
-                    int(tokens.get("reasoning", 0)),
-                    int(cache.get("read", 0)),
-                    int(cache.get("write", 0)),
-                    e.session_id,
-                ),
-            )
-        )
     return tuple(ops)
+
+
+def _usage_recorded(rec: RecordedEvent, e: ev.UsageRecorded) -> tuple[Op, ...]:
+    t = e.tokens
+    return (
+        Op(
+            "UPDATE session SET cost = cost + ?, tokens_input = tokens_input + ?,"
+            " tokens_output = tokens_output + ?, tokens_reasoning = tokens_reasoning + ?,"
+            " tokens_cache_read = tokens_cache_read + ?,"
+            " tokens_cache_write = tokens_cache_write + ? WHERE id = ?",
+            (
+                e.cost,
+                t.input,
+                t.output,
+                t.reasoning,
+                t.cache_read,
+                t.cache_write,
+                e.session_id,
+            ),
+            expect=1,
+            reason="session.missing",
+            subject=e.session_id,
+        ),
+    )
 
 
 def _typed(fn: Callable[[RecordedEvent, E], tuple[Op, ...]]) -> Callable[..., tuple[Op, ...]]:
@@ -213,4 +217,5 @@ STRUCTURE_PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]]
     ev.SessionForked: _typed(_forked),
     ev.SessionViewed: _typed(_viewed),
     ev.MessageImported: _typed(_message_imported),
+    ev.UsageRecorded: _typed(_usage_recorded),
 }

@@ -1,8 +1,9 @@
 """Projections are derived data: replaying the log from zero rebuilds them exactly.
 
-Hypothesis drives random command sequences through the real facade and store
-(on a real file), then compares the incrementally maintained projections with
-a replay into an empty schema, and checks every aggregate's seq is 1..n.
+Hypothesis drives random command sequences (forks and views among them)
+through the real facade and store (on a real file), then compares the
+incrementally maintained projections with a replay into an empty schema, and
+checks every aggregate's seq is 1..n.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ operations = st.lists(
         st.tuples(st.just("agent"), pick, st.sampled_from(["build", "plan"])),
         st.tuples(st.just("model"), pick, st.sampled_from(["m1", "m2"])),
         st.tuples(st.just("remove"), pick),
+        st.tuples(st.just("fork"), pick, st.one_of(st.none(), pick)),
+        st.tuples(st.just("view"), pick, st.integers(min_value=0, max_value=2**40)),
     ),
     max_size=40,
 )
@@ -97,6 +100,17 @@ async def run(path: Path, ops: list[tuple[Any, ...]]) -> None:
                     await sessions.switch_model(
                         session(args[0]), ModelRef(id=args[1], provider_id="scripted")
                     )
+                elif kind == "fork":
+                    parent = session(args[0])
+                    before = None
+                    if args[1] is not None:
+                        page = await sessions.messages(parent, order="asc", limit=200)
+                        if page.data:
+                            before = page.data[args[1] % len(page.data)].id
+                    child = await sessions.fork(parent, before)
+                    live.append(child.id)
+                elif kind == "view":
+                    await sessions.view(session(args[0]), args[1])
                 elif kind == "remove":
                     await sessions.remove(session(args[0]))
                     remaining = {s.id for s in (await sessions.list(SessionQuery(limit=200))).data}
