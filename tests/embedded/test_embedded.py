@@ -7,12 +7,13 @@ import os
 import threading
 from pathlib import Path
 
+import attrs
 import pytest
 
 from actors.runtime import RuntimeConfig
 from protocol import SessionNotFoundError
-from protocol.operations import LogQuery
-from protocol.requests import PromptInput
+from protocol.operations import ExportQuery, LogQuery
+from protocol.requests import GenerateInput, PromptInput, ViewInput
 from server.embedded import Embedded
 
 
@@ -95,3 +96,31 @@ async def test_lifecycle_is_explicit(tmp_path: Path) -> None:
         _ = oc.runtime
     with pytest.raises(ValueError, match="exactly one"):
         Embedded()
+
+
+async def test_embedded_forks_views_exports_and_imports(tmp_path: Path) -> None:
+    async with Embedded(tmp_path / "data") as oc:
+        session = await oc.sessions.create()
+        await oc.sessions.prompt(session.id, PromptInput(text="#text from the embedded host"))
+        await oc.sessions.wait(session.id)
+        child = await oc.sessions.fork(session.id)
+        assert child.fork_session_id == session.id
+        page = await oc.sessions.messages(child.id, None)
+        assert [m.type for m in page.data] == ["assistant", "user"]
+
+        idle = (await oc.sessions.get(session.id)).time.idle
+        assert idle is not None
+        await oc.sessions.view(session.id, ViewInput(idle=idle))
+        assert (await oc.sessions.get(session.id)).time.viewed == idle
+
+        answer = await oc.sessions.generate(session.id, GenerateInput(prompt="#text once"))
+        assert answer.text == "once"
+
+        document = await oc.sessions.export(session.id, ExportQuery(sanitize=True))
+        assert document.info.id == session.id
+        copy = attrs.evolve(document, info=attrs.evolve(document.info, id="ses_embedded_copy"))
+        imported = await oc.sessions.import_session(copy)
+        assert imported.id == "ses_embedded_copy"
+        stats = await oc.sessions.stats()
+        assert stats.sessions == 3
+        assert stats.forks == 1
