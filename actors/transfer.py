@@ -17,7 +17,8 @@ events, and keep their text, parts, usage and times.
 from __future__ import annotations
 
 import builtins
-from typing import Any
+import math
+from typing import Any, Final
 
 import attrs
 
@@ -32,11 +33,13 @@ from protocol.shapes import (
     CacheTokens,
     ModelRef,
     ModelUsage,
+    ReasoningPart,
     Session,
     SessionExport,
     SessionMessage,
     SessionStats,
     SystemMessage,
+    TextPart,
     Tokens,
     ToolPart,
     UserMessage,
@@ -71,11 +74,7 @@ class SessionTransfer:
         """Create the session ``document`` describes; its id taken is a 409."""
         info = document.info
         ids.validate("ses", info.id, field="info.id")
-        for message in document.messages:
-            if isinstance(message, SystemMessage):
-                raise InvalidRequestError(
-                    "system messages are derived and cannot be imported", field="messages"
-                )
+        _check_document(document)
         if await self._store.queries.session(info.id) is not None:
             raise ConflictError(f"session {info.id} already exists", resource="session")
         where = directory or info.location.directory
@@ -148,6 +147,50 @@ class SessionTransfer:
             ),
             models=tuple(models),
         )
+
+
+#: SQLite stores 64-bit signed integers; anything wider is refused up front.
+_INT_MIN: Final = -(2**63)
+_INT_MAX: Final = 2**63 - 1
+
+
+def _check_document(document: SessionExport) -> None:
+    """Refuse, as a 400, what could not be stored as it is (nothing is written then)."""
+    for message in document.messages:
+        if isinstance(message, SystemMessage):
+            raise InvalidRequestError(
+                "system messages are derived and cannot be imported", field="messages"
+            )
+        if isinstance(message, AssistantMessage):
+            keys = [_part_key(p) for p in message.parts]
+            if len(set(keys)) != len(keys):
+                raise InvalidRequestError(
+                    f"message {message.id} has two parts with the same ordinal or tool id",
+                    field="messages",
+                )
+    _check_json(codec.to_json(document))
+
+
+def _part_key(part: TextPart | ReasoningPart | ToolPart) -> str:
+    return f"tool:{part.id}" if isinstance(part, ToolPart) else f"{part.type}:{part.ordinal}"
+
+
+def _check_json(value: Any) -> None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if not _INT_MIN <= item <= _INT_MAX:
+                raise InvalidRequestError("a number is out of the 64-bit range", field="info")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise InvalidRequestError("a number is not finite", field="info")
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _tokens(input: int, output: int, reasoning: int, read: int, write: int) -> Tokens:

@@ -136,6 +136,8 @@ def _stored_message(message: Mapping[str, Any]) -> tuple[str, dict[str, Any], li
 
 
 def _part_key(part: Mapping[str, Any]) -> str:
+    # The keys the step projectors use; actors.transfer refuses a document
+    # whose parts would collide on them.
     if part.get("type") == "tool":
         return f"tool:{part['id']}"
     return f"{part.get('type')}:{part.get('ordinal')}"

@@ -17,7 +17,7 @@ from actors.sessions import Sessions
 from actors.transfer import SessionTransfer
 from protocol import codec
 from protocol import events as ev
-from protocol.errors import ConflictError, SessionNotFoundError
+from protocol.errors import ConflictError, InvalidRequestError, SessionNotFoundError
 from protocol.requests import CreateSessionInput, FileInput, PromptInput, SyntheticInput
 from protocol.shapes import AssistantMessage, ModelRef, SessionExport, ToolPart, UserMessage
 from storage import Command, SQLiteStore, rebuild_projections
@@ -226,3 +226,25 @@ async def test_a_deleted_sessions_id_stays_spent(
     await sessions.remove(s.id)
     with pytest.raises(ConflictError):
         await transfer.import_(document)
+
+
+async def test_a_document_that_cannot_be_stored_is_a_400_and_writes_nothing(
+    store: SQLiteStore, sessions: Sessions
+) -> None:
+    transfer = SessionTransfer(
+        store, sessions, directories=DirectoryRules(), blocking=asyncio.to_thread
+    )
+    s = await sessions.create()
+    await record(
+        sessions, store, s.id, [("assistant", [("text", "a")], "stop", (1, 1, 0, 0, 0), 0.1)]
+    )
+    document = codec.to_json(await transfer.export(s.id))
+    document["info"]["id"] = "ses_bad"
+    twice = {**document, "messages": [dict(document["messages"][0])]}
+    twice["messages"][0]["parts"] = twice["messages"][0]["parts"] * 2
+    wide = {**document, "info": {**document["info"], "tokens": {"input": 2**64}}}
+    for bad in (twice, wide):
+        with pytest.raises(InvalidRequestError):
+            await transfer.import_(codec.from_json(SessionExport, bad))
+    assert await store.queries.session("ses_bad") is None
+    assert await store.last_seq("ses_bad") == 0
