@@ -23,7 +23,7 @@ Subclass :class:`Actor`, override the hooks, and start it::
 The shape is pykka's, so the same mental model serves the threads at the
 blocking edge, but every hook is a coroutine: an actor on the event loop waits
 by awaiting (the store, a provider stream, a blocking job through
-``BlockingRunner``) and must never block. For the same reason ``start`` is a
+``BlockingExecutor``) and must never block. For the same reason ``start`` is a
 coroutine: it returns only after ``on_start`` has completed and the actor is
 registered, so whoever holds a ref holds a ready actor and an ``on_start``
 failure is raised to the code that asked for the actor, not logged somewhere.

@@ -34,5 +34,5 @@ class ActorDeadError(ActorError):
 
     Raised by ``tell``/``ask`` on a stopped actor, set on every ask still
     queued or in flight when the actor stops, and raised by a closed
-    :class:`~actors.BlockingRunner`.
+    :class:`~actors.BlockingExecutor`.
     """

@@ -2,10 +2,10 @@
 
 An agent has a model (optional: the session's selected model, else the
 built-in scripted model, is used), a step allowance (``steps``; absent means
-unlimited), a system prompt, tool permissions (tool name or ``"*"`` ->
-``allow``/``deny``, plus the ``config`` capability, see
-:mod:`actors.tools._permission`) and, for the scripted model, an optional
-``script``.
+unlimited), a system prompt, tool permissions (tool name, ``"*"``,
+``external_directory`` or the ``config`` capability -> ``allow``/``ask``/``deny``
+or a table of patterns to those, see :mod:`actors.tools._permission`) and,
+for the scripted model, an optional ``script``.
 
 Configuration is TOML. Two owners, two powers:
 
@@ -27,9 +27,16 @@ Configuration is TOML. Two owners, two powers:
     steps = 25
     system = "You are a careful engineer."
     model = { id = "scripted", providerID = "scripted" }
+    # instruction sources: files of the session's directory, skills it may use
+    references = ["docs/style.md"]
+    skills = ["release"]
+
+    compaction = false          # automatic compaction off for this agent
 
     [agents.build.permissions]
-    bash = "deny"
+    bash = { "git *" = "allow", "rm *" = "ask", "*" = "deny" }
+    edit = "ask"
+    external_directory = { "/srv/shared/*" = "allow" }
 
     [agents.demo]
     script = '''
@@ -52,7 +59,7 @@ from typing import Any, Final
 import attrs
 
 from actors.confine import PROJECT_CONFIG_DIR
-from actors.tools._permission import Decision, narrow
+from actors.tools._permission import Rule, narrow, validate_rule
 from protocol import codec
 from protocol.errors import InvalidRequestError
 from protocol.shapes import ModelRef
@@ -79,8 +86,15 @@ class Agent:
     model: ModelRef | None = None
     steps: int | None = None
     system: str = ""
-    permissions: Mapping[str, Decision] = attrs.field(factory=lambda: {"*": "allow"})
+    permissions: Mapping[str, Rule] = attrs.field(factory=lambda: {"*": "allow"})
     script: str | None = None
+    #: Automatic compaction for sessions of this agent; None follows
+    #: ``[runtime] compaction``.
+    compaction: bool | None = None
+    #: Files (relative to the session's directory) whose text is an instruction source.
+    references: tuple[str, ...] = ()
+    #: Skills the agent may use; None = every skill found.
+    skills: tuple[str, ...] | None = None
 
 
 _BUILTIN: Final[dict[str, Agent]] = {
@@ -210,6 +224,11 @@ def project_file(directory: str | Path) -> Path:
     return Path(directory) / PROJECT_FILE
 
 
+_RULES_HELP: Final = (
+    "permissions map tool names to allow, ask, deny, or a table of patterns to those"
+)
+
+
 def _merge(base: Agent | None, name: str, table: Any, path: Path) -> Agent:
     if not isinstance(table, dict):
         raise InvalidRequestError(f"{path}: agents.{name} must be a table")
@@ -223,20 +242,30 @@ def _merge(base: Agent | None, name: str, table: Any, path: Path) -> Agent:
             if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
                 raise InvalidRequestError("steps must be a positive integer", field="steps")
             fields["steps"] = steps
+        if "compaction" in table:
+            if not isinstance(table["compaction"], bool):
+                raise InvalidRequestError("compaction must be true or false", field="compaction")
+            fields["compaction"] = table["compaction"]
         for key in ("system", "script"):
             if key in table:
                 if not isinstance(table[key], str):
                     raise InvalidRequestError(f"{key} must be a string", field=key)
                 fields[key] = table[key]
+        for key in ("references", "skills"):
+            if key in table:
+                items = table[key]
+                if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                    raise InvalidRequestError(f"{key} must be a list of strings", field=key)
+                fields[key] = tuple(items)
         if "permissions" in table:
             rules = table["permissions"]
-            if not isinstance(rules, dict) or any(
-                v not in ("allow", "deny") for v in rules.values()
-            ):
-                raise InvalidRequestError(
-                    "permissions map tool names to allow or deny", field="permissions"
-                )
-            fields["permissions"] = {**current.permissions, **rules}
+            if not isinstance(rules, dict) or any(isinstance(v, tuple) for v in rules.values()):
+                raise InvalidRequestError(_RULES_HELP, field="permissions")
+            try:
+                parsed = {str(k): validate_rule(v) for k, v in rules.items()}
+            except ValueError:
+                raise InvalidRequestError(_RULES_HELP, field="permissions") from None
+            fields["permissions"] = {**current.permissions, **parsed}
     except InvalidRequestError as exc:
         raise InvalidRequestError(f"{path}: agents.{name}: {exc.message}") from None
     return attrs.evolve(current, **fields)

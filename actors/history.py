@@ -16,6 +16,7 @@ from typing import Final
 import attrs
 import orjson
 
+from actors.compaction import render
 from actors.llm import (
     ChatMessage,
     ContentPart,
@@ -28,6 +29,7 @@ from actors.llm import (
 from protocol.lru import ByteLRU
 from protocol.shapes import (
     AssistantMessage,
+    CompactionMessage,
     ReasoningPart,
     SessionMessage,
     SyntheticMessage,
@@ -136,6 +138,12 @@ def _convert(message: SessionMessage) -> tuple[ChatMessage, ...]:
             return (ChatMessage(role="system", parts=(TextContent(text=message.text),)),)
         case AssistantMessage():
             return tuple(_assistant(message))
+        case CompactionMessage():
+            # The boundary of the active history: summary and tail as plain
+            # text, never any provider-native state. Running or failed: nothing.
+            if message.status != "completed":
+                return ()
+            return (ChatMessage(role="user", parts=(TextContent(text=render(message)),)),)
 
 
 def _assistant(message: AssistantMessage) -> list[ChatMessage]:

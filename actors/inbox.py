@@ -36,7 +36,15 @@ from protocol.requests import PromptInput, SyntheticInput
 from protocol.shapes import Delivery, InboxItem, InboxItemType
 from storage import Command, ProjectionConflict, SQLiteStore
 
-__all__ = ["CONTROL_TYPES", "Blocking", "Inbox", "Scope", "WakeHook", "select_promotable"]
+__all__ = [
+    "CONTROL_TYPES",
+    "Blocking",
+    "Inbox",
+    "Scope",
+    "WakeHook",
+    "control_head",
+    "select_promotable",
+]
 
 #: ``input``: the idle/entry boundary (queued input may deliver); ``steer``: a
 #: step boundary inside a running drain (only steers deliver).
@@ -93,6 +101,49 @@ class Inbox:
             session_id, "synthetic", request.id, request.delivery, request.resume, payload
         )
 
+    async def compact(
+        self, session_id: str, item_id: str | None, delivery: Delivery, resume: bool = True
+    ) -> InboxItem:
+        """Admit a manual compaction: a control item with an empty payload.
+
+        At most one is pending per session: a second request (any id) gets the
+        pending one back. An id already delivered (its compaction ran or runs)
+        is a conflict, like an id of another type or session.
+        """
+        ids.validate("ses", session_id, field="sessionID")
+        if item_id is not None:
+            ids.validate("msg", item_id, field="id")
+        async with self._locks.hold(session_id):
+            pending = next(
+                (i for i in await self._store.queries.inbox(session_id) if i.type == "compaction"),
+                None,
+            )
+            if pending is None and item_id is not None:
+                found = await self._reconcile(session_id, "compaction", item_id)
+                if found is not None:
+                    raise ConflictError(
+                        f"compaction {item_id} was already delivered", resource="message"
+                    )
+            receipt = pending or await self._enqueue_held(
+                session_id, "compaction", item_id, delivery, {}
+            )
+        if resume:
+            self._wake(session_id, "input")
+        return receipt
+
+    async def control(self, session_id: str, item: InboxItem, *also: ev.Event) -> bool:
+        """Deliver control ``item`` with ``also`` in one command; False if it is gone.
+
+        The runner calls this when the item heads the inbox (:func:`control_head`);
+        a cancel that won the race leaves nothing to deliver.
+        """
+        async with self._locks.hold(session_id):
+            pending = await self._store.queries.inbox(session_id)
+            if not any(i.id == item.id for i in pending):
+                return False
+            await self._apply(ev.InboxDelivered(session_id=session_id, inbox_id=item.id), *also)
+            return True
+
     async def _admit(
         self,
         session_id: str,
@@ -135,28 +186,39 @@ class Inbox:
         delivery: Delivery,
         payload: Mapping[str, Any],
     ) -> InboxItem:
-        inbox_id = item_id or ids.message_id()
         async with self._locks.hold(session_id):
-            # A concurrent exact retry may have admitted the id while we prepared.
-            if item_id is not None:
-                existing = await self._reconcile(session_id, type_, item_id)
-                if existing is not None:
-                    return existing
-            event = ev.InboxEnqueued(
-                session_id=session_id,
-                inbox_id=inbox_id,
-                item=ev.EnqueuedItem(type=type_, payload=payload, delivery=delivery),
-            )
-            try:
-                (record,) = await self._store.append(Command.of(event))
-            except ProjectionConflict as exc:
-                if exc.reason == "session.missing":
-                    raise SessionNotFoundError(session_id) from None
-                # Taken in another session between our check and the commit.
-                raced = await self._reconcile(session_id, type_, inbox_id)
-                if raced is None:
-                    raise ConflictError(str(exc), resource="message") from None
-                return raced
+            return await self._enqueue_held(session_id, type_, item_id, delivery, payload)
+
+    async def _enqueue_held(
+        self,
+        session_id: str,
+        type_: InboxItemType,
+        item_id: str | None,
+        delivery: Delivery,
+        payload: Mapping[str, Any],
+    ) -> InboxItem:
+        """:meth:`_enqueue` with the session's inbox lock already held."""
+        inbox_id = item_id or ids.message_id()
+        # A concurrent exact retry may have admitted the id while we prepared.
+        if item_id is not None:
+            existing = await self._reconcile(session_id, type_, item_id)
+            if existing is not None:
+                return existing
+        event = ev.InboxEnqueued(
+            session_id=session_id,
+            inbox_id=inbox_id,
+            item=ev.EnqueuedItem(type=type_, payload=payload, delivery=delivery),
+        )
+        try:
+            (record,) = await self._store.append(Command.of(event))
+        except ProjectionConflict as exc:
+            if exc.reason == "session.missing":
+                raise SessionNotFoundError(session_id) from None
+            # Taken in another session between our check and the commit.
+            raced = await self._reconcile(session_id, type_, inbox_id)
+            if raced is None:
+                raise ConflictError(str(exc), resource="message") from None
+            return raced
         return InboxItem(
             id=inbox_id,
             session_id=session_id,
@@ -256,6 +318,26 @@ def select_promotable(pending: Sequence[InboxItem], scope: Scope) -> list[InboxI
         # No steer is pending, so the first non-control item is the oldest queued one.
         return [item]
     return []
+
+
+def control_head(pending: Sequence[InboxItem], scope: Scope) -> InboxItem | None:
+    """The control item (compaction, move) due at this boundary, if any.
+
+    ``pending`` is in enqueue order. Steers ahead of a control item deliver
+    first (promotion stops before it); a steer-delivered control item is due
+    at any Safe Step Boundary once nothing is ahead of it but queued input, a
+    queued one only at the idle boundary (``input``) when it heads the inbox
+    and no steer is pending.
+    """
+    for item in pending:
+        if item.type in CONTROL_TYPES:
+            if item.delivery == "steer":
+                return item
+            steer_pending = any(i.delivery == "steer" for i in pending)
+            return item if scope == "input" and pending[0] is item and not steer_pending else None
+        if item.delivery == "steer":
+            return None
+    return None
 
 
 def _compact(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
-from actors._threaded import BlockingRunner
+from actors._blocking import BlockingExecutor
 from actors.tools._process import ProcessGroup, kill_stale
 from protocol import events as ev
 from storage import Command, ProjectionConflict, SQLiteStore, ToolProcess
@@ -41,7 +41,7 @@ def stale_failure(
     )
 
 
-async def kill_recorded(blocking: BlockingRunner, records: Sequence[ToolProcess]) -> None:
+async def kill_recorded(blocking: BlockingExecutor, records: Sequence[ToolProcess]) -> None:
     """Kill the recorded groups that are still the ones recorded, all at once."""
     if not records:
         return
@@ -59,7 +59,7 @@ async def _none() -> Iterable[str]:
 
 async def reap_stale_tools(
     store: SQLiteStore,
-    blocking: BlockingRunner,
+    blocking: BlockingExecutor,
     *,
     running: Callable[[], Awaitable[Iterable[str]]] = _none,
 ) -> tuple[str, ...]:

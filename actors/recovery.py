@@ -33,7 +33,7 @@ from typing import Final
 
 import attrs
 
-from actors._threaded import BlockingRunner
+from actors._blocking import BlockingExecutor
 from actors.execution import Execution
 from actors.reaper import reap_stale_tools
 from actors.sessions import Sessions
@@ -64,7 +64,7 @@ async def recover(
     store: SQLiteStore,
     sessions: Sessions,
     execution: Execution,
-    blocking: BlockingRunner,
+    blocking: BlockingExecutor,
     *,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> RecoveryReport:

@@ -5,11 +5,15 @@ A drain (called by the session's busy period) works like this:
 1. At drain start, tool calls still projected as streaming/running belong to
    an earlier process or an interrupted step: they fail with ``aborted``,
    keeping their assistant message, before any model work. Nothing is replayed.
-2. Before each step, at the Safe Step Boundary: sample the session's agent and
-   model (a switch applies from the next step on), prepare instructions (a
-   hook; no sources yet), promote input — steers at every boundary while the
-   drain continues, one queued item only at the idle boundary — and reload the
-   projected history. Promotion that delivers input resets the step allowance.
+2. Before each step, at the Safe Step Boundary, once the step is known to
+   reach the model (something is promotable, or the drain continues): admit
+   instructions (:mod:`actors.instructions`: one delta when a source changed),
+   *then* promote input — steers at every boundary while the drain continues,
+   one queued item only at the idle boundary — so an update enters history
+   before the input it precedes, and an unreadable first baseline leaves the
+   input pending. Then read the session's agent and model (a switch applies
+   from the next step on) and reload the projected history. Promotion that
+   delivers input resets the step allowance.
 3. Run the step (:mod:`actors.step`). If it needs a continuation (the model
    called tools), loop: the continuation is a new step built from history,
    never an in-memory tool loop. Otherwise go back to the idle boundary, where
@@ -22,32 +26,55 @@ execution with the step's error.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from actors._threaded import BlockingRunner
+from actors._blocking import BlockingExecutor
 from actors.agents import Agent, AgentCatalogs
 from actors.bus import EventBus
+from actors.compaction import CompactionSettings, Compactor
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
-from actors.inbox import Scope
-from actors.llm import SCRIPTED_MODEL, ModelRequest, ProviderRegistry, ToolSpec, with_max_steps
+from actors.inbox import Scope, control_head, select_promotable
+from actors.llm import (
+    SCRIPTED_MODEL,
+    ModelLimits,
+    ModelRequest,
+    ProviderRegistry,
+    ToolSpec,
+    with_max_steps,
+)
+from actors.permissions import PermissionWaiters
 from actors.reaper import kill_recorded, stale_failure
 from actors.sessions import Sessions
 from actors.step import StepRunner, retry_policy
-from actors.tools import ToolExecutor, ToolRegistry, permission
+from actors.tools import ToolExecutor, ToolRegistry
+from actors.tools._permission import offered
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, SessionNotFoundError
-from protocol.shapes import AssistantMessage, ModelRef, Session
+from protocol.shapes import (
+    AssistantMessage,
+    CompactionMessage,
+    InboxItem,
+    ModelRef,
+    Session,
+    SessionMessage,
+)
 from storage import Command, SQLiteStore
 
 __all__ = [
     "AgentUnavailableError",
+    "ControlHandler",
+    "ControlUnsupportedError",
     "InstructionSource",
     "NoInstructions",
     "Runner",
     "StepFailedError",
 ]
+
+
+#: Handles one control item at the head of the inbox (delivers it, does its work).
+ControlHandler = Callable[[Session, InboxItem], Awaitable[None]]
 
 
 class StepFailedError(Exception):
@@ -58,6 +85,12 @@ class StepFailedError(Exception):
         self.type = error.type
 
 
+class ControlUnsupportedError(Exception):
+    """A control item this build has no handler for heads the inbox."""
+
+    type: Final = "control.unsupported"
+
+
 class AgentUnavailableError(Exception):
     """The session's agent is not in its Location's catalog, or the catalog is unreadable."""
 
@@ -65,14 +98,23 @@ class AgentUnavailableError(Exception):
 
 
 class InstructionSource(Protocol):
-    """Prepares instructions at each Safe Step Boundary (the instructions issue fills it)."""
+    """Admits instructions at each Safe Step Boundary; returns the request's system text."""
 
-    async def prepare(self, session: Session, agent: Agent) -> None: ...
+    async def prepare(self, session: Session, agent: Agent) -> tuple[str, ...]: ...
+
+    async def current(self, session: Session, agent: Agent) -> tuple[str, ...]:
+        """The system text as stored now (after the epoch moved), admitting nothing."""
+        ...
 
 
 class NoInstructions:
-    async def prepare(self, session: Session, agent: Agent) -> None:
-        return None
+    """No sources: the agent's system prompt, as it is, and nothing admitted."""
+
+    async def prepare(self, session: Session, agent: Agent) -> tuple[str, ...]:
+        return (agent.system,) if agent.system else ()
+
+    async def current(self, session: Session, agent: Agent) -> tuple[str, ...]:
+        return await self.prepare(session, agent)
 
 
 class Runner:
@@ -84,7 +126,7 @@ class Runner:
         providers: ProviderRegistry,
         tools: ToolRegistry,
         executor: ToolExecutor,
-        blocking: BlockingRunner,
+        blocking: BlockingExecutor,
         bus: EventBus,
         agents: AgentCatalogs,
         output_dir: Path,
@@ -95,6 +137,9 @@ class Runner:
         retry_base_delay_s: float = 2.0,
         retry_max_delay_s: float = 900.0,
         chat_cache_bytes: int = CHAT_CACHE_BYTES,
+        compaction: CompactionSettings | None = None,
+        model_limits: Callable[[ModelRef], ModelLimits | None] | None = None,
+        waiters: PermissionWaiters | None = None,
     ) -> None:
         self._store = store
         self._default_model = default_model
@@ -105,6 +150,20 @@ class Runner:
         self._agents = agents
         self._chat = ChatCache(chat_cache_bytes)
         self._instructions = instructions or NoInstructions()
+        retry = retry_policy(retry_base_delay_s, retry_max_delay_s)
+        self._compactor = Compactor(
+            store=store,
+            bus=bus,
+            providers=providers,
+            retry=retry,
+            limits=model_limits or (lambda model: None),
+            settings=compaction,
+        )
+        #: What the runner does with a control item at the head of the inbox,
+        #: by its type. A handler delivers the item (``Inbox.control``, with
+        #: its own facts in the same command) and does its work; Session
+        #: movement registers ``move`` here.
+        self.controls: dict[str, ControlHandler] = {"compaction": self._manual_compaction}
         self._steps = StepRunner(
             store=store,
             bus=bus,
@@ -114,8 +173,14 @@ class Runner:
             tools=tools,
             secret_env=secret_env,
             server_dirs=server_dirs,
-            retry=retry_policy(retry_base_delay_s, retry_max_delay_s),
+            retry=retry,
+            waiters=waiters,
+            blocking=blocking.run,
         )
+
+    @property
+    def compactor(self) -> Compactor:
+        return self._compactor
 
     @property
     def chat_cache(self) -> ChatCache:
@@ -127,37 +192,111 @@ class Runner:
         except SessionNotFoundError:
             return  # deleted meanwhile: nothing to run
         await self.fail_stale_tools(session_id)
+        await self._compactor.settle_stale(session_id)
         continuing = False
         first = True
         step = 0
         while True:
-            delivered = await self._sessions.promote(session_id, "steer" if continuing else scope)
-            if delivered:
-                step = 0  # new input resets the allowance, once per batch
-            idle = not continuing and not delivered
-            if idle and not (first and force and await self._awaits_reply(session_id)):
-                return
+            promote_scope: Scope = "steer" if continuing else scope
+            if await self._control(session, promote_scope):
+                first = False  # handled: the loop goes on from what follows it
+                session = await self._sessions.get(session_id)
+                continue
+            resumed = False
+            if not continuing and not await self._promotable(session_id, promote_scope):
+                resumed = first and force and await self._awaits_reply(session_id)
+                if not resumed:
+                    return
             if not first:
-                # Sampled again before every later step: a switch of agent or
-                # model applies from the next step on. The first step uses the
-                # read made at drain start, a moment ago.
                 session = await self._sessions.get(session_id)
             first = False
+            # Admission, then promotion: instruction updates enter history
+            # before the input they precede; a blocked first baseline raises
+            # here, with the input still pending.
+            system = await self._instructions.prepare(session, await self._agent(session))
+            delivered = await self._sessions.promote(session_id, promote_scope)
+            if delivered:
+                step = 0  # new input resets the allowance, once per batch
+            elif not continuing and not resumed:
+                return  # what was promotable was cancelled meanwhile
+            # The agent and model this step runs with: read after admission
+            # and promotion, never a read from before them.
+            session = await self._sessions.get(session_id)
             agent = await self._agent(session)
-            await self._instructions.prepare(session, agent)
             step += 1
             limited = agent.steps is not None and step >= agent.steps
-            request = await self._request(session, agent, step, limited)
+            history = await self._store.queries.context(session.id)
+            request = await self._request(session, agent, step, limited, system, history=history)
+            auto = self._compactor.enabled(agent.compaction)
+            if self._compactor.due(history, request, auto) is not None:
+                await self._compactor.run(
+                    session.id,
+                    request.model,
+                    history,
+                    "auto",
+                    script=_script(agent, session.metadata),
+                )
+                # The epoch moved: the baseline is the new initial values.
+                system = await self._instructions.current(session, agent)
+                request = await self._request(session, agent, step, limited, system)
             outcome = await self._steps.run(
                 session,
                 agent,
                 request,
                 limited=limited,
-                rebuild=functools.partial(self._request, session, agent, step, limited),
+                rebuild=functools.partial(self._rebuild, session, agent, step, limited),
+                compact=functools.partial(self._overflow, session, agent, request.model)
+                if auto
+                else None,
             )
             if outcome.error is not None:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
+
+    async def _control(self, session: Session, scope: Scope) -> bool:
+        """Handle the control item due at this boundary, if any; True when one was.
+
+        Promotion never delivers control items and stops before them, so one
+        at the head of the inbox would otherwise stall every later input.
+        """
+        pending = await self._store.queries.inbox(session.id)
+        item = control_head(pending, scope)
+        if item is None:
+            return False
+        handler = self.controls.get(item.type)
+        if handler is None:
+            raise ControlUnsupportedError(f"control item {item.type!r} is not supported")
+        await handler(session, item)
+        return True
+
+    async def _manual_compaction(self, session: Session, item: InboxItem) -> None:
+        started = ev.CompactionStarted(
+            session_id=session.id, reason="manual", recent="", input_id=item.id
+        )
+        if not await self._sessions.inbox.control(session.id, item, started):
+            return  # cancelled meanwhile
+        agent = await self._agent(session)
+        model = session.model or agent.model or self._default_model
+        history = await self._store.queries.context(session.id)
+        await self._compactor.run(
+            session.id,
+            model,
+            history,
+            "manual",
+            script=_script(agent, session.metadata),
+            input_id=item.id,
+        )
+
+    async def _overflow(self, session: Session, agent: Agent, model: ModelRef) -> bool:
+        """The one overflow-triggered compaction of a step."""
+        history = await self._store.queries.context(session.id)
+        return await self._compactor.run(
+            session.id, model, history, "auto", script=_script(agent, session.metadata)
+        )
+
+    async def _promotable(self, session_id: str, scope: Scope) -> bool:
+        """Whether a promotion at ``scope`` would deliver something now."""
+        return bool(select_promotable(await self._store.queries.inbox(session_id), scope))
 
     async def _agent(self, session: Session) -> Agent:
         """The session's agent, sampled before every step like the session itself.
@@ -199,18 +338,36 @@ class Runner:
             )
         return len(stale)
 
+    async def _rebuild(
+        self, session: Session, agent: Agent, step: int, limited: bool, native: bool
+    ) -> ModelRequest:
+        """A later attempt's request: the baseline read again, as an overflow
+        compaction may have moved the instruction epoch since the step began."""
+        system = await self._instructions.current(session, agent)
+        return await self._request(session, agent, step, limited, system, native)
+
     async def _request(
-        self, session: Session, agent: Agent, step: int, limited: bool, native: bool = True
+        self,
+        session: Session,
+        agent: Agent,
+        step: int,
+        limited: bool,
+        system: tuple[str, ...],
+        native: bool = True,
+        *,
+        history: Sequence[SessionMessage] | None = None,
     ) -> ModelRequest:
         """The step's request from projected history (again for a later attempt).
 
         ``native=False`` leaves out provider-native continuation state: the
-        full rebuild after a provider rejected it.
+        full rebuild after a provider rejected it. ``history`` is the active
+        history when the caller has just read it.
         """
-        history = await self._store.queries.context(session.id)
+        if history is None:
+            history = await self._store.queries.context(session.id)
         # Only what the agent may call is offered; a call to anything else
         # still fails (ToolCalls checks again), but the model is not invited.
-        allowed = [t.name for t in self._tools if permission(agent.permissions, t.name) == "allow"]
+        allowed = [t.name for t in self._tools if offered(agent.permissions, t.name)]
         metadata: dict[str, Any] = {"step": step, "attempt": 1}
         script = _script(agent, session.metadata)
         if script is not None:
@@ -219,7 +376,7 @@ class Runner:
             session_id=session.id,
             agent=agent.name,
             model=session.model or agent.model or self._default_model,
-            system=(agent.system,) if agent.system else (),
+            system=system,
             messages=to_chat(history, self._chat, native=native),
             tools=tuple(
                 ToolSpec(name=s.name, description=s.description, input_schema=s.input_schema)
@@ -235,6 +392,10 @@ class Runner:
         if not history:
             return False
         last = history[-1]
+        if isinstance(last, CompactionMessage):
+            # An automatic one runs right before a step that was due; a manual
+            # one (or one that failed) asked for nothing more.
+            return last.reason == "auto" and last.status == "completed"
         if not isinstance(last, AssistantMessage):
             return True
         return last.finish == "tool-calls" and last.error is None

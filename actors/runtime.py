@@ -36,37 +36,48 @@ from typing import Self
 
 import attrs
 
-from actors._threaded import BlockingRunner
+from actors._blocking import BlockingExecutor
 from actors.agents import AgentCatalogs
 from actors.bus import EventBus
+from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
 from actors.execution import Execution, Terminal
 from actors.generate import Generator
-from actors.inbox import Scope, select_promotable
+from actors.inbox import Scope, control_head, select_promotable
+from actors.instructions import InstructionEntries, Instructions
 from actors.llm import (
     SCRIPTED_MODEL,
     HttpProvider,
+    ModelLimits,
     Provider,
     ProviderConfig,
     ProviderRegistry,
     build_providers,
 )
 from actors.locations import DirectoryRules
+from actors.permissions import PermissionWaiters
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.runner import InstructionSource, Runner
 from actors.sessions import Sessions
 from actors.tools import (
+    DEFAULT_BASH_TIMEOUT_S,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_LINES,
     OutputBounding,
     ProcessGroup,
     RecordProcess,
     Tool,
+    ToolActors,
     ToolContext,
     ToolError,
     ToolExecutor,
     ToolRegistry,
     builtin_tools,
     run_sweeper,
+)
+from actors.tools.builtin import (
+    DEFAULT_MAX_TIMEOUT_S,
+    DEFAULT_OUTPUT_MEMORY_BYTES,
+    BashTool,
 )
 from actors.transfer import SessionTransfer
 from protocol import events as ev
@@ -91,7 +102,18 @@ class RuntimeConfig:
     #: Environment variables no tool subprocess inherits, besides the built-in
     #: rule (password, ``*_API_KEY``, ``*TOKEN*`` …): see ``actors.tools.tool_environment``.
     secret_env: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: At most this many tool calls run at once, each in its own pykka child
+    #: actor (one thread each); more wait for a slot (``actors.tools.ToolActors``).
     max_tool_threads: int = 16
+    #: Threads of the plain executor for blocking helpers that are not tool
+    #: calls: catalogue reads, attachments, makedirs, the output sweep.
+    max_blocking_threads: int = 4
+    #: bash: the timeout of a call that names none, and the most one may ask for.
+    bash_timeout_s: float = DEFAULT_BASH_TIMEOUT_S
+    bash_max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S
+    #: bash: output kept in memory per call while it streams; beyond it the
+    #: complete output goes to a managed tool-output file (head and tail kept).
+    bash_output_memory_bytes: int = DEFAULT_OUTPUT_MEMORY_BYTES
     tool_output_max_lines: int = DEFAULT_MAX_LINES
     tool_output_max_bytes: int = DEFAULT_MAX_BYTES
     #: Extra model providers by provider id; the scripted model is always there.
@@ -103,7 +125,11 @@ class RuntimeConfig:
     default_model: ModelRef | None = None
     #: Tools offered to models; the built-in set when None.
     tools: tuple[Tool, ...] | None = None
+    #: Instruction admission; the built-in sources (:mod:`actors.instructions`) when None.
     instructions: InstructionSource | None = None
+    #: Discover the project's AGENTS.md / CLAUDE.md files (``[runtime]
+    #: project_instructions``); the data dir's AGENTS.md is read either way.
+    project_instructions: bool = True
     #: Run the startup sweep (resume claimed sessions) before accepting work.
     recover: bool = True
     #: Only read: the store opens read-only, no sweep, no execution (every
@@ -117,6 +143,25 @@ class RuntimeConfig:
     #: Bytes each decode cache may hold (the store's decoded messages, the
     #: runner's converted chat history): least recently used evicted first.
     decode_cache_bytes: int = 32 * 1024 * 1024
+    #: Automatic compaction (``[runtime] compaction``); an agent's
+    #: ``compaction`` overrides it. Manual compaction works either way.
+    compaction: bool = True
+    #: Reserved headroom in tokens: a step compacts first once its estimate
+    #: reaches ``context - max(min(output, 32000), compaction_buffer)``.
+    compaction_buffer: int = BUFFER_TOKENS
+    #: Token budget of the recent tail a compaction keeps verbatim.
+    compaction_tail_tokens: int = TAIL_TOKENS
+    #: Window limits of models no ``[providers.*]`` table describes (the
+    #: scripted model, injected providers), keyed ``PROVIDER/MODEL``.
+    model_limits: Mapping[str, ModelLimits] = attrs.field(factory=dict)
+
+    def limits(self, model: ModelRef) -> ModelLimits | None:
+        """The context and output limits of ``model``; None when unknown."""
+        given = self.model_limits.get(f"{model.provider_id}/{model.id}")
+        if given is not None:
+            return given
+        provider = self.provider_configs.get(model.provider_id)
+        return None if provider is None else provider.models.get(model.id)
 
     @property
     def db_path(self) -> Path:
@@ -226,8 +271,20 @@ class Runtime:
             decode_cache_bytes=config.decode_cache_bytes,
         )
         self.bus = EventBus()
-        self.blocking = BlockingRunner(limit=config.max_tool_threads)
-        self.tools = ToolRegistry(builtin_tools() if config.tools is None else config.tools)
+        if config.max_tool_threads < 1 or config.max_blocking_threads < 1:
+            raise ValueError("max_tool_threads and max_blocking_threads must be at least 1")
+        self.blocking = BlockingExecutor(limit=config.max_blocking_threads)
+        self.tool_actors = ToolActors(limit=config.max_tool_threads)
+        bash = BashTool(
+            default_timeout_s=config.bash_timeout_s,
+            max_timeout_s=max(config.bash_max_timeout_s, config.bash_timeout_s),
+            output_memory_bytes=max(
+                config.bash_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
+            ),
+        )
+        self.tools = ToolRegistry(
+            builtin_tools(bash=bash) if config.tools is None else config.tools
+        )
         self.bounding = OutputBounding(
             output_dir=config.tool_output_dir,
             max_lines=config.tool_output_max_lines,
@@ -252,6 +309,8 @@ class Runtime:
             except InvalidRequestError as exc:
                 raise ValueError(f"default_model: {exc}") from None
         self.agents = AgentCatalogs((config.agents_file,), self.blocking.run)
+        #: Tool calls waiting for a permission reply (answered through sessions).
+        self.permission_waiters = PermissionWaiters()
         self.sessions = Sessions(
             self.store,
             wake=self._wake,
@@ -261,12 +320,24 @@ class Runtime:
             directories=self.directories,
             check_model=self.providers.check,
             agents=self.agents,
+            waiters=self.permission_waiters,
         )
         self.transfer = SessionTransfer(
             self.store, self.sessions, directories=self.directories, blocking=self.blocking.run
         )
+        self.instructions = InstructionEntries(self.store)
         self._execution: Execution | None = None
         self.recovery = RecoveryReport()
+
+    def _builtin_instructions(self) -> Instructions:
+        instructions = Instructions(
+            store=self.store,
+            data_dir=self.config.data_dir,
+            discover_project=self.config.project_instructions,
+        )
+        # Closed after execution stops (the stack unwinds in reverse).
+        self._stack.callback(instructions.close)
+        return instructions
 
     @property
     def execution(self) -> Execution:
@@ -295,6 +366,7 @@ class Runtime:
                 # Closed after everything that could still stream from them.
                 self._stack.push_async_callback(adapter.aclose)
             await self._stack.enter_async_context(self.blocking)
+            await self._stack.enter_async_context(self.tool_actors)
             if self.config.read_only:
                 await self._stack.enter_async_context(self.store)
                 self.bus.attach(self.store)
@@ -316,13 +388,16 @@ class Runtime:
                 providers=self.providers,
                 tools=self.tools,
                 executor=ToolExecutor(
-                    self.tools, self.blocking, self.bounding, record=_process_recorder(self.store)
+                    self.tools,
+                    self.tool_actors,
+                    self.bounding,
+                    record=_process_recorder(self.store),
                 ),
                 blocking=self.blocking,
                 bus=self.bus,
                 agents=self.agents,
                 output_dir=self.config.tool_output_dir,
-                instructions=self.config.instructions,
+                instructions=self.config.instructions or self._builtin_instructions(),
                 secret_env=frozenset(self.config.secret_env)
                 | {c.api_key_env for c in self.config.provider_configs.values() if c.api_key_env},
                 server_dirs=(self.config.data_dir,),
@@ -330,6 +405,13 @@ class Runtime:
                 retry_base_delay_s=self.config.retry_base_delay_s,
                 retry_max_delay_s=self.config.retry_max_delay_s,
                 chat_cache_bytes=self.config.decode_cache_bytes,
+                compaction=CompactionSettings(
+                    auto=self.config.compaction,
+                    buffer=self.config.compaction_buffer,
+                    tail_tokens=self.config.compaction_tail_tokens,
+                ),
+                model_limits=self.config.limits,
+                waiters=self.permission_waiters,
             )
             self.runner = runner
             self.generator = Generator(
@@ -393,8 +475,7 @@ class Runtime:
         if resume:
             pending = await self.sessions.pending(session_id)
             steers = select_promotable(pending, "steer")
-            head = next((i for i in pending if i.delivery == "steer"), None)
-            if steers or (head is not None and head.type in ("compaction", "move")):
+            if steers or control_head(pending, "steer") is not None:
                 self.execution.wake(session_id, "steer")
         return interrupted
 

@@ -25,6 +25,7 @@ from actors.agents import AgentCatalogs
 from actors.attachments import Withheld
 from actors.inbox import Blocking, Inbox, Scope, WakeHook
 from actors.locations import DirectoryRules
+from actors.permissions import PermissionWaiters
 from protocol import events as ev
 from protocol import ids
 from protocol.cursor import (
@@ -39,6 +40,7 @@ from protocol.errors import (
     InvalidCursorError,
     InvalidRequestError,
     MessageNotFoundError,
+    PermissionNotFoundError,
     SessionNotFoundError,
 )
 from protocol.requests import (
@@ -90,8 +92,11 @@ class Sessions:
         directories: DirectoryRules | None = None,
         check_model: Callable[[ModelRef], None] | None = None,
         agents: AgentCatalogs | None = None,
+        waiters: PermissionWaiters | None = None,
     ) -> None:
         self._store = store
+        #: The tool calls of this process waiting for a permission reply.
+        self._waiters = PermissionWaiters() if waiters is None else waiters
         self._stop = stop
         self._locks = KeyedLock()
         self._blocking = blocking
@@ -277,8 +282,55 @@ class Sessions:
     async def change_delivery(self, session_id: str, inbox_id: str, delivery: Delivery) -> None:
         await self.inbox.change_delivery(session_id, inbox_id, delivery)
 
+    async def compact(
+        self, session_id: str, item_id: str | None = None, delivery: Delivery = "steer"
+    ) -> InboxItem:
+        """Request a manual compaction: a control item in the inbox (one pending at most)."""
+        await self.get(session_id)
+        return await self.inbox.compact(session_id, item_id, delivery)
+
     async def promote(self, session_id: str, scope: Scope) -> int:
         return len(await self.inbox.promote(session_id, scope))
+
+    # -- permissions ----------------------------------------------------------------------------
+
+    async def permissions(self, session_id: str) -> builtins.list[ev.PermissionAsked]:
+        """The session's unanswered permission requests, oldest first."""
+        await self.get(session_id)
+        return await self._store.queries.permission_requests(session_id)
+
+    async def reply_permission(
+        self, session_id: str, permission_id: str, reply: ev.PermissionReply
+    ) -> None:
+        """Answer one request: durable first, then the waiting call (if it waits here) wakes.
+
+        ``always`` also allows the request's ``always`` patterns for the rest
+        of the session. A request this session never made is a 404; one
+        already answered, or whose call settled unanswered, a 409.
+        """
+        if reply not in ("once", "always", "reject"):
+            raise InvalidRequestError("reply must be once, always or reject", field="reply")
+        await self.get(session_id)
+        if not ids.is_valid("per", permission_id):
+            raise PermissionNotFoundError(session_id, permission_id)
+        async with self._locks.hold(session_id):
+            status = await self._store.queries.permission_status(session_id, permission_id)
+            if status is None:
+                raise PermissionNotFoundError(session_id, permission_id)
+            if status != "pending":
+                raise _answered(permission_id, status)
+            try:
+                await self._store.append(
+                    Command.of(
+                        ev.PermissionReplied(session_id=session_id, id=permission_id, reply=reply)
+                    )
+                )
+            except ProjectionConflict as exc:
+                if exc.reason == "session.missing":
+                    raise SessionNotFoundError(session_id) from None
+                # The call settled (or another reply won) between the read and the write.
+                raise _answered(permission_id, "answered") from None
+        self._waiters.resolve(permission_id, reply)
 
     # -- transcript -----------------------------------------------------------------------------
 
@@ -314,7 +366,7 @@ class Sessions:
         return message
 
     async def context(self, session_id: str) -> builtins.list[SessionMessage]:
-        """The model-visible history: messages after the last compaction (all, for now)."""
+        """The model-visible history: the last completed compaction and what follows it."""
         await self.get(session_id)
         return await self._store.queries.context(session_id)
 
@@ -337,6 +389,11 @@ class Sessions:
             if exc.reason == "session.missing":
                 raise SessionNotFoundError(session_id) from None
             raise ConflictError(str(exc), resource="session") from None
+
+
+def _answered(permission_id: str, status: str) -> ConflictError:
+    how = "expired with its tool call" if status == "expired" else f"already answered ({status})"
+    return ConflictError(f"permission request {permission_id} {how}", resource="permission")
 
 
 def _check_limit(limit: Any, *, cursor: bool = False) -> None:

@@ -22,7 +22,8 @@ Several Physical Attempts"; reference §4.4, §4.6). After a failed attempt:
   (a reasoning signature): once, at once, without ``retry.scheduled``, the
   request is rebuilt without any of it;
 - otherwise the step fails and so does the execution: authentication, quota,
-  invalid request, context overflow (compaction is a later issue), a content
+  invalid request, a context overflow compaction cannot fix (after output, a
+  second one, automatic compaction off: see ``compact``), a content
   filter, a spent budget (the first try plus four retries), or any exception
   that is not a provider's (a bug: it still settles everything first).
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -52,6 +54,7 @@ from actors._shield import finish
 from actors.agents import Agent
 from actors.bus import EventBus
 from actors.llm import (
+    ContextOverflowError,
     ContinuationRejectedError,
     Finish,
     IncompleteStreamError,
@@ -70,7 +73,8 @@ from actors.llm import (
     ToolInputEnd,
     ToolInputStart,
 )
-from actors.tool_calls import ToolCalls
+from actors.permissions import PermissionWaiters
+from actors.tool_calls import Blocking, ToolCalls
 from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids
@@ -80,6 +84,7 @@ from storage import Command, RecordedEvent, SQLiteStore, now_ms
 __all__ = [
     "CONTINUE_DESCRIPTION",
     "CONTINUE_TEXT",
+    "Compact",
     "Rebuild",
     "StepOutcome",
     "StepRunner",
@@ -99,6 +104,8 @@ _ABORTED: Final = ev.ErrorInfo(type="aborted", message="Step interrupted")
 #: Builds the step's request again from projected history; ``native=False``
 #: leaves out every provider-native continuation state (a full rebuild).
 Rebuild = Callable[[bool], Awaitable[ModelRequest]]
+#: Runs the overflow-triggered compaction; True when it completed.
+Compact = Callable[[], Awaitable[bool]]
 
 
 @attrs.frozen(kw_only=True)
@@ -196,7 +203,11 @@ class StepRunner:
         secret_env: frozenset[str] = frozenset(),
         server_dirs: tuple[Path, ...] = (),
         retry: RetryPolicy | None = None,
+        waiters: PermissionWaiters | None = None,
+        blocking: Blocking | None = None,
     ) -> None:
+        self._blocking = blocking
+        self._waiters = PermissionWaiters() if waiters is None else waiters
         self._store = store
         self._secret_env = secret_env
         self._server_dirs = server_dirs
@@ -215,13 +226,20 @@ class StepRunner:
         *,
         limited: bool,
         rebuild: Rebuild | None = None,
+        compact: Compact | None = None,
     ) -> StepOutcome:
-        """Run one logical step to its terminal; raises only CancelledError (re-raised)."""
+        """Run one logical step to its terminal; raises only CancelledError (re-raised).
+
+        ``compact`` (None when automatic compaction is off) runs the one
+        overflow-triggered compaction a step may have; the same logical step
+        is then rebuilt from the compacted history in a new assistant message.
+        """
         policy = attrs.evolve(self._retry)  # a fresh budget (and generator state) per step
         assistant_id = ids.message_id()
         physical = 0  # physical attempts made, for request.metadata["attempt"]
         retries = 0  # generic retries and continuations spent
         rebuilt = False
+        compacted = False
         started = False
         while True:
             physical += 1
@@ -261,6 +279,26 @@ class StepRunner:
                     await finish(self._discard(step))
                     rebuilt = True
                     request = await rebuild(False)
+                    continue
+                if isinstance(exc, ContextOverflowError):
+                    if step.output or compact is None or compacted or rebuild is None:
+                        return await self._failed(
+                            step, _overflow(error, step.output, compact is None, compacted)
+                        )
+                    # Before any output: the attempt's message ends, one
+                    # compaction runs, the same step starts over after it.
+                    await finish(self._fail(step, error))
+                    compacted = True
+                    if not await compact():
+                        return StepOutcome(
+                            error=ev.ErrorInfo(
+                                type=error.type,
+                                message="The request exceeds the model's context window"
+                                f" and compacting the session failed: {error.message}",
+                            )
+                        )
+                    assistant_id, started = ids.message_id(), False
+                    request = await rebuild(True)
                     continue
                 retries += 1
                 delay = policy.decide(exc, retries)
@@ -307,6 +345,9 @@ class StepRunner:
             output_dir=self._output_dir,
             secret_env=self._secret_env,
             server_dirs=self._server_dirs,
+            waiters=self._waiters,
+            blocking=self._blocking,
+            session_rules=functools.partial(self._store.queries.permission_rules, session.id),
         )
         return step
 
@@ -473,6 +514,19 @@ class StepRunner:
         return StepOutcome(
             needs_continuation=finished.reason == "tool-calls" and bool(outcomes) and not limited
         )
+
+
+def _overflow(error: ev.ErrorInfo, output: bool, off: bool, again: bool) -> ev.ErrorInfo:
+    """The terminal error of an overflow that compaction cannot (or may no more) fix."""
+    if again:
+        why = "still exceeds the model's context window after compaction"
+    elif output:
+        why = "exceeded the model's context window after output was recorded"
+    elif off:
+        why = "exceeds the model's context window and automatic compaction is off"
+    else:
+        why = "exceeds the model's context window"
+    return ev.ErrorInfo(type=error.type, message=f"The request {why}: {error.message}")
 
 
 def retry_policy(base_delay_s: float, max_delay_s: float) -> RetryPolicy:

@@ -3,7 +3,9 @@
 A step hands each complete call to :class:`ToolCalls`. The call is recorded
 (``session.tool.called``) and awaited durable *before* the tool starts, so a
 crash leaves a known call that recovery fails as stale instead of running it
-twice. Calls then run concurrently as tasks this object owns; their terminals
+twice. Calls then run concurrently as tasks this object owns, each tool in its
+own pykka child actor adopted by this step's :class:`~actors.tools.ToolOwner`
+(its Progress comes back here and is published live); their terminals
 (``tool.success`` / ``tool.failed``) are published one at a time, in the
 order the calls finish. :meth:`ToolCalls.join` collects every outcome and
 :meth:`ToolCalls.cancel` settles every started call: either way no call
@@ -26,14 +28,23 @@ A call whose input streamed but never completed is failed by
 :meth:`ToolCalls.fail_unfinished` (``executed: false``); a tool the agent
 may not use fails with ``permission.denied`` without running, and the step
 goes on: the model sees the failure in the next step's history and can react.
+
+Permission, before dispatch: each call is judged by
+:func:`actors.permissions.judge` (the agent's rules, the session's
+``always`` rules, the call's subjects). A rule that says ``ask`` makes the
+call wait: ``session.permission.asked`` is durable, then the call waits for
+its reply in :class:`~actors.permissions.PermissionWaiters`; ``reject``
+fails it with ``permission.rejected``. A call failed before it ran (denied,
+rejected, interrupted while waiting) has ``executed: false``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,17 +52,37 @@ from actors._shield import finish
 from actors.agents import Agent
 from actors.bus import EventBus
 from actors.llm import TOOLS_DISABLED_ERROR, ToolCall
+from actors.permissions import FILE_TOOLS, Check, PermissionWaiters, judge, summary
 from actors.tools import (
+    Progress,
     SucceededThenInterrupted,
     ToolContext,
     ToolExecutor,
     ToolOutcome,
+    ToolOwner,
     permission,
 )
+from actors.tools._permission import EXTERNAL_DIRECTORY, offered
 from protocol import events as ev
+from protocol import ids
 from protocol.shapes import Session
 
-__all__ = ["Journal", "ToolCalls"]
+__all__ = ["Journal", "SessionRules", "ToolCalls"]
+
+#: The session's ``always`` rules, ``(permission, pattern)``, read when a call is judged.
+SessionRules = Callable[[], Awaitable[Sequence[tuple[str, str]]]]
+
+
+#: Runs a blocking callable off the loop (the runtime's bounded BlockingExecutor).
+Blocking = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
+async def _no_rules() -> Sequence[tuple[str, str]]:
+    return ()
+
+
+async def _to_thread(fn: Callable[[], Any]) -> Any:
+    return await asyncio.to_thread(fn)
 
 
 class Journal(Protocol):
@@ -77,7 +108,14 @@ class ToolCalls:
         output_dir: Path,
         secret_env: frozenset[str],
         server_dirs: tuple[Path, ...],
+        waiters: PermissionWaiters | None = None,
+        session_rules: SessionRules = _no_rules,
+        blocking: Blocking | None = None,
     ) -> None:
+        #: Where path resolution for a file tool's permission runs (it reads symlinks).
+        self._blocking: Blocking = _to_thread if blocking is None else blocking
+        self._waiters = PermissionWaiters() if waiters is None else waiters
+        self._session_rules = session_rules
         self._journal = journal
         self._session = session
         self._agent = agent
@@ -95,6 +133,8 @@ class ToolCalls:
         #: Calls whose task began to run (so the tool may have executed).
         self._ran: set[str] = set()
         self._terminals = asyncio.Lock()
+        #: The step's child actors, one per running call; they report Progress here.
+        self._owner = ToolOwner(on_progress=self._progress)
 
     def input_started(self, call_id: str, name: str) -> None:
         self._unfinished[call_id] = name
@@ -115,15 +155,9 @@ class ToolCalls:
                 input=dict(call.input),
             )
         )
-        agent = self._agent
         refusal: ToolOutcome | None = None
         if limited:
             refusal = ToolOutcome.failure("tool.disabled", TOOLS_DISABLED_ERROR)
-        elif permission(agent.permissions, call.name) == "deny":
-            refusal = ToolOutcome.failure(
-                "permission.denied",
-                f"Permission denied: agent {agent.name} may not use the {call.name} tool",
-            )
         loop = asyncio.get_running_loop()
         self._open[call.id] = call.name
         self._tasks[call.id] = loop.create_task(self._settle(call, refusal), name=f"tool:{call.id}")
@@ -133,10 +167,20 @@ class ToolCalls:
         """Every started call's outcome, in the order the calls were made."""
         return [await task for task in self._tasks.values()]
 
+    @property
+    def owner(self) -> ToolOwner:
+        """The step's books of its child actors (one per running local call)."""
+        return self._owner
+
     async def cancel(self) -> None:
-        """Cancel the running calls and wait until each has a durable terminal."""
+        """Stop the running calls and wait until each has a durable terminal.
+
+        Stopping the owner stops its children: each is cancelled, and this
+        returns only after every child has reported and every call settled.
+        """
         for task in self._tasks.values():
             task.cancel()
+        await self._owner.stop()
         for task in self._tasks.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -161,37 +205,99 @@ class ToolCalls:
         self._unfinished.clear()
 
     async def _settle(self, call: ToolCall, refusal: ToolOutcome | None) -> ToolOutcome:
-        self._ran.add(call.id)
-        if refusal is not None:
-            outcome = refusal
-        else:
-            session = self._session
-            ctx = ToolContext(
-                session_id=session.id,
-                call_id=call.id,
-                assistant_message_id=self._assistant_id,
-                directory=Path(session.location.directory),
-                output_dir=self._output_dir,
-                cancel=threading.Event(),
-                progress=self._progress(call.id),
-                config_writes=permission(self._agent.permissions, "config") == "allow",
-                secret_env=self._secret_env,
-                server_dirs=self._server_dirs,
-            )
+        external: tuple[Path, ...] = ()
+        if refusal is None:
             try:
-                outcome = await self._executor.execute(call.name, call.input, ctx)
-            except SucceededThenInterrupted as late:
-                # The tool's operation happened: its success is the settlement.
-                await finish(self._terminal(call.id, late.outcome))
-                raise
+                refusal, external = await self._authorise(call)
             except asyncio.CancelledError:
+                # Interrupted before it ran (perhaps while waiting for an answer).
                 interrupted = ToolOutcome.failure(
                     "aborted", f"Tool execution interrupted: {call.name}"
                 )
-                await finish(self._terminal(call.id, interrupted))
+                await finish(self._terminal(call.id, interrupted, executed=False))
                 raise
+        if refusal is not None:
+            await finish(self._terminal(call.id, refusal, executed=False))
+            return refusal
+        self._ran.add(call.id)
+        session = self._session
+        ctx = ToolContext(
+            session_id=session.id,
+            call_id=call.id,
+            assistant_message_id=self._assistant_id,
+            directory=Path(session.location.directory),
+            output_dir=self._output_dir,
+            cancel=threading.Event(),
+            config_writes=permission(self._agent.permissions, "config") == "allow",
+            secret_env=self._secret_env,
+            server_dirs=self._server_dirs,
+            external=external,
+        )
+        try:
+            outcome = await self._executor.execute(call.name, call.input, ctx, owner=self._owner)
+        except SucceededThenInterrupted as late:
+            # The tool's operation happened: its success is the settlement.
+            await finish(self._terminal(call.id, late.outcome))
+            raise
+        except asyncio.CancelledError:
+            interrupted = ToolOutcome.failure("aborted", f"Tool execution interrupted: {call.name}")
+            await finish(self._terminal(call.id, interrupted))
+            raise
         await finish(self._terminal(call.id, outcome))
         return outcome
+
+    async def _authorise(self, call: ToolCall) -> tuple[ToolOutcome | None, tuple[Path, ...]]:
+        """A refusal, or None and the outside paths the call was granted.
+
+        Waits (durably asked) for every check that says ``ask``.
+        """
+        agent = self._agent
+        rules = await self._session_rules()
+        judged = functools.partial(
+            judge,
+            agent.permissions,
+            rules,
+            call.name,
+            call.input,
+            directory=Path(self._session.location.directory),
+            output_dir=self._output_dir,
+        )
+        # Only a file tool's path is resolved (blocking: it reads symlinks).
+        checks = await self._blocking(judged) if call.name in FILE_TOOLS else judged()
+        external: list[Path] = []
+        for check in checks:
+            if check.decision == "deny":
+                denied = _denied(agent, call, check)
+                return ToolOutcome.failure("permission.denied", denied), ()
+            if check.decision == "ask" and await self._ask(call, check) == "reject":
+                return ToolOutcome.failure(
+                    "permission.rejected",
+                    f"Permission rejected: the user declined this {call.name} call"
+                    f" ({check.permission}: {', '.join(check.patterns)})",
+                ), ()
+            external.extend(check.external)
+        return None, tuple(external)
+
+    async def _ask(self, call: ToolCall, check: Check) -> ev.PermissionReply:
+        permission_id = ids.permission_id()
+        reply = self._waiters.register(permission_id)
+        try:
+            await self._journal.durable(
+                ev.PermissionAsked(
+                    session_id=self._session.id,
+                    id=permission_id,
+                    tool=call.name,
+                    call_id=call.id,
+                    assistant_message_id=self._assistant_id,
+                    permission=check.permission,
+                    summary=summary(call.name, call.input),
+                    patterns=check.patterns,
+                    always=check.always,
+                )
+            )
+            return await reply
+        finally:
+            self._waiters.discard(permission_id)
 
     async def _terminal(self, call_id: str, outcome: ToolOutcome, *, executed: bool = True) -> None:
         event: ev.Event
@@ -224,19 +330,26 @@ class ToolCalls:
             await self._journal.durable(event)
             del self._open[call_id]
 
-    def _progress(self, call_id: str) -> Any:
-        loop = asyncio.get_running_loop()
-        bus = self._bus
-        session_id, assistant_id = self._session.id, self._assistant_id
-
-        def report(metadata: Mapping[str, Any]) -> None:  # called on the tool's thread
-            event = ev.ToolProgress(
-                session_id=session_id,
-                assistant_message_id=assistant_id,
-                id=call_id,
-                metadata=dict(metadata),
+    def _progress(self, message: Progress) -> None:
+        """A child's Progress (on the loop): published live, never stored."""
+        self._bus.live(
+            ev.ToolProgress(
+                session_id=self._session.id,
+                assistant_message_id=self._assistant_id,
+                id=message.call_id,
+                metadata=dict(message.metadata),
             )
-            with contextlib.suppress(RuntimeError):  # loop closed: nobody listens
-                loop.call_soon_threadsafe(bus.live, event)
+        )
 
-        return report
+
+def _denied(agent: Agent, call: ToolCall, check: Check) -> str:
+    name = agent.name
+    if check.permission == EXTERNAL_DIRECTORY:
+        where = ", ".join(str(p) for p in check.external)
+        return (
+            f"Permission denied: agent {name} may not use paths outside the session's"
+            f" directory ({where})"
+        )
+    if offered(agent.permissions, call.name):  # denied for this subject, not the whole tool
+        return f"Permission denied: agent {name} may not use the {call.name} tool on this input"
+    return f"Permission denied: agent {name} may not use the {call.name} tool"

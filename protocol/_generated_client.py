@@ -10,21 +10,25 @@ from typing import Final
 from protocol._client_group import APIGroup
 from protocol._client_http import CallOptions, Connection
 from protocol._client_stream import EventStream
+from protocol.events import PermissionAsked
 from protocol.operations import (
     ActiveSession,
     AgentInput,
     DeliveryInput,
     ExportQuery,
     GenerateResult,
+    InstructionEntryInput,
     InterruptQuery,
     InterruptResult,
     LogQuery,
     MessagesQuery,
     ModelInput,
+    PermissionReplyInput,
     SessionListQuery,
     by_id,
 )
 from protocol.requests import (
+    CompactInput,
     CreateSessionInput,
     ForkInput,
     GenerateInput,
@@ -33,9 +37,17 @@ from protocol.requests import (
     UpdateSessionInput,
     ViewInput,
 )
-from protocol.shapes import InboxItem, Page, Session, SessionExport, SessionMessage, SessionStats
+from protocol.shapes import (
+    InboxItem,
+    InstructionEntry,
+    Page,
+    Session,
+    SessionExport,
+    SessionMessage,
+    SessionStats,
+)
 
-__all__ = ["EventsAPI", "OperationGroups", "SessionsAPI"]
+__all__ = ["EventsAPI", "InstructionsAPI", "OperationGroups", "SessionsAPI"]
 
 _SESSION_LIST: Final = by_id("session.list")
 _SESSION_CREATE: Final = by_id("session.create")
@@ -51,6 +63,7 @@ _SESSION_IMPORT_SESSION: Final = by_id("session.importSession")
 _SESSION_STATS: Final = by_id("session.stats")
 _SESSION_PROMPT: Final = by_id("session.prompt")
 _SESSION_SYNTHETIC: Final = by_id("session.synthetic")
+_SESSION_COMPACT: Final = by_id("session.compact")
 _SESSION_INTERRUPT: Final = by_id("session.interrupt")
 _SESSION_RESUME: Final = by_id("session.resume")
 _SESSION_WAIT: Final = by_id("session.wait")
@@ -59,10 +72,15 @@ _SESSION_SWITCH_MODEL: Final = by_id("session.switchModel")
 _SESSION_INBOX_LIST: Final = by_id("session.inbox.list")
 _SESSION_INBOX_CANCEL: Final = by_id("session.inbox.cancel")
 _SESSION_INBOX_UPDATE: Final = by_id("session.inbox.update")
+_SESSION_PERMISSION_LIST: Final = by_id("session.permission.list")
+_SESSION_PERMISSION_REPLY: Final = by_id("session.permission.reply")
 _SESSION_MESSAGES: Final = by_id("session.messages")
 _SESSION_MESSAGE_GET: Final = by_id("session.message.get")
 _SESSION_CONTEXT: Final = by_id("session.context")
 _SESSION_LOG: Final = by_id("session.log")
+_SESSION_INSTRUCTIONS_ENTRY_LIST: Final = by_id("session.instructions.entry.list")
+_SESSION_INSTRUCTIONS_ENTRY_PUT: Final = by_id("session.instructions.entry.put")
+_SESSION_INSTRUCTIONS_ENTRY_REMOVE: Final = by_id("session.instructions.entry.remove")
 _EVENT_SUBSCRIBE: Final = by_id("event.subscribe")
 
 
@@ -346,6 +364,26 @@ class SessionsAPI(APIGroup):
         )
         return result
 
+    async def compact(
+        self,
+        session_id: str,
+        input: CompactInput | None = None,
+        *,
+        options: CallOptions | None = None,
+    ) -> InboxItem:
+        """Request a manual compaction: a control item in the inbox, one pending at most.
+
+        ``POST /api/session/{sessionID}/compact`` (session.compact). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError, ConflictError.
+        """
+        result: InboxItem = await self._call(
+            _SESSION_COMPACT,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+        return result
+
     async def interrupt(
         self,
         session_id: str,
@@ -494,6 +532,45 @@ class SessionsAPI(APIGroup):
             options=options,
         )
 
+    async def permissions(
+        self,
+        session_id: str,
+        *,
+        options: CallOptions | None = None,
+    ) -> tuple[PermissionAsked, ...]:
+        """Tool calls waiting for a permission reply, oldest first.
+
+        ``GET /api/session/{sessionID}/permission`` (session.permission.list). Errors:
+        InvalidRequestError, UnauthorizedError, SessionNotFoundError.
+        """
+        result: tuple[PermissionAsked, ...] = await self._call(
+            _SESSION_PERMISSION_LIST,
+            path_params={"sessionID": session_id},
+            options=options,
+        )
+        return result
+
+    async def reply_permission(
+        self,
+        session_id: str,
+        permission_id: str,
+        input: PermissionReplyInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Answer a permission request: once, always (for this session) or reject.
+
+        ``POST /api/session/{sessionID}/permission/{permissionID}`` (session.permission.reply).
+        Errors: InvalidRequestError, UnauthorizedError, SessionNotFoundError,
+        PermissionNotFoundError, ConflictError.
+        """
+        await self._call(
+            _SESSION_PERMISSION_REPLY,
+            path_params={"sessionID": session_id, "permissionID": permission_id},
+            body=input,
+            options=options,
+        )
+
     async def messages(
         self,
         session_id: str,
@@ -559,7 +636,7 @@ class SessionsAPI(APIGroup):
         *,
         options: CallOptions | None = None,
     ) -> tuple[SessionMessage, ...]:
-        """The model-visible history after the last compaction.
+        """The model-visible history: the last completed compaction and what follows.
 
         ``GET /api/session/{sessionID}/context`` (session.context). Errors: InvalidRequestError,
         UnauthorizedError, SessionNotFoundError.
@@ -595,6 +672,69 @@ class SessionsAPI(APIGroup):
         )
 
 
+class InstructionsAPI(APIGroup):
+    """The ``client.instructions`` operations."""
+
+    async def list(
+        self,
+        session_id: str,
+        *,
+        options: CallOptions | None = None,
+    ) -> tuple[InstructionEntry, ...]:
+        """The session's API-managed instruction entries (removed ones left out).
+
+        ``GET /api/experimental/session/{sessionID}/instructions/entries``
+        (session.instructions.entry.list). Errors: InvalidRequestError, UnauthorizedError,
+        SessionNotFoundError.
+        """
+        result: tuple[InstructionEntry, ...] = await self._call(
+            _SESSION_INSTRUCTIONS_ENTRY_LIST,
+            path_params={"sessionID": session_id},
+            options=options,
+        )
+        return result
+
+    async def put(
+        self,
+        session_id: str,
+        key: str,
+        input: InstructionEntryInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Set an instruction entry (upsert); the change is announced at the next step.
+
+        ``PUT /api/experimental/session/{sessionID}/instructions/entries/{key}``
+        (session.instructions.entry.put). Errors: InvalidRequestError, UnauthorizedError,
+        SessionNotFoundError, InstructionEntryValueTooLargeError.
+        """
+        await self._call(
+            _SESSION_INSTRUCTIONS_ENTRY_PUT,
+            path_params={"sessionID": session_id, "key": key},
+            body=input,
+            options=options,
+        )
+
+    async def remove(
+        self,
+        session_id: str,
+        key: str,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Remove an instruction entry; the removal is announced at the next step.
+
+        ``DELETE /api/experimental/session/{sessionID}/instructions/entries/{key}``
+        (session.instructions.entry.remove). Errors: InvalidRequestError, UnauthorizedError,
+        SessionNotFoundError.
+        """
+        await self._call(
+            _SESSION_INSTRUCTIONS_ENTRY_REMOVE,
+            path_params={"sessionID": session_id, "key": key},
+            options=options,
+        )
+
+
 class EventsAPI(APIGroup):
     """The ``client.events`` operations."""
 
@@ -619,8 +759,10 @@ class OperationGroups:
     """One attribute per client group of the operation table."""
 
     sessions: SessionsAPI
+    instructions: InstructionsAPI
     events: EventsAPI
 
     def __init__(self, connection: Connection) -> None:
         self.sessions = SessionsAPI(connection)
+        self.instructions = InstructionsAPI(connection)
         self.events = EventsAPI(connection)

@@ -52,7 +52,7 @@ import aiohttp
 from protocol._client_http import CallOptions, ClientError, ClientState, Connection, Reason
 from protocol._client_sse import SSEEvent
 from protocol._client_stream import EventStream
-from protocol._generated_client import EventsAPI, OperationGroups, SessionsAPI
+from protocol._generated_client import EventsAPI, InstructionsAPI, OperationGroups, SessionsAPI
 from protocol.operations import LogQuery
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "ClientState",
     "EventStream",
     "EventsAPI",
+    "InstructionsAPI",
     "Reason",
     "SSEEvent",
     "SessionsAPI",

@@ -83,6 +83,8 @@ class _Field:
     encode: _Encoder
     decode: _Decoder
     required: bool
+    #: A required ``Any`` field: JSON ``null`` is a value there, kept both ways.
+    nullable: bool = False
 
 
 @attrs.frozen
@@ -96,6 +98,8 @@ class _Plan:
             v = getattr(value, f.name)
             if v is not None:
                 out[f.wire] = f.encode(v)
+            elif f.nullable:
+                out[f.wire] = None
         return out
 
     def decode(self, data: Any, path: str) -> Any:
@@ -106,6 +110,9 @@ class _Plan:
             raw = data.get(f.wire)
             sub = f"{path}.{f.wire}" if path else f.wire
             if raw is None:
+                if f.nullable and f.wire in data:
+                    kwargs[f.name] = None
+                    continue
                 if f.required:
                     raise InvalidRequestError(f"{sub} is required", kind="missing", field=sub)
                 continue
@@ -139,6 +146,7 @@ def _plan_cached(cls: Any) -> _Plan:
                 encode=encode,
                 decode=decode,
                 required=a.default is attrs.NOTHING and not _is_optional(tp),
+                nullable=tp is Any and a.default is attrs.NOTHING,
             )
         )
     return _Plan(cls=cls, fields=tuple(fields))

@@ -155,6 +155,19 @@ class MessageNotFoundError(DomainError):
         )
 
 
+class PermissionNotFoundError(DomainError):
+    tag = "PermissionNotFoundError"
+    status = 404
+    field_names = ("sessionID", "permissionID")
+
+    def __init__(self, session_id: str, permission_id: str, message: str | None = None) -> None:
+        super().__init__(
+            message or f"Permission request not found: {permission_id}",
+            sessionID=session_id,
+            permissionID=permission_id,
+        )
+
+
 class RouteNotFoundError(DomainError):
     tag = "RouteNotFoundError"
     status = 404
@@ -262,6 +275,7 @@ _ALL: tuple[type[DomainError], ...] = (
     ForbiddenError,
     SessionNotFoundError,
     MessageNotFoundError,
+    PermissionNotFoundError,
     RouteNotFoundError,
     MethodNotAllowedError,
     RequestTimeoutError,

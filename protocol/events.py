@@ -13,7 +13,7 @@ Names and fields follow ``reference/opencode-v2.md`` §2.2.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import attrs
 import orjson
@@ -25,6 +25,11 @@ __all__ = [
     "LIVE_TYPES",
     "REGISTRY",
     "AgentSelected",
+    "CompactionDelta",
+    "CompactionEnded",
+    "CompactionFailed",
+    "CompactionReason",
+    "CompactionStarted",
     "EnqueuedItem",
     "ErrorInfo",
     "Event",
@@ -37,17 +42,23 @@ __all__ = [
     "InboxDelivered",
     "InboxDeliveryChanged",
     "InboxEnqueued",
+    "InstructionsUpdated",
     "InterruptReason",
     "MessageImported",
     "MetadataUpdated",
     "ModelSelected",
+    "PermissionAsked",
+    "PermissionReplied",
+    "PermissionReply",
     "ReasoningDelta",
     "ReasoningEnded",
     "ReasoningStarted",
     "RetryScheduled",
+    "RevertCommitted",
     "SessionCreated",
     "SessionDeleted",
     "SessionForked",
+    "SessionMoved",
     "SessionRenamed",
     "SessionViewed",
     "StepEnded",
@@ -84,6 +95,10 @@ class Event:
     DURABLE: ClassVar[bool] = True
 
     session_id: str
+
+    def envelope_metadata(self) -> Mapping[str, Any] | None:
+        """The envelope's ``metadata``, derived from the data; None for most events."""
+        return None
 
 
 @attrs.frozen(kw_only=True)
@@ -146,6 +161,14 @@ class SessionForked(Event):
     boundary: ForkBoundary
     instructions: Mapping[str, str] | None = None
     instruction_entries: tuple[Mapping[str, Any], ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SessionMoved(Event):
+    TYPE = "session.moved"
+    location: Location
+    project_id: str | None = None
+    subpath: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -220,6 +243,45 @@ class SyntheticRecorded(Event):
     text: str
     description: str | None = None
     metadata: Mapping[str, Any] | None = None
+
+
+# -- instructions ---------------------------------------------------------------------------------
+
+#: A delta value naming an observed absence instead of a content hash.
+REMOVED: Final = "removed"
+
+
+@attrs.frozen(kw_only=True)
+class InstructionsUpdated(Event):
+    """Instruction values admitted at a Safe Step Boundary, as content hashes.
+
+    ``delta`` maps each changed source key to the SHA-256 hex of its encoded
+    value, or :data:`REMOVED`. The values themselves live once in the
+    machine-local blob store, written by the same commit. ``text`` is the
+    update rendered once at admission and frozen here; the initial delta of
+    an epoch carries none (its envelope says ``metadata.instructions.initial``).
+    """
+
+    TYPE = "session.instructions.updated"
+    VERSION = 2
+    delta: Mapping[str, str]
+    text: str | None = None
+
+    def envelope_metadata(self) -> Mapping[str, Any] | None:
+        # Every later delta renders a sentence per key (a removal too), so
+        # only an epoch's initial delta has no text.
+        return {"instructions": {"initial": True}} if self.text is None else None
+
+
+# -- epoch events owned by other issues (revert): the fields the instruction
+# -- projection reads, named as reference §2.2 names them.
+
+
+@attrs.frozen(kw_only=True)
+class RevertCommitted(Event):
+    TYPE = "session.revert.committed"
+    #: The message the session was reverted to.
+    to: str
 
 
 # -- execution ------------------------------------------------------------------------------------
@@ -434,6 +496,85 @@ class ToolFailed(Event):
     executed: bool = True
 
 
+# -- compaction -----------------------------------------------------------------------------------
+
+CompactionReason = Literal["auto", "manual"]
+
+
+@attrs.frozen(kw_only=True)
+class CompactionStarted(Event):
+    """A compaction began: ``recent`` is the serialized tail kept (``""`` for a
+    manual one at delivery, published with the control item's delivery)."""
+
+    TYPE = "session.compaction.started"
+    reason: CompactionReason
+    recent: str
+    input_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CompactionEnded(Event):
+    """The summary is durable: the active history restarts from ``text`` + ``recent``.
+
+    Also the instruction epoch's boundary (current instruction values become initial).
+    """
+
+    TYPE = "session.compaction.ended"
+    reason: CompactionReason
+    model: ModelRef
+    provider_state: Mapping[str, Any] | None = None
+    provider_context: Mapping[str, Any] | None = None
+    text: str
+    recent: str
+    cost: float = 0.0
+    tokens: StepTokens = attrs.field(factory=StepTokens)
+
+
+@attrs.frozen(kw_only=True)
+class CompactionFailed(Event):
+    TYPE = "session.compaction.failed"
+    reason: CompactionReason
+    error: ErrorInfo
+    input_id: str | None = None
+    cost: float | None = None
+    tokens: StepTokens | None = None
+
+
+PermissionReply = Literal["once", "always", "reject"]
+
+
+@attrs.frozen(kw_only=True)
+class PermissionAsked(Event):
+    """A tool call waits for a person's answer before it may run.
+
+    Durable after the call's ``tool.called`` and before anything runs.
+    ``permission`` is the rule key that said ``ask`` (the tool's name, or
+    ``external_directory``); ``patterns`` are the subjects it judged (bash
+    simple commands, paths), ``always`` the patterns an ``always`` reply
+    allows for the rest of the session, ``summary`` a short, bounded text of
+    the call's input for a person to read.
+    """
+
+    TYPE = "session.permission.asked"
+    id: str
+    tool: str
+    call_id: str
+    assistant_message_id: str
+    permission: str
+    summary: str
+    patterns: tuple[str, ...]
+    always: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class PermissionReplied(Event):
+    """The answer to one :class:`PermissionAsked`; ``always`` also records a session rule."""
+
+    TYPE = "session.permission.replied"
+    id: str
+    reply: PermissionReply
+
+
 # -- live only: published to followers of the instance feed, never stored ------------------------
 
 
@@ -473,6 +614,15 @@ class ToolProgress(Event):
     metadata: Mapping[str, Any]
 
 
+@attrs.frozen(kw_only=True)
+class CompactionDelta(Event):
+    """A piece of a compaction's summary as it streams (instance feed only)."""
+
+    TYPE = "session.compaction.delta"
+    DURABLE = False
+    text: str
+
+
 def stored_type(event: Event | type[Event]) -> str:
     """The versioned type the log stores: ``session.inbox.enqueued.1``."""
     return f"{event.TYPE}.{event.VERSION}"
@@ -496,6 +646,10 @@ REGISTRY: Mapping[str, type[Event]] = {
         InboxCancelled,
         InboxDeliveryChanged,
         SyntheticRecorded,
+        InstructionsUpdated,
+        RevertCommitted,
+        SessionForked,
+        SessionMoved,
         ExecutionStarted,
         ExecutionSucceeded,
         ExecutionFailed,
@@ -515,12 +669,18 @@ REGISTRY: Mapping[str, type[Event]] = {
         ToolSpawned,
         ToolSucceeded,
         ToolFailed,
+        CompactionStarted,
+        CompactionEnded,
+        CompactionFailed,
+        PermissionAsked,
+        PermissionReplied,
     )
 }
 
 #: Live-only event types: never stored, so never in :data:`REGISTRY`.
 LIVE_TYPES: Mapping[str, type[Event]] = {
-    cls.TYPE: cls for cls in (TextDelta, ReasoningDelta, ToolInputDelta, ToolProgress)
+    cls.TYPE: cls
+    for cls in (TextDelta, ReasoningDelta, ToolInputDelta, ToolProgress, CompactionDelta)
 }
 
 
@@ -540,6 +700,9 @@ def decode_event(type_: str, data: bytes | str) -> Event | None:
 def envelope(*, id: str, created: int, event: Event, seq: int | None) -> dict[str, Any]:
     """The public event envelope of ``reference/wire.md``."""
     out: dict[str, Any] = {"id": id, "created": created, "type": event.TYPE}
+    metadata = event.envelope_metadata()
+    if metadata is not None:
+        out["metadata"] = metadata
     if seq is not None:
         out["durable"] = {"aggregateID": event.session_id, "seq": seq, "version": event.VERSION}
     out["data"] = codec.to_json(event)

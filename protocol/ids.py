@@ -33,13 +33,14 @@ __all__ = [
     "validate",
 ]
 
-IdKind = Literal["ses", "msg", "evt", "tool"]
+IdKind = Literal["ses", "msg", "evt", "tool", "per"]
 
 _PREFIXES: Final[dict[IdKind, str]] = {
     "ses": "ses_",
     "msg": "msg_",
     "evt": "evt_",
     "tool": "tool_",
+    "per": "per_",
 }
 _BASE62: Final = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # Maps every byte to a base62 character in one C-level translate(); a modulo
@@ -89,6 +90,10 @@ def event_id() -> str:
 
 def tool_output_id() -> str:
     return ascending("tool")
+
+
+def permission_id() -> str:
+    return ascending("per")
 
 
 def is_valid(kind: IdKind, value: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import attrs
 
-from protocol import codec, ids
+from protocol import codec
 from protocol.errors import DomainError
 from protocol.operations import OPERATIONS, Operation
 
@@ -134,7 +134,7 @@ def _parameters(op: Operation, schemas: _Schemas) -> list[dict[str, Any]]:
             "name": p,
             "in": "path",
             "required": True,
-            "schema": {"type": "string", "pattern": ids.pattern(op.id_kind(p))},
+            "schema": {"type": "string", "pattern": op.pattern(p)},
         }
         for p in op.path_params
     ]

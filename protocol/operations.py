@@ -25,8 +25,11 @@ from typing import Any, Final, Literal
 import attrs
 
 from protocol import errors as e
+from protocol import ids
+from protocol.events import PermissionAsked, PermissionReply
 from protocol.ids import IdKind
 from protocol.requests import (
+    CompactInput,
     CreateSessionInput,
     ForkInput,
     GenerateInput,
@@ -38,6 +41,7 @@ from protocol.requests import (
 from protocol.shapes import (
     Delivery,
     InboxItem,
+    InstructionEntry,
     ModelRef,
     Order,
     Session,
@@ -53,6 +57,7 @@ __all__ = [
     "DeliveryInput",
     "ExportQuery",
     "GenerateResult",
+    "InstructionEntryInput",
     "InterruptQuery",
     "InterruptResult",
     "LogQuery",
@@ -60,12 +65,13 @@ __all__ = [
     "ModelInput",
     "Operation",
     "OutputKind",
+    "PermissionReplyInput",
     "SessionListQuery",
     "by_id",
 ]
 
 OutputKind = Literal["data", "page", "items", "no_content", "raw", "sse"]
-Method = Literal["GET", "POST", "PATCH", "DELETE"]
+Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 # -- inputs only the table uses ---------------------------------------------------------------
@@ -132,6 +138,17 @@ class DeliveryInput:
 
 
 @attrs.frozen(kw_only=True)
+class PermissionReplyInput:
+    reply: PermissionReply
+
+
+@attrs.frozen(kw_only=True)
+class InstructionEntryInput:
+    #: Any JSON value, at most 256 KiB serialised.
+    value: Any
+
+
+@attrs.frozen(kw_only=True)
 class InterruptResult:
     interrupted: bool
 
@@ -144,7 +161,14 @@ class ActiveSession:
 # -- the table --------------------------------------------------------------------------------
 
 _PARAM: Final = re.compile(r"{(\w+)}")
-_ID_KINDS: Final[dict[str, IdKind]] = {"sessionID": "ses", "inboxID": "msg", "messageID": "msg"}
+_ID_KINDS: Final[dict[str, IdKind]] = {
+    "sessionID": "ses",
+    "inboxID": "msg",
+    "messageID": "msg",
+    "permissionID": "per",
+}
+#: Path parameters that are not ids, by the pattern they must match.
+PARAM_PATTERNS: Final[dict[str, str]] = {"key": r"^[a-z0-9][a-z0-9._-]*$"}
 
 #: Every route can fail these: a malformed request, or missing credentials.
 COMMON_ERRORS: Final[tuple[type[e.DomainError], ...]] = (e.InvalidRequestError, e.UnauthorizedError)
@@ -168,8 +192,14 @@ class Operation:
     def path_params(self) -> tuple[str, ...]:
         return tuple(_PARAM.findall(self.path))
 
-    def id_kind(self, param: str) -> IdKind:
-        return _ID_KINDS[param]
+    def id_kind(self, param: str) -> IdKind | None:
+        """The id kind of ``param``; None for a parameter that is no id (see :meth:`pattern`)."""
+        return _ID_KINDS.get(param)
+
+    def pattern(self, param: str) -> str:
+        """The JSON Schema ``pattern`` a value of path parameter ``param`` matches."""
+        kind = _ID_KINDS.get(param)
+        return ids.pattern(kind) if kind is not None else PARAM_PATTERNS[param]
 
     @property
     def streaming(self) -> bool:
@@ -335,6 +365,17 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         client=("sessions", "synthetic"),
     ),
     Operation(
+        id="session.compact",
+        method="POST",
+        path="/api/session/{sessionID}/compact",
+        summary="Request a manual compaction: a control item in the inbox, one pending at most",
+        body=CompactInput,
+        output_kind="data",
+        output=InboxItem,
+        errors=(*_NF, e.ConflictError),
+        client=("sessions", "compact"),
+    ),
+    Operation(
         id="session.interrupt",
         method="POST",
         path="/api/session/{sessionID}/interrupt",
@@ -413,6 +454,26 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         client=("sessions", "change_delivery"),
     ),
     Operation(
+        id="session.permission.list",
+        method="GET",
+        path="/api/session/{sessionID}/permission",
+        summary="Tool calls waiting for a permission reply, oldest first",
+        output_kind="items",
+        output=PermissionAsked,
+        errors=_NF,
+        client=("sessions", "permissions"),
+    ),
+    Operation(
+        id="session.permission.reply",
+        method="POST",
+        path="/api/session/{sessionID}/permission/{permissionID}",
+        summary="Answer a permission request: once, always (for this session) or reject",
+        body=PermissionReplyInput,
+        output_kind="no_content",
+        errors=(*_NF, e.PermissionNotFoundError, e.ConflictError),
+        client=("sessions", "reply_permission"),
+    ),
+    Operation(
         id="session.messages",
         method="GET",
         path="/api/session/{sessionID}/message",
@@ -437,7 +498,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         id="session.context",
         method="GET",
         path="/api/session/{sessionID}/context",
-        summary="The model-visible history after the last compaction",
+        summary="The model-visible history: the last completed compaction and what follows",
         output_kind="items",
         output=SessionMessage,
         errors=_NF,
@@ -452,6 +513,35 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         output_kind="sse",
         errors=_NF,
         client=("sessions", "log"),
+    ),
+    Operation(
+        id="session.instructions.entry.list",
+        method="GET",
+        path="/api/experimental/session/{sessionID}/instructions/entries",
+        summary="The session's API-managed instruction entries (removed ones left out)",
+        output_kind="items",
+        output=InstructionEntry,
+        errors=_NF,
+        client=("instructions", "list"),
+    ),
+    Operation(
+        id="session.instructions.entry.put",
+        method="PUT",
+        path="/api/experimental/session/{sessionID}/instructions/entries/{key}",
+        summary="Set an instruction entry (upsert); the change is announced at the next step",
+        body=InstructionEntryInput,
+        output_kind="no_content",
+        errors=(*_NF, e.InstructionEntryValueTooLargeError),
+        client=("instructions", "put"),
+    ),
+    Operation(
+        id="session.instructions.entry.remove",
+        method="DELETE",
+        path="/api/experimental/session/{sessionID}/instructions/entries/{key}",
+        summary="Remove an instruction entry; the removal is announced at the next step",
+        output_kind="no_content",
+        errors=_NF,
+        client=("instructions", "remove"),
     ),
     Operation(
         id="event.subscribe",

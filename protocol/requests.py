@@ -19,6 +19,7 @@ from protocol.errors import InvalidRequestError
 from protocol.shapes import Delivery, Location, ModelRef
 
 __all__ = [
+    "CompactInput",
     "CreateSessionInput",
     "FileInput",
     "ForkInput",
@@ -101,6 +102,14 @@ class SyntheticInput:
     metadata: Mapping[str, Any] | None = _metadata()
     delivery: Delivery = "steer"
     resume: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class CompactInput:
+    """A manual compaction request: a control item with its own id and delivery."""
+
+    id: str | None = _id_field("msg", "id")
+    delivery: Delivery = "steer"
 
 
 @attrs.frozen(kw_only=True)

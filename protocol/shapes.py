@@ -12,12 +12,14 @@ import attrs
 
 __all__ = [
     "AssistantMessage",
+    "CompactionMessage",
     "Delivery",
     "FileAttachment",
     "FileSource",
     "ForkBoundary",
     "InboxItem",
     "InboxItemType",
+    "InstructionEntry",
     "Location",
     "MessageTime",
     "ModelRef",
@@ -238,15 +240,50 @@ class AssistantMessage:
 
 @attrs.frozen(kw_only=True)
 class SystemMessage:
+    """A chronological instruction update, its text frozen when it was admitted."""
+
     type: Literal["system"] = "system"
     id: str
     session_id: str
     seq: int
     time: MessageTime
     text: str
+    #: The instruction source keys whose change the text announces.
+    keys: tuple[str, ...] | None = None
 
 
-SessionMessage = UserMessage | SyntheticMessage | AssistantMessage | SystemMessage
+@attrs.frozen(kw_only=True)
+class CompactionMessage:
+    """A compaction's transcript row: ``running`` until it ends or fails.
+
+    A ``completed`` one is the active history's boundary: the model sees its
+    summary ``text`` and the serialized ``recent`` tail, then what follows it.
+    """
+
+    type: Literal["compaction"] = "compaction"
+    id: str
+    session_id: str
+    seq: int
+    time: MessageTime
+    status: Literal["running", "completed", "failed"]
+    reason: Literal["auto", "manual"]
+    text: str | None = None
+    recent: str | None = None
+    error: Mapping[str, Any] | None = None
+    input_id: str | None = None
+
+
+SessionMessage = (
+    UserMessage | SyntheticMessage | AssistantMessage | SystemMessage | CompactionMessage
+)
+
+
+@attrs.frozen(kw_only=True)
+class InstructionEntry:
+    """An API-managed instruction value; its source key is ``api/<key>``."""
+
+    key: str
+    value: Any
 
 
 @attrs.frozen(kw_only=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 from _benchlib import report_main
 
-from actors import BlockingRunner
+from actors import BlockingExecutor
 from actors.locations import DirectoryRules
 from actors.sessions import Sessions
 from protocol.requests import CreateSessionInput, FileInput, PromptInput
@@ -66,7 +66,7 @@ async def _measure(n: int) -> dict[str, Any]:
         location = CreateSessionInput(location=Location(directory=str(project)))
         async with (
             SQLiteStore(base / "data" / "db.sqlite", synchronous="NORMAL") as store,
-            BlockingRunner(limit=4) as runner,
+            BlockingExecutor(limit=4) as runner,
         ):
             rules = DirectoryRules(data_dir=base / "data")
             checked = Sessions(store, blocking=runner.run, directories=rules)

@@ -25,7 +25,17 @@ The run, on a fresh temporary directory (``--keep`` keeps it and prints its path
      (``GET /api/event``): before, during or after the bash command's side effect;
    * ``random``: killed 0.3-1.5 s into the workload;
    * ``startup``: no workload; killed 70-110 % of the previous boot's start-up time after
-     spawn, so late in start-up (the recovery sweep) or in the executions it resumed.
+     spawn, so late in start-up (the recovery sweep) or in the executions it resumed;
+   * ``mid-ask``: 1-2 prompts whose tool calls ask for permission are sent and the server
+     is killed while a call waits for its answer: at once, or 0-50 ms after an answer
+     was sent (so before, while or after the reply commits).
+
+   Sessions run under the agent ``crashsim`` (``DIR/data/agents.toml``), whose bash rule
+   asks for any command line holding a simple command ``true ASK <marker>`` and allows
+   the rest (an ``always`` answer allows just that call's command again).
+   About a third of the tool calls carry it. An answerer polls
+   ``GET /api/session/{id}/permission`` in every boot (the final one too) and answers
+   each request after a random pause, at random ``once``, ``always`` or ``reject``.
 
    Every boot after the first begins by retrying, exactly (same id, same payload), every
    request with an id whose outcome the kill left unknown.
@@ -56,7 +66,14 @@ Checks (:func:`check_database`, importable; each finding is a :class:`Violation`
     or tool part is left open;
 (d) claims: ``time_claimed`` is NULL or ``resume_attempts`` within the bound (the
     server's default, ``actors.recovery.DEFAULT_MAX_ATTEMPTS``); after the settle, NULL;
-(e) ``storage.rebuild.rebuild_projections``: stored projections == rebuilt.
+(e) ``storage.rebuild.rebuild_projections``: stored projections == rebuilt;
+(f) permissions (:func:`check_permissions`): no call runs unasked: a marker whose call
+    carries ``true ASK`` has a start line only if its ``session.permission.asked`` has a
+    ``once``/``always`` reply committed before the line was written, or an earlier
+    ``always`` reply in its session has a pattern matching the call's asked command; a
+    rejected call never runs and never succeeds; a request has at most one reply, and
+    every reply follows its request; each asked call settles exactly once (checked by
+    (c)); after the settle no request is left pending.
 
 Plus the API (final boot): every receipt is pending in ``inbox`` or delivered in
 ``messages``, and nothing is left active. A server that fails to start after a crash is a
@@ -103,9 +120,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from actors.recovery import DEFAULT_MAX_ATTEMPTS
+from actors.tools._permission import matches, simple_commands
 from protocol.client import Client, ClientError
 from protocol.errors import DomainError
-from protocol.operations import InterruptQuery, MessagesQuery
+from protocol.operations import InterruptQuery, MessagesQuery, PermissionReplyInput
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
 from protocol.shapes import Delivery, InboxItem
 from storage.rebuild import rebuild_projections
@@ -117,6 +135,7 @@ __all__ = [
     "check_admissions",
     "check_claims",
     "check_database",
+    "check_permissions",
     "check_rebuild",
     "check_sequences",
     "check_tools",
@@ -126,7 +145,14 @@ __all__ = [
 ]
 
 DB_NAME: Final = "sessionrt.sqlite"
-KILL_MODES: Final = ("mid-tool", "group-commit", "random", "startup")
+KILL_MODES: Final = ("mid-tool", "group-commit", "random", "startup", "mid-ask")
+AGENT: Final = "crashsim"
+#: The simple command that makes a tool call ask (see the module docstring).
+ASK: Final = "true ASK"
+AGENTS_TOML: Final = f"""
+[agents.{AGENT}.permissions]
+bash = {{ "*" = "allow", "{ASK} *" = "ask" }}
+"""
 MARKER: Final = re.compile(r"\bCSM_[0-9A-Za-z_]+")
 START_TIMEOUT_S: Final = 30.0
 SETTLE_TIMEOUT_S: Final = 40.0
@@ -470,6 +496,93 @@ def check_tools(
     return out
 
 
+def check_permissions(
+    conn: sqlite3.Connection,
+    events: Sequence[Event],
+    ledger: Sequence[LedgerLine],
+    *,
+    settled: bool = True,
+) -> list[Violation]:
+    """(f) nothing asked runs without an allowing answer; one answer per request."""
+    out: list[Violation] = []
+    asked: dict[str, Event] = {}
+    asks_of: dict[CallKey, list[Event]] = collections.defaultdict(list)
+    replies: dict[str, list[Event]] = collections.defaultdict(list)
+    calls: dict[str, CallKey] = {}
+    commands: dict[CallKey, str] = {}
+    ask_calls: set[CallKey] = set()
+    terminals: dict[CallKey, list[Event]] = collections.defaultdict(list)
+    for e in events:
+        if e.type == "session.permission.asked":
+            asked[e.data["id"]] = e
+            key = (e.aggregate_id, e.data["assistantMessageID"], e.data["callID"])
+            asks_of[key].append(e)
+        elif e.type == "session.permission.replied":
+            if e.data["id"] not in asked:
+                out.append(Violation("permission.reply-without-ask", f"{e.data} (seq {e.seq})"))
+            replies[e.data["id"]].append(e)
+        elif e.type == "session.tool.called":
+            key = (e.aggregate_id, e.data["assistantMessageID"], e.data["id"])
+            command = str(e.data.get("input", {}).get("command", ""))
+            commands[key] = command
+            if ASK in command:
+                ask_calls.add(key)
+            for marker in set(MARKER.findall(command)):
+                calls[marker] = key
+        elif e.type in ("session.tool.success", "session.tool.failed"):
+            terminals[(e.aggregate_id, e.data["assistantMessageID"], e.data["id"])].append(e)
+    for pid, answers in replies.items():
+        if len(answers) > 1:
+            out.append(Violation("permission.replied-twice", f"{pid}: {len(answers)} replies"))
+    starts = {line.marker: line for line in ledger if line.kind == "S"}
+    for marker, line in starts.items():
+        key = calls.get(marker)
+        if key is None or key not in ask_calls:
+            continue
+        allowed = [
+            r
+            for a in asks_of.get(key, [])
+            for r in replies.get(a.data["id"], [])
+            if r.data["reply"] in ("once", "always")
+        ]
+        if not asks_of.get(key):
+            command = commands[key]
+            granted = any(
+                r.data["reply"] == "always"
+                and r.aggregate_id == key[0]
+                and r.created <= line.ms
+                and any(
+                    matches(pattern, simple)
+                    for pattern in asked[pid].data.get("always", ())
+                    for simple in simple_commands(command)
+                    if simple.startswith(ASK)
+                )
+                for pid, answers in replies.items()
+                if pid in asked
+                for r in answers
+            )
+            if not granted:
+                out.append(Violation("permission.ran-unasked", f"{marker} {key}: never asked, ran"))
+        elif not allowed:
+            out.append(Violation("permission.ran-unallowed", f"{marker} {key}: no allowing reply"))
+        elif line.ms < min(r.created for r in allowed):
+            out.append(
+                Violation("permission.ran-before-answer", f"{marker} {key}: ran at {line.ms}")
+            )
+    for key, asks in asks_of.items():
+        rejected = any(
+            r.data["reply"] == "reject" for a in asks for r in replies.get(a.data["id"], [])
+        )
+        if rejected and any(t.type == "session.tool.success" for t in terminals.get(key, [])):
+            out.append(Violation("permission.rejected-succeeded", f"{key}"))
+    if settled:
+        for row in conn.execute(
+            "SELECT id, session_id FROM session_permission WHERE status = 'pending'"
+        ):
+            out.append(Violation("permission.pending-after-settle", f"{tuple(row)}"))
+    return out
+
+
 def check_claims(
     conn: sqlite3.Connection, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS, settled: bool = True
 ) -> list[Violation]:
@@ -540,6 +653,7 @@ def check_database(
         out += check_admissions(conn, events, receipts)
         out += check_sequences(events)
         out += check_tools(conn, events, lines, boots, settled=settled)
+        out += check_permissions(conn, events, lines, settled=settled)
         out += check_claims(conn, max_attempts=max_attempts, settled=settled)
         conn.execute("COMMIT")
     finally:
@@ -751,6 +865,8 @@ class Stats:
     interrupts: int = 0
     tool_prompts: int = 0
     markers: int = 0
+    asks_answered: dict[str, int] = dataclasses.field(default_factory=collections.Counter)
+    answers_refused: int = 0
 
 
 class Sim:
@@ -773,6 +889,8 @@ class Sim:
         self._armed = ""
         self._tool_seen = asyncio.Event()
         self._server: Server | None = None
+        #: Answers in flight (the answerer's children): cancelled with their boot.
+        self._answers: set[asyncio.Task[None]] = set()
 
     # -- helpers
 
@@ -791,7 +909,7 @@ class Sim:
         self.stats.markers += 1
         return f"CSM_{self._name(tag)}"
 
-    def tool_line(self, rng: random.Random, tag: str) -> str:
+    def tool_line(self, rng: random.Random, tag: str, *, ask: bool | None = None) -> str:
         marker = self.marker(tag)
         ledger = shlex.quote(str(self.ledger))
         pause = rng.choice(("0.1", "0.2", "0.3"))
@@ -800,10 +918,20 @@ class Sim:
             f'echo "S {marker} {stamp} >> {ledger}; sleep {pause}; '
             f'echo "D {marker} {stamp} >> {ledger}'
         )
+        if ask or (ask is None and rng.random() < 0.35):
+            # The marker makes the asked simple command unique to this call: an
+            # "always" answer covers only this call's own command.
+            command = f"{ASK} {marker}; {command}"
         return "#tool bash " + json.dumps({"command": command})
 
     def text(
-        self, rng: random.Random, tag: str, *, tools: bool | None = None, fast: bool = False
+        self,
+        rng: random.Random,
+        tag: str,
+        *,
+        tools: bool | None = None,
+        fast: bool = False,
+        ask: bool | None = None,
     ) -> str:
         """A prompt: prose, or a script of 1-2 steps with 1-2 tool calls each."""
         if tools is None:
@@ -821,7 +949,7 @@ class Sim:
             if not fast and rng.random() < 0.5:
                 lines.append(f"#delay {rng.randint(1, 8)}")
             lines.append(f"#text step {step} of {tag}")
-            lines += [self.tool_line(rng, tag) for _ in range(rng.randint(1, 2))]
+            lines += [self.tool_line(rng, tag, ask=ask) for _ in range(rng.randint(1, 2))]
         return "\n".join(lines)
 
     def request(self, rng: random.Random, tag: str, **text: Any) -> Request:
@@ -943,7 +1071,64 @@ class Sim:
                             self._tool_seen.set()
         connected.set()
 
+    async def answerer(self, client: Client, rng: random.Random) -> None:
+        """Answer every pending permission request, each after a random pause."""
+        seen: set[str] = set()
+        while True:
+            for sid in self.sessions:
+                with contextlib.suppress(ClientError, DomainError):
+                    for request in await client.sessions.permissions(sid):
+                        if request.id not in seen:
+                            seen.add(request.id)
+                            task = asyncio.create_task(self.answer(client, rng, sid, request.id))
+                            self._answers.add(task)
+                            task.add_done_callback(self._answers.discard)
+            await asyncio.sleep(rng.uniform(0.01, 0.08))
+
+    async def answer(self, client: Client, rng: random.Random, sid: str, pid: str) -> None:
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
+        reply = rng.choice(("once", "once", "always", "reject"))
+        try:
+            await client.sessions.reply_permission(sid, pid, PermissionReplyInput(reply=reply))
+        except ClientError:
+            return  # the kill
+        except DomainError:
+            self.stats.answers_refused += 1  # its call settled first (interrupt, crash)
+            return
+        self.stats.asks_answered[reply] += 1
+
     # -- kill triggers: each returns when it is time to kill
+
+    async def trigger_mid_ask(self, rng: random.Random, client: Client, tag: str) -> list[Any]:
+        """Kill while a call waits for its answer (sometimes just after answering it)."""
+        await asyncio.sleep(rng.uniform(0.05, 0.2))
+        tasks = []
+        for _ in range(rng.randint(1, 2)):
+            name = self._name(tag)
+            req = Request(
+                session_id=rng.choice(self.sessions),
+                kind="user",
+                text=self.text(rng, name, tools=True, fast=True, ask=True),
+                inbox_id=f"msg_cs{name}" if rng.random() < 0.6 else None,
+                delivery="steer",
+                resume=True,
+            )
+            tasks.append(asyncio.create_task(self.send(client, req)))
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            for sid in self.sessions:
+                with contextlib.suppress(ClientError, DomainError):
+                    pending = await client.sessions.permissions(sid)
+                    if pending:
+                        if rng.random() < 0.5:
+                            tasks.append(
+                                asyncio.create_task(self.answer(client, rng, sid, pending[0].id))
+                            )
+                            await asyncio.sleep(rng.uniform(0, 0.05))
+                        return tasks
+            await asyncio.sleep(0.01)
+        self.notes.append(f"boot {tag}: no permission request seen in 8 s; killed anyway")
+        return tasks
 
     async def trigger_random(self, rng: random.Random, client: Client, tag: str) -> None:
         await asyncio.sleep(rng.uniform(0.3, 1.5))
@@ -1005,6 +1190,9 @@ class Sim:
 
     def spawn(self) -> Server:
         index = len(self.boots)
+        if index == 0:
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            (self.data_dir / "agents.toml").write_text(AGENTS_TOML)
         server = Server(
             self.exe, self.data_dir, self.workdir, self.workdir / f"boot-{index}.log", index
         )
@@ -1061,15 +1249,19 @@ class Sim:
                 if not self.sessions:
                     for k in range(self.args.sessions):
                         session = await client.sessions.create(
-                            CreateSessionInput(title=f"crashsim {k}")
+                            CreateSessionInput(title=f"crashsim {k}", agent=AGENT)
                         )
                         self.sessions.append(session.id)
                 await self.retry_unknown(client)
                 for w in range(WORKERS):
                     worker_rng = self.rng("boot", index, "worker", w)
                     tasks.append(asyncio.create_task(self.worker(client, worker_rng, f"{tag}w{w}")))
+                answer_rng = self.rng("boot", index, "answers")
+                tasks.append(asyncio.create_task(self.answerer(client, answer_rng)))
                 if mode == "mid-tool":
                     tasks += await self.trigger_mid_tool(rng, client, tag)
+                elif mode == "mid-ask":
+                    tasks += await self.trigger_mid_ask(rng, client, tag)
                 elif mode == "group-commit":
                     burst, in_flight = await self.trigger_group_commit(rng, client, tag)
                     tasks += burst
@@ -1078,6 +1270,7 @@ class Sim:
                     await self.trigger_random(rng, client, tag)
                 server.kill()
                 self._armed = ""
+                tasks += self._answers
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
@@ -1094,27 +1287,37 @@ class Sim:
         )
         try:
             async with Client(server.url, timeout=SETTLE_TIMEOUT_S) as client:
-                await self.retry_unknown(client)
-                deadline = time.monotonic() + SETTLE_TIMEOUT_S
-                while True:
-                    if not await client.sessions.active():
-                        await asyncio.wait_for(
-                            asyncio.gather(*(client.sessions.wait(s) for s in self.sessions)),
-                            max(1.0, deadline - time.monotonic()),
-                        )
-                        if not await client.sessions.active():
-                            break
-                    if time.monotonic() > deadline:
-                        active = sorted(await client.sessions.active())
-                        self.violations.append(
-                            Violation("settle.timeout", f"still active after settle: {active}")
-                        )
-                        break
-                    await asyncio.sleep(0.05)
+                answers = asyncio.create_task(self.answerer(client, self.rng("final", "answers")))
+                try:
+                    await self.retry_unknown(client)
+                    await self._settle(client)
+                finally:
+                    pending = [answers, *self._answers]
+                    for task in pending:
+                        task.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
                 await self.check_api(client)
         finally:
             if not server.terminate():
                 self.notes.append("the final server did not stop within 20 s of SIGTERM")
+
+    async def _settle(self, client: Client) -> None:
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while True:
+            if not await client.sessions.active():
+                await asyncio.wait_for(
+                    asyncio.gather(*(client.sessions.wait(s) for s in self.sessions)),
+                    max(1.0, deadline - time.monotonic()),
+                )
+                if not await client.sessions.active():
+                    break
+            if time.monotonic() > deadline:
+                active = sorted(await client.sessions.active())
+                self.violations.append(
+                    Violation("settle.timeout", f"still active after settle: {active}")
+                )
+                break
+            await asyncio.sleep(0.05)
 
     async def check_api(self, client: Client) -> None:
         pending: set[str] = set()
@@ -1210,6 +1413,12 @@ def build_report(sim: Sim, started: float) -> dict[str, Any]:
             "after_crash_already_committed": stats.committed_before_kill,
         },
         "interrupts": stats.interrupts,
+        "permissions": {
+            "asked": counts.get("session.permission.asked", 0),
+            "replied": counts.get("session.permission.replied", 0),
+            "answers": dict(stats.asks_answered),
+            "answers_refused": stats.answers_refused,
+        },
         "events": sum(counts.values()),
         "tool_calls": {
             "prompts_with_tools": stats.tool_prompts,
@@ -1232,6 +1441,7 @@ def build_report(sim: Sim, started: float) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     a, r, t = report["admissions"], report["retries"], report["tool_calls"]
+    pm = report["permissions"]
     modes = ", ".join(f"{k} {v}" for k, v in sorted(report["kill_modes"].items()))
     lines = [
         f"crashsim: seed {report['seed']}, {report['sessions']} sessions, "
@@ -1244,6 +1454,8 @@ def render(report: dict[str, Any]) -> str:
         f" payload, {r['concurrent_duplicates']} concurrent duplicates, {r['after_crash']}"
         f" after a crash ({r['after_crash_already_committed']} of them committed before the kill)",
         f"  interrupts:   {report['interrupts']}",
+        f"  permissions:  {pm['asked']} asked, {pm['replied']} replied {pm['answers']},"
+        f" {pm['answers_refused']} answers refused (the call had settled)",
         f"  events:       {report['events']}",
         f"  tool calls:   {t['called']} called, {t['succeeded']} succeeded, {t['failed']} failed"
         f" ({t['failed_aborted']} aborted, {t.get('stale_failed', 0)} of them stale: failed by"

@@ -12,6 +12,13 @@ deltas, and the session's durable log (from the seq just before the
 admission) for the facts that decide the outcome. The run is over at the
 first terminal execution event after the prompt was admitted: ``succeeded``
 once the prompt has been delivered, ``failed`` or ``interrupted`` at once.
+
+A tool call that asks for permission (``session.permission.asked``) is asked
+on the terminal when stdin is one: ``y`` (once), ``a`` (always, for this
+session), ``n`` (reject). Without a terminal the request is left pending and
+``run`` prints how to answer it over HTTP; with an embedded host nobody else
+can answer it, so ``run`` then interrupts the run (the call fails as
+``aborted``, never run) and exits 1.
 """
 
 from __future__ import annotations
@@ -35,12 +42,13 @@ from protocol.client import (
     ClientError,
     EventsAPI,
     EventStream,
+    InstructionsAPI,
     SessionsAPI,
     SSEEvent,
     follow_log,
 )
 from protocol.errors import SessionRtError
-from protocol.operations import AgentInput, LogQuery, ModelInput
+from protocol.operations import AgentInput, LogQuery, ModelInput, PermissionReplyInput
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import ModelRef
 from server._cli_render import Renderer
@@ -63,6 +71,9 @@ class Host(Protocol):
 
     @property
     def sessions(self) -> SessionsAPI: ...
+
+    @property
+    def instructions(self) -> InstructionsAPI: ...
 
     @property
     def events(self) -> EventsAPI: ...
@@ -140,8 +151,16 @@ class RunOptions:
     remote: bool = False
 
 
-async def run(host: Host, options: RunOptions, sigint: Sigint, out: TextIO, err: TextIO) -> int:
+async def run(
+    host: Host,
+    options: RunOptions,
+    sigint: Sigint,
+    out: TextIO,
+    err: TextIO,
+    stdin: TextIO | None = None,
+) -> int:
     """``sessionrt run``: admit the prompt and (following) show the run; the exit code."""
+    asker = _Asker(host, stdin if stdin is not None else sys.stdin, remote=options.remote)
     session_id = await _prepare_session(host, options)
     print(f"session {session_id}", file=err, flush=True)
     if not options.follow:
@@ -163,7 +182,9 @@ async def run(host: Host, options: RunOptions, sigint: Sigint, out: TextIO, err:
         await _connected(feed)
         helpers.append(asyncio.create_task(_pump_feed(feed, session_id, renderer)))
         helpers.append(asyncio.create_task(renderer.spin()))
-        code = await sigint.guard(_admit_and_follow(host, options, session_id, watermark, renderer))
+        code = await sigint.guard(
+            _admit_and_follow(host, options, session_id, watermark, renderer, asker)
+        )
         if code is not None:
             return code
         renderer.close()
@@ -226,7 +247,12 @@ async def _pump_feed(feed: EventStream, session_id: str, renderer: Renderer) -> 
 
 
 async def _admit_and_follow(
-    host: Host, options: RunOptions, session_id: str, after: int, renderer: Renderer
+    host: Host,
+    options: RunOptions,
+    session_id: str,
+    after: int,
+    renderer: Renderer,
+    asker: _Asker,
 ) -> int:
     receipt = await host.sessions.prompt(session_id, _prompt(options))
     outcome = _Outcome(inbox_id=receipt.id)
@@ -237,11 +263,94 @@ async def _admit_and_follow(
             if data is None:
                 continue
             _show(event.event, data, renderer)
+            if event.event == "session.permission.asked":
+                if not await asker.ask(session_id, data, renderer):
+                    await _interrupt(host, session_id)
+                    return 1
+                continue
             code = outcome.on(event.event, data, renderer)
             if code is not None:
                 return code
     renderer.note("sessionrt: the session log ended before the run finished")
     return 1
+
+
+_REPLIES: Final[Mapping[str, Any]] = {
+    "y": "once",
+    "yes": "once",
+    "o": "once",
+    "once": "once",
+    "a": "always",
+    "always": "always",
+    "n": "reject",
+    "no": "reject",
+    "r": "reject",
+    "reject": "reject",
+}
+
+
+class _Asker:
+    """Answers permission requests on the terminal (see the module docstring)."""
+
+    def __init__(self, host: Host, stdin: TextIO, *, remote: bool) -> None:
+        self._host = host
+        self._stdin = stdin
+        self._remote = remote
+
+    async def ask(self, session_id: str, data: Mapping[str, Any], renderer: Renderer) -> bool:
+        """Ask about one request; False when it cannot be answered and the run must end."""
+        permission_id = str(data.get("id", ""))
+        patterns = data.get("patterns")
+        what = ", ".join(str(p) for p in patterns) if isinstance(patterns, list) else ""
+        renderer.note(
+            f"? permission {data.get('permission')} for {data.get('tool')}: "
+            f"{data.get('summary', '')}" + (f" [{what}]" if what else "")
+        )
+        if not _isatty(self._stdin):
+            renderer.note(
+                f"sessionrt: permission {permission_id} waits for an answer: POST"
+                f" /api/session/{session_id}/permission/{permission_id}"
+                ' {"reply": "once" | "always" | "reject"}'
+            )
+            if not self._remote:
+                renderer.note("sessionrt: no terminal to answer it here; interrupting the run")
+            return self._remote
+        while True:
+            renderer.note("  allow? [y] once, [a] always (this session), [n] reject: ")
+            line = await _read_line(self._stdin)
+            if line is None:  # end of input: nobody will answer
+                return self._remote
+            reply = _REPLIES.get(line.strip().lower())
+            if reply is not None:
+                break
+        try:
+            await self._host.sessions.reply_permission(
+                session_id, permission_id, PermissionReplyInput(reply=reply)
+            )
+        except SessionRtError as exc:
+            renderer.note(f"sessionrt: {exc}")  # answered elsewhere, or its call settled
+        return True
+
+
+async def _read_line(stream: TextIO) -> str | None:
+    """One line typed on the terminal ``stream``, without a thread; None at end of input."""
+    loop = asyncio.get_running_loop()
+    fd = stream.fileno()
+    done: asyncio.Future[bytes] = loop.create_future()
+
+    def readable() -> None:
+        if not done.done():
+            try:
+                done.set_result(os.read(fd, 4096))
+            except OSError:
+                done.set_result(b"")
+
+    loop.add_reader(fd, readable)
+    try:
+        chunk = await done
+    finally:
+        loop.remove_reader(fd)
+    return chunk.decode(errors="replace") if chunk else None
 
 
 @attrs.define

@@ -30,10 +30,19 @@ _FALSE: Final = frozenset({"false", "0"})
 
 
 def decode_path(op: Operation, request: web.Request) -> dict[str, str]:
-    return {
-        name: ids.validate(op.id_kind(name), request.match_info[name], field=name)
-        for name in op.path_params
-    }
+    out: dict[str, str] = {}
+    for name in op.path_params:
+        raw = request.match_info[name]
+        kind = op.id_kind(name)
+        if kind is not None:
+            out[name] = ids.validate(kind, raw, field=name)
+        elif re.fullmatch(op.pattern(name), raw):
+            out[name] = raw
+        else:
+            raise InvalidRequestError(
+                f"{name} must match {op.pattern(name)}", kind="path", field=name
+            )
+    return out
 
 
 def decode_query(op: Operation, request: web.Request) -> Any:

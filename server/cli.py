@@ -34,7 +34,7 @@ from protocol import codec
 from protocol.client import ClientError, follow_log
 from protocol.errors import DomainError, SessionNotFoundError, UnauthorizedError
 from protocol.openapi import document
-from protocol.operations import ExportQuery, SessionListQuery
+from protocol.operations import ExportQuery, InstructionEntryInput, SessionListQuery
 from protocol.shapes import ModelRef, Session, SessionExport
 from server._cli_run import Host, RunOptions, Sigint, open_host, run
 from server.app import ServerSettings
@@ -162,6 +162,19 @@ def _parser() -> argparse.ArgumentParser:
     import_.add_argument("file", type=Path, help="a document `sessionrt export` printed")
     _add_host(import_)
 
+    instructions = commands.add_parser(
+        "instructions",
+        help="list a session's instruction entries, or set / rm one",
+        description="Without an action: one JSON object {key, value} per line. `set KEY VALUE`"
+        " stores VALUE (JSON; anything that is not JSON is taken as a string); `rm KEY`"
+        " removes the entry. Changes reach the model at the session's next step.",
+    )
+    instructions.add_argument("session", help="the session id")
+    instructions.add_argument(
+        "action", nargs="*", metavar="set KEY VALUE | rm KEY", help="what to change"
+    )
+    _add_host(instructions)
+
     commands.add_parser("openapi", help="print the OpenAPI document")
     return parser
 
@@ -272,6 +285,33 @@ async def _import(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
     return 0
 
 
+def _entry_action(action: Sequence[str]) -> tuple[str, str, Any] | None:
+    """``set KEY VALUE`` / ``rm KEY`` as (verb, key, value); None to list."""
+    if not action:
+        return None
+    if action[0] == "set" and len(action) == 3:
+        try:
+            value: Any = json.loads(action[2])
+        except ValueError:
+            value = action[2]
+        return "set", action[1], value
+    if action[0] == "rm" and len(action) == 2:
+        return "rm", action[1], None
+    raise ConfigError("instructions takes no action, `set KEY VALUE` or `rm KEY`")
+
+
+async def _instructions(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
+    action = _entry_action(args.action)
+    if action is None:
+        for entry in await host.instructions.list(args.session):
+            print(json.dumps(codec.to_json(entry), ensure_ascii=False), flush=True)
+    elif action[0] == "set":
+        await host.instructions.put(args.session, action[1], InstructionEntryInput(value=action[2]))
+    else:
+        await host.instructions.remove(args.session, action[1])
+    return 0
+
+
 _Command = Callable[[Host, argparse.Namespace, Sigint], Coroutine[Any, Any, int]]
 _ON_HOST: dict[str, _Command] = {
     "run": _run,
@@ -279,6 +319,7 @@ _ON_HOST: dict[str, _Command] = {
     "log": _log,
     "export": _export,
     "import": _import,
+    "instructions": _instructions,
 }
 #: Commands that only read: on a data directory, the runtime opens read-only.
 _READ_ONLY: frozenset[str] = frozenset({"sessions", "log", "export"})
@@ -306,7 +347,10 @@ def _on_host_sync(args: argparse.Namespace) -> int:
         config = runtime_config(load_config(args.config), args.data_dir, fallback_data_dir=data_dir)
         data_dir = config.data_dir
     check_data_dir(data_dir)
-    if args.command in _READ_ONLY and not args.url:
+    reads_only = args.command in _READ_ONLY or (
+        args.command == "instructions" and _entry_action(args.action) is None
+    )
+    if reads_only and not args.url:
         config = attrs.evolve(config or RuntimeConfig(data_dir=data_dir), read_only=True)
         if not config.db_path.exists():
             # Nothing was ever written here; a reader creates nothing either.

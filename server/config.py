@@ -20,7 +20,11 @@
     default_directory = "/srv/work"
     allow_directories = []      # e.g. ["/"]: let sessions live where the rules refuse
     secret_env = []             # more variables tools must not inherit (provider keys)
-    max_tool_threads = 16
+    max_tool_threads = 16       # tool calls at once, each in its own child actor (one thread)
+    max_blocking_threads = 4    # the plain pool for blocking helpers that are not tool calls
+    bash_timeout_s = 120        # a bash call's timeout unless it asks for another
+    bash_max_timeout_s = 600    # the most a bash call may ask for (larger asks are clamped)
+    bash_output_memory_bytes = 1048576  # per call; beyond it output streams to a managed file
     tool_output_max_lines = 2000
     tool_output_max_bytes = 51200
     recover = true
@@ -29,6 +33,10 @@
     default_model = "local/fake-model"   # PROVIDER/MODEL; scripted when unset
     retry_base_delay_s = 2               # first retry's backoff, doubled per retry
     retry_max_delay_s = 900              # cap on a provider's retry-after
+    compaction = true                    # automatic compaction (an agent may override)
+    compaction_buffer = 20000            # reserved headroom, tokens
+    compaction_tail_tokens = 15000       # recent tail kept verbatim, tokens
+    project_instructions = true          # read the project's AGENTS.md / CLAUDE.md files
 
     [providers.local]                    # real models: see actors/llm/_config.py
     kind = "openai"                      # or "anthropic"
@@ -79,6 +87,10 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "allow_directories": list,
         "secret_env": list,
         "max_tool_threads": int,
+        "max_blocking_threads": int,
+        "bash_timeout_s": (int, float),
+        "bash_max_timeout_s": (int, float),
+        "bash_output_memory_bytes": int,
         "tool_output_max_lines": int,
         "tool_output_max_bytes": int,
         "recover": bool,
@@ -87,6 +99,10 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "retry_base_delay_s": (int, float),
         "retry_max_delay_s": (int, float),
         "decode_cache_bytes": int,
+        "compaction": bool,
+        "compaction_buffer": int,
+        "compaction_tail_tokens": int,
+        "project_instructions": bool,
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.

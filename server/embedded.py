@@ -6,7 +6,7 @@
         async for event in oc.sessions.log(session.id, LogQuery(follow=True)):
             ...
 
-``oc.sessions`` and ``oc.events`` are the very methods of the networked
+``oc.sessions``, ``oc.instructions`` and ``oc.events`` are the very methods of the networked
 :class:`~protocol.client.Client`; calls travel over an in-process transport
 (:mod:`server._inprocess`) through the same aiohttp routing, middleware,
 codecs and errors, without opening a listening socket. Embedded-only extras
@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Self
 
 from actors.runtime import Runtime, RuntimeConfig
-from protocol.client import Client, EventsAPI, SessionsAPI
+from protocol.client import Client, EventsAPI, InstructionsAPI, SessionsAPI
 from server._inprocess import InProcessConnector
 from server._protocol import make_runner
 from server.app import ServerSettings, make_app, runner_options
@@ -69,6 +69,10 @@ class Embedded:
     @property
     def sessions(self) -> SessionsAPI:
         return self._open_client().sessions
+
+    @property
+    def instructions(self) -> InstructionsAPI:
+        return self._open_client().instructions
 
     @property
     def events(self) -> EventsAPI:

@@ -21,13 +21,16 @@ from protocol.operations import (
     DeliveryInput,
     ExportQuery,
     GenerateResult,
+    InstructionEntryInput,
     InterruptQuery,
     InterruptResult,
     MessagesQuery,
     ModelInput,
+    PermissionReplyInput,
     SessionListQuery,
 )
 from protocol.requests import (
+    CompactInput,
     CreateSessionInput,
     ForkInput,
     GenerateInput,
@@ -107,6 +110,11 @@ async def session_synthetic(call: Call) -> Any:
     return await call.runtime.sessions.synthetic(call.session_id, body)
 
 
+async def session_compact(call: Call) -> Any:
+    body: CompactInput = call.body
+    return await call.runtime.sessions.compact(call.session_id, body.id, body.delivery)
+
+
 async def session_interrupt(call: Call) -> Any:
     q: InterruptQuery = call.query or InterruptQuery()
     interrupted = await call.runtime.interrupt(call.session_id, resume=q.resume)
@@ -147,6 +155,17 @@ async def inbox_update(call: Call) -> Any:
     body: DeliveryInput = call.body
     await call.runtime.sessions.change_delivery(
         call.session_id, call.path["inboxID"], body.delivery
+    )
+
+
+async def permission_list(call: Call) -> Any:
+    return await call.runtime.sessions.permissions(call.session_id)
+
+
+async def permission_reply(call: Call) -> Any:
+    body: PermissionReplyInput = call.body
+    await call.runtime.sessions.reply_permission(
+        call.session_id, call.path["permissionID"], body.reply
     )
 
 
@@ -194,6 +213,19 @@ async def session_stats(call: Call) -> Any:
     return await call.runtime.transfer.stats()
 
 
+async def instruction_entries(call: Call) -> Any:
+    return await call.runtime.instructions.list(call.session_id)
+
+
+async def instruction_entry_put(call: Call) -> Any:
+    body: InstructionEntryInput = call.body
+    await call.runtime.instructions.put(call.session_id, call.path["key"], body.value)
+
+
+async def instruction_entry_remove(call: Call) -> Any:
+    await call.runtime.instructions.remove(call.session_id, call.path["key"])
+
+
 HANDLERS: dict[str, Handler] = {
     "session.list": session_list,
     "session.create": session_create,
@@ -208,6 +240,7 @@ HANDLERS: dict[str, Handler] = {
     "session.importSession": session_import,
     "session.stats": session_stats,
     "session.prompt": session_prompt,
+    "session.compact": session_compact,
     "session.synthetic": session_synthetic,
     "session.interrupt": session_interrupt,
     "session.resume": session_resume,
@@ -217,7 +250,12 @@ HANDLERS: dict[str, Handler] = {
     "session.inbox.list": inbox_list,
     "session.inbox.cancel": inbox_cancel,
     "session.inbox.update": inbox_update,
+    "session.permission.list": permission_list,
+    "session.permission.reply": permission_reply,
     "session.messages": session_messages,
     "session.message.get": session_message,
     "session.context": session_context,
+    "session.instructions.entry.list": instruction_entries,
+    "session.instructions.entry.put": instruction_entry_put,
+    "session.instructions.entry.remove": instruction_entry_remove,
 }

@@ -13,7 +13,15 @@ from storage.errors import (
 )
 from storage.queries import Claim, OpenToolCall, Queries, ToolProcess
 from storage.rebuild import dump_projections, rebuild_projections
-from storage.recorder import Command, NewEvent, RecordedEvent, Recorder, Subscriber, now_ms
+from storage.recorder import (
+    Command,
+    EntryWrite,
+    NewEvent,
+    RecordedEvent,
+    Recorder,
+    Subscriber,
+    now_ms,
+)
 from storage.schema import SCHEMA_VERSION
 from storage.sqlite import SQLiteStore
 
@@ -23,6 +31,7 @@ __all__ = [
     "Claim",
     "Command",
     "DivergedError",
+    "EntryWrite",
     "NewEvent",
     "OpenToolCall",
     "ProjectionConflict",

@@ -26,6 +26,7 @@ _MESSAGES: Final = {
     "message.missing": "assistant message {} does not exist",
     "part.missing": "tool call {} has no projected part",
     "part.not-running": "tool call {} is not running",
+    "compaction.not-running": "session {} has no running compaction",
     "fork.source-missing": "fork source {} or its boundary message does not exist",
 }
 

@@ -13,10 +13,11 @@ import orjson
 from protocol import codec
 from protocol import events as ev
 from storage._ops import Op, touch
+from storage._project_permissions import expire_asks
 from storage._project_structure import idle_marked
 from storage.recorder import RecordedEvent
 
-__all__ = ["STEP_PROJECTORS", "retry_cleared"]
+__all__ = ["STEP_PROJECTORS", "retry_cleared", "session_usage"]
 
 E = TypeVar("E", bound=ev.Event)
 
@@ -154,7 +155,7 @@ def _step_started(rec: RecordedEvent, e: ev.StepStarted) -> tuple[Op, ...]:
     )
 
 
-def _usage(rec: RecordedEvent, cost: float, tokens: ev.StepTokens) -> Op:
+def session_usage(rec: RecordedEvent, cost: float, tokens: ev.StepTokens) -> Op:
     return Op(
         "UPDATE session SET cost = cost + ?, tokens_input = tokens_input + ?,"
         " tokens_output = tokens_output + ?, tokens_reasoning = tokens_reasoning + ?,"
@@ -200,7 +201,7 @@ def _step_ended(rec: RecordedEvent, e: ev.StepEnded) -> tuple[Op, ...]:
         fields["providerState"] = dict(e.provider_state)
     return (
         _message_update(rec, e.assistant_message_id, fields),
-        _usage(rec, e.cost, e.tokens),
+        session_usage(rec, e.cost, e.tokens),
     )
 
 
@@ -212,7 +213,7 @@ def _step_failed(rec: RecordedEvent, e: ev.StepFailed) -> tuple[Op, ...]:
         fields["providerState"] = dict(e.provider_state)
     ops = [_message_update(rec, e.assistant_message_id, fields)]
     if e.cost is not None or e.tokens is not None:
-        ops.append(_usage(rec, e.cost or 0.0, e.tokens or ev.StepTokens()))
+        ops.append(session_usage(rec, e.cost or 0.0, e.tokens or ev.StepTokens()))
     else:
         ops.append(touch(rec))
     return tuple(ops)
@@ -335,6 +336,7 @@ def _tool_settled(
 ) -> tuple[Op, ...]:
     paths = "".join(f", '$.{k}', json(?)" for k in fields)
     return (
+        expire_asks(message_id, call_id),
         # The call's process group is the tool's to end; from here nothing owns it.
         Op(
             "DELETE FROM tool_process WHERE message_id = ? AND call_id = ?",

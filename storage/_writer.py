@@ -213,6 +213,7 @@ class Writer:
                 conn.execute("RELEASE command")
                 return Outcome(records=replay, publish=False)
             records = self._insert(conn, command.events, prepared.encoded, undo)
+            _write_side(conn, command)
             conn.execute("RELEASE command")
             return Outcome(records=records)
         except sqlite3.IntegrityError as exc:
@@ -334,6 +335,32 @@ class Writer:
                 if op.expect is not None and cursor.rowcount != op.expect:
                     raise op.conflict()
         return records
+
+
+_INSERT_BLOB: Final = "INSERT OR IGNORE INTO instruction_blob (hash, value) VALUES (?, ?)"
+_UPSERT_ENTRY: Final = (
+    "INSERT INTO instruction_entry (session_id, key, value, removed, time_created, time_updated)"
+    " VALUES (?, ?, ?, 0, ?, ?)"
+    " ON CONFLICT (session_id, key) DO UPDATE SET value = excluded.value, removed = 0,"
+    " time_updated = excluded.time_updated WHERE value IS NOT excluded.value OR removed <> 0"
+)
+_REMOVE_ENTRY: Final = (
+    "UPDATE instruction_entry SET value = NULL, removed = 1, time_updated = ?"
+    " WHERE session_id = ? AND key = ? AND removed = 0"
+)
+
+
+def _write_side(conn: sqlite3.Connection, command: Command) -> None:
+    """The command's non-event rows: blobs (insert-or-ignore) and entries."""
+    if command.blobs:
+        conn.executemany(_INSERT_BLOB, command.blobs.items())
+    for entry in command.entries:
+        if entry.removed:
+            conn.execute(_REMOVE_ENTRY, (entry.time, entry.session_id, entry.key))
+        else:
+            conn.execute(
+                _UPSERT_ENTRY, (entry.session_id, entry.key, entry.value, entry.time, entry.time)
+            )
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

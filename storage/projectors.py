@@ -20,6 +20,9 @@ import orjson
 
 from protocol import events as ev
 from storage._ops import Op, json_text, touch
+from storage._project_compaction import COMPACTION_PROJECTORS
+from storage._project_instructions import INSTRUCTION_PROJECTORS
+from storage._project_permissions import PERMISSION_PROJECTORS
 from storage._project_steps import STEP_PROJECTORS, retry_cleared
 from storage._project_structure import STRUCTURE_PROJECTORS
 from storage.recorder import RecordedEvent
@@ -208,7 +211,26 @@ def _typed(fn: Callable[[RecordedEvent, E], tuple[Op, ...]]) -> Callable[..., tu
     return fn
 
 
-_PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
+Projector = Callable[..., tuple[Op, ...]]
+
+
+def _both(first: Projector, then: Projector) -> Projector:
+    def both(rec: RecordedEvent, e: ev.Event) -> tuple[Op, ...]:
+        return (*first(rec, e), *then(rec, e))
+
+    return both
+
+
+def _combined(*tables: dict[type[ev.Event], Projector]) -> dict[type[ev.Event], Projector]:
+    """One registry; an event several tables project gets each table's ops, in order."""
+    out: dict[type[ev.Event], Projector] = {}
+    for table in tables:
+        for kind, fn in table.items():
+            out[kind] = fn if kind not in out else _both(out[kind], fn)
+    return out
+
+
+_SESSION_PROJECTORS: Final[dict[type[ev.Event], Projector]] = {
     ev.SessionCreated: _typed(_created),
     ev.SessionRenamed: _typed(_renamed),
     ev.MetadataUpdated: _typed(_metadata),
@@ -220,9 +242,16 @@ _PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
     ev.InboxCancelled: _typed(_cancelled),
     ev.InboxDeliveryChanged: _typed(_delivery_changed),
     ev.SyntheticRecorded: _typed(_synthetic),
-    **STEP_PROJECTORS,
-    **STRUCTURE_PROJECTORS,
 }
+
+_PROJECTORS: Final = _combined(
+    _SESSION_PROJECTORS,
+    STEP_PROJECTORS,
+    STRUCTURE_PROJECTORS,
+    COMPACTION_PROJECTORS,
+    PERMISSION_PROJECTORS,
+    INSTRUCTION_PROJECTORS,
+)
 
 
 def project(rec: RecordedEvent) -> tuple[Op, ...]:

@@ -14,6 +14,7 @@ import attrs
 import orjson
 
 from protocol import codec
+from protocol import events as ev
 from protocol.cursor import (
     Direction,
     MessageAnchor,
@@ -27,6 +28,7 @@ from protocol.lru import ByteLRU
 from protocol.shapes import (
     AssistantMessage,
     CacheTokens,
+    CompactionMessage,
     FileAttachment,
     ForkBoundary,
     InboxItem,
@@ -41,11 +43,20 @@ from protocol.shapes import (
     SessionMessage,
     SessionTime,
     SyntheticMessage,
+    SystemMessage,
     Tokens,
     UserMessage,
 )
 
-__all__ = ["Claim", "Fetch", "OpenToolCall", "Queries", "Row", "ToolProcess"]
+__all__ = [
+    "Claim",
+    "Fetch",
+    "InstructionState",
+    "OpenToolCall",
+    "Queries",
+    "Row",
+    "ToolProcess",
+]
 
 Row = Sequence[Any]
 
@@ -99,6 +110,20 @@ _INBOX_COLUMNS: Final = "id, session_id, type, payload, delivery, time_created"
 #: Bytes of decoded messages kept, least recently used evicted first (values are
 #: immutable). An entry weighs its stored text: the decoded value holds about as much.
 DECODE_CACHE_BYTES: Final = 32 * 1024 * 1024
+
+
+#: Hashes per blob read statement (reference §4.11).
+_BLOB_BATCH: Final = 500
+
+
+@attrs.frozen(kw_only=True)
+class InstructionState:
+    """A session's projected instruction values, ``{key: sha256hex}``."""
+
+    epoch_start: int
+    through_seq: int
+    initial: Mapping[str, str]
+    current: Mapping[str, str]
 
 
 class Queries:
@@ -194,9 +219,12 @@ class Queries:
         return self._decoded(rows[0]) if rows else None
 
     async def context(self, session_id: str) -> list[SessionMessage]:
+        """The active history: from the last completed compaction on (all without one)."""
         rows = await self._fetch(
-            f"{_WITH_PARTS} WHERE session_id = ? ORDER BY seq",
-            (session_id,),
+            f"{_WITH_PARTS} WHERE session_id = ? AND seq >= coalesce((SELECT max(seq)"
+            " FROM session_message WHERE session_id = ? AND type = 'compaction'"
+            " AND json_extract(data, '$.status') = 'completed'), 0) ORDER BY seq",
+            (session_id, session_id),
         )
         return [self._decoded(r) for r in rows]
 
@@ -315,6 +343,46 @@ class Queries:
             for r in rows
         ]
 
+    async def running_compaction(self, session_id: str) -> CompactionMessage | None:
+        """The session's compaction still ``running`` (a crash or restart cut it off)."""
+        rows = await self._fetch(
+            f"SELECT {_MESSAGE_COLUMNS} FROM session_message WHERE session_id = ?"
+            " AND type = 'compaction' AND json_extract(data, '$.status') = 'running'"
+            " ORDER BY seq DESC LIMIT 1",
+            (session_id,),
+        )
+        if not rows:
+            return None
+        message = message_from_row(rows[0])
+        assert isinstance(message, CompactionMessage)
+        return message
+
+    async def permission_requests(self, session_id: str) -> list[ev.PermissionAsked]:
+        """The session's unanswered permission requests, oldest first (at most 1,000)."""
+        rows = await self._fetch(
+            "SELECT data FROM session_permission WHERE session_id = ? AND status = 'pending'"
+            " ORDER BY asked_seq LIMIT 1000",
+            (session_id,),
+        )
+        return [codec.from_json(ev.PermissionAsked, orjson.loads(r[0])) for r in rows]
+
+    async def permission_status(self, session_id: str, permission_id: str) -> str | None:
+        """``pending``, a reply, or ``expired``; None for an id this session never asked."""
+        rows = await self._fetch(
+            "SELECT status FROM session_permission WHERE session_id = ? AND id = ?",
+            (session_id, permission_id),
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def permission_rules(self, session_id: str) -> list[tuple[str, str]]:
+        """``(permission, pattern)`` the session allowed with ``always`` replies, in order."""
+        rows = await self._fetch(
+            "SELECT permission, j.value FROM session_permission, json_each(data, '$.always') j"
+            " WHERE session_id = ? AND status = 'always' ORDER BY asked_seq, j.key LIMIT 10000",
+            (session_id,),
+        )
+        return [(str(r[0]), str(r[1])) for r in rows]
+
     async def open_step(self, session_id: str) -> str | None:
         """The newest assistant message when its step has no terminal (cut off by a crash).
 
@@ -350,6 +418,72 @@ class Queries:
             return None
         row = rows[0]
         return _inbox_item(row) if row[-1] == 0 else _receipt_from_message(row)
+
+    # -- instructions ---------------------------------------------------------------------------
+
+    async def instruction_state(self, session_id: str) -> InstructionState | None:
+        rows = await self._fetch(
+            "SELECT epoch_start, through_seq, initial_values, current_values"
+            " FROM instruction_state WHERE session_id = ?",
+            (session_id,),
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return InstructionState(
+            epoch_start=int(r[0]),
+            through_seq=int(r[1]),
+            initial=orjson.loads(r[2]),
+            current=orjson.loads(r[3]),
+        )
+
+    async def instruction_inputs(
+        self, session_id: str
+    ) -> tuple[InstructionState | None, list[tuple[str, str]]]:
+        """:meth:`instruction_state` and :meth:`instruction_entries` in one statement."""
+        rows = await self._fetch(
+            "SELECT 0, epoch_start, through_seq, initial_values, current_values"
+            " FROM instruction_state WHERE session_id = ?"
+            " UNION ALL SELECT 1, key, value, NULL, NULL FROM instruction_entry"
+            " WHERE session_id = ? AND removed = 0",
+            (session_id, session_id),
+        )
+        state = None
+        entries: list[tuple[str, str]] = []
+        for r in rows:
+            if r[0] == 0:
+                state = InstructionState(
+                    epoch_start=int(r[1]),
+                    through_seq=int(r[2]),
+                    initial=orjson.loads(r[3]),
+                    current=orjson.loads(r[4]),
+                )
+            else:
+                entries.append((str(r[1]), str(r[2])))
+        entries.sort()
+        return state, entries
+
+    async def instruction_blobs(self, hashes: Sequence[str]) -> dict[str, str]:
+        """The stored canonical JSON of each known hash, read 500 per statement."""
+        out: dict[str, str] = {}
+        unique = sorted(set(hashes))
+        for start in range(0, len(unique), _BLOB_BATCH):
+            batch = unique[start : start + _BLOB_BATCH]
+            marks = ", ".join("?" * len(batch))
+            rows = await self._fetch(
+                f"SELECT hash, value FROM instruction_blob WHERE hash IN ({marks})", batch
+            )
+            out.update((str(r[0]), str(r[1])) for r in rows)
+        return out
+
+    async def instruction_entries(self, session_id: str) -> list[tuple[str, str]]:
+        """Live (not removed) entries as (key, canonical JSON text), by key."""
+        rows = await self._fetch(
+            "SELECT key, value FROM instruction_entry WHERE session_id = ? AND removed = 0"
+            " ORDER BY key",
+            (session_id,),
+        )
+        return [(str(r[0]), str(r[1])) for r in rows]
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -486,6 +620,16 @@ def message_from_row(r: Row, parts: Sequence[Any] = ()) -> SessionMessage:
             files=None if files is None else codec.from_json(tuple[FileAttachment, ...], files),
             metadata=payload.get("metadata"),
         )
+    if r[2] == "system":
+        keys = data.get("keys")
+        return SystemMessage(
+            id=r[0],
+            session_id=r[1],
+            seq=r[3],
+            time=time,
+            text=data["text"],
+            keys=None if keys is None else tuple(keys),
+        )
     if r[2] == "synthetic":
         return SyntheticMessage(
             id=r[0],
@@ -495,5 +639,18 @@ def message_from_row(r: Row, parts: Sequence[Any] = ()) -> SessionMessage:
             text=payload.get("text", ""),
             description=payload.get("description"),
             metadata=payload.get("metadata"),
+        )
+    if r[2] == "compaction":
+        return CompactionMessage(
+            id=r[0],
+            session_id=r[1],
+            seq=r[3],
+            time=time,
+            status=data["status"],
+            reason=data["reason"],
+            text=data.get("text"),
+            recent=data.get("recent"),
+            error=data.get("error"),
+            input_id=data.get("inputID"),
         )
     raise ValueError(f"unknown message type {r[2]!r}")

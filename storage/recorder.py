@@ -28,6 +28,7 @@ from protocol.events import Event
 
 __all__ = [
     "Command",
+    "EntryWrite",
     "NewEvent",
     "RecordedEvent",
     "Recorder",
@@ -58,14 +59,47 @@ class NewEvent:
 
 
 @attrs.frozen(kw_only=True)
+class EntryWrite:
+    """An API-managed instruction entry written with a command (not an event).
+
+    ``value`` is the canonical JSON text; None with ``removed`` is a soft
+    delete. An upsert whose value is unchanged touches nothing.
+    """
+
+    session_id: str
+    key: str
+    value: str | None
+    removed: bool = False
+    time: int = attrs.field(factory=now_ms)
+
+
+@attrs.frozen(kw_only=True)
 class Command:
     events: tuple[NewEvent, ...]
     #: aggregate id -> the seq it must be at before this command (0 = empty).
     expected: Mapping[str, int] | None = None
+    #: Content-addressed values (SHA-256 hex -> canonical JSON text) stored
+    #: once, with the events: the instruction blobs a delta names.
+    blobs: Mapping[str, str] = attrs.field(factory=dict)
+    #: Instruction entries written in the same transaction.
+    entries: tuple[EntryWrite, ...] = ()
 
     @classmethod
-    def of(cls, *events: Event, expected: Mapping[str, int] | None = None) -> Command:
-        return cls(events=tuple(NewEvent(event=e) for e in events), expected=expected)
+    def of(
+        cls,
+        *events: Event,
+        expected: Mapping[str, int] | None = None,
+        blobs: Mapping[str, str] | None = None,
+    ) -> Command:
+        return cls(
+            events=tuple(NewEvent(event=e) for e in events),
+            expected=expected,
+            blobs=blobs or {},
+        )
+
+    @property
+    def empty(self) -> bool:
+        return not (self.events or self.blobs or self.entries)
 
 
 @attrs.frozen(kw_only=True)

@@ -114,10 +114,61 @@ CREATE TABLE tool_process (
 CREATE INDEX tool_process_session ON tool_process (session_id);
 """
 
-# v5: session structure. A fork names its source session and boundary (JSON);
+# v5: permission requests (``session.permission.asked``): ``pending`` until
+# replied (``once``/``always``/``reject``) or until the call settled without an
+# answer (``expired``). ``always`` rows are the session's recorded rules.
+_V5: Final = """
+CREATE TABLE session_permission (
+    id           TEXT PRIMARY KEY,
+    session_id   TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
+    message_id   TEXT NOT NULL,
+    call_id      TEXT NOT NULL,
+    permission   TEXT NOT NULL,
+    status       TEXT NOT NULL
+        CHECK (status IN ('pending', 'once', 'always', 'reject', 'expired')),
+    asked_seq    INTEGER NOT NULL,
+    time_created INTEGER NOT NULL,
+    data         TEXT NOT NULL
+);
+CREATE INDEX session_permission_status ON session_permission (session_id, status, asked_seq);
+CREATE INDEX session_permission_call ON session_permission (message_id, call_id);
+"""
+
+# v6: instructions as value deltas. ``instruction_state`` is projected from
+# ``session.instructions.updated`` and the epoch events (compaction, revert,
+# fork). ``instruction_blob`` holds each distinct encoded value once
+# (content-addressed, machine-local, written with the delta's commit; not
+# derived from the log, so not a projection). ``instruction_entry`` holds the
+# API-managed values (primary state, not derived from the log either).
+_V6: Final = """
+CREATE TABLE instruction_state (
+    session_id     TEXT PRIMARY KEY REFERENCES session (id) ON DELETE CASCADE,
+    epoch_start    INTEGER NOT NULL,
+    through_seq    INTEGER NOT NULL,
+    initial_values TEXT NOT NULL,
+    current_values TEXT NOT NULL
+);
+
+CREATE TABLE instruction_blob (
+    hash  TEXT PRIMARY KEY CHECK (length(hash) = 64),
+    value TEXT NOT NULL
+);
+
+CREATE TABLE instruction_entry (
+    session_id   TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
+    key          TEXT NOT NULL,
+    value        TEXT,
+    removed      INTEGER NOT NULL DEFAULT 0,
+    time_created INTEGER NOT NULL,
+    time_updated INTEGER NOT NULL,
+    PRIMARY KEY (session_id, key)
+);
+"""
+
+# v7: session structure. A fork names its source session and boundary (JSON);
 # time_idle is the session's last idle transition and time_viewed the newest
 # one a client marked viewed, so "unread" is time_idle > time_viewed.
-_V5: Final = """
+_V7: Final = """
 ALTER TABLE session ADD COLUMN fork_session_id TEXT;
 ALTER TABLE session ADD COLUMN fork_boundary TEXT;
 ALTER TABLE session ADD COLUMN time_idle INTEGER;
@@ -125,7 +176,7 @@ ALTER TABLE session ADD COLUMN time_viewed INTEGER;
 """
 
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).
@@ -135,6 +186,8 @@ PROJECTION_TABLES: Final = (
     "session_inbox",
     "session_part",
     "tool_process",
+    "session_permission",
+    "instruction_state",
 )
 
 

@@ -181,7 +181,7 @@ class SQLiteStore:
             raise StoreClosedError(f"store {self.path} is open read-only")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[RecordedEvent]] = loop.create_future()
-        if not command.events:
+        if command.empty:
             future.set_result([])
             return future
         # Encoding here, on the loop, overlaps with the writer's fsync.

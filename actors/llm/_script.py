@@ -41,9 +41,11 @@ __all__ = [
     "Script",
     "ScriptError",
     "Step",
+    "Summary",
     "TextBlock",
     "ToolBlock",
     "find_script",
+    "find_summary",
     "parse_script",
 ]
 
@@ -65,8 +67,23 @@ FAILURE_KINDS: Final[Mapping[str, type[ProviderError]]] = {
 }
 
 _KEYWORDS: Final = frozenset(
-    {"text", "reasoning", "tool", "delay", "chunk", "fail", "finish", "usage", "step"}
+    {
+        "text",
+        "reasoning",
+        "tool",
+        "delay",
+        "chunk",
+        "fail",
+        "finish",
+        "usage",
+        "step",
+        "summary",
+        "summary-delay",
+        "summary-fail",
+    }
 )
+#: Directives of compaction requests; a model step ignores them.
+_SUMMARY_KEYWORDS: Final = frozenset({"summary", "summary-delay", "summary-fail"})
 _DIRECTIVE: Final = re.compile(r"#([a-z][a-z-]*)(?:[ \t](.*))?")
 _USAGE_KEYS: Final = {
     "input": "input",
@@ -175,6 +192,48 @@ def find_script(text: str) -> Script | None:
     return script if found else None
 
 
+@attrs.frozen(kw_only=True)
+class Summary:
+    """What a compaction request gets from a script: text, pace, a failure."""
+
+    text: str | None = None
+    delay_ms: int = 0
+    failure: Failure | None = None
+
+
+def find_summary(text: str) -> Summary:
+    """The ``#summary`` text of ``text`` (the last block of them), its
+    ``#summary-delay`` and its ``#summary-fail`` (same kinds and options as ``#fail``).
+
+    Consecutive ``#summary`` lines form one block joined by newlines; a later
+    block replaces an earlier one (the newest prompt's wins).
+    """
+    blocks: list[list[str]] = []
+    delay = 0
+    failure: Failure | None = None
+    last_was_summary = False
+    for number, raw in enumerate(text.splitlines(), start=1):
+        match = _DIRECTIVE.fullmatch(raw.strip())
+        keyword = match.group(1) if match else None
+        argument = (match.group(2) or "") if match else ""
+        if keyword == "summary":
+            piece = argument.rstrip()
+            if last_was_summary:
+                blocks[-1].append(piece)
+            else:
+                blocks.append([piece])
+            last_was_summary = True
+            continue
+        last_was_summary = False
+        if keyword == "summary-delay":
+            delay = _int(number, "#summary-delay", argument.strip(), minimum=0)
+        elif keyword == "summary-fail":
+            builder = _StepBuilder(separator_line=number)
+            builder._fail(number, argument)
+            failure = builder.failure
+    return Summary(text="\n".join(blocks[-1]) if blocks else None, delay_ms=delay, failure=failure)
+
+
 def _parse(text: str, *, strict: bool) -> tuple[Script, bool]:
     """The script, and whether ``text`` held any directive at all."""
     steps: list[_StepBuilder] = [_StepBuilder(separator_line=0)]
@@ -192,6 +251,8 @@ def _parse(text: str, *, strict: bool) -> tuple[Script, bool]:
             continue
         seen_directive = True
         keyword, argument = match.group(1), match.group(2) or ""
+        if keyword in _SUMMARY_KEYWORDS:
+            continue  # read by compaction requests only (find_summary)
         if keyword == "step":
             if argument.strip():
                 raise ScriptError(number, "#step takes no argument")

@@ -37,6 +37,13 @@ of ``#``, a keyword, and its argument after one space::
                            cost (a number); keys left out keep their derived
                            values
     #fail <kind> [opts]    fail this step instead of finishing it
+    #summary <text>        the summary a compaction request answers with
+                           (consecutive lines form one block; the last
+                           block found wins); a model step ignores it
+    #summary-delay <ms>    sleep <ms> before each summary chunk
+    #summary-fail <kind> [opts]  fail the compaction request as #fail would
+                           (``attempts=<n>``/``once`` count the requests of
+                           one compaction)
     #step  or  ---         end the current step and begin the next; a
                            "---" line counts even amid a prompt's prose
                            (once the prompt holds any directive)
@@ -90,6 +97,15 @@ the system prompts and message texts, tool inputs and tool outputs (files not
 counted), ``output`` from the streamed text and tool input, ``reasoning``
 from the streamed reasoning; cache 0, cost 0. ``#usage`` overrides.
 
+Compaction requests (``request.metadata["purpose"] == "compaction"``)
+answer with a summary instead of a step: the ``#summary`` text found in the
+configured script or, failing that, in any user message of the request (the
+serialized conversation being summarized), else a default checkpoint with the
+headings ``## Objective``, ``## Work State`` and ``## Next Move`` naming the
+first user line. It streams in :data:`DEFAULT_CHUNK` pieces, finish ``stop``.
+A context overflow is ``#fail context-overflow`` (``once`` lets the step
+rebuilt after the overflow-triggered compaction succeed).
+
 Example (a prompt that reads a file, then answers; the first attempt of the
 first step is rate limited)::
 
@@ -122,6 +138,7 @@ from actors.llm._request import (
     ToolResultContent,
 )
 from actors.llm._script import (
+    DEFAULT_CHUNK,
     Block,
     Failure,
     Script,
@@ -130,6 +147,7 @@ from actors.llm._script import (
     TextBlock,
     ToolBlock,
     find_script,
+    find_summary,
     parse_script,
 )
 from actors.llm._stream import (
@@ -179,6 +197,10 @@ class ScriptedProvider:
     async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
         """Stream the scripted answer to ``request`` (a :class:`~actors.llm.Provider`)."""
         attempt = _attempt(request)
+        if request.metadata.get("purpose") == "compaction":
+            async for part in self._summary(request):
+                yield part
+            return
         k = step_index(request.messages)
         step = _select_step(request, k)
         failure = step.failure if step.failure and step.failure.applies(attempt) else None
@@ -207,6 +229,51 @@ class ScriptedProvider:
         overrides: dict[str, Any] = dict(step.usage)
         usage = attrs.evolve(_derived_usage(request, blocks), **overrides)
         yield Finish(reason=reason, usage=usage)
+
+    async def _summary(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
+        configured = request.metadata.get("script")
+        try:
+            found = find_summary(configured if isinstance(configured, str) else "")
+            if found.text is None and found.failure is None:
+                for message in reversed(request.messages):
+                    if message.role == "user":
+                        found = find_summary(message.text)
+                        if found.text is not None or found.failure is not None:
+                            break
+        except ScriptError as exc:
+            raise InvalidRequestError(f"Invalid script: {exc}") from None
+        attempt = _attempt(request)
+        failure = found.failure
+        if failure is not None and failure.applies(attempt):
+            raise failure.error(f"Scripted {failure.kind} failure (summary, attempt {attempt})")
+        text = found.text if found.text is not None else _default_summary(request)
+        yield TextStart(ordinal=0)
+        for piece in _chunks(text, DEFAULT_CHUNK):
+            if found.delay_ms:
+                await self.sleep(found.delay_ms / 1000)
+            yield TextDelta(ordinal=0, delta=piece)
+        yield TextEnd(ordinal=0)
+        usage = _derived_usage(request, [TextBlock(kind="text", text=text)])
+        yield Finish(reason="stop", usage=usage)
+
+
+def _default_summary(request: ModelRequest) -> str:
+    """A checkpoint naming the first user line of the conversation summarized."""
+    lines = "\n".join(m.text for m in request.messages if m.role == "user").splitlines()
+    first = next(
+        (
+            lines[i + 1].strip()
+            for i, line in enumerate(lines[:-1])
+            if line.strip() == "[user]" and lines[i + 1].strip()
+        ),
+        "",
+    )
+    objective = " ".join(first.split())[:_REPLY_CHARS]
+    return (
+        f"## Objective\n{objective or 'Continue the session.'}\n"
+        "## Work State\n### Completed\nThe earlier conversation, summarized.\n"
+        "## Next Move\nContinue with the latest request."
+    )
 
 
 def step_index(messages: Sequence[ChatMessage]) -> int:

@@ -7,13 +7,17 @@
 - :func:`permission`: an agent's allow/deny rule table (``_permission``).
 - :func:`tool_environment`: the server's environment without its secrets,
   for every subprocess a tool starts (``_environment``).
-- :class:`ToolExecutor`: validate → run on a :class:`~actors.BlockingRunner`
-  thread → bound, as one settled :class:`ToolOutcome` (``_executor``).
+- :class:`ToolExecutor`: validate → run in a child actor → bound, as one
+  settled :class:`ToolOutcome` (``_executor``).
+- :class:`ToolActors`, :class:`ToolOwner`: each local call in its own pykka
+  actor, owned by its step (Run / Cancel / Progress), at most ``limit`` at
+  once (``_actors``).
 - :class:`OutputBounding`, :func:`run_sweeper`: the 2,000-line / 50 KiB limit,
   managed output files and their 7-day retention (``_bounding``).
 - :mod:`actors.tools.builtin`: read, write, edit, list, glob, grep, bash.
 """
 
+from actors.tools._actors import Cancel, Progress, Run, ToolActors, ToolCallActor, ToolOwner
 from actors.tools._bounding import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_LINES,
@@ -48,17 +52,23 @@ __all__ = [
     "DEFAULT_RETENTION_DAYS",
     "PASSWORD_ENV",
     "SWEEP_INTERVAL_S",
+    "Cancel",
     "Content",
     "Decision",
     "OutputBounding",
     "ProcessGroup",
+    "Progress",
     "RecordProcess",
+    "Run",
     "SucceededThenInterrupted",
     "Tool",
+    "ToolActors",
+    "ToolCallActor",
     "ToolContext",
     "ToolError",
     "ToolExecutor",
     "ToolOutcome",
+    "ToolOwner",
     "ToolRegistry",
     "ToolResult",
     "ToolSpec",

@@ -37,7 +37,7 @@ trusted as clocks. :func:`run_sweeper` runs it at start and then hourly.
 
 Everything here that touches the filesystem blocks: call it on a worker thread
 (the executor bounds inside the tool's own job; :func:`run_sweeper` goes
-through the :class:`~actors.BlockingRunner`).
+through the :class:`~actors.BlockingExecutor`).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from typing import Any, Final
 
 import attrs
 
+from actors._blocking import BlockingExecutor
 from actors._exceptions import ActorDeadError
-from actors._threaded import BlockingRunner
 from actors.tools._types import Content, ToolResult, text_item
 from protocol import ids
 
@@ -155,6 +155,8 @@ class OutputBounding:
             result = attrs.evolve(result, content=(*result.content, text_item(preview)))
         if "truncated" in result.metadata:
             return result
+        if result.saved is not None:
+            return self._bound_saved(result, result.saved)
         text = "\n".join(item["text"] for item in result.content if _is_text(item))
         lines = text.split("\n")
         if text.endswith("\n"):
@@ -193,6 +195,37 @@ class OutputBounding:
         else:
             marker = f"... {omitted} truncated; full content saved to {path} ..."
             metadata["outputPath"] = str(path)
+        return ToolResult(
+            content=_cut(result.content, head_end, tail_start, stop, text_item(marker)),
+            metadata=metadata,
+            structured=result.structured,
+        )
+
+    def _bound_saved(self, result: ToolResult, saved: Path) -> ToolResult:
+        """A result whose complete output a tool already spilled to ``saved``.
+
+        Its text is a head and a tail of that output (the tool's own marker
+        between them); the preview keeps the beginning and end of that text
+        and refers to ``saved``, counting what it leaves out of the whole.
+        """
+        metadata: dict[str, Any] = {**result.metadata, "truncated": True, "outputPath": str(saved)}
+        text = "\n".join(item["text"] for item in result.content if _is_text(item))
+        lines = text.split("\n")
+        if text.endswith("\n"):
+            lines.pop()
+        total_bytes = _utf8_len(text)
+        if len(lines) <= self._max_lines and total_bytes <= self._max_bytes:
+            return attrs.evolve(result, metadata=metadata, saved=None)
+        head, tail, kept_bytes = self._keep(lines, total_bytes)
+        head_end = sum(len(line) for line in lines[:head]) + max(0, head - 1)
+        tail_start = len(text) if not tail else len(text) - len("\n".join(lines[-tail:]))
+        stop = len(text)
+        if text.endswith("\n"):
+            tail_start -= 1
+            if not tail:
+                stop = tail_start = len(text)
+        omitted = _amount(max(0, result.saved_bytes - kept_bytes), "byte")
+        marker = f"... {omitted} truncated; full content saved to {saved} ..."
         return ToolResult(
             content=_cut(result.content, head_end, tail_start, stop, text_item(marker)),
             metadata=metadata,
@@ -316,7 +349,7 @@ def _cut(
 
 async def run_sweeper(
     bounding: OutputBounding,
-    runner: BlockingRunner,
+    runner: BlockingExecutor,
     interval_s: float = SWEEP_INTERVAL_S,
     *,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,

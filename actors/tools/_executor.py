@@ -9,11 +9,16 @@ such case is a failed :class:`ToolOutcome`:
 - ``ctx.cancel`` already set → ``aborted`` (the tool does not run);
 - :class:`ToolError` from the tool → its ``type`` and message;
 - any other exception → ``tool.error`` with the exception text;
-- the runner closed → ``aborted``.
+- the actor pool closed → ``aborted``.
 
-The tool's ``run`` and the bounding of its successful result happen in *one*
-job on the :class:`~actors.BlockingRunner` (one thread, one slot): bounding
-may write a managed output file, and a success is never handed back unbounded.
+Each call runs in its own child actor (:mod:`actors.tools._actors`), adopted
+by the ``owner`` the caller passes (the step's :class:`~actors.tools.ToolOwner`).
+The tool's ``run`` and the bounding of its successful result happen in that
+one actor's Run (one thread, one slot): bounding may write a managed output
+file, and a success is never handed back unbounded. An exception that
+escapes the tool (anything but :class:`ToolError`) is the actor's failure:
+its ``on_failure`` settles the call as ``tool.error``. A child's progress
+reaches the owner as ``Progress`` messages.
 
 Process records
 ---------------
@@ -26,16 +31,17 @@ raise :class:`ToolError` so the tool kills the group unrun.
 
 Cancellation
 ------------
-``ctx.cancel`` is the cooperative stop signal; it is passed to the runner as
-the job's cancel event. Two ways to stop a call:
+``ctx.cancel`` is the cooperative stop signal; the child actor's Cancel sets it.
+Two ways to stop a call:
 
 - Somebody sets ``ctx.cancel`` (the task keeps awaiting): the tool notices,
   raises ``ToolError(type="aborted")``, and ``execute`` *returns* that failed
   outcome.
-- The task awaiting ``execute`` is cancelled (an interrupt): the runner sets
-  ``ctx.cancel``, waits until the job has returned (the tool has stopped its
-  subprocess, bounding has finished writing if the tool had already
-  succeeded), and then the cancellation **propagates** out of ``execute``.
+- The task awaiting ``execute`` is cancelled (an interrupt): the child is
+  cancelled (``ctx.cancel``), the call waits until the child has reported
+  (the tool has stopped its subprocess, bounding has finished writing if the
+  tool had already succeeded), and then the cancellation **propagates** out
+  of ``execute``.
   ``execute`` never swallows a cancellation. What it carries depends on how
   the job ended:
 
@@ -59,12 +65,11 @@ from typing import Any, Final
 import attrs
 
 from actors._exceptions import ActorDeadError
-from actors._threaded import BlockingRunner
+from actors.tools._actors import ToolActors, ToolOwner
 from actors.tools._bounding import OutputBounding
 from actors.tools._process import ProcessGroup
 from actors.tools._registry import ToolRegistry
 from actors.tools._types import (
-    SucceededThenInterrupted,
     Tool,
     ToolContext,
     ToolError,
@@ -89,14 +94,14 @@ class ToolExecutor:
     def __init__(
         self,
         registry: ToolRegistry,
-        runner: BlockingRunner,
+        actors: ToolActors,
         bounding: OutputBounding,
         *,
         record: RecordProcess | None = None,
         record_timeout_s: float = RECORD_TIMEOUT_S,
     ) -> None:
         self._registry = registry
-        self._runner = runner
+        self._actors = actors
         self._bounding = bounding
         self._record = record
         self._record_timeout = record_timeout_s
@@ -109,14 +114,28 @@ class ToolExecutor:
     def bounding(self) -> OutputBounding:
         return self._bounding
 
-    async def execute(self, name: str, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-        """Run tool ``name`` with ``input`` and return its settled outcome.
+    @property
+    def actors(self) -> ToolActors:
+        return self._actors
+
+    async def execute(
+        self,
+        name: str,
+        input: Mapping[str, Any],
+        ctx: ToolContext,
+        *,
+        owner: ToolOwner | None = None,
+    ) -> ToolOutcome:
+        """Run tool ``name`` with ``input`` in a child actor of ``owner``; its settled outcome.
+
+        With an ``owner``, the tool's ``ctx.progress`` reports go to it as
+        ``Progress`` messages (instead of ``ctx.progress``).
 
         Raises:
             SucceededThenInterrupted: the awaiting task was cancelled but the
                 tool had succeeded anyway; ``outcome`` is its bounded success.
             asyncio.CancelledError: the awaiting task was cancelled; the tool has
-                been asked to stop (``ctx.cancel``) and has returned.
+                been asked to stop (``ctx.cancel``) and its actor has reported.
         """
         try:
             tool = self._registry.lookup(name)
@@ -129,22 +148,17 @@ class ToolExecutor:
             return ToolOutcome.failure("aborted", f"Tool execution aborted: {name}")
         if self._record is not None:
             ctx = attrs.evolve(ctx, spawned=self._spawned(self._record, ctx))
-        # The job leaves its settled outcome here too: a cancellation makes the
-        # runner drop the job's return value, but not a success that happened.
-        settled: list[ToolOutcome] = []
+        if owner is not None:
+            ctx = attrs.evolve(ctx, progress=owner.reporter(ctx.call_id))
+        call = ctx
+
+        def work() -> ToolOutcome:
+            return self._outcome(tool, input, call)
+
         try:
-            return await self._runner.run(
-                self._settle, tool, input, ctx, settled, cancel=ctx.cancel
-            )
-        except asyncio.CancelledError:
-            if settled and settled[0].status == "success":
-                raise SucceededThenInterrupted(settled[0]) from None
-            raise
+            return await self._actors.run(work, call_id=ctx.call_id, cancel=ctx.cancel, owner=owner)
         except ActorDeadError as exc:
             return ToolOutcome.failure("aborted", f"Tool execution aborted: {name} ({exc})")
-        except Exception as exc:
-            # Only the runner itself can get here (the job converts its own errors).
-            return ToolOutcome.failure("tool.error", _describe(exc))
 
     def _spawned(self, record: RecordProcess, ctx: ToolContext) -> Callable[[ProcessGroup], None]:
         loop = asyncio.get_running_loop()
@@ -171,28 +185,18 @@ class ToolExecutor:
 
         return spawned
 
-    def _settle(
-        self, tool: Tool, input: Mapping[str, Any], ctx: ToolContext, settled: list[ToolOutcome]
-    ) -> ToolOutcome:
-        """Worker-thread side: run the tool, then bound a success (also left in ``settled``).
-
-        ``settled`` is read on the loop only after the runner has seen this job
-        return (its result hop happens after the append), so no lock is needed.
-        """
-        outcome = self._outcome(tool, input, ctx)
-        settled.append(outcome)
-        return outcome
-
     def _outcome(self, tool: Tool, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+        """The child's Run (on its thread): run the tool, then bound a success.
+
+        Any exception but :class:`ToolError` escapes: it is the actor's failure,
+        which its ``on_failure`` turns into a ``tool.error`` settlement.
+        """
         try:
             result: object = tool.run(input, ctx)
-            if not isinstance(result, ToolResult):
-                raise TypeError(f"tool {tool.name!r} returned {type(result).__name__}")
         except ToolError as exc:
             return ToolOutcome.from_error(exc)
-        except Exception as exc:
-            logger.warning("tool %r raised unexpectedly", tool.name, exc_info=True)
-            return ToolOutcome.failure("tool.error", _describe(exc))
+        if not isinstance(result, ToolResult):
+            raise TypeError(f"tool {tool.name!r} returned {type(result).__name__}")
         # No cancel check from here on: once the tool has succeeded, bounding it and
         # handing it back is one region; a late interrupt cannot undo the success.
         try:
@@ -205,8 +209,3 @@ class ToolExecutor:
 
 async def _awaited(awaitable: Awaitable[None]) -> None:
     await awaitable
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

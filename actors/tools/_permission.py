@@ -1,60 +1,260 @@
-"""Per-agent tool permission: a rule table mapping tool names (or ``*``) to a decision.
+"""Per-agent tool permission: a rule table from permission keys to decisions.
 
-Besides tool names, a table may hold *capabilities* that ``*`` never grants,
-because they are not tools a model picks but authority over the runtime
-itself; they are ``deny`` unless named:
+A table maps a *key* to a rule. Keys are tool names, ``*`` (every tool not
+named), and a few names that ``*`` never covers, because they are not tools a
+model picks but authority over the runtime or the machine:
 
-- ``config``: tools may write the project's configuration (``.sessionrt/``).
+- ``config``: tools may write the project's configuration (``.sessionrt/``);
+  ``deny`` unless named.
+- ``external_directory``: file tools may touch a path outside the session's
+  directory; ``ask`` unless named, as in OpenCode, where it defaults to ask.
+
+A rule is a decision (``allow``, ``ask``, ``deny``) or a table of patterns
+(``{"git *" = "allow", "rm *" = "ask"}``) matched against the call's
+*subject* (the bash command; the path for file tools; the resolved absolute
+path for ``external_directory``): the **last** matching pattern wins, and a
+subject no pattern matches gets the table's ``*`` entry, which is the
+table's fallback wherever it is written (so ``{"git *" = "allow", "*" = "ask"}``
+allows ``git status`` and asks for the rest), else the key's default.
+Patterns are globs: ``*`` matches any run of characters (``/`` and spaces
+included), ``?`` one character; a pattern ending in
+``" *"`` also matches its bare prefix (``git *`` matches ``git``).
 
 :func:`narrow` is the one way two tables combine when one of them may only
-take authority away (a project's ``agents.toml`` below the operator's).
+take authority away (a project's ``agents.toml`` below the operator's): where
+both name a key with plain decisions the stricter is kept; where either uses
+patterns the key holds both rules, and a subject gets the stricter of their
+two answers.
+
+bash commands are split into simple commands before they are judged
+(:func:`simple_commands`): ``git status && rm -rf x`` is judged as
+``git status`` and ``rm -rf x`` and the most restrictive answer wins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Final, Literal
+import functools
+import re
+from collections.abc import Iterable, Mapping
+from typing import Final, Literal, TypeAlias, cast
 
-__all__ = ["CAPABILITIES", "Decision", "narrow", "permission"]
+__all__ = [
+    "CAPABILITIES",
+    "DECISIONS",
+    "EXTERNAL_DIRECTORY",
+    "Decision",
+    "Rule",
+    "decide",
+    "matches",
+    "narrow",
+    "offered",
+    "permission",
+    "simple_commands",
+    "strictest",
+    "validate_rule",
+]
 
-Decision = Literal["allow", "deny"]
+Decision = Literal["allow", "ask", "deny"]
+#: A decision, a pattern table, or (after :func:`narrow`) several rules of
+#: which the strictest answer counts.
+Rule: TypeAlias = "Decision | Mapping[str, Decision] | tuple[Rule, ...]"
 
-#: Rule keys that ``*`` does not cover (see the module docstring).
-CAPABILITIES: Final = frozenset({"config"})
-#: How restrictive each decision is; the stricter one wins in :func:`narrow`.
-_STRICTNESS: Final[Mapping[str, int]] = {"allow": 0, "deny": 1}
+DECISIONS: Final = ("allow", "ask", "deny")
+EXTERNAL_DIRECTORY: Final = "external_directory"
+#: Keys that ``*`` does not cover, with their default (see the module docstring).
+CAPABILITIES: Final[Mapping[str, Decision]] = {"config": "deny", EXTERNAL_DIRECTORY: "ask"}
+#: How restrictive each decision is; the stricter one wins.
+_STRICTNESS: Final[Mapping[str, int]] = {"allow": 0, "ask": 1, "deny": 2}
 
 
-def permission(agent_rules: Mapping[str, Decision], tool_name: str) -> Decision:
-    """Whether an agent may call ``tool_name`` (or hold a capability).
+def strictest(decisions: Iterable[Decision]) -> Decision:
+    """The most restrictive of ``decisions`` (``allow`` for none)."""
+    out: Decision = "allow"
+    for decision in decisions:
+        if _STRICTNESS[decision] > _STRICTNESS[out]:
+            out = decision
+    return out
 
-    An exact name wins over ``"*"``; with neither present the answer is
-    ``"allow"`` — except for a capability, which is ``"deny"`` unless named.
-    Only allowed tools are offered to the model; a declined call is the
-    caller's to fail (as ``permission.denied``), without running it.
+
+def validate_rule(rule: object) -> Rule:
+    """``rule`` if it is a decision or a table of patterns to decisions.
 
     Raises:
-        ValueError: the deciding rule is neither ``"allow"`` nor ``"deny"``.
+        ValueError: anything else.
     """
-    if tool_name in CAPABILITIES:
-        decision = agent_rules.get(tool_name, "deny")
-    else:
-        decision = agent_rules.get(tool_name, agent_rules.get("*", "allow"))
-    if decision not in _STRICTNESS:
-        raise ValueError(f"permission rule for {tool_name!r} must be 'allow' or 'deny'")
+    if isinstance(rule, str) and rule in _STRICTNESS:
+        return cast(Decision, rule)
+    if isinstance(rule, Mapping) and all(
+        isinstance(k, str) and isinstance(v, str) and v in _STRICTNESS for k, v in rule.items()
+    ):
+        return cast(Mapping[str, Decision], dict(rule))
+    if isinstance(rule, tuple):
+        return tuple(validate_rule(r) for r in rule)
+    raise ValueError("a permission rule is allow, ask, deny, or a table of patterns to those")
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    bare = pattern.endswith(" *")
+    stem = pattern[:-2] if bare else pattern
+    body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in stem)
+    return re.compile(body + ("(?: .*)?" if bare else ""), re.DOTALL)
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """Whether the glob ``pattern`` matches the whole ``subject``."""
+    return _compiled(pattern).fullmatch(subject) is not None
+
+
+def _fallback(rules: Mapping[str, Rule], key: str) -> Rule:
+    if key in CAPABILITIES:
+        return rules.get(key, CAPABILITIES[key])
+    return rules.get(key, rules.get("*", "allow"))
+
+
+def _judge(rule: Rule, subject: str | None, default: Decision) -> Decision:
+    if isinstance(rule, str):
+        return rule
+    if isinstance(rule, tuple):
+        return strictest(_judge(r, subject, default) for r in rule)
+    decision = rule.get("*", default)
+    if subject is not None:
+        for pattern, answer in rule.items():
+            if pattern != "*" and matches(pattern, subject):
+                decision = answer  # the last match wins (tables keep their order)
     return decision
 
 
-def narrow(ceiling: Mapping[str, Decision], rules: Mapping[str, Decision]) -> dict[str, Decision]:
-    """A table deciding, for every name, the stricter of ``ceiling`` and ``rules``.
+def _default(rules: Mapping[str, Rule], key: str) -> Decision:
+    if key in CAPABILITIES:
+        return CAPABILITIES[key]
+    star = rules.get("*", "allow")
+    return star if isinstance(star, str) else "allow"
 
-    ``rules`` can deny what ``ceiling`` allows, never the reverse. Every name
-    either table mentions is decided explicitly; any other name falls to
-    ``*``, which is itself the stricter of the two ``*`` decisions, so the
-    result holds for names neither table mentions too.
+
+def decide(rules: Mapping[str, Rule], key: str, subject: str | None = None) -> Decision:
+    """The decision for ``key`` applied to ``subject`` (see the module docstring).
+
+    A pattern table asked without a subject answers with its ``*`` pattern
+    (or the default).
     """
-    out: dict[str, Decision] = {}
+    return _judge(_fallback(rules, key), subject, _default(rules, key))
+
+
+def permission(rules: Mapping[str, Rule], tool_name: str) -> Decision:
+    """Whether an agent may call ``tool_name`` (or hold a capability), subject aside.
+
+    Kept for plain tables: an exact name wins over ``"*"``; with neither the
+    answer is ``"allow"``, except for a capability (see :data:`CAPABILITIES`).
+
+    Raises:
+        ValueError: the deciding rule is not a valid rule.
+    """
+    validate_rule(_fallback(rules, tool_name))
+    return decide(rules, tool_name)
+
+
+def _possible(rule: Rule, default: Decision) -> set[Decision]:
+    if isinstance(rule, str):
+        return {rule}
+    if isinstance(rule, tuple):
+        # Each part can only make the answer stricter: the least any part allows.
+        parts = [_possible(r, default) for r in rule]
+        floor = strictest(min(p, key=_STRICTNESS.__getitem__) for p in parts)
+        return {floor}
+    return {*rule.values(), rule.get("*", default)}
+
+
+def offered(rules: Mapping[str, Rule], tool_name: str) -> bool:
+    """Whether some call of ``tool_name`` may run (allowed, or after asking).
+
+    Only these tools are offered to the model; a call that is then denied
+    for its subject fails alone.
+    """
+    rule = _fallback(rules, tool_name)
+    return any(d != "deny" for d in _possible(rule, _default(rules, tool_name)))
+
+
+def narrow(ceiling: Mapping[str, Rule], rules: Mapping[str, Rule]) -> dict[str, Rule]:
+    """A table deciding, for every key and subject, the stricter of ``ceiling`` and ``rules``.
+
+    ``rules`` can deny what ``ceiling`` allows, never the reverse. Every key
+    either table mentions is decided explicitly; any other falls to ``*``,
+    which is itself the stricter of the two ``*`` rules.
+    """
+    out: dict[str, Rule] = {}
     for name in {*ceiling, *rules, "*"}:
-        a, b = permission(ceiling, name), permission(rules, name)
-        out[name] = a if _STRICTNESS[a] >= _STRICTNESS[b] else b
+        a, b = _fallback(ceiling, name), _fallback(rules, name)
+        if isinstance(a, str) and isinstance(b, str):
+            out[name] = strictest((a, b))
+        else:
+            out[name] = (a, b)
     return out
+
+
+# -- bash commands --------------------------------------------------------------------------------
+
+_OPERATORS: Final = ("&&", "||", ";;", "|&", "$(", "<(", ">(", ";", "|", "&", "\n", "(", ")", "`")
+
+
+def simple_commands(command: str) -> list[str]:
+    """The simple commands of a shell command line, each whitespace-normalised.
+
+    Split on ``;``, ``&&``, ``||``, ``|``, ``&``, newlines, parentheses and
+    command substitutions (``$(…)``, backticks, ``<(…)``) outside single
+    quotes (inside double quotes substitutions still run, so they split there
+    too); ``{``/``}`` groups and keywords (``if``, ``then``, ``do``…) are
+    dropped as a leading word. Over-splitting only adds more subjects to
+    judge, so it can only make the answer stricter. An empty line gives
+    ``[""]`` so there is always a subject.
+    """
+    out: list[str] = []
+    current: list[str] = []
+    quote: str | None = None
+    i = 0
+    while i < len(command):
+        c = command[i]
+        if quote == "'":
+            current.append(c)
+            if c == "'":
+                quote = None
+            i += 1
+            continue
+        if c == "\\" and i + 1 < len(command):
+            current.append(command[i : i + 2])
+            i += 2
+            continue
+        if c == '"':
+            quote = None if quote == '"' else '"'
+            current.append(c)
+            i += 1
+            continue
+        if c == "'" and quote is None:
+            quote = "'"
+            current.append(c)
+            i += 1
+            continue
+        for op in _OPERATORS:
+            if command.startswith(op, i) and (quote is None or op in ("$(", "`", ")")):
+                out.append("".join(current))
+                current = []
+                i += len(op)
+                break
+        else:
+            current.append(c)
+            i += 1
+    out.append("".join(current))
+    commands = [c for c in (_normalise(c) for c in out) if c]
+    return commands or [""]
+
+
+_KEYWORDS: Final = frozenset(
+    {"{", "}", "!", "if", "then", "else", "elif", "fi", "do", "done", "while", "until", "time"}
+)
+
+
+def _normalise(command: str) -> str:
+    words = command.split()
+    while words and words[0] in _KEYWORDS:
+        words.pop(0)
+    return " ".join(words)

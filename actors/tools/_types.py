@@ -101,6 +101,7 @@ class ToolContext:
     cancel: threading.Event = attrs.field(factory=threading.Event)
     progress: Callable[[Mapping[str, Any]], None] = _ignore_progress
     spawned: Callable[[ProcessGroup], None] = _unrecorded
+    #: bash's default timeout when its tool was not configured with one.
     timeout_s: float = DEFAULT_BASH_TIMEOUT_S
     #: The operator's ``config`` permission: may this call write ``.sessionrt/``?
     config_writes: bool = False
@@ -110,6 +111,9 @@ class ToolContext:
     #: Names of environment variables a tool's subprocess must not inherit
     #: (beyond the built-in rule of :func:`actors.tools.tool_environment`).
     secret_env: frozenset[str] = frozenset()
+    #: Resolved paths outside the Location this call was granted by the
+    #: ``external_directory`` permission (the path, and below it for a directory).
+    external: tuple[Path, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -125,6 +129,12 @@ class ToolResult:
     content: tuple[Content, ...] = attrs.field(converter=_content, default=())
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
     structured: Any = None
+    #: A managed output file that already holds the *complete* output, which
+    #: ``content`` shows only in part (a tool that spilled a large output while
+    #: it streamed: bash). Bounding refers to it instead of saving the text.
+    saved: Path | None = None
+    #: The size of the complete output in ``saved`` (UTF-8 bytes).
+    saved_bytes: int = 0
 
     @classmethod
     def text(cls, text: str, **metadata: Any) -> ToolResult:

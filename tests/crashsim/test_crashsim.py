@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import importlib.util
+import itertools
 import json
 import os
 import sqlite3
@@ -215,3 +218,90 @@ async def test_the_checker_catches_tool_calls_left_open(tmp_path: Path) -> None:
     assert "tool.unsettled" not in _checks(
         crashsim.check_database(broken, receipts, ledger, settled=False)
     )
+
+
+# -- (f) permissions: a real asked call, then forged histories ---------------------------------
+
+
+async def _asked_history(tmp_path: Path) -> tuple[Path, Path]:
+    """A database where one asking call was answered ``once`` and ran."""
+    ledger = tmp_path / "ledger.txt"
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    (data / "agents.toml").write_text(crashsim.AGENTS_TOML)
+    config = RuntimeConfig(data_dir=data, default_directory=str(tmp_path))
+    async with Runtime(config) as rt:
+        s = await rt.sessions.create(CreateSessionInput(agent=crashsim.AGENT))
+        command = f"{crashsim.ASK}; " + _command(ledger, "CSM_t_asked")
+        await rt.sessions.prompt(
+            s.id, PromptInput(text="#tool bash " + json.dumps({"command": command}))
+        )
+        pending: list[Any] = []
+        async with asyncio.timeout(30):  # a guard, never the assertion
+            for _ in itertools.count():
+                if pending := await rt.sessions.permissions(s.id):
+                    break
+                await asyncio.sleep(0.01)
+        assert not ledger.exists()  # waiting: nothing ran
+        await rt.sessions.reply_permission(s.id, pending[0].id, "once")
+        await rt.execution.wait_idle(s.id)
+    return config.db_path, ledger
+
+
+def _permission_checks(db: Path, ledger: Path, edit: Any = None) -> set[str]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        events = crashsim.load_events(conn)
+        if edit is not None:
+            events = edit(events)
+        lines, _ = crashsim.read_ledger(ledger)
+        return _checks(crashsim.check_permissions(conn, events, lines))
+    finally:
+        conn.close()
+
+
+async def test_the_permission_checker_passes_an_answered_call_and_catches_forgeries(
+    tmp_path: Path,
+) -> None:
+    db, ledger = await _asked_history(tmp_path)
+    assert ledger.read_text().count("S CSM_t_asked ") == 1
+    assert _permission_checks(db, ledger) == set()
+    assert crashsim.check_database(db, [], ledger) == []
+
+    def replied(events: list[Any]) -> Any:
+        return next(e for e in events if e.type == "session.permission.replied")
+
+    def without_reply(events: list[Any]) -> list[Any]:
+        return [e for e in events if e.type != "session.permission.replied"]
+
+    def rejected(events: list[Any]) -> list[Any]:
+        r = replied(events)
+        forged = dataclasses.replace(r, data={**r.data, "reply": "reject"})
+        return [forged if e is r else e for e in events]
+
+    def late(events: list[Any]) -> list[Any]:
+        r = replied(events)
+        forged = dataclasses.replace(r, created=r.created + 10**6)
+        return [forged if e is r else e for e in events]
+
+    def twice(events: list[Any]) -> list[Any]:
+        return [*events, replied(events)]
+
+    def unasked(events: list[Any]) -> list[Any]:
+        return [e for e in events if not e.type.startswith("session.permission.")]
+
+    assert _permission_checks(db, ledger, without_reply) == {"permission.ran-unallowed"}
+    assert _permission_checks(db, ledger, rejected) == {
+        "permission.ran-unallowed",
+        "permission.rejected-succeeded",
+    }
+    assert _permission_checks(db, ledger, late) == {"permission.ran-before-answer"}
+    assert _permission_checks(db, ledger, twice) == {"permission.replied-twice"}
+    assert _permission_checks(db, ledger, unasked) == {"permission.ran-unasked"}
+
+    broken = _copy(db, tmp_path / "broken.sqlite")
+    conn = sqlite3.connect(broken)
+    with conn:
+        conn.execute("UPDATE session_permission SET status = 'pending'")
+    conn.close()
+    assert _permission_checks(broken, ledger) == {"permission.pending-after-settle"}

@@ -12,8 +12,10 @@ import pytest
 
 from actors.runtime import RuntimeConfig
 from protocol import SessionNotFoundError
-from protocol.operations import ExportQuery, LogQuery
-from protocol.requests import GenerateInput, PromptInput, ViewInput
+from protocol.errors import ConflictError, PermissionNotFoundError
+from protocol.operations import ExportQuery, LogQuery, PermissionReplyInput
+from protocol.requests import CreateSessionInput, GenerateInput, PromptInput, ViewInput
+from protocol.shapes import Location
 from server.embedded import Embedded
 
 
@@ -124,3 +126,36 @@ async def test_embedded_forks_views_exports_and_imports(tmp_path: Path) -> None:
         stats = await oc.sessions.stats()
         assert stats.sessions == 3
         assert stats.forks == 1
+
+
+async def test_embedded_lists_and_answers_permission_requests(tmp_path: Path) -> None:
+    data, project = tmp_path / "data", tmp_path / "project"
+    data.mkdir(mode=0o700)
+    project.mkdir()
+    (data / "agents.toml").write_text('[agents.asker.permissions]\nwrite = "ask"\n')
+    async with Embedded(data) as oc:
+        session = await oc.sessions.create(
+            CreateSessionInput(agent="asker", location=Location(directory=str(project)))
+        )
+        script = '#tool write {"path": "out.txt", "content": "written"}'
+        await oc.sessions.prompt(session.id, PromptInput(text=script))
+        async with asyncio.timeout(30):  # a guard, never the assertion
+            for _ in range(3000):
+                if pending := await oc.sessions.permissions(session.id):
+                    break
+                await asyncio.sleep(0.01)
+        [asked] = pending
+        assert (asked.tool, asked.permission, asked.patterns) == ("write", "write", ("out.txt",))
+        assert not (project / "out.txt").exists()
+        await oc.sessions.reply_permission(session.id, asked.id, PermissionReplyInput(reply="once"))
+        await oc.sessions.wait(session.id)
+        assert (project / "out.txt").read_text() == "written"
+        with pytest.raises(ConflictError):
+            await oc.sessions.reply_permission(
+                session.id, asked.id, PermissionReplyInput(reply="reject")
+            )
+        with pytest.raises(PermissionNotFoundError):
+            await oc.sessions.reply_permission(
+                session.id, "per_nothing", PermissionReplyInput(reply="once")
+            )
+        assert list(await oc.sessions.permissions(session.id)) == []

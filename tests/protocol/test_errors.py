@@ -14,6 +14,7 @@ from protocol import errors
         (errors.ForbiddenError("no"), 403),
         (errors.SessionNotFoundError("ses_1"), 404),
         (errors.MessageNotFoundError("ses_1", "msg_1"), 404),
+        (errors.PermissionNotFoundError("ses_1", "per_1"), 404),
         (errors.ConflictError("taken", resource="inbox"), 409),
         (errors.RouteNotFoundError("no route"), 404),
         (errors.MethodNotAllowedError("no"), 405),
@@ -56,5 +57,5 @@ def test_unknown_tag_is_not_ours() -> None:
 
 def test_tags_are_unique() -> None:
     registry = errors.error_types()
-    assert len(registry) == 18
+    assert len(registry) == 19
     assert all(issubclass(cls, errors.SessionRtError) for cls in registry.values())

@@ -24,6 +24,7 @@ async def test_a_prompt_runs_to_a_scripted_reply(runtime: Runtime, feed: Feed) -
         "session.created",
         "session.inbox.enqueued",
         "session.execution.started",
+        "session.instructions.updated",  # the baseline, before the input it follows
         "session.inbox.delivered",
         "session.step.started",
         "session.text.started",

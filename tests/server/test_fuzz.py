@@ -31,6 +31,7 @@ fields = st.sampled_from(
         "uri",
         "data",
         "mime",
+        "reply",
     ]
 )
 shaped = st.dictionaries(fields, json_values, max_size=6)
@@ -42,7 +43,7 @@ queries = st.dictionaries(
     st.text(max_size=12),
     max_size=3,
 )
-path_ids = st.sampled_from(["ses_fuzz", "msg_x", "bogus", "ses_", "%00", "ses_ok"])
+path_ids = st.sampled_from(["ses_fuzz", "msg_x", "per_x", "bogus", "ses_", "%00", "ses_ok"])
 ops = st.sampled_from([op for op in OPERATIONS if not op.streaming])
 
 
@@ -60,6 +61,8 @@ async def test_no_request_produces_a_500(
         "sessionID": sid if ident == "ses_ok" else ident,
         "inboxID": ident,
         "messageID": ident,
+        "permissionID": ident,
+        "key": ident,
     }
     url = op.url(**{k: params[k] for k in op.path_params})
     data = body[3:] if isinstance(body, bytes) else orjson.dumps(body)

@@ -11,7 +11,9 @@ import pytest
 from http_helpers import Client, create_session, runtime_of
 from openapi_spec_validator import validate
 
+from protocol import events as ev
 from protocol.operations import OPERATIONS, Operation
+from storage import Command
 
 
 async def test_the_openapi_document_is_valid_and_lists_every_operation(client: Client) -> None:
@@ -36,7 +38,25 @@ async def prepared(client: Client) -> dict[str, str]:
         f"/api/session/{sid}/prompt", json={"text": "q", "resume": False, "delivery": "queue"}
     )
     pending = (await response.json())["data"]["id"]
-    return {"sessionID": sid, "inboxID": pending, "messageID": inbox}
+    # A request as a waiting tool call records it (nobody waits on it here).
+    asked = ev.PermissionAsked(
+        session_id=sid,
+        id="per_routes",
+        tool="bash",
+        call_id="call_routes",
+        assistant_message_id="msg_routes",
+        permission="bash",
+        summary="ls",
+        patterns=("ls",),
+    )
+    await runtime_of(client).store.append(Command.of(asked))
+    return {
+        "sessionID": sid,
+        "inboxID": pending,
+        "messageID": inbox,
+        "permissionID": asked.id,
+        "key": "style",
+    }
 
 
 BODIES: dict[str, Any] = {
@@ -49,6 +69,9 @@ BODIES: dict[str, Any] = {
     "session.inbox.update": {"delivery": "steer"},
     "session.view": {"idle": 1},
     "session.generate": {"prompt": "#text hi"},
+    "session.compact": {"delivery": "queue"},
+    "session.permission.reply": {"reply": "once"},
+    "session.instructions.entry.put": {"value": {"tone": "terse"}},
 }
 
 

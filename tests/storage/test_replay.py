@@ -9,6 +9,7 @@ checks every aggregate's seq is 1..n.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from actors.inbox import control_head
 from actors.sessions import Sessions
 from protocol import DomainError, Location, ModelRef, SessionQuery
 from protocol import events as ev
@@ -25,12 +27,25 @@ from protocol.requests import (
     SyntheticInput,
     UpdateSessionInput,
 )
-from storage import Command, DivergedError, SeqConflictError, SQLiteStore, rebuild_projections
+from storage import (
+    AppendConflictError,
+    Command,
+    DivergedError,
+    ProjectionConflict,
+    SeqConflictError,
+    SQLiteStore,
+    rebuild_projections,
+)
 
 pick = st.integers(min_value=0, max_value=50)
 texts = st.text(max_size=12)
 delivery = st.sampled_from(["steer", "queue"])
 fixed_ids = st.sampled_from(["msg_a", "msg_b", "msg_c", None, None])
+
+# Instruction deltas over a few keys: a hash, or an observed removal.
+_hashes = st.sampled_from(["0" * 64, "1" * 64, "2" * 64])
+_keys = st.sampled_from(["builtin/environment", "discovery/agents", "api/a", "api/b"])
+deltas = st.dictionaries(_keys, _hashes | st.just(ev.REMOVED), min_size=1, max_size=4)
 
 operations = st.lists(
     st.one_of(
@@ -49,6 +64,13 @@ operations = st.lists(
         st.tuples(st.just("remove"), pick),
         st.tuples(st.just("fork"), pick, st.one_of(st.none(), pick)),
         st.tuples(st.just("view"), pick, st.integers(min_value=0, max_value=2**40)),
+        st.tuples(st.just("compact"), pick, fixed_ids, delivery),
+        st.tuples(st.just("control"), pick),
+        st.tuples(st.just("compaction"), pick, st.sampled_from(["start", "end", "fail"])),
+        st.tuples(st.just("instructions"), pick, deltas, st.none() | texts),
+        st.tuples(st.just("compacted"), pick),
+        st.tuples(st.just("reverted"), pick),
+        st.tuples(st.just("moved"), pick),
     ),
     max_size=40,
 )
@@ -115,8 +137,64 @@ async def run(path: Path, ops: list[tuple[Any, ...]]) -> None:
                     await sessions.remove(session(args[0]))
                     remaining = {s.id for s in (await sessions.list(SessionQuery(limit=200))).data}
                     live[:] = [s for s in live if s in remaining]
-            except DomainError:
+                elif kind == "compact":
+                    await sessions.inbox.compact(session(args[0]), args[1], args[2], resume=False)
+                elif kind == "control":
+                    # What the runner does with a compaction at the inbox head.
+                    sid = session(args[0])
+                    head = control_head(await sessions.pending(sid), "input")
+                    if head is not None:
+                        started = ev.CompactionStarted(
+                            session_id=sid, reason="manual", recent="", input_id=head.id
+                        )
+                        await sessions.inbox.control(sid, head, started)
+                elif kind == "compaction":
+                    await compaction_fact(store, session(args[0]), args[1])
+                elif kind in ("instructions", "compacted", "reverted", "moved"):
+                    await store.append(Command.of(_epoch_event(kind, session, args)))
+            except (DomainError, ProjectionConflict, AppendConflictError):
                 pass  # refusals are part of the workload; they must leave no trace
+
+
+def _epoch_event(kind: str, session: Any, args: list[Any]) -> ev.Event:
+    """Instruction deltas and the epoch events, appended as their owners would."""
+    sid = session(args[0])
+    if kind == "instructions":
+        return ev.InstructionsUpdated(session_id=sid, delta=args[1], text=args[2])
+    if kind == "compacted":
+        return ev.CompactionEnded(
+            session_id=sid,
+            reason="auto",
+            model=ModelRef(id="m1", provider_id="scripted"),
+            text="summary",
+            recent="",
+        )
+    if kind == "reverted":
+        return ev.RevertCommitted(session_id=sid, to="msg_a")
+    return ev.SessionMoved(session_id=sid, location=Location(directory="/elsewhere"))
+
+
+async def compaction_fact(store: SQLiteStore, sid: str, what: str) -> None:
+    """A compaction's own facts, in or out of turn (out of turn is refused whole)."""
+    event: ev.Event
+    if what == "start":
+        event = ev.CompactionStarted(session_id=sid, reason="auto", recent="[user]\nrecent")
+    elif what == "end":
+        event = ev.CompactionEnded(
+            session_id=sid,
+            reason="auto",
+            model=ModelRef(id="m1", provider_id="scripted"),
+            text="## Objective\nsummary",
+            recent="[user]\nrecent",
+            cost=0.5,
+            tokens=ev.StepTokens(input=3, output=2),
+        )
+    else:
+        event = ev.CompactionFailed(
+            session_id=sid, reason="auto", error=ev.ErrorInfo(type="aborted", message="x")
+        )
+    with contextlib.suppress(ProjectionConflict):
+        await store.append(Command.of(event))
 
 
 def check(path: Path) -> None:

@@ -1,7 +1,9 @@
-"""Fixtures for the tool tests: a Location, a managed output dir, contexts, a runner.
+"""Fixtures for the tool tests: a Location, a managed output dir, contexts, the actor pool.
 
-Everything is real: files under ``tmp_path``, pykka worker threads, and (in the
-bash tests) real subprocesses.
+Everything is real: files under ``tmp_path``, a pykka child actor (and thread)
+per call, and (in the bash tests) real subprocesses. ``runner`` is the
+:class:`ToolActors` pool the executor runs calls in; ``blocking`` is the plain
+executor for the tests' own file reads.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from typing import Any
 import pykka
 import pytest
 
-from actors import BlockingRunner
+from actors import BlockingExecutor
 from actors.tools import (
     OutputBounding,
+    ToolActors,
     ToolContext,
     ToolExecutor,
     ToolRegistry,
@@ -60,11 +63,17 @@ def ctx(make_ctx: MakeCtx) -> ToolContext:
 
 
 @pytest.fixture
-async def runner(loop_hygiene: None) -> AsyncIterator[BlockingRunner]:
-    async with BlockingRunner(limit=4) as r:
+async def runner(loop_hygiene: None) -> AsyncIterator[ToolActors]:
+    async with ToolActors(limit=4) as r:
         yield r
-    # Every worker thread the calls used has stopped.
+    # Every child actor the calls used has stopped.
     assert pykka.ActorRegistry.get_all() == []
+
+
+@pytest.fixture
+async def blocking() -> AsyncIterator[BlockingExecutor]:
+    async with BlockingExecutor(limit=2) as b:
+        yield b
 
 
 @pytest.fixture
@@ -73,5 +82,5 @@ def bounding(output_dir: Path) -> OutputBounding:
 
 
 @pytest.fixture
-def executor(runner: BlockingRunner, bounding: OutputBounding) -> ToolExecutor:
+def executor(runner: ToolActors, bounding: OutputBounding) -> ToolExecutor:
     return ToolExecutor(ToolRegistry(builtin_tools()), runner, bounding)

@@ -12,6 +12,8 @@ import asyncio
 import itertools
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -19,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from actors import BlockingRunner
+from actors import BlockingExecutor
 from actors.tools import (
     OutputBounding,
     ProcessGroup,
+    ToolActors,
     ToolContext,
     ToolError,
     ToolExecutor,
@@ -98,9 +101,129 @@ def test_death_by_signal_is_reported(ctx: ToolContext) -> None:
     assert result.metadata == {"exitCode": -9}
 
 
-def test_output_beyond_the_cap_is_counted_not_kept(ctx: ToolContext) -> None:
-    result = BashTool(max_output_bytes=10).run({"command": "printf 0123456789abcdef"}, ctx)
-    assert text_of(result) == "0123456789\n(… 6 more bytes of output were discarded)"
+def test_output_within_memory_is_kept_whole_and_nothing_is_spilled(
+    ctx: ToolContext, output_dir: Path
+) -> None:
+    result = BashTool(output_memory_bytes=16).run({"command": "printf 0123456789abcdef"}, ctx)
+    assert text_of(result) == "0123456789abcdef"
+    assert result.saved is None
+    assert not output_dir.exists()
+
+
+LINES = "for i in $(seq 0 199); do echo line $i; done"
+
+
+def test_output_beyond_memory_streams_to_a_managed_file_keeping_head_and_tail(
+    ctx: ToolContext, output_dir: Path
+) -> None:
+    result = BashTool(output_memory_bytes=200).run({"command": LINES}, ctx)
+    full = "".join(f"line {i}\n" for i in range(200))
+    # The complete output is in one managed file, byte for byte.
+    [saved] = list(output_dir.iterdir())
+    assert saved.name.startswith("tool_")
+    assert result.saved == saved
+    assert saved.read_text() == full
+    assert result.saved_bytes == len(full)
+    text = text_of(result)
+    # Whole lines of the beginning and of the end, a marker between them.
+    head, marker, tail = text.split("\n(", 1)[0], *text.split("\n(", 1)[1].split("\n", 1)
+    assert full.startswith(head + "\n")
+    assert full.endswith(tail)
+    assert head.startswith("line 0")
+    assert tail.endswith("line 199\n")
+    assert f"saved to {saved}" in marker
+    omitted = int(marker.split()[1])
+    assert omitted == len(full) - len(head) - 1 - len(tail)
+    assert len(head) + len(tail) <= 200  # what memory held, nothing more
+
+
+async def test_a_spilled_result_is_bounded_against_its_file_without_a_second_copy(
+    runner: ToolActors, output_dir: Path, ctx: ToolContext
+) -> None:
+    bounding = OutputBounding(output_dir=output_dir, max_lines=10)
+    tools = ToolRegistry([BashTool(output_memory_bytes=400)])
+    outcome = await ToolExecutor(tools, runner, bounding).execute("bash", {"command": LINES}, ctx)
+    assert outcome.status == "success"
+    [saved] = await asyncio.to_thread(lambda: list(output_dir.iterdir()))  # nothing of its own
+    assert outcome.metadata["truncated"] is True
+    assert outcome.metadata["outputPath"] == str(saved)
+    texts = [item["text"] for item in outcome.content]
+    assert texts[0].startswith("line 0\n")
+    assert texts[-1].rstrip("\n").endswith("line 199")
+    markers = [t for t in texts if "truncated; full content saved to" in t]
+    assert markers == [
+        f"... {markers[0].split()[1]} bytes truncated; full content saved to {saved} ..."
+    ]
+    assert sum(t.rstrip("\n").count("\n") + 1 for t in texts if t not in markers) <= 10
+
+
+CHATTY = r"""
+import resource, sys
+from pathlib import Path
+from actors.tools import ToolContext
+from actors.tools.builtin import BashTool
+
+directory, output_dir, size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+ctx = ToolContext(session_id="s", call_id="c", assistant_message_id="m",
+                  directory=directory, output_dir=output_dir)
+BashTool().run({"command": "true"}, ctx)  # warm up: imports, first fork
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+result = BashTool().run({"command": f"yes | head -c {size}"}, ctx)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(before, after, result.saved, result.saved_bytes, len(result.content[0]["text"]))
+"""
+
+
+@pytest.mark.slow
+def test_a_chatty_command_keeps_memory_bounded(location: Path, output_dir: Path) -> None:
+    size = 50 * 1024 * 1024
+    done = subprocess.run(
+        [sys.executable, "-c", CHATTY, str(location), str(output_dir), str(size)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=True,
+    )
+    before_kib, after_kib, saved, saved_bytes, text_len = done.stdout.split()
+    # 50 MiB went through; the peak grew by a few MiB at most (1 MiB kept, 64 KiB reads).
+    assert int(after_kib) - int(before_kib) < 12 * 1024
+    assert int(saved_bytes) == size
+    assert Path(saved).stat().st_size == size
+    assert int(text_len) < 1_100_000
+
+
+def test_a_sleep_beyond_its_timeout_is_killed_and_says_it_timed_out(
+    ctx: ToolContext, location: Path
+) -> None:
+    start = time.monotonic()
+    with pytest.raises(ToolError) as raised:
+        BashTool().run({"command": "echo $$ > leader.pid; sleep 30", "timeout_s": 1}, ctx)
+    elapsed = time.monotonic() - start
+    assert raised.value.type == "timeout"
+    assert raised.value.message.startswith("Command timed out after 1 s:")
+    assert "exceeding its timeout (1000 ms)" in raised.value.message
+    assert 1.0 <= elapsed < 1.0 + GUARD
+    assert not alive(int((location / "leader.pid").read_text()))
+
+
+def test_a_timeout_asked_above_the_cap_is_clamped_to_it(ctx: ToolContext) -> None:
+    tool = BashTool(max_timeout_s=1)
+    assert tool.timeout_for({"command": "x", "timeout_s": 3600}, ctx) == 1
+    with pytest.raises(ToolError, match="timed out after 1 s") as raised:
+        tool.run({"command": "sleep 30", "timeout_s": 3600}, ctx)
+    assert raised.value.type == "timeout"
+
+
+def test_the_configured_default_timeout_applies_when_the_call_names_none(
+    ctx: ToolContext,
+) -> None:
+    tool = BashTool(default_timeout_s=1, max_timeout_s=5)
+    assert tool.timeout_for({"command": "x"}, ctx) == 1
+    assert tool.timeout_for({"command": "x", "timeout_s": 2.5}, ctx) == 2.5
+    with pytest.raises(ToolError, match="timed out after 1 s"):
+        tool.run({"command": "sleep 30"}, ctx)
+    # Without a configured default, the context's (120 s unless set).
+    assert BashTool().timeout_for({"command": "x"}, ctx) == 120
 
 
 def test_a_missing_location_fails(location: Path, make_ctx: Callable[..., ToolContext]) -> None:
@@ -194,7 +317,7 @@ def test_an_exception_in_progress_still_kills_the_group(
 
 async def test_cancelling_the_awaiting_task_kills_the_command(
     executor: ToolExecutor,
-    runner: BlockingRunner,
+    blocking: BlockingExecutor,
     make_ctx: Any,
     background_pid: Callable[[], int],
 ) -> None:
@@ -213,7 +336,7 @@ async def test_cancelling_the_awaiting_task_kills_the_command(
     with pytest.raises(asyncio.CancelledError):
         await call
     assert ctx.cancel.is_set()
-    assert not await runner.run(lambda: alive(background_pid()))
+    assert not await blocking.run(lambda: alive(background_pid()))
 
 
 async def test_an_invalid_timeout_is_rejected_before_running(
@@ -261,7 +384,7 @@ def test_a_group_that_cannot_be_recorded_never_runs_the_command(
 
 
 async def test_the_executor_records_the_group_through_its_hook_before_the_command_runs(
-    runner: BlockingRunner, bounding: OutputBounding, location: Path, make_ctx: Any
+    runner: ToolActors, bounding: OutputBounding, location: Path, make_ctx: Any
 ) -> None:
     seen: list[tuple[str, ProcessGroup, bool]] = []
 
@@ -279,7 +402,7 @@ async def test_the_executor_records_the_group_through_its_hook_before_the_comman
 
 
 async def test_a_failing_record_hook_fails_the_call_unrun(
-    runner: BlockingRunner, bounding: OutputBounding, location: Path, make_ctx: Any
+    runner: ToolActors, bounding: OutputBounding, location: Path, make_ctx: Any
 ) -> None:
     async def record(ctx: ToolContext, group: ProcessGroup) -> None:
         raise ToolError("Tool execution aborted: session deleted", type="aborted")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from actors import BlockingRunner
+from actors import BlockingExecutor
 from actors.tools import OutputBounding, ToolResult, run_sweeper, text_item
 from protocol import ids
 
@@ -269,8 +269,10 @@ def test_limits_must_be_positive(output_dir: Path) -> None:
 
 
 async def test_the_sweeper_runs_at_start_and_after_each_interval(
-    runner: BlockingRunner, output_dir: Path
+    blocking: BlockingExecutor, output_dir: Path
 ) -> None:
+    runner = blocking
+
     def age_one(content: str, age_s: float) -> None:
         output_dir.mkdir(exist_ok=True)
         _aged(output_dir / ids.tool_output_id(), content, age_s)
@@ -302,7 +304,7 @@ async def test_the_sweeper_runs_at_start_and_after_each_interval(
 
 
 async def test_the_sweeper_ends_when_the_runner_closes(output_dir: Path) -> None:
-    runner = BlockingRunner(limit=1)
+    runner = BlockingExecutor(limit=1)
     async with runner:
         pass
     await run_sweeper(OutputBounding(output_dir=output_dir), runner)

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from actors import BlockingRunner
+from actors import BlockingExecutor
 from actors.tools import (
     OutputBounding,
     SucceededThenInterrupted,
+    ToolActors,
     ToolContext,
     ToolError,
     ToolExecutor,
@@ -59,7 +60,7 @@ def echo(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
     return ToolResult.text(str(input.get("text", "")))
 
 
-def executor_for(runner: BlockingRunner, bounding: OutputBounding, *tools: FnTool) -> ToolExecutor:
+def executor_for(runner: ToolActors, bounding: OutputBounding, *tools: FnTool) -> ToolExecutor:
     return ToolExecutor(ToolRegistry(tools), runner, bounding)
 
 
@@ -130,7 +131,7 @@ def test_a_malformed_rule_is_an_error() -> None:
 
 
 async def test_an_unknown_tool_fails(
-    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
 ) -> None:
     outcome = await executor_for(runner, bounding).execute("ghost", {}, ctx)
     assert outcome.status == "failed"
@@ -148,7 +149,7 @@ async def test_an_unknown_tool_fails(
     ],
 )
 async def test_invalid_input_fails_without_running_the_tool(
-    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext, input: Any, problem: str
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext, input: Any, problem: str
 ) -> None:
     tool = FnTool("t", echo)
     outcome = await executor_for(runner, bounding, tool).execute("t", input, ctx)
@@ -170,7 +171,7 @@ async def test_a_missing_required_property_is_named(
 
 
 async def test_a_preset_cancel_fails_the_call_without_running_it(
-    runner: BlockingRunner, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
+    runner: ToolActors, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
 ) -> None:
     tool = FnTool("t", echo)
     cancel = threading.Event()
@@ -181,10 +182,10 @@ async def test_a_preset_cancel_fails_the_call_without_running_it(
     assert tool.calls == []
 
 
-async def test_a_closed_runner_fails_the_call_as_aborted(
+async def test_a_closed_actor_pool_fails_the_call_as_aborted(
     bounding: OutputBounding, ctx: ToolContext
 ) -> None:
-    runner = BlockingRunner(limit=1)
+    runner = ToolActors(limit=1)
     async with runner:
         pass
     outcome = await executor_for(runner, bounding, FnTool("t", echo)).execute("t", {}, ctx)
@@ -196,7 +197,7 @@ async def test_a_closed_runner_fails_the_call_as_aborted(
 
 
 async def test_a_result_that_fits_is_marked_not_truncated(
-    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
 ) -> None:
     outcome = await executor_for(runner, bounding, FnTool("t", echo)).execute(
         "t", {"text": "hi"}, ctx
@@ -207,7 +208,7 @@ async def test_a_result_that_fits_is_marked_not_truncated(
 
 
 async def test_a_large_result_is_bounded_and_saved_before_it_is_returned(
-    runner: BlockingRunner, output_dir: Path, ctx: ToolContext
+    runner: ToolActors, blocking: BlockingExecutor, output_dir: Path, ctx: ToolContext
 ) -> None:
     bounding = OutputBounding(output_dir=output_dir, max_lines=2)
     outcome = await executor_for(runner, bounding, FnTool("t", echo)).execute(
@@ -215,7 +216,7 @@ async def test_a_large_result_is_bounded_and_saved_before_it_is_returned(
     )
     assert outcome.status == "success"
     assert outcome.metadata["truncated"] is True
-    saved = await runner.run(Path(outcome.metadata["outputPath"]).read_text)
+    saved = await blocking.run(Path(outcome.metadata["outputPath"]).read_text)
     assert saved == "1\n2\n3\n4"
     assert outcome.content[0] == text_item("1")
     assert outcome.content[1]["text"].startswith("... 2 lines truncated; ")
@@ -223,7 +224,7 @@ async def test_a_large_result_is_bounded_and_saved_before_it_is_returned(
 
 
 async def test_a_small_structured_only_result_is_shown_to_the_model_as_json(
-    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
 ) -> None:
     value = {"matches": [{"path": "a.py", "line": 3}], "total": 1}
     tool = FnTool("t", lambda input, ctx: ToolResult(structured=value))
@@ -235,7 +236,7 @@ async def test_a_small_structured_only_result_is_shown_to_the_model_as_json(
 
 
 async def test_a_large_structured_only_result_gets_a_bounded_json_preview(
-    runner: BlockingRunner, output_dir: Path, ctx: ToolContext
+    runner: ToolActors, blocking: BlockingExecutor, output_dir: Path, ctx: ToolContext
 ) -> None:
     value = {"rows": [{"n": n, "name": f"row {n}"} for n in range(500)]}
     bounding = OutputBounding(output_dir=output_dir, max_lines=40, max_bytes=2_000)
@@ -250,14 +251,14 @@ async def test_a_large_structured_only_result_gets_a_bounded_json_preview(
     assert len((head + "\n" + tail).split("\n")) <= 40
     assert marker.endswith(f"lines truncated; full content saved to {path} ...")
     # The whole JSON is in the managed file, and consumers get the value unchanged.
-    saved = await runner.run(Path(path).read_text)
+    saved = await blocking.run(Path(path).read_text)
     assert json.loads(saved) == value
     assert outcome.metadata["structured"] == value
     assert outcome.metadata["truncated"] is True
 
 
 async def test_a_tool_error_becomes_a_failed_outcome_with_its_type(
-    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
 ) -> None:
     def fail(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         raise ToolError("no such thing", type="denied")
@@ -269,7 +270,7 @@ async def test_a_tool_error_becomes_a_failed_outcome_with_its_type(
 
 
 async def test_an_unexpected_exception_becomes_a_tool_error(
-    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
 ) -> None:
     def crash(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         raise KeyError("boom")
@@ -292,7 +293,7 @@ def waits_for_cancel(started: Callable[[], object]) -> Run:
 
 
 async def test_setting_ctx_cancel_returns_an_aborted_outcome(
-    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
 ) -> None:
     tool = FnTool("t", waits_for_cancel(ctx.cancel.set))
     outcome = await executor_for(runner, bounding, tool).execute("t", {}, ctx)
@@ -300,7 +301,7 @@ async def test_setting_ctx_cancel_returns_an_aborted_outcome(
 
 
 async def test_cancelling_the_awaiting_task_sets_ctx_cancel_and_propagates(
-    runner: BlockingRunner, bounding: OutputBounding, ctx: ToolContext
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
 ) -> None:
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
@@ -325,7 +326,7 @@ async def test_cancelling_the_awaiting_task_sets_ctx_cancel_and_propagates(
 
 
 async def test_a_cancel_after_the_tool_returned_hands_back_the_bounded_success(
-    runner: BlockingRunner, output_dir: Path, ctx: ToolContext
+    runner: ToolActors, blocking: BlockingExecutor, output_dir: Path, ctx: ToolContext
 ) -> None:
     loop = asyncio.get_running_loop()
     call: list[asyncio.Task[ToolOutcome]] = []
@@ -348,7 +349,7 @@ async def test_a_cancel_after_the_tool_returned_hands_back_the_bounded_success(
     assert outcome.status == "success"
     # Bounding ran to the end inside the same region: the full text is saved.
     assert outcome.metadata["truncated"] is True
-    saved = await runner.run(Path(outcome.metadata["outputPath"]).read_text)
+    saved = await blocking.run(Path(outcome.metadata["outputPath"]).read_text)
     assert saved == "1\n2\n3\n4"
 
 
@@ -356,7 +357,7 @@ async def test_a_cancel_after_the_tool_returned_hands_back_the_bounded_success(
 
 
 async def test_twenty_calls_never_run_more_than_the_runner_limit(
-    runner: BlockingRunner, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
+    runner: ToolActors, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
 ) -> None:
     assert runner.limit == 4
     lock = threading.Lock()

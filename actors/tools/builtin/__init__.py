@@ -8,11 +8,13 @@ Path confinement and the confined directory walk live in ``_paths``.
 """
 
 from actors.tools._types import Tool
-from actors.tools.builtin._bash import BashTool
+from actors.tools.builtin._bash import DEFAULT_MAX_TIMEOUT_S, DEFAULT_OUTPUT_MEMORY_BYTES, BashTool
 from actors.tools.builtin._files import EditTool, ListTool, ReadTool, WriteTool
 from actors.tools.builtin._search import GlobTool, GrepTool
 
 __all__ = [
+    "DEFAULT_MAX_TIMEOUT_S",
+    "DEFAULT_OUTPUT_MEMORY_BYTES",
     "BashTool",
     "EditTool",
     "GlobTool",
@@ -24,8 +26,8 @@ __all__ = [
 ]
 
 
-def builtin_tools() -> tuple[Tool, ...]:
-    """A fresh instance of every built-in tool, in a stable order."""
+def builtin_tools(*, bash: BashTool | None = None) -> tuple[Tool, ...]:
+    """A fresh instance of every built-in tool, in a stable order (``bash`` as given)."""
     return (
         ReadTool(),
         WriteTool(),
@@ -33,5 +35,5 @@ def builtin_tools() -> tuple[Tool, ...]:
         ListTool(),
         GlobTool(),
         GrepTool(),
-        BashTool(),
+        bash or BashTool(),
     )

@@ -17,6 +17,17 @@ merged stdout/stderr pipe (``selectors``), ``ctx.cancel``, and the deadline.
 - The call returns when bash exits. Output still buffered in the pipe is read
   for a short moment afterwards; a background job that keeps the pipe open
   does not hold the call (it is left running, as in a shell).
+- Output is bounded while it streams: up to ``output_memory_bytes`` (1 MiB)
+  is kept whole; past that the complete output is written to a managed
+  tool-output file as it arrives and memory keeps only its first and last
+  half-megabyte. The result then carries that file (``ToolResult.saved``), and
+  bounding cuts the preview from the head and tail and points at the file,
+  without saving anything twice.
+- Timeout: the call's ``timeout_s``, or the default (``[runtime]
+  bash_timeout_s``, 120 s), at most the cap (``[runtime] bash_max_timeout_s``,
+  600 s; a larger ask is clamped). When it passes, the group is killed and the
+  call fails with type ``timeout`` and a message that says so (OpenCode's bash
+  says "bash tool terminated command after exceeding timeout <ms> ms").
 - A non-zero exit is a *successful* call, like a shell: the text ends with the
   exit code, and ``metadata["exitCode"]`` has it.
 - On ``ctx.cancel`` or timeout the whole process group gets SIGTERM, then
@@ -35,13 +46,20 @@ import selectors
 import subprocess
 import time
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from pathlib import Path
+from typing import Any, BinaryIO, Final, Literal
 
 from actors.tools._environment import tool_environment
 from actors.tools._process import identify, kill_group
-from actors.tools._types import ToolContext, ToolError, ToolResult
+from actors.tools._types import ToolContext, ToolError, ToolResult, text_item
+from protocol import ids
 
-__all__ = ["BashTool"]
+__all__ = ["DEFAULT_MAX_TIMEOUT_S", "DEFAULT_OUTPUT_MEMORY_BYTES", "BashTool"]
+
+#: The longest a call may ask for (``[runtime] bash_max_timeout_s``).
+DEFAULT_MAX_TIMEOUT_S: Final = 600.0
+#: Output kept in memory per call while it streams (``[runtime] bash_output_memory_bytes``).
+DEFAULT_OUTPUT_MEMORY_BYTES: Final = 1024 * 1024
 
 _CHUNK: Final = 65_536
 _POLL_S: Final = 0.05
@@ -59,34 +77,115 @@ Stop = Literal["aborted", "timeout"]
 
 
 class _Output:
-    """The command's output, kept up to a cap (the rest is counted, not stored)."""
+    """The command's output, bounded while it streams.
 
-    def __init__(self, cap: int) -> None:
-        self._data = bytearray()
-        self._cap = cap
-        self.dropped = 0
+    Up to ``memory`` bytes are kept whole. Past that, the complete output goes
+    to a managed file (``output_dir/tool_<id>``, as bounding names its files)
+    and memory keeps only the first and the last ``memory / 2`` bytes: a
+    chatty command costs a file, never unbounded memory. If the file cannot
+    be written, the middle is lost and the text says so.
+    """
+
+    def __init__(self, memory: int, spill_dir: Path) -> None:
+        self._memory = memory
+        self._half = max(1, memory // 2)
+        self._spill_dir = spill_dir
+        self._all = bytearray()  # everything, until it passes `memory`
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._file: BinaryIO | None = None
+        self.total = 0
+        self.path: Path | None = None
+        self.spill_error: str | None = None
+
+    @property
+    def spilled(self) -> bool:
+        return self.path is not None or self.spill_error is not None
 
     def add(self, chunk: bytes) -> None:
-        room = self._cap - len(self._data)
-        self._data += chunk[:room]
-        self.dropped += max(0, len(chunk) - room)
+        self.total += len(chunk)
+        if not self.spilled:
+            self._all += chunk
+            if len(self._all) > self._memory:
+                self._spill()
+            return
+        self._write(chunk)
+        self._tail += chunk
+        if len(self._tail) > 2 * self._half:
+            del self._tail[: -self._half]
+
+    def _spill(self) -> None:
+        data, self._all = self._all, bytearray()
+        self._head = data[: self._half]
+        self._tail = data[-self._half :]
+        try:
+            self._spill_dir.mkdir(parents=True, exist_ok=True)
+            path = self._spill_dir / ids.tool_output_id()
+            self._file = open(path, "xb")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            self.spill_error = f"{type(exc).__name__}: {exc}"
+            return
+        self.path = path
+        self._write(data)
+
+    def _write(self, chunk: bytes | bytearray) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(chunk)
+        except OSError as exc:
+            self.spill_error = f"{type(exc).__name__}: {exc}"
+            self._close_file()
+
+    def _close_file(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()
+
+    def close(self) -> None:
+        """Flush and close the spill file (it stays: it is the call's managed output)."""
+        self._close_file()
 
     def tail(self, size: int) -> str:
-        return self._data[-size:].decode("utf-8", "replace")
+        data = self._tail if self.spilled else self._all
+        return data[-size:].decode("utf-8", "replace")
 
     def text(self) -> str:
-        text = self._data.decode("utf-8", "replace")
-        if self.dropped:
-            text += f"\n(… {self.dropped} more bytes of output were discarded)"
-        return text
+        if not self.spilled:
+            return self._all.decode("utf-8", "replace")
+        # Whole lines on both sides of the gap, when there are any.
+        head, tail = bytes(self._head), bytes(self._tail[-self._half :])
+        cut = head.rfind(b"\n")
+        head = head[: cut + 1] if cut >= 0 else head
+        cut = tail.find(b"\n")
+        tail = tail[cut + 1 :] if 0 <= cut < len(tail) - 1 else tail
+        omitted = self.total - len(head) - len(tail)
+        if self.path is not None and self.spill_error is None:
+            where = f"full output saved to {self.path}"
+        else:
+            where = f"the full output could not be saved: {self.spill_error}"
+        marker = f"(… {omitted} bytes of output omitted here; {where} …)"
+        return (
+            head.decode("utf-8", "replace")
+            + ("" if head.endswith(b"\n") or not head else "\n")
+            + marker
+            + "\n"
+            + tail.decode("utf-8", "replace")
+        )
+
+    def saved(self) -> Path | None:
+        """The managed file holding the complete output, if it was spilled whole."""
+        return self.path if self.spill_error is None else None
 
 
 class BashTool:
     name = "bash"
     description = (
         "Run a bash command in the session's directory (stdout and stderr merged)."
-        " A non-zero exit code is reported in the output. The command is killed"
-        " after timeout_s seconds (default 120)."
+        " A non-zero exit code is reported in the output. The command and"
+        " everything it started are killed after timeout_s seconds (default 120,"
+        " at most the configured cap, 600 unless configured otherwise)."
     )
     input_schema: Mapping[str, Any] = {
         "type": "object",
@@ -104,15 +203,30 @@ class BashTool:
         shell: str = "/bin/bash",
         kill_grace_s: float = 0.5,
         progress_interval_s: float = 0.1,
-        max_output_bytes: int = 32 * 1024 * 1024,
+        output_memory_bytes: int = DEFAULT_OUTPUT_MEMORY_BYTES,
+        default_timeout_s: float | None = None,
+        max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S,
     ) -> None:
+        if output_memory_bytes < 2:
+            raise ValueError("output_memory_bytes must be at least 2")
+        if max_timeout_s <= 0 or (default_timeout_s is not None and default_timeout_s <= 0):
+            raise ValueError("bash timeouts must be positive")
         self._shell = shell
         self._grace = kill_grace_s
         self._interval = progress_interval_s
-        self._cap = max_output_bytes
+        self._memory = output_memory_bytes
+        #: None: the context's ``timeout_s`` (120 s unless a caller set another).
+        self._default_timeout = default_timeout_s
+        self._max_timeout = max_timeout_s
+
+    def timeout_for(self, input: Mapping[str, Any], ctx: ToolContext) -> float:
+        """The call's timeout: its own ``timeout_s`` or the default, at most the cap."""
+        default = ctx.timeout_s if self._default_timeout is None else self._default_timeout
+        asked = input.get("timeout_s")
+        return min(float(default if asked is None else asked), self._max_timeout)
 
     def run(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
-        timeout = float(input.get("timeout_s", ctx.timeout_s))
+        timeout = self.timeout_for(input, ctx)
         deadline = time.monotonic() + timeout
         try:
             proc = subprocess.Popen(
@@ -128,7 +242,7 @@ class BashTool:
             raise ToolError(f"Could not start {self._shell}: {exc}") from exc
         assert proc.stdin is not None
         gate = proc.stdin.fileno()
-        output = _Output(self._cap)
+        output = _Output(self._memory, ctx.output_dir)
         stop: Stop | None = None
         finished = False
         try:
@@ -151,15 +265,28 @@ class BashTool:
                 _reap(proc)
             assert proc.stdout is not None
             proc.stdout.close()
+            output.close()
+        if stop == "timeout":
+            raise ToolError(
+                f"Command timed out after {timeout:g} s: the bash tool terminated it after"
+                f" exceeding its timeout ({timeout * 1000:.0f} ms) and killed its process"
+                f" group.{_partial(output)}",
+                type="timeout",
+            )
         if stop is not None:
-            what = "aborted" if stop == "aborted" else f"timed out after {timeout:g} s"
-            raise ToolError(f"Command {what} and was killed.{_partial(output)}", type=stop)
+            raise ToolError(f"Command aborted and was killed.{_partial(output)}", type=stop)
         code = proc.returncode
         text = output.text()
         if code != 0:
             status = f"Exit code: {code}" if code > 0 else f"Terminated by signal {-code}"
             text += ("\n" if text and not text.endswith("\n") else "") + status
-        return ToolResult.text(text or "(no output)", exitCode=code)
+        saved = output.saved()
+        return ToolResult(
+            content=(text_item(text or "(no output)"),),
+            metadata={"exitCode": code},
+            saved=saved,
+            saved_bytes=output.total,
+        )
 
     @staticmethod
     def _record(proc: subprocess.Popen[bytes], ctx: ToolContext) -> None:
@@ -222,7 +349,9 @@ def _partial(output: _Output) -> str:
     tail = output.tail(_ERROR_TAIL)
     if not tail:
         return " It produced no output."
-    return f" Output so far (last {_ERROR_TAIL} bytes at most):\n{tail}"
+    saved = output.saved()
+    where = f" The full output so far is saved to {saved}." if saved is not None else ""
+    return f"{where} Output so far (last {_ERROR_TAIL} bytes at most):\n{tail}"
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:

@@ -2,7 +2,9 @@
 
 A session's file tools act inside its Location (``ctx.directory``) only, by
 the rule of :mod:`actors.confine` (``..`` and symlinks are judged by where
-they really lead). Two exceptions:
+they really lead), plus what the ``external_directory`` permission granted
+this call (``ctx.external``, resolved paths judged before the call ran, see
+:mod:`actors.permissions`). Exceptions:
 
 - read-only: managed tool-output files (``<output_dir>/tool_…``) are readable
   by ``read`` and ``grep``, so a model can page through output that bounding
@@ -58,6 +60,11 @@ def _resolve(ctx: ToolContext, raw: str) -> tuple[Path, Path]:
     return location, target
 
 
+def _granted(ctx: ToolContext, target: Path) -> bool:
+    """Inside the Location, or inside a path ``external_directory`` granted this call."""
+    return target.is_relative_to(ctx.directory.resolve()) or inside(target, ctx.external)
+
+
 def _outside(raw: str, location: Path) -> ToolError:
     return ToolError(f"Path {raw!r} is outside the session's location ({location})", type="denied")
 
@@ -87,7 +94,7 @@ def readable_path(ctx: ToolContext, raw: str, *, managed: bool = False) -> Path:
     location, target = _resolve(ctx, raw)
     if managed and _is_managed(ctx, target):
         return target
-    if not target.is_relative_to(location):
+    if not _granted(ctx, target):
         raise _outside(raw, location)
     if inside(target, _server_dirs(ctx)):
         raise _withheld(raw)
@@ -101,7 +108,7 @@ def writable_path(ctx: ToolContext, raw: str) -> Path:
         ToolError: ``denied`` or ``invalid-input``.
     """
     location, target = _resolve(ctx, raw)
-    if not target.is_relative_to(location):
+    if not _granted(ctx, target):
         raise _outside(raw, location)
     if target.is_relative_to(ctx.output_dir.resolve()):
         raise ToolError(f"Path {raw!r} is in the managed tool-output directory", type="denied")
@@ -166,7 +173,7 @@ def walk_files(ctx: ToolContext, root: Path, *, max_depth: int | None = None) ->
                 elif entry.is_symlink():
                     real = Path(entry.path).resolve()
                     if (
-                        real.is_relative_to(location)
+                        (real.is_relative_to(location) or inside(real, ctx.external))
                         and real.is_file()
                         and not inside(real, server)
                     ):

@@ -1,0 +1,202 @@
+"""Instruction admission at the Safe Step Boundary, and the baseline a request carries.
+
+Before each physical attempt that reaches the model, :meth:`Instructions.prepare`
+observes every source concurrently, exactly once (the built-ins in memory,
+the files in one blocking call, the API entries in one read, alongside the
+projected state), hashes each encoded value, diffs against the projected
+current values and, when something changed, appends one
+``session.instructions.updated`` whose command also stores the new blobs.
+The runner calls it before input is promoted.
+
+- No state yet (a new session, or after a committed revert): the delta is
+  complete and has no text. Any unavailable source blocks it with
+  :class:`InstructionsUnavailableError`; input stays pending.
+- Otherwise: an unavailable source keeps its stored value; each changed key
+  renders once (change, addition or removal), and the text is frozen in the
+  event, which projects it as a chronological ``system`` message.
+
+The request's system text is the epoch baseline rendered from the stored
+*initial* values (cached by those values, bounded in bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import sys
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from actors.agents import Agent
+from actors.instructions._render import (
+    render_baseline,
+    render_change,
+    render_removal,
+    sort_keys,
+)
+from actors.instructions._sources import (
+    FileCache,
+    FileSpec,
+    Observation,
+    builtin_values,
+    entry_values,
+    observe_files,
+)
+from actors.instructions._values import HashCache, encode
+from protocol import events as ev
+from protocol.lru import ByteLRU
+from protocol.shapes import Session
+from storage import Command, SQLiteStore
+from storage.queries import InstructionState
+
+__all__ = ["BASELINE_CACHE_BYTES", "Instructions", "InstructionsUnavailableError"]
+
+#: Threads observing instruction files at once (each job is one session's step).
+OBSERVE_THREADS: Final = 2
+#: Rendered baselines kept, by their initial values; least recently used evicted.
+BASELINE_CACHE_BYTES: Final = 8 * 1024 * 1024
+
+
+class InstructionsUnavailableError(Exception):
+    """A source could not be read when the session's first baseline was due."""
+
+    type: Final = "instructions.unavailable"
+
+
+def _today() -> str:
+    return datetime.date.today().isoformat()  # host-local, day granularity
+
+
+class Instructions:
+    def __init__(
+        self,
+        *,
+        store: SQLiteStore,
+        data_dir: Path,
+        discover_project: bool = True,
+        platform: str = sys.platform,
+        today: Callable[[], str] | None = None,
+        baseline_cache_bytes: int = BASELINE_CACHE_BYTES,
+    ) -> None:
+        self._store = store
+        # File observation is short blocking I/O (stats, and reads of changed
+        # files): a plain bounded executor of its own, one hop per step, not a
+        # tool thread. :meth:`close` ends its threads.
+        self._executor = ThreadPoolExecutor(
+            max_workers=OBSERVE_THREADS, thread_name_prefix="sessionrt-instructions"
+        )
+        self._data_dir = str(data_dir)
+        self._discover_project = discover_project
+        self._platform = platform
+        #: The date source; None reads the host-local date (looked up at each
+        #: call, so a test can pin it).
+        self._today = today
+        self.files = FileCache()
+        self.hashes = HashCache()
+        self._baselines: ByteLRU[str, str] = ByteLRU(baseline_cache_bytes)
+
+    async def prepare(self, session: Session, agent: Agent) -> tuple[str, ...]:
+        """Admit what changed; return the request's system text (the epoch baseline)."""
+        spec = FileSpec(
+            directory=session.location.directory,
+            data_dir=self._data_dir,
+            discover_project=self._discover_project,
+            references=agent.references,
+            skills=agent.skills,
+        )
+        loop = asyncio.get_running_loop()
+        files, (state, entries) = await asyncio.gather(
+            loop.run_in_executor(self._executor, observe_files, spec, self.files),
+            self._store.queries.instruction_inputs(session.id),
+        )
+        observations = [
+            Observation(
+                scope="builtin/",
+                values=builtin_values(
+                    system=agent.system,
+                    directory=session.location.directory,
+                    platform=self._platform,
+                    date=(self._today or _today)(),
+                ),
+            ),
+            *files,
+            Observation(
+                scope="api/", values=entry_values([(k, orjson.loads(v)) for k, v in entries])
+            ),
+        ]
+        current: Mapping[str, str] = {} if state is None else state.current
+        delta: dict[str, str] = {}
+        blobs: dict[str, str] = {}
+        changed: dict[str, Any] = {}
+        blocked: list[str] = []
+        for obs in observations:
+            blocked.extend(obs.unavailable.values())
+            if obs.scope in obs.unavailable:
+                continue  # the whole source keeps its stored values
+            for key, value in obs.values.items():
+                encoded = encode(value)
+                digest = self.hashes.digest(session.id, key, encoded)
+                if current.get(key) != digest:
+                    delta[key] = digest
+                    blobs[digest] = encoded.decode()
+                    changed[key] = value
+            for key in current:
+                if obs.covers(key) and key not in obs.values and key not in obs.unavailable:
+                    delta[key] = ev.REMOVED
+        if state is None:
+            if blocked:
+                raise InstructionsUnavailableError(
+                    "Instructions unavailable: " + "; ".join(blocked)
+                )
+            await self._store.append(
+                Command.of(ev.InstructionsUpdated(session_id=session.id, delta=delta), blobs=blobs)
+            )
+            text = render_baseline(changed)
+            key = _cache_key(delta)
+            self._baselines.put(key, text, len(text) + len(key))
+            return (text,)
+        if delta:
+            parts = [
+                render_removal(k)
+                if delta[k] == ev.REMOVED
+                else render_change(k, changed[k], new=k not in current)
+                for k in sort_keys(delta)
+            ]
+            await self._store.append(
+                Command.of(
+                    ev.InstructionsUpdated(
+                        session_id=session.id, delta=delta, text="\n\n".join(parts)
+                    ),
+                    blobs=blobs,
+                )
+            )
+        return (await self.baseline(state),)
+
+    async def current(self, session: Session, agent: Agent) -> tuple[str, ...]:
+        """The epoch baseline as stored now (after a compaction moved it); reads no source."""
+        state = await self._store.queries.instruction_state(session.id)
+        return () if state is None else (await self.baseline(state),)
+
+    def close(self) -> None:
+        """End the observation threads (after the last drain: jobs are milliseconds)."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    async def baseline(self, state: InstructionState) -> str:
+        """The epoch baseline: the stored initial values, rendered."""
+        key = _cache_key(state.initial)
+        cached = self._baselines.get(key)
+        if cached is not None:
+            return cached
+        blobs = await self._store.queries.instruction_blobs(list(state.initial.values()))
+        values = {k: orjson.loads(blobs[h]) for k, h in state.initial.items() if h in blobs}
+        text = render_baseline(values)
+        self._baselines.put(key, text, len(text) + len(key))
+        return text
+
+
+def _cache_key(values: Mapping[str, str]) -> str:
+    return orjson.dumps(dict(values), option=orjson.OPT_SORT_KEYS).decode()

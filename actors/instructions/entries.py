@@ -1,0 +1,73 @@
+"""API-managed instruction entries: one ``api/<key>`` source each.
+
+Entries are primary state (``instruction_entry``), written through the store's
+single writer but not as events: a change is announced at the session's next
+Safe Step Boundary, when admission finds the new value. Put is an upsert that
+changes nothing when the value is the same; remove is a soft delete; the list
+leaves removed keys out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from actors.instructions._values import ENTRY_KEY, ENTRY_MAX_BYTES, encode
+from protocol import ids
+from protocol.errors import (
+    InstructionEntryValueTooLargeError,
+    InvalidRequestError,
+    SessionNotFoundError,
+)
+from protocol.shapes import InstructionEntry
+from storage import Command, EntryWrite, SQLiteStore
+
+__all__ = ["InstructionEntries"]
+
+
+class InstructionEntries:
+    def __init__(self, store: SQLiteStore, *, max_value_bytes: int = ENTRY_MAX_BYTES) -> None:
+        self._store = store
+        self.max_value_bytes = max_value_bytes
+
+    async def list(self, session_id: str) -> list[InstructionEntry]:
+        await self._require(session_id)
+        rows = await self._store.queries.instruction_entries(session_id)
+        return [InstructionEntry(key=k, value=orjson.loads(v)) for k, v in rows]
+
+    async def put(self, session_id: str, key: str, value: Any) -> None:
+        _check_key(key)
+        try:
+            encoded = encode(value)
+        except TypeError as exc:  # e.g. an integer beyond 64 bits
+            raise InvalidRequestError(f"value is not storable JSON: {exc}", field="value") from None
+        if len(encoded) > self.max_value_bytes:
+            raise InstructionEntryValueTooLargeError(len(encoded), self.max_value_bytes)
+        await self._require(session_id)
+        await self._store.append(
+            Command(
+                events=(),
+                entries=(EntryWrite(session_id=session_id, key=key, value=encoded.decode()),),
+            )
+        )
+
+    async def remove(self, session_id: str, key: str) -> None:
+        _check_key(key)
+        await self._require(session_id)
+        await self._store.append(
+            Command(
+                events=(),
+                entries=(EntryWrite(session_id=session_id, key=key, value=None, removed=True),),
+            )
+        )
+
+    async def _require(self, session_id: str) -> None:
+        ids.validate("ses", session_id, field="sessionID")
+        if await self._store.queries.session(session_id) is None:
+            raise SessionNotFoundError(session_id)
+
+
+def _check_key(key: str) -> None:
+    if not ENTRY_KEY.fullmatch(key):
+        raise InvalidRequestError("an entry key matches ^[a-z0-9][a-z0-9._-]*$", field="key")

@@ -1,0 +1,426 @@
+"""Instructions as value deltas, end to end: sources, admission, request assembly, epochs.
+
+A real runtime on a real SQLite file; a recording provider shows exactly what
+the model is sent. Epoch events of other issues (compaction, revert, fork,
+move) are appended directly, as their owners will append them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from feed import Feed
+
+from actors.agents import CATALOG_TTL_S
+from actors.instructions import ENTRY_MAX_BYTES, _admission, digest, encode
+from actors.llm import Finish, ModelRequest, StreamPart, TextDelta, TextEnd, TextStart
+from actors.runtime import Runtime, RuntimeConfig
+from protocol import InstructionEntryValueTooLargeError, ModelRef
+from protocol import events as ev
+from protocol.requests import CreateSessionInput, PromptInput
+from protocol.shapes import Location, SystemMessage
+from storage import Command
+
+MODEL = ModelRef(id="rec-1", provider_id="rec")
+
+
+class Recorder:
+    """A model that answers "ok" and keeps every request it was sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[ModelRequest] = []
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
+        self.requests.append(request)
+        yield TextStart(ordinal=0)
+        yield TextDelta(ordinal=0, delta="ok")
+        yield TextEnd(ordinal=0)
+        yield Finish(reason="stop")
+
+
+@pytest.fixture(autouse=True)
+def _fixed_date(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The date is a source: pinned, so a run across midnight cannot add an update.
+    monkeypatch.setattr(_admission, "_today", lambda: "2026-12-01")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / ".git").mkdir(parents=True)
+    (root / "pkg").mkdir()
+    return root
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+async def rt(tmp_path: Path, project: Path, recorder: Recorder) -> AsyncIterator[Runtime]:
+    config = RuntimeConfig(
+        data_dir=tmp_path / "data",
+        default_directory=str(project / "pkg"),
+        providers={"rec": recorder},
+    )
+    async with Runtime(config) as runtime:
+        yield runtime
+
+
+@pytest.fixture
+def feed(rt: Runtime) -> Feed:
+    f = Feed()
+    rt.bus.subscribe(f)
+    return f
+
+
+async def settled(feed: Feed, session_id: str, n: int, kind: str = "succeeded") -> None:
+    """Wait for the n-th terminal of ``kind`` of the session."""
+    for _ in range(1000):
+        if feed.types(session_id).count(f"session.execution.{kind}") >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no {n}th execution.{kind}: {feed.types(session_id)}")
+
+
+async def turn(rt: Runtime, feed: Feed, session_id: str, text: str, n: int) -> None:
+    await rt.sessions.prompt(session_id, PromptInput(text=text))
+    await settled(feed, session_id, n)
+
+
+def updates(feed: Feed, session_id: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in feed.events
+        if e["type"] == "session.instructions.updated" and e["data"]["sessionID"] == session_id
+    ]
+
+
+def texts(request: ModelRequest) -> list[tuple[str, str]]:
+    return [(m.role, "".join(getattr(p, "text", "") for p in m.parts)) for m in request.messages]
+
+
+async def test_agents_md_baseline_then_one_update_then_removal(
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+) -> None:
+    (project / "AGENTS.md").write_text("Root rule: use tabs.\n")
+    (project / "pkg" / "AGENTS.md").write_text("Package rule: be brief.\n")
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, s.id, "first", 1)
+
+    [initial] = updates(feed, s.id)
+    assert initial["metadata"] == {"instructions": {"initial": True}}
+    assert "text" not in initial["data"] or initial["data"]["text"] is None
+    assert set(initial["data"]["delta"]) == {
+        "builtin/agent",
+        "builtin/environment",
+        "discovery/agents",
+    }
+    baseline = recorder.requests[0].system
+    assert len(baseline) == 1
+    # Root first, nearest last, each once.
+    assert baseline[0].count("Root rule: use tabs.") == 1
+    assert baseline[0].index("Root rule") < baseline[0].index("Package rule")
+    assert "Today's date: 2026-12-01" in baseline[0]
+    assert "sessionrt's build agent" in baseline[0]
+
+    (project / "AGENTS.md").write_text("Root rule: use spaces.\n")
+    await turn(rt, feed, s.id, "second", 2)
+    changed = updates(feed, s.id)[1]
+    assert "metadata" not in changed
+    assert list(changed["data"]["delta"]) == ["discovery/agents"]
+    assert "Root rule: use spaces." in changed["data"]["text"]
+    second = recorder.requests[1]
+    assert second.system == baseline  # the baseline stays the epoch's, byte for byte
+    chat = texts(second)
+    assert [r for r, _ in chat] == ["user", "assistant", "system", "user"]
+    assert chat[2][1] == changed["data"]["text"]  # the frozen text, once, before the input
+    assert sum("use spaces" in t for _, t in chat) == 1
+
+    # The transcript shows which keys changed.
+    history = await rt.sessions.context(s.id)
+    [system] = [m for m in history if isinstance(m, SystemMessage)]
+    assert system.keys == ("discovery/agents",)
+
+    (project / "AGENTS.md").unlink()
+    (project / "pkg" / "AGENTS.md").unlink()
+    await turn(rt, feed, s.id, "third", 3)
+    removed = updates(feed, s.id)[2]
+    assert removed["data"]["delta"] == {"discovery/agents": "removed"}
+    assert "no longer apply" in removed["data"]["text"]
+    chat = texts(recorder.requests[2])
+    assert [t for r, t in chat if r == "system"] == [
+        changed["data"]["text"],
+        removed["data"]["text"],
+    ]
+
+    # Nothing changed: nothing is published, and the request is the same apart from history.
+    await turn(rt, feed, s.id, "fourth", 4)
+    assert len(updates(feed, s.id)) == 3
+    assert recorder.requests[3].system == baseline
+
+    # Every distinct value is stored once, and only the values the deltas name.
+    named = {h for u in updates(feed, s.id) for h in u["data"]["delta"].values()} - {"removed"}
+    rows = await rt.store.fetch("SELECT hash, value FROM instruction_blob")
+    assert {r[0] for r in rows} == named
+    assert all(digest(r[1].encode()) == r[0] for r in rows)
+
+
+async def test_claude_md_is_read_only_where_no_agents_md_is_found(
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+) -> None:
+    (project / "CLAUDE.md").write_text("Claude rule.\n")
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, s.id, "one", 1)
+    assert "Claude rule." in recorder.requests[0].system[0]
+    (project / "pkg" / "AGENTS.md").write_text("Agents rule.\n")
+    await turn(rt, feed, s.id, "two", 2)
+    text = updates(feed, s.id)[1]["data"]["text"]
+    assert "Agents rule." in text
+    assert "Claude rule." not in text
+
+
+async def test_project_discovery_can_be_switched_off(
+    tmp_path: Path, project: Path, recorder: Recorder
+) -> None:
+    (project / "AGENTS.md").write_text("Project rule.\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "AGENTS.md").write_text("Global rule.\n")
+    config = RuntimeConfig(
+        data_dir=data,
+        default_directory=str(project / "pkg"),
+        providers={"rec": recorder},
+        project_instructions=False,
+    )
+    async with Runtime(config) as runtime:
+        feed = Feed()
+        runtime.bus.subscribe(feed)
+        s = await runtime.sessions.create(CreateSessionInput(model=MODEL))
+        await turn(runtime, feed, s.id, "go", 1)
+    [system] = recorder.requests[0].system
+    assert "Global rule." in system
+    assert "Project rule." not in system
+
+
+async def test_an_unreadable_source_blocks_only_the_first_baseline(
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+) -> None:
+    looped = project / "AGENTS.md"
+    os.symlink(looped, looped)  # a symlink loop: there, but unreadable (even for root)
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    receipt = await rt.sessions.prompt(s.id, PromptInput(text="wait for me"))
+    failed = await feed.wait("session.execution.failed", sessionID=s.id)
+    assert failed["data"]["error"]["type"] == "instructions.unavailable"
+    assert str(looped) in failed["data"]["error"]["message"]
+    assert [i.id for i in await rt.sessions.pending(s.id)] == [receipt.id]  # still pending
+    assert updates(feed, s.id) == []
+    assert recorder.requests == []
+    assert "session.inbox.delivered" not in feed.types(s.id)
+
+    looped.unlink()
+    looped.write_text("Readable now.\n")
+    rt.execution.wake(s.id)
+    await settled(feed, s.id, 1)
+    assert await rt.sessions.pending(s.id) == []
+    assert "Readable now." in recorder.requests[0].system[0]
+
+    # Afterwards an unreadable source keeps its stored value, without a word.
+    looped.unlink()
+    os.symlink(looped, looped)
+    await turn(rt, feed, s.id, "again", 2)
+    assert len(updates(feed, s.id)) == 1
+    assert recorder.requests[1].system == recorder.requests[0].system
+
+
+async def test_api_entries_render_as_context_blocks(
+    rt: Runtime, feed: Feed, recorder: Recorder
+) -> None:
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await rt.instructions.put(s.id, "style", "terse")
+    await rt.instructions.put(s.id, "limits", {"max": 3, "unit": "files"})
+    await turn(rt, feed, s.id, "one", 1)
+    system = recorder.requests[0].system[0]
+    assert '<context key="style">\nterse\n</context>' in system
+    assert '<context key="limits">\n{\n  "max": 3,\n  "unit": "files"\n}\n</context>' in system
+
+    await rt.instructions.put(s.id, "style", "terse")  # unchanged: a no-op
+    await turn(rt, feed, s.id, "two", 2)
+    assert len(updates(feed, s.id)) == 1
+
+    await rt.instructions.put(s.id, "style", "verbose")
+    await rt.instructions.remove(s.id, "limits")
+    await turn(rt, feed, s.id, "three", 3)
+    update = updates(feed, s.id)[1]
+    assert update["data"]["delta"] == {
+        "api/limits": "removed",
+        "api/style": digest(encode("verbose")),
+    }
+    assert (
+        'The context under "style" was replaced:\n<context key="style">\nverbose\n</context>'
+        in (update["data"]["text"])
+    )
+    assert 'The context under "limits" no longer applies.' in update["data"]["text"]
+    assert [(e.key, e.value) for e in await rt.instructions.list(s.id)] == [("style", "verbose")]
+
+
+async def test_an_entry_over_the_limit_is_413_and_stores_nothing(rt: Runtime) -> None:
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    big = "x" * ENTRY_MAX_BYTES  # with its quotes, two bytes over
+    with pytest.raises(InstructionEntryValueTooLargeError) as refused:
+        await rt.instructions.put(s.id, "big", big)
+    assert refused.value.status == 413
+    assert refused.value.fields == {"actualBytes": ENTRY_MAX_BYTES + 2, "maxBytes": ENTRY_MAX_BYTES}
+    assert await rt.instructions.list(s.id) == []
+    assert await rt.store.fetch("SELECT * FROM instruction_entry") == []
+    await rt.instructions.put(s.id, "big", "x" * (ENTRY_MAX_BYTES - 2))  # exactly the limit
+    assert [e.key for e in await rt.instructions.list(s.id)] == ["big"]
+
+
+async def state(rt: Runtime, session_id: str) -> tuple[int, int, dict[str, str], dict[str, str]]:
+    [row] = await rt.store.fetch(
+        "SELECT epoch_start, through_seq, initial_values, current_values"
+        " FROM instruction_state WHERE session_id = ?",
+        (session_id,),
+    )
+    return row[0], row[1], orjson.loads(row[2]), orjson.loads(row[3])
+
+
+async def test_compaction_makes_current_values_initial(
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+) -> None:
+    (project / "AGENTS.md").write_text("v1\n")
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, s.id, "one", 1)
+    (project / "AGENTS.md").write_text("v2\n")
+    await turn(rt, feed, s.id, "two", 2)
+    _, _, initial, current = await state(rt, s.id)
+    assert initial != current
+    await rt.store.append(
+        Command.of(ev.CompactionStarted(session_id=s.id, reason="auto", recent=""))
+    )
+    [compacted] = await rt.store.append(
+        Command.of(
+            ev.CompactionEnded(
+                session_id=s.id,
+                reason="auto",
+                model=ModelRef(id="m1", provider_id="scripted"),
+                text="summary",
+                recent="",
+            )
+        )
+    )
+    epoch, through, initial, now = await state(rt, s.id)
+    assert (epoch, through) == (compacted.seq, compacted.seq)
+    assert initial == now == current
+    await turn(rt, feed, s.id, "three", 3)
+    assert len(updates(feed, s.id)) == 2  # no source was read to move the epoch
+    system = recorder.requests[2].system[0]
+    assert "v2" in system
+    assert "v1" not in system
+
+
+async def test_a_committed_revert_clears_state_for_a_fresh_baseline(
+    rt: Runtime, feed: Feed
+) -> None:
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, s.id, "one", 1)
+    await rt.store.append(Command.of(ev.RevertCommitted(session_id=s.id, to="msg_x")))
+    assert (
+        await rt.store.fetch("SELECT 1 FROM instruction_state WHERE session_id = ?", (s.id,)) == []
+    )
+    await turn(rt, feed, s.id, "two", 2)
+    fresh = updates(feed, s.id)[1]
+    assert fresh["metadata"] == {"instructions": {"initial": True}}
+    assert "builtin/environment" in fresh["data"]["delta"]
+
+
+async def test_a_fork_adopts_the_parents_newest_values_and_a_move_keeps_state(
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+) -> None:
+    (project / "AGENTS.md").write_text("v1\n")
+    parent = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, parent.id, "one", 1)
+    (project / "AGENTS.md").write_text("v2\n")
+    await turn(rt, feed, parent.id, "two", 2)
+    _, _, _, newest = await state(rt, parent.id)
+
+    child = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await rt.store.append(
+        Command.of(ev.SessionForked(session_id=child.id, parent_id=parent.id, instructions=newest))
+    )
+    _, _, initial, current = await state(rt, child.id)
+    assert initial == current == newest
+    await turn(rt, feed, child.id, "child", 1)
+    assert updates(feed, child.id) == []  # nothing differs from the adopted values
+    system = recorder.requests[-1].system[0]
+    assert "v2" in system
+    assert "v1" not in system
+
+    before = await state(rt, child.id)
+    await rt.store.append(
+        Command.of(ev.SessionMoved(session_id=child.id, location=Location(directory="/elsewhere")))
+    )
+    assert await state(rt, child.id) == before
+
+
+async def test_skills_and_references_from_the_agents_configuration(
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+) -> None:
+    work = project / "pkg"
+    config = work / ".sessionrt"
+    for name, description in (("release", "Cut a release."), ("other", "Not allowed.")):
+        (config / "skills" / name).mkdir(parents=True)
+        (config / "skills" / name / "SKILL.md").write_text(
+            f"---\nname: {name}\ndescription: {description}\n---\nThe body stays hidden.\n"
+        )
+    (config / "agents.toml").write_text(
+        '[agents.build]\nreferences = ["docs/Style.md"]\nskills = ["release"]\n'
+    )
+    (work / "docs").mkdir()
+    (work / "docs" / "Style.md").write_text("Short sentences.\n")
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, s.id, "one", 1)
+    [initial] = updates(feed, s.id)
+    assert {"skill/available", "reference/docs/style.md"} <= set(initial["data"]["delta"])
+    system = recorder.requests[0].system[0]
+    assert "- release: Cut a release." in system
+    assert "other" not in system
+    assert "The body stays hidden." not in system
+    assert "Reference docs/Style.md:\nShort sentences." in system
+
+    # A reference leading outside the Location is refused, and says so.
+    (config / "agents.toml").write_text('[agents.build]\nreferences = ["../../outside.md"]\n')
+    (project.parent / "outside.md").write_text("secret\n")
+    await asyncio.sleep(CATALOG_TTL_S + 0.1)  # the agent catalog is reused that long
+    fresh = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await rt.sessions.prompt(fresh.id, PromptInput(text="x"))
+    failed = await feed.wait("session.execution.failed", sessionID=fresh.id)
+    assert "outside the session's directory" in failed["data"]["error"]["message"]
+    assert all("secret" not in t for r in recorder.requests for t in r.system)
+
+
+async def test_a_model_switch_is_no_source_and_an_agent_switch_is_an_update(
+    rt: Runtime, feed: Feed, recorder: Recorder
+) -> None:
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, s.id, "one", 1)
+    await rt.sessions.switch_model(s.id, ModelRef(id="rec-2", provider_id="rec"))
+    await turn(rt, feed, s.id, "two", 2)
+    assert len(updates(feed, s.id)) == 1
+    assert recorder.requests[1].model.id == "rec-2"
+    assert recorder.requests[1].system == recorder.requests[0].system
+    await rt.sessions.switch_agent(s.id, "plan")
+    await turn(rt, feed, s.id, "three", 3)
+    update = updates(feed, s.id)[1]
+    assert list(update["data"]["delta"]) == ["builtin/agent"]
+    assert "planning agent" in update["data"]["text"]
+    assert recorder.requests[2].system == recorder.requests[0].system  # the baseline stays
+    assert recorder.requests[2].agent == "plan"

@@ -1,0 +1,269 @@
+"""Tool calls as child actors: one pykka actor per call, owned, reporting, stopped with its owner.
+
+Real pykka threads throughout; the tools are test functions that block on
+threading events the way a real tool blocks on I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pykka
+import pytest
+
+from actors.tools import (
+    OutputBounding,
+    Progress,
+    ToolActors,
+    ToolCallActor,
+    ToolContext,
+    ToolError,
+    ToolExecutor,
+    ToolOwner,
+    ToolRegistry,
+    ToolResult,
+)
+
+GUARD = 10.0
+
+
+class FnTool:
+    description = "a test tool"
+    input_schema: Mapping[str, Any] = {"type": "object"}
+
+    def __init__(self, name: str, fn: Callable[[Mapping[str, Any], ToolContext], ToolResult]):
+        self.name = name
+        self._fn = fn
+
+    def run(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        return self._fn(input, ctx)
+
+
+def executor_for(runner: ToolActors, bounding: OutputBounding, *tools: FnTool) -> ToolExecutor:
+    return ToolExecutor(ToolRegistry(tools), runner, bounding)
+
+
+async def test_each_call_runs_in_its_own_child_actor_thread(
+    runner: ToolActors, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
+) -> None:
+    seen: list[tuple[threading.Thread, int]] = []
+
+    def where(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        seen.append(
+            (threading.current_thread(), len(pykka.ActorRegistry.get_by_class(ToolCallActor)))
+        )
+        return ToolResult.text("ok")
+
+    executor = executor_for(runner, bounding, FnTool("t", where))
+    owner = ToolOwner()
+    for n in range(2):
+        outcome = await executor.execute("t", {}, make_ctx(call_id=f"c{n}"), owner=owner)
+        assert outcome.status == "success"
+    (first, live_first), (second, live_second) = seen
+    assert first is not second
+    assert threading.main_thread() not in (first, second)
+    assert live_first == live_second == 1  # the call's own actor, registered while it ran
+    assert not first.is_alive()  # gone once the call has its outcome
+    assert owner.children == ()
+    assert pykka.ActorRegistry.get_by_class(ToolCallActor) == []
+
+
+async def test_an_escaping_exception_is_the_actors_failure_and_settles_the_call(
+    runner: ToolActors,
+    bounding: OutputBounding,
+    ctx: ToolContext,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def crash(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        raise LookupError("no such row")
+
+    with caplog.at_level(logging.ERROR, logger="pykka"):
+        outcome = await executor_for(runner, bounding, FnTool("t", crash)).execute("t", {}, ctx)
+    assert outcome.error == {"type": "tool.error", "message": "LookupError: no such row"}
+    # pykka saw the actor fail (and logged it); on_failure turned it into the settlement.
+    assert any("Unhandled exception in ToolCallActor" in r.getMessage() for r in caplog.records)
+    assert pykka.ActorRegistry.get_by_class(ToolCallActor) == []
+
+
+async def test_a_base_exception_fails_only_its_own_call(
+    runner: ToolActors, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
+) -> None:
+    def exits(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        raise SystemExit(3)
+
+    executor = executor_for(runner, bounding, FnTool("exit", exits), FnTool("ok", _ok))
+    outcome = await executor.execute("exit", {}, make_ctx())
+    assert outcome.error is not None
+    assert outcome.error["type"] == "tool.error"
+    assert "SystemExit" in outcome.error["message"]
+    # pykka would stop every actor on a SystemExit: the pool still works.
+    assert (await executor.execute("ok", {}, make_ctx())).status == "success"
+
+
+def _ok(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    return ToolResult.text("ok")
+
+
+async def test_progress_comes_back_to_the_owner_as_messages_on_the_loop(
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    received: list[tuple[Progress, threading.Thread]] = []
+
+    def chatty(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        for n in range(3):
+            ctx.progress({"n": n})
+        return ToolResult.text("done")
+
+    owner = ToolOwner(on_progress=lambda p: received.append((p, threading.current_thread())))
+    executor = executor_for(runner, bounding, FnTool("t", chatty))
+    outcome = await executor.execute("t", {}, ctx, owner=owner)
+    assert outcome.status == "success"
+    await asyncio.sleep(0)  # progress hops are queued before the outcome's, all on the loop
+    assert [p for p, _ in received] == [
+        Progress(call_id=ctx.call_id, metadata={"n": n}) for n in range(3)
+    ]
+    assert {t for _, t in received} == {threading.current_thread()}
+
+
+async def test_stopping_the_owner_stops_every_child_and_waits_for_each(
+    runner: ToolActors, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
+) -> None:
+    loop = asyncio.get_running_loop()
+    started: asyncio.Queue[str] = asyncio.Queue()
+    returned: list[str] = []
+
+    def waits(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        loop.call_soon_threadsafe(started.put_nowait, ctx.call_id)
+        try:
+            if not ctx.cancel.wait(GUARD):
+                return ToolResult.text("never cancelled")
+            raise ToolError("stopped by its owner", type="aborted")
+        finally:
+            returned.append(ctx.call_id)
+
+    owner = ToolOwner()
+    executor = executor_for(runner, bounding, FnTool("t", waits))
+    calls = [
+        asyncio.create_task(executor.execute("t", {}, make_ctx(call_id=f"c{n}"), owner=owner))
+        for n in range(3)
+    ]
+    async with asyncio.timeout(GUARD):
+        for _ in calls:
+            await started.get()
+    assert len(owner.children) == 3
+    assert len(pykka.ActorRegistry.get_by_class(ToolCallActor)) == 3
+    await owner.stop()
+    # stop() returned only after every child reported: each tool has returned.
+    assert sorted(returned) == ["c0", "c1", "c2"]
+    outcomes = await asyncio.gather(*calls)
+    assert [o.error for o in outcomes] == [
+        {"type": "aborted", "message": "stopped by its owner"}
+    ] * 3
+    assert owner.children == ()
+    assert pykka.ActorRegistry.get_by_class(ToolCallActor) == []
+
+
+async def test_someone_elses_pykka_stop_all_neither_loses_a_call_nor_the_pool(
+    bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def blocker(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        loop.call_soon_threadsafe(started.set)
+        gate.wait(GUARD)
+        return ToolResult.text("first")
+
+    def second(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        ran.append("second")
+        return ToolResult.text("second")
+
+    async with ToolActors(limit=2) as runner:
+        executor = executor_for(runner, bounding, FnTool("block", blocker), FnTool("t", second))
+        first = asyncio.create_task(executor.execute("block", {}, ctx))
+        async with asyncio.timeout(GUARD):
+            await started.wait()
+        # Someone else's pykka shutdown: the busy child gets its stop after its Run.
+        _ = pykka.ActorRegistry.stop_all(block=False)
+        gate.set()
+        outcome = await first
+        # Run was already underway: its success stands.
+        assert outcome.status == "success"
+        # The pool was not stopped with them: later calls still run.
+        assert (await executor.execute("t", {}, ctx)).status == "success"
+    assert ran == ["second"]
+
+
+async def test_closing_the_pool_cancels_running_children_and_waits(
+    bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    def waits(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        loop.call_soon_threadsafe(started.set)
+        if not ctx.cancel.wait(GUARD):
+            return ToolResult.text("never cancelled")
+        raise ToolError("closed", type="aborted")
+
+    runner = ToolActors(limit=1)
+    async with runner:
+        call = asyncio.create_task(
+            executor_for(runner, bounding, FnTool("t", waits)).execute("t", {}, ctx)
+        )
+        async with asyncio.timeout(GUARD):
+            await started.wait()
+    assert runner.running == 0
+    outcome = await call
+    assert outcome.error == {"type": "aborted", "message": "closed"}
+    assert pykka.ActorRegistry.get_all() == []
+
+
+async def test_lifecycle_errors(bounding: OutputBounding, ctx: ToolContext) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        ToolActors(limit=0)
+    runner = ToolActors()
+    with pytest.raises(RuntimeError, match="not open"):
+        await runner.run(lambda: None, call_id="c", cancel=threading.Event())  # type: ignore[arg-type, return-value]
+    async with runner:
+        with pytest.raises(RuntimeError, match="cannot be opened"):
+            await runner.__aenter__()
+
+
+async def test_a_cancelled_owner_stop_still_waits_for_every_child_then_raises(
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    release = threading.Event()
+    returned = threading.Event()
+
+    def slow_to_stop(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        loop.call_soon_threadsafe(started.set)
+        ctx.cancel.wait(GUARD)
+        release.wait(GUARD)  # takes its time after the cancel
+        returned.set()
+        raise ToolError("stopped", type="aborted")
+
+    owner = ToolOwner()
+    call = asyncio.create_task(
+        executor_for(runner, bounding, FnTool("t", slow_to_stop)).execute("t", {}, ctx, owner=owner)
+    )
+    async with asyncio.timeout(GUARD):
+        await started.wait()
+    stopping = asyncio.create_task(owner.stop())
+    await asyncio.sleep(0.05)
+    stopping.cancel()
+    await asyncio.sleep(0.05)
+    assert not stopping.done()  # the cancel did not abandon the child
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    assert returned.is_set()
+    assert (await call).error == {"type": "aborted", "message": "stopped"}
