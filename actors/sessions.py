@@ -20,6 +20,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import attrs
+import orjson
+
 from actors._keyed_lock import KeyedLock
 from actors.agents import AgentCatalogs
 from actors.attachments import Withheld
@@ -60,7 +63,7 @@ from protocol.shapes import (
     Session,
     SessionMessage,
 )
-from storage import AppendConflictError, Command, ProjectionConflict, SQLiteStore
+from storage import AppendConflictError, Command, EntryWrite, ProjectionConflict, SQLiteStore
 
 __all__ = ["MAX_PAGE", "Sessions", "StopHook", "no_wake"]
 
@@ -233,7 +236,9 @@ class Sessions:
         ``before`` (a message of the parent) copies the messages before it;
         absent, everything projected now. A running parent may go on: its
         unsettled step stays its own, and nothing either does later touches
-        the other.
+        the other. The child starts from the parent's newest instruction
+        values (no initial re-admission of what is unchanged) and a copy of
+        its live instruction entries.
         """
         parent = await self.get(session_id)
         if before is not None:
@@ -245,10 +250,25 @@ class Sessions:
             newest = await self._store.queries.newest_message(session_id)
             boundary = ForkBoundary(type="through", message_id=newest)
         child = ids.session_id()
-        forked = ev.SessionForked(session_id=child, parent_id=session_id, boundary=boundary)
+        # The parent's newest instruction values become the child's baseline
+        # (projected from the event); its live API entries are primary state,
+        # so the copy is written with the command, not derived on replay.
+        state, entries = await self._store.queries.instruction_inputs(session_id)
+        forked = ev.SessionForked(
+            session_id=child,
+            parent_id=session_id,
+            boundary=boundary,
+            instructions=None if state is None else dict(state.current),
+            instruction_entries=tuple({"key": k, "value": orjson.loads(v)} for k, v in entries)
+            or None,
+        )
         title = ev.SessionRenamed(session_id=child, title=_fork_title(parent.title))
+        command = attrs.evolve(
+            Command.of(forked, title, expected={child: 0}),
+            entries=tuple(EntryWrite(session_id=child, key=k, value=v) for k, v in entries),
+        )
         try:
-            await self._store.append(Command.of(forked, title, expected={child: 0}))
+            await self._store.append(command)
         except ProjectionConflict as exc:
             if exc.reason == "fork.source-missing":
                 # The parent (or the boundary message) went between the read and the append.

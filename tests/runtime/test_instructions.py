@@ -1,8 +1,9 @@
 """Instructions as value deltas, end to end: sources, admission, request assembly, epochs.
 
 A real runtime on a real SQLite file; a recording provider shows exactly what
-the model is sent. Epoch events of other issues (compaction, revert, fork,
-move) are appended directly, as their owners will append them.
+the model is sent. Epoch events of other issues (compaction, revert) are
+appended directly, as their owners will append them; forks and moves go
+through the session facade.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from actors.runtime import Runtime, RuntimeConfig
 from protocol import InstructionEntryValueTooLargeError, ModelRef
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
-from protocol.shapes import Location, SystemMessage
+from protocol.shapes import SystemMessage
 from storage import Command
 
 MODEL = ModelRef(id="rec-1", provider_id="rec")
@@ -342,33 +343,51 @@ async def test_a_committed_revert_clears_state_for_a_fresh_baseline(
     assert "builtin/environment" in fresh["data"]["delta"]
 
 
-async def test_a_fork_adopts_the_parents_newest_values_and_a_move_keeps_state(
+async def test_a_fork_adopts_the_parents_newest_values_and_copies_its_entries(
     rt: Runtime, feed: Feed, project: Path, recorder: Recorder
 ) -> None:
     (project / "AGENTS.md").write_text("v1\n")
     parent = await rt.sessions.create(CreateSessionInput(model=MODEL))
     await turn(rt, feed, parent.id, "one", 1)
     (project / "AGENTS.md").write_text("v2\n")
+    await rt.instructions.put(parent.id, "tone", "terse")
+    await rt.instructions.put(parent.id, "gone", "soon removed")
+    await rt.instructions.remove(parent.id, "gone")
     await turn(rt, feed, parent.id, "two", 2)
     _, _, _, newest = await state(rt, parent.id)
+    assert "api/tone" in newest
 
-    child = await rt.sessions.create(CreateSessionInput(model=MODEL))
-    await rt.store.append(
-        Command.of(ev.SessionForked(session_id=child.id, parent_id=parent.id, instructions=newest))
-    )
-    _, _, initial, current = await state(rt, child.id)
+    child = await rt.sessions.fork(parent.id)
+    [forked] = [e for e in feed.events if e["type"] == "session.forked"]
+    assert forked["data"]["instructions"] == newest
+    assert forked["data"]["instructionEntries"] == [{"key": "tone", "value": "terse"}]
+    epoch, through, initial, current = await state(rt, child.id)
     assert initial == current == newest
+    assert epoch == through == 1  # the fork is the child's first event
+    assert [(e.key, e.value) for e in await rt.instructions.list(child.id)] == [("tone", "terse")]
+
     await turn(rt, feed, child.id, "child", 1)
     assert updates(feed, child.id) == []  # nothing differs from the adopted values
     system = recorder.requests[-1].system[0]
     assert "v2" in system
     assert "v1" not in system
+    assert "terse" in system
 
-    before = await state(rt, child.id)
-    await rt.store.append(
-        Command.of(ev.SessionMoved(session_id=child.id, location=Location(directory="/elsewhere")))
-    )
-    assert await state(rt, child.id) == before
+    # Independent afterwards: a change on either side stays there.
+    await rt.instructions.put(parent.id, "tone", "verbose")
+    await rt.instructions.put(child.id, "lang", "en")
+    assert [(e.key, e.value) for e in await rt.instructions.list(child.id)] == [
+        ("lang", "en"),
+        ("tone", "terse"),
+    ]
+    assert [(e.key, e.value) for e in await rt.instructions.list(parent.id)] == [
+        ("tone", "verbose")
+    ]
+    await turn(rt, feed, child.id, "child again", 2)
+    [update] = updates(feed, child.id)
+    assert update["data"]["delta"].keys() == {"api/lang"}
+    await turn(rt, feed, parent.id, "three", 3)
+    assert list(updates(feed, parent.id)[-1]["data"]["delta"]) == ["api/tone"]
 
 
 async def test_skills_and_references_from_the_agents_configuration(
