@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import datetime
+import functools
 import os
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -308,6 +309,22 @@ class Sessions:
         """Request a manual compaction: a control item in the inbox (one pending at most)."""
         await self.get(session_id)
         return await self.inbox.compact(session_id, item_id, delivery)
+
+    async def move(
+        self, session_id: str, directory: str, delivery: Delivery = "steer"
+    ) -> InboxItem:
+        """Request a move to ``directory``: a control item in the inbox (one pending at most).
+
+        The directory is checked here, at admission (it exists, is a
+        directory, is not the data directory): a refusal is a 400 and admits
+        nothing. Delivery (``session.moved``) changes the Location at a Safe
+        Step Boundary; the steps after it run there.
+        """
+        await self.get(session_id)
+        await self._blocking(
+            functools.partial(self._directories.check, directory, field="directory")
+        )
+        return await self.inbox.move(session_id, Location(directory=directory), delivery)
 
     async def promote(self, session_id: str, scope: Scope) -> int:
         return len(await self.inbox.promote(session_id, scope))

@@ -32,6 +32,7 @@ from protocol.requests import (
     CreateSessionInput,
     ForkInput,
     GenerateInput,
+    MoveInput,
     PromptInput,
     SyntheticInput,
     UpdateSessionInput,
@@ -64,6 +65,7 @@ _SESSION_STATS: Final = by_id("session.stats")
 _SESSION_PROMPT: Final = by_id("session.prompt")
 _SESSION_SYNTHETIC: Final = by_id("session.synthetic")
 _SESSION_COMPACT: Final = by_id("session.compact")
+_SESSION_MOVE: Final = by_id("session.move")
 _SESSION_INTERRUPT: Final = by_id("session.interrupt")
 _SESSION_RESUME: Final = by_id("session.resume")
 _SESSION_WAIT: Final = by_id("session.wait")
@@ -383,6 +385,26 @@ class SessionsAPI(APIGroup):
             options=options,
         )
         return result
+
+    async def move(
+        self,
+        session_id: str,
+        input: MoveInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Move the session to another directory: a control item delivered at a step boundary; a
+        missing directory is a 400, another move pending a 409.
+
+        ``POST /api/session/{sessionID}/move`` (session.move). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError, ConflictError.
+        """
+        await self._call(
+            _SESSION_MOVE,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
 
     async def interrupt(
         self,

@@ -33,6 +33,7 @@ from protocol.requests import (
     CreateSessionInput,
     ForkInput,
     GenerateInput,
+    MoveInput,
     PromptInput,
     SyntheticInput,
     UpdateSessionInput,
@@ -374,6 +375,17 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         output=InboxItem,
         errors=(*_NF, e.ConflictError),
         client=("sessions", "compact"),
+    ),
+    Operation(
+        id="session.move",
+        method="POST",
+        path="/api/session/{sessionID}/move",
+        summary="Move the session to another directory: a control item delivered at a"
+        " step boundary; a missing directory is a 400, another move pending a 409",
+        body=MoveInput,
+        output_kind="no_content",
+        errors=(*_NF, e.ConflictError),
+        client=("sessions", "move"),
     ),
     Operation(
         id="session.interrupt",

@@ -24,6 +24,7 @@ __all__ = [
     "FileInput",
     "ForkInput",
     "GenerateInput",
+    "MoveInput",
     "PromptInput",
     "SyntheticInput",
     "UpdateSessionInput",
@@ -109,6 +110,17 @@ class CompactInput:
     """A manual compaction request: a control item with its own id and delivery."""
 
     id: str | None = _id_field("msg", "id")
+    delivery: Delivery = "steer"
+
+
+@attrs.frozen(kw_only=True)
+class MoveInput:
+    """Move the session to another Location: a control item with its own delivery.
+
+    The body is the public Location's fields (``directory``) and ``delivery``.
+    """
+
+    directory: str
     delivery: Delivery = "steer"
 
 

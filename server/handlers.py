@@ -34,6 +34,7 @@ from protocol.requests import (
     CreateSessionInput,
     ForkInput,
     GenerateInput,
+    MoveInput,
     PromptInput,
     SyntheticInput,
     UpdateSessionInput,
@@ -184,6 +185,11 @@ async def session_context(call: Call) -> Any:
     return await call.runtime.sessions.context(call.session_id)
 
 
+async def session_move(call: Call) -> Any:
+    body: MoveInput = call.body
+    await call.runtime.sessions.move(call.session_id, body.directory, body.delivery)
+
+
 async def session_fork(call: Call) -> Any:
     body: ForkInput = call.body
     return await call.runtime.sessions.fork(call.session_id, body.before)
@@ -241,6 +247,7 @@ HANDLERS: dict[str, Handler] = {
     "session.stats": session_stats,
     "session.prompt": session_prompt,
     "session.compact": session_compact,
+    "session.move": session_move,
     "session.synthetic": session_synthetic,
     "session.interrupt": session_interrupt,
     "session.resume": session_resume,

@@ -1,4 +1,4 @@
-"""Projectors of session structure: forks, views, imported messages, idle marks.
+"""Projectors of session structure: forks, moves, views, imported messages, idle marks.
 
 See :mod:`storage.projectors` for what a projector is and promises.
 
@@ -97,6 +97,21 @@ def _viewed(rec: RecordedEvent, e: ev.SessionViewed) -> tuple[Op, ...]:
         Op(
             "UPDATE session SET time_viewed = max(?, coalesce(time_viewed, ?)) WHERE id = ?",
             (e.idle, e.idle, e.session_id),
+            expect=1,
+            reason="session.missing",
+            subject=e.session_id,
+        ),
+    )
+
+
+def _moved(rec: RecordedEvent, e: ev.SessionMoved) -> tuple[Op, ...]:
+    # The Location changes; instruction state stays (the instruction
+    # projector has nothing for this event), so the destination's sources
+    # arrive as chronological updates at the next step.
+    return (
+        Op(
+            "UPDATE session SET directory = ?, time_updated = ? WHERE id = ?",
+            (e.location.directory, rec.created, e.session_id),
             expect=1,
             reason="session.missing",
             subject=e.session_id,
@@ -218,6 +233,7 @@ def _typed(fn: Callable[[RecordedEvent, E], tuple[Op, ...]]) -> Callable[..., tu
 STRUCTURE_PROJECTORS: Final[dict[type[ev.Event], Callable[..., tuple[Op, ...]]]] = {
     ev.SessionForked: _typed(_forked),
     ev.SessionViewed: _typed(_viewed),
+    ev.SessionMoved: _typed(_moved),
     ev.MessageImported: _typed(_message_imported),
     ev.UsageRecorded: _typed(_usage_recorded),
 }

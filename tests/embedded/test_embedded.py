@@ -12,9 +12,15 @@ import pytest
 
 from actors.runtime import RuntimeConfig
 from protocol import SessionNotFoundError
-from protocol.errors import ConflictError, PermissionNotFoundError
+from protocol.errors import ConflictError, InvalidRequestError, PermissionNotFoundError
 from protocol.operations import ExportQuery, LogQuery, PermissionReplyInput
-from protocol.requests import CreateSessionInput, GenerateInput, PromptInput, ViewInput
+from protocol.requests import (
+    CreateSessionInput,
+    GenerateInput,
+    MoveInput,
+    PromptInput,
+    ViewInput,
+)
 from protocol.shapes import Location
 from server.embedded import Embedded
 
@@ -159,3 +165,19 @@ async def test_embedded_lists_and_answers_permission_requests(tmp_path: Path) ->
                 session.id, "per_nothing", PermissionReplyInput(reply="once")
             )
         assert list(await oc.sessions.permissions(session.id)) == []
+
+
+async def test_embedded_moves_a_session(tmp_path: Path) -> None:
+    home, dest = tmp_path / "home", tmp_path / "dest"
+    home.mkdir()
+    dest.mkdir()
+    async with Embedded(tmp_path / "data") as oc:
+        session = await oc.sessions.create(
+            CreateSessionInput(location=Location(directory=str(home)))
+        )
+        with pytest.raises(InvalidRequestError):
+            await oc.sessions.move(session.id, MoveInput(directory=str(tmp_path / "missing")))
+        await oc.sessions.move(session.id, MoveInput(directory=str(dest)))
+        await oc.sessions.wait(session.id)
+        assert (await oc.sessions.get(session.id)).location == Location(directory=str(dest))
+        assert list(await oc.sessions.inbox(session.id)) == []

@@ -390,6 +390,42 @@ async def test_a_fork_adopts_the_parents_newest_values_and_copies_its_entries(
     assert list(updates(feed, parent.id)[-1]["data"]["delta"]) == ["api/tone"]
 
 
+async def test_a_move_keeps_state_and_the_destinations_sources_arrive_as_updates(
+    rt: Runtime, feed: Feed, project: Path, tmp_path: Path, recorder: Recorder
+) -> None:
+    (project / "AGENTS.md").write_text("Home rule: use tabs.\n")
+    other = tmp_path / "other"
+    (other / ".git").mkdir(parents=True)
+    (other / "AGENTS.md").write_text("Away rule: use spaces.\n")
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, s.id, "home", 1)
+    baseline = recorder.requests[0].system
+    assert "Home rule" in baseline[0]
+    start, _, initial, _ = await state(rt, s.id)
+
+    await rt.sessions.move(s.id, str(other))
+    await feed.wait("session.moved", sessionID=s.id)
+    await rt.execution.wait_idle(s.id)
+    assert len(updates(feed, s.id)) == 1  # delivery alone reads no source
+    await turn(rt, feed, s.id, "away", 3)
+
+    [_, update] = updates(feed, s.id)
+    assert "metadata" not in update  # an update, not a fresh baseline
+    assert set(update["data"]["delta"]) == {"builtin/environment", "discovery/agents"}
+    assert "Away rule: use spaces." in update["data"]["text"]
+    assert str(other) in update["data"]["text"]
+    # The epoch is the same: the request's baseline is byte for byte the first one,
+    # and the destination's values follow it chronologically.
+    away = recorder.requests[-1]
+    assert away.system == baseline
+    chat = texts(away)
+    assert [r for r, _ in chat] == ["user", "assistant", "system", "user"]
+    assert chat[2][1] == update["data"]["text"]
+    epoch, _, kept, current = await state(rt, s.id)
+    assert (epoch, kept) == (start, initial)
+    assert current["discovery/agents"] != initial["discovery/agents"]
+
+
 async def test_skills_and_references_from_the_agents_configuration(
     rt: Runtime, feed: Feed, project: Path, recorder: Recorder
 ) -> None:

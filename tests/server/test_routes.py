@@ -76,6 +76,10 @@ BODIES: dict[str, Any] = {
 
 
 async def body_for(client: Client, op: Operation, params: dict[str, str]) -> Any:
+    if op.id == "session.move":
+        # To where it is: a directory that exists and may hold a session.
+        info = await (await client.get(f"/api/session/{params['sessionID']}")).json()
+        return {"directory": info["data"]["location"]["directory"]}
     if op.id == "session.importSession":
         # A copy of the prepared session under a fresh id.
         exported = await client.get(f"/api/experimental/session/{params['sessionID']}/export")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from http_helpers import Client, create_session, runtime_of
@@ -118,3 +119,41 @@ async def test_export_import_and_stats_over_http(client: Client) -> None:
     assert data["sessions"] == 2
     assert data["models"][0]["model"]["providerID"] == "scripted"
     assert data["models"][0]["sessions"] == 2
+
+
+async def test_move_over_http(client: Client, tmp_path: Path) -> None:
+    sid = (await create_session(client))["id"]
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (tmp_path / "plain-file").write_text("x")
+    for directory, why in [
+        (str(tmp_path / "missing"), "does not exist"),
+        (str(tmp_path / "plain-file"), "is not a directory"),
+        (str(runtime_of(client).config.data_dir), "data directory"),
+    ]:
+        refused = await client.post(f"/api/session/{sid}/move", json={"directory": directory})
+        assert refused.status == 400
+        body = await refused.json()
+        assert (body["_tag"], body["field"]) == ("InvalidRequestError", "directory")
+        assert why in body["message"]
+    for bad in ({}, {"directory": 3}, {"directory": str(dest), "delivery": "later"}):
+        response = await client.post(f"/api/session/{sid}/move", json=bad)
+        assert response.status == 400, bad
+    inbox = await client.get(f"/api/session/{sid}/inbox")
+    assert (await inbox.json())["data"] == []
+
+    moved = await client.post(
+        f"/api/session/{sid}/move", json={"directory": str(dest), "delivery": "queue"}
+    )
+    assert moved.status == 204
+    assert (await client.post(f"/api/experimental/session/{sid}/wait")).status == 204
+    info = (await (await client.get(f"/api/session/{sid}")).json())["data"]
+    assert info["location"] == {"directory": str(dest)}
+    log = await runtime_of(client).store.read(sid)
+    assert [r.type for r in log][-3:] == [
+        "session.inbox.delivered.1",
+        "session.moved.1",
+        "session.execution.succeeded.1",
+    ]
+    gone = await client.post("/api/session/ses_nope/move", json={"directory": str(dest)})
+    assert (gone.status, (await gone.json())["_tag"]) == (404, "SessionNotFoundError")

@@ -1,6 +1,6 @@
 """Projections are derived data: replaying the log from zero rebuilds them exactly.
 
-Hypothesis drives random command sequences (forks and views among them)
+Hypothesis drives random command sequences (forks, moves and views among them)
 through the real facade and store (on a real file), then compares the
 incrementally maintained projections with a replay into an empty schema, and
 checks every aggregate's seq is 1..n.
@@ -65,6 +65,7 @@ operations = st.lists(
         st.tuples(st.just("fork"), pick, st.one_of(st.none(), pick)),
         st.tuples(st.just("view"), pick, st.integers(min_value=0, max_value=2**40)),
         st.tuples(st.just("compact"), pick, fixed_ids, delivery),
+        st.tuples(st.just("move"), pick, st.sampled_from(["a", "b"]), delivery),
         st.tuples(st.just("control"), pick),
         st.tuples(st.just("compaction"), pick, st.sampled_from(["start", "end", "fail"])),
         st.tuples(st.just("instructions"), pick, deltas, st.none() | texts),
@@ -79,6 +80,8 @@ operations = st.lists(
 async def run(path: Path, ops: list[tuple[Any, ...]]) -> None:
     async with SQLiteStore(path) as store:
         sessions = Sessions(store, default_directory=str(path.parent))
+        for name in ("a", "b"):
+            (path.parent / name).mkdir(exist_ok=True)
         live: list[str] = []
 
         def session(i: int) -> str:
@@ -139,15 +142,27 @@ async def run(path: Path, ops: list[tuple[Any, ...]]) -> None:
                     live[:] = [s for s in live if s in remaining]
                 elif kind == "compact":
                     await sessions.inbox.compact(session(args[0]), args[1], args[2], resume=False)
+                elif kind == "move":
+                    await sessions.inbox.move(
+                        session(args[0]),
+                        Location(directory=str(path.parent / args[1])),
+                        args[2],
+                        resume=False,
+                    )
                 elif kind == "control":
-                    # What the runner does with a compaction at the inbox head.
+                    # What the runner does with a control item at the inbox head.
                     sid = session(args[0])
                     head = control_head(await sessions.pending(sid), "input")
                     if head is not None:
-                        started = ev.CompactionStarted(
+                        fact: ev.Event = ev.CompactionStarted(
                             session_id=sid, reason="manual", recent="", input_id=head.id
                         )
-                        await sessions.inbox.control(sid, head, started)
+                        if head.type == "move":
+                            where = head.payload["location"]["directory"]
+                            fact = ev.SessionMoved(
+                                session_id=sid, location=Location(directory=where)
+                            )
+                        await sessions.inbox.control(sid, head, fact)
                 elif kind == "compaction":
                     await compaction_fact(store, session(args[0]), args[1])
                 elif kind in ("instructions", "compacted", "reverted", "moved"):
