@@ -67,6 +67,7 @@ from protocol.shapes import (
     ModelRef,
     ReasoningPart,
     SessionMessage,
+    ShellMessage,
     SyntheticMessage,
     SystemMessage,
     TextPart,
@@ -172,6 +173,8 @@ def _message_tokens(message: SessionMessage) -> int:
             return _tokens(len(render(message)))
         case AssistantMessage():
             return sum(_part_tokens(p) for p in message.parts)
+        case ShellMessage():
+            return 0  # the model sees a shell through its notice (synthetic input)
 
 
 def _part_tokens(part: TextPart | ReasoningPart | ToolPart) -> int:

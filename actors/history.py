@@ -32,6 +32,7 @@ from protocol.shapes import (
     CompactionMessage,
     ReasoningPart,
     SessionMessage,
+    ShellMessage,
     SyntheticMessage,
     SystemMessage,
     TextPart,
@@ -138,6 +139,9 @@ def _convert(message: SessionMessage) -> tuple[ChatMessage, ...]:
             return (ChatMessage(role="system", parts=(TextContent(text=message.text),)),)
         case AssistantMessage():
             return tuple(_assistant(message))
+        case ShellMessage():
+            # The model sees a shell through its notice (synthetic input), once.
+            return ()
         case CompactionMessage():
             # The boundary of the active history: summary and tail as plain
             # text, never any provider-native state. Running or failed: nothing.

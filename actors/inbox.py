@@ -28,7 +28,7 @@ before a control item (compaction, move); at the idle boundary (scope
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -38,7 +38,7 @@ from protocol import events as ev
 from protocol import ids
 from protocol.errors import ConflictError, SessionNotFoundError
 from protocol.requests import PromptInput, SyntheticInput
-from protocol.shapes import Delivery, InboxItem, InboxItemType, Location
+from protocol.shapes import Delivery, InboxItem, InboxItemType, Location, Session
 from storage import Command, ProjectionConflict, SQLiteStore
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
 #: step boundary inside a running drain (only steers deliver).
 Scope = Literal["input", "steer"]
 WakeHook = Callable[[str, Scope], None]
+RevertCommit = Callable[[Session], Awaitable[list[ev.Event]]]
 
 CONTROL_TYPES: Final[frozenset[str]] = frozenset({"compaction", "move"})
 
@@ -73,6 +74,9 @@ class Inbox:
         self._locks = locks
         self._blocking = blocking
         self._withheld = withheld or Withheld(files=(Path(store.path),))
+        #: The events committing a session's staged revert; a prompt's admission
+        #: carries them in its own transaction (set by the session facade).
+        self.revert_commit: RevertCommit | None = None
 
     # -- admission ------------------------------------------------------------------------------
 
@@ -202,6 +206,10 @@ class Inbox:
             # fewer per admission); only attachment reading happens first.
             payload = await prepare()
             receipt = await self._enqueue(session_id, type_, item_id, delivery, payload)
+        if resume and type_ == "synthetic" and self.revert_commit is not None:
+            # Held behind a staged revert: recorded, never woken for.
+            session = await self._store.queries.session(session_id)
+            resume = session is None or session.revert is None
         if resume:
             self._wake(session_id, "input")
         return receipt
@@ -250,8 +258,14 @@ class Inbox:
             inbox_id=inbox_id,
             item=ev.EnqueuedItem(type=type_, payload=payload, delivery=delivery),
         )
+        before: list[ev.Event] = []
+        if type_ == "user" and self.revert_commit is not None:
+            session = await self._store.queries.session(session_id)
+            if session is not None and session.revert is not None:
+                # Committed atomically with the prompt that replaces it.
+                before = await self.revert_commit(session)
         try:
-            (record,) = await self._store.append(Command.of(event))
+            *_, record = await self._store.append(Command.of(*before, event))
         except ProjectionConflict as exc:
             if exc.reason == "session.missing":
                 raise SessionNotFoundError(session_id) from None

@@ -47,6 +47,8 @@ from actors.llm import (
 from actors.permissions import PermissionWaiters
 from actors.reaper import kill_recorded, stale_failure
 from actors.sessions import Sessions
+from actors.shells import Environments
+from actors.snapshots import Snapshots
 from actors.step import StepRunner, retry_policy
 from actors.tools import ToolExecutor, ToolRegistry
 from actors.tools._permission import offered
@@ -138,6 +140,8 @@ class Runner:
         retry_base_delay_s: float = 2.0,
         retry_max_delay_s: float = 900.0,
         chat_cache_bytes: int = CHAT_CACHE_BYTES,
+        snapshots: Snapshots | None = None,
+        environments: Environments | None = None,
         compaction: CompactionSettings | None = None,
         model_limits: Callable[[ModelRef], ModelLimits | None] | None = None,
         waiters: PermissionWaiters | None = None,
@@ -176,6 +180,8 @@ class Runner:
             tools=tools,
             secret_env=secret_env,
             server_dirs=server_dirs,
+            snapshots=snapshots,
+            environments=environments,
             retry=retry,
             waiters=waiters,
             blocking=blocking.run,

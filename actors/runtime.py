@@ -56,8 +56,11 @@ from actors.llm import (
 from actors.locations import DirectoryRules
 from actors.permissions import PermissionWaiters
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
+from actors.revert import Reverts
 from actors.runner import InstructionSource, Runner
 from actors.sessions import Sessions
+from actors.shells import Environments, Shells
+from actors.snapshots import Snapshots
 from actors.tools import (
     DEFAULT_BASH_TIMEOUT_S,
     DEFAULT_MAX_BYTES,
@@ -325,6 +328,23 @@ class Runtime:
         self.transfer = SessionTransfer(
             self.store, self.sessions, directories=self.directories, blocking=self.blocking.run
         )
+        secret_env = frozenset(config.secret_env) | {
+            c.api_key_env for c in config.provider_configs.values() if c.api_key_env
+        }
+        self._secret_env = secret_env
+        self.environments = Environments(secret_env)
+        self.snapshots = Snapshots(
+            config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=self.blocking.run
+        )
+        self.reverts = Reverts(self.store, self.sessions.locks, self.snapshots, busy=self._busy)
+        self.sessions.inbox.revert_commit = self.reverts.commit_events
+        self.shells = Shells(
+            self.store,
+            self.sessions.locks,
+            self.environments,
+            self.bounding,
+            self.blocking.run,
+        )
         self.instructions = InstructionEntries(self.store)
         self._execution: Execution | None = None
         self.recovery = RecoveryReport()
@@ -345,11 +365,17 @@ class Runtime:
             raise ServiceUnavailableError("the runtime is not running", service="execution")
         return self._execution
 
+    async def _busy(self, session_id: str) -> bool:
+        execution = self._execution
+        return execution is not None and session_id in await execution.active()
+
     def _wake(self, session_id: str, scope: Scope) -> None:
         if self._execution is not None:
             self._execution.wake(session_id, scope)
 
     async def _stop_sessions(self, session_ids: Sequence[str]) -> None:
+        for sid in session_ids:
+            self.environments.forget(sid)
         execution = self._execution
         if execution is None:
             return
@@ -398,13 +424,14 @@ class Runtime:
                 agents=self.agents,
                 output_dir=self.config.tool_output_dir,
                 instructions=self.config.instructions or self._builtin_instructions(),
-                secret_env=frozenset(self.config.secret_env)
-                | {c.api_key_env for c in self.config.provider_configs.values() if c.api_key_env},
+                secret_env=self._secret_env,
                 server_dirs=(self.config.data_dir,),
                 default_model=self.config.default_model or SCRIPTED_MODEL,
                 retry_base_delay_s=self.config.retry_base_delay_s,
                 retry_max_delay_s=self.config.retry_max_delay_s,
                 chat_cache_bytes=self.config.decode_cache_bytes,
+                snapshots=self.snapshots,
+                environments=self.environments,
                 compaction=CompactionSettings(
                     auto=self.config.compaction,
                     buffer=self.config.compaction_buffer,
@@ -428,7 +455,11 @@ class Runtime:
             self._stack.push_async_callback(_cancel, sweeper)
             self._execution = await Execution.start(_DurableHooks(self.store, runner))
             self._stack.push_async_callback(self._stop_execution)
+            # Closed before execution stops: a shutdown kills running shells,
+            # whose entries stay running until the next start cancels them.
+            self._stack.push_async_callback(self.shells.aclose)
             if self.config.recover:
+                await self.shells.recover()
                 self.recovery = await self.recover()
         except BaseException:
             await self.aclose()

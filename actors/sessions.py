@@ -103,6 +103,8 @@ class Sessions:
         self._waiters = PermissionWaiters() if waiters is None else waiters
         self._stop = stop
         self._locks = KeyedLock()
+        #: The per-session inbox lock; revert mutations and shell notices take it too.
+        self.locks = self._locks
         self._blocking = blocking
         self._directories = directories or DirectoryRules()
         data_dir = self._directories.data_dir

@@ -74,6 +74,8 @@ from actors.llm import (
     ToolInputStart,
 )
 from actors.permissions import PermissionWaiters
+from actors.shells import Environments
+from actors.snapshots import Snapshots
 from actors.tool_calls import Blocking, ToolCalls
 from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
@@ -99,6 +101,8 @@ CONTINUE_TEXT: Final = (
     " stopped, without repeating what you already wrote."
 )
 CONTINUE_DESCRIPTION: Final = "Continuing after an incomplete response"
+#: Tools whose call makes the step take a snapshot after it (``step.ended``).
+WRITING_TOOLS: Final = frozenset({"write", "edit", "bash"})
 _ABORTED: Final = ev.ErrorInfo(type="aborted", message="Step interrupted")
 
 #: Builds the step's request again from projected history; ``native=False``
@@ -203,12 +207,16 @@ class StepRunner:
         secret_env: frozenset[str] = frozenset(),
         server_dirs: tuple[Path, ...] = (),
         retry: RetryPolicy | None = None,
+        snapshots: Snapshots | None = None,
+        environments: Environments | None = None,
         waiters: PermissionWaiters | None = None,
         blocking: Blocking | None = None,
     ) -> None:
         self._blocking = blocking
         self._waiters = PermissionWaiters() if waiters is None else waiters
         self._store = store
+        self._snapshots = snapshots
+        self._environments = environments
         self._secret_env = secret_env
         self._server_dirs = server_dirs
         self._bus = bus
@@ -241,11 +249,13 @@ class StepRunner:
         rebuilt = False
         compacted = False
         started = False
+        before: str | None = None
         while True:
             physical += 1
             step = self._attempt(session, agent, assistant_id)
             if not started:
                 started = True
+                before = await self._track(session)
                 step.emit(
                     ev.StepStarted(
                         session_id=session.id,
@@ -253,6 +263,7 @@ class StepRunner:
                         agent=agent.name,
                         model=request.model,
                         started=now_ms(),
+                        snapshot=before,
                     )
                 )
             attempt = attrs.evolve(request, metadata={**request.metadata, "attempt": physical})
@@ -331,7 +342,36 @@ class StepRunner:
                 log.exception("step of %s failed unexpectedly", session.id)
                 error = ev.ErrorInfo(type="unknown", message=f"{type(exc).__name__}: {exc}")
                 return await self._failed(step, error)
-            return await self._end(step, finished, outcomes, limited)
+            return await self._end(step, finished, outcomes, limited, session, before)
+
+    async def _track(self, session: Session, paths: list[str] | None = None) -> str | None:
+        """The session directory's snapshot now; None without a store or a git work tree."""
+        if self._snapshots is None:
+            return None
+        try:
+            return await self._snapshots.track(session.location.directory, paths)
+        except Exception as exc:
+            # A broken snapshot store (or a bug in it) costs revert its files,
+            # never the step.
+            log.warning("snapshot of %s failed: %s", session.id, exc)
+            return None
+
+    async def _after_writes(
+        self, step: _Attempt, session: Session, before: str | None
+    ) -> tuple[str | None, tuple[str, ...] | None]:
+        if before is None or self._snapshots is None or not (step.calls.ran_tools & WRITING_TOOLS):
+            return None, None
+        calls = step.calls
+        paths = None if "bash" in calls.ran_tools else sorted(calls.written_paths)
+        after = await self._track(session, paths)
+        if after is None:
+            return None, None
+        try:
+            files = await self._snapshots.changed(session.location.directory, before, after)
+        except Exception as exc:
+            log.warning("snapshot diff of %s failed: %s", session.id, exc)
+            return None, None
+        return after, files
 
     def _attempt(self, session: Session, agent: Agent, assistant_id: str) -> _Attempt:
         step = _Attempt(self._store, self._bus, session.id, assistant_id)
@@ -345,6 +385,9 @@ class StepRunner:
             output_dir=self._output_dir,
             secret_env=self._secret_env,
             server_dirs=self._server_dirs,
+            environment=(
+                None if self._environments is None else self._environments.variables(session.id)
+            ),
             waiters=self._waiters,
             blocking=self._blocking,
             session_rules=functools.partial(self._store.queries.permission_rules, session.id),
@@ -478,7 +521,13 @@ class StepRunner:
         await step.flushed()
 
     async def _end(
-        self, step: _Attempt, finished: Finish, outcomes: list[ToolOutcome], limited: bool
+        self,
+        step: _Attempt,
+        finished: Finish,
+        outcomes: list[ToolOutcome],
+        limited: bool,
+        session: Session,
+        before: str | None,
     ) -> StepOutcome:
         sid, aid = step.session_id, step.assistant_id
         step.calls.fail_unfinished("The model never completed the tool call")
@@ -500,6 +549,7 @@ class StepRunner:
             )
             await step.flushed()
             return StepOutcome(error=error)
+        snapshot, files = await self._after_writes(step, session, before)
         step.emit(
             ev.StepEnded(
                 session_id=sid,
@@ -508,6 +558,8 @@ class StepRunner:
                 cost=finished.usage.cost,
                 tokens=_tokens(finished.usage),
                 provider_state=step.provider_state,
+                snapshot=snapshot,
+                files=files,
             )
         )
         await step.flushed()

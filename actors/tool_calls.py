@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import functools
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -108,6 +108,7 @@ class ToolCalls:
         output_dir: Path,
         secret_env: frozenset[str],
         server_dirs: tuple[Path, ...],
+        environment: Mapping[str, str] | None = None,
         waiters: PermissionWaiters | None = None,
         session_rules: SessionRules = _no_rules,
         blocking: Blocking | None = None,
@@ -125,6 +126,12 @@ class ToolCalls:
         self._output_dir = output_dir
         self._secret_env = secret_env
         self._server_dirs = server_dirs
+        self._environment = environment or {}
+        #: Names of the tools this step ran (a write, edit or bash makes a snapshot).
+        self.ran_tools: set[str] = set()
+        #: The paths write/edit calls named (a snapshot need only look at these
+        #: when no bash ran).
+        self.written_paths: set[str] = set()
         #: Calls whose input started streaming but that were never completed (id -> name).
         self._unfinished: dict[str, str] = {}
         self._tasks: dict[str, asyncio.Task[ToolOutcome]] = {}
@@ -232,7 +239,11 @@ class ToolCalls:
             secret_env=self._secret_env,
             server_dirs=self._server_dirs,
             external=external,
+            environment=self._environment,
         )
+        self.ran_tools.add(call.name)
+        if call.name in ("write", "edit") and isinstance(call.input.get("path"), str):
+            self.written_paths.add(call.input["path"])
         try:
             outcome = await self._executor.execute(call.name, call.input, ctx, owner=self._owner)
         except SucceededThenInterrupted as late:

@@ -15,6 +15,8 @@ from protocol.operations import (
     ActiveSession,
     AgentInput,
     DeliveryInput,
+    DiffQuery,
+    EnvironmentInput,
     ExportQuery,
     GenerateResult,
     InstructionEntryInput,
@@ -24,7 +26,9 @@ from protocol.operations import (
     MessagesQuery,
     ModelInput,
     PermissionReplyInput,
+    RevertStageInput,
     SessionListQuery,
+    ShellInput,
     by_id,
 )
 from protocol.requests import (
@@ -39,12 +43,14 @@ from protocol.requests import (
     ViewInput,
 )
 from protocol.shapes import (
+    FileDiff,
     InboxItem,
     InstructionEntry,
     Page,
     Session,
     SessionExport,
     SessionMessage,
+    SessionRevert,
     SessionStats,
 )
 
@@ -79,6 +85,12 @@ _SESSION_PERMISSION_REPLY: Final = by_id("session.permission.reply")
 _SESSION_MESSAGES: Final = by_id("session.messages")
 _SESSION_MESSAGE_GET: Final = by_id("session.message.get")
 _SESSION_CONTEXT: Final = by_id("session.context")
+_SESSION_SHELL: Final = by_id("session.shell")
+_SESSION_ENVIRONMENT: Final = by_id("session.environment")
+_SESSION_REVERT_STAGE: Final = by_id("session.revert.stage")
+_SESSION_REVERT_CLEAR: Final = by_id("session.revert.clear")
+_SESSION_REVERT_COMMIT: Final = by_id("session.revert.commit")
+_SESSION_DIFF: Final = by_id("session.diff")
 _SESSION_LOG: Final = by_id("session.log")
 _SESSION_INSTRUCTIONS_ENTRY_LIST: Final = by_id("session.instructions.entry.list")
 _SESSION_INSTRUCTIONS_ENTRY_PUT: Final = by_id("session.instructions.entry.put")
@@ -666,6 +678,120 @@ class SessionsAPI(APIGroup):
         result: tuple[SessionMessage, ...] = await self._call(
             _SESSION_CONTEXT,
             path_params={"sessionID": session_id},
+            options=options,
+        )
+        return result
+
+    async def shell(
+        self,
+        session_id: str,
+        input: ShellInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Run a user shell command now, in the background; its end is a notice.
+
+        ``POST /api/session/{sessionID}/shell`` (session.shell). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError, ConflictError.
+        """
+        await self._call(
+            _SESSION_SHELL,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+
+    async def environment(
+        self,
+        session_id: str,
+        input: EnvironmentInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Replace the variables the session's shell commands and bash tool get.
+
+        ``PUT /api/session/{sessionID}/environment`` (session.environment). Errors:
+        InvalidRequestError, UnauthorizedError, SessionNotFoundError.
+        """
+        await self._call(
+            _SESSION_ENVIRONMENT,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+
+    async def revert_stage(
+        self,
+        session_id: str,
+        input: RevertStageInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> SessionRevert:
+        """Hide the transcript from a message on and, with files, restore its files.
+
+        ``POST /api/session/{sessionID}/revert/stage`` (session.revert.stage). Errors:
+        InvalidRequestError, UnauthorizedError, SessionNotFoundError, MessageNotFoundError,
+        SessionBusyError, UnknownError.
+        """
+        result: SessionRevert = await self._call(
+            _SESSION_REVERT_STAGE,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+        return result
+
+    async def revert_clear(
+        self,
+        session_id: str,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Undo a staged revert: the transcript and the files come back.
+
+        ``DELETE /api/session/{sessionID}/revert`` (session.revert.clear). Errors:
+        InvalidRequestError, UnauthorizedError, SessionNotFoundError, SessionBusyError,
+        UnknownError.
+        """
+        await self._call(
+            _SESSION_REVERT_CLEAR,
+            path_params={"sessionID": session_id},
+            options=options,
+        )
+
+    async def revert_commit(
+        self,
+        session_id: str,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Make a staged revert permanent.
+
+        ``POST /api/session/{sessionID}/revert/commit`` (session.revert.commit). Errors:
+        InvalidRequestError, UnauthorizedError, SessionNotFoundError, SessionBusyError.
+        """
+        await self._call(
+            _SESSION_REVERT_COMMIT,
+            path_params={"sessionID": session_id},
+            options=options,
+        )
+
+    async def diff(
+        self,
+        session_id: str,
+        query: DiffQuery | None = None,
+        *,
+        options: CallOptions | None = None,
+    ) -> tuple[FileDiff, ...]:
+        """File diffs between the snapshots before two user messages.
+
+        ``GET /api/session/{sessionID}/diff`` (session.diff). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError, MessageNotFoundError, UnknownError.
+        """
+        result: tuple[FileDiff, ...] = await self._call(
+            _SESSION_DIFF,
+            path_params={"sessionID": session_id},
+            query=query,
             options=options,
         )
         return result

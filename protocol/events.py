@@ -19,7 +19,15 @@ import attrs
 import orjson
 
 from protocol import codec
-from protocol.shapes import Delivery, ForkBoundary, InboxItemType, Location, ModelRef
+from protocol.shapes import (
+    Delivery,
+    ForkBoundary,
+    InboxItemType,
+    Location,
+    ModelRef,
+    SessionRevert,
+    ShellInfo,
+)
 
 __all__ = [
     "LIVE_TYPES",
@@ -54,13 +62,18 @@ __all__ = [
     "ReasoningEnded",
     "ReasoningStarted",
     "RetryScheduled",
+    "RevertCleared",
     "RevertCommitted",
+    "RevertStaged",
     "SessionCreated",
     "SessionDeleted",
     "SessionForked",
     "SessionMoved",
     "SessionRenamed",
     "SessionViewed",
+    "ShellEnded",
+    "ShellSpawned",
+    "ShellStarted",
     "StepEnded",
     "StepFailed",
     "StepStarted",
@@ -277,10 +290,57 @@ class InstructionsUpdated(Event):
 # -- projection reads, named as reference §2.2 names them.
 
 
+# -- user shells and reverts ------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ShellStarted(Event):
+    TYPE = "session.shell.started"
+    shell: ShellInfo
+
+
+@attrs.frozen(kw_only=True)
+class ShellSpawned(Event):
+    """A user shell's process group exists and has not yet run the command.
+
+    Durable before the command may do anything (it waits behind a gate), so
+    the next start can kill a group a crash left running before it records
+    the shell as ``cancelled``. The group is named as in :class:`ToolSpawned`.
+    """
+
+    TYPE = "session.shell.spawned"
+    shell_id: str
+    pgid: int
+    start_ticks: int
+    boot_id: str
+
+
+@attrs.frozen(kw_only=True)
+class ShellEnded(Event):
+    """The command ended (or was cancelled); ``output`` is bounded like tool output."""
+
+    TYPE = "session.shell.ended"
+    shell: ShellInfo
+    output: str
+
+
+@attrs.frozen(kw_only=True)
+class RevertStaged(Event):
+    TYPE = "session.revert.staged"
+    revert: SessionRevert
+
+
+@attrs.frozen(kw_only=True)
+class RevertCleared(Event):
+    TYPE = "session.revert.cleared"
+
+
 @attrs.frozen(kw_only=True)
 class RevertCommitted(Event):
+    """The staged revert is permanent: the transcript from ``to`` on leaves the
+    projections (never the log) and instruction state is cleared."""
+
     TYPE = "session.revert.committed"
-    #: The message the session was reverted to.
     to: str
 
 
@@ -354,6 +414,8 @@ class StepStarted(Event):
     model: ModelRef
     #: Dispatch time, epoch ms.
     started: int
+    #: The file snapshot before the step (absent outside a git work tree).
+    snapshot: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -366,6 +428,10 @@ class StepEnded(Event):
     #: Provider-native continuation state (e.g. reasoning signatures), replayed
     #: only to the exact provider and model that produced it.
     provider_state: Mapping[str, Any] | None = None
+    #: The file snapshot after a step that ran a writing tool (a tree id of the
+    #: project's snapshot store), and the paths it changed, relative to the Location.
+    snapshot: str | None = None
+    files: tuple[str, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -646,8 +712,13 @@ REGISTRY: Mapping[str, type[Event]] = {
         InboxCancelled,
         InboxDeliveryChanged,
         SyntheticRecorded,
-        InstructionsUpdated,
+        ShellStarted,
+        ShellSpawned,
+        ShellEnded,
+        RevertStaged,
+        RevertCleared,
         RevertCommitted,
+        InstructionsUpdated,
         SessionForked,
         SessionMoved,
         ExecutionStarted,

@@ -143,7 +143,7 @@ def _parameters(op: Operation, schemas: _Schemas) -> list[dict[str, Any]]:
         for field in attrs.fields(op.query):
             params.append(
                 {
-                    "name": codec.wire_name(field.name),
+                    "name": field.metadata.get("wire", codec.wire_name(field.name)),
                     "in": "query",
                     "required": False,
                     "schema": field.metadata.get("schema") or schemas.of(hints[field.name]),

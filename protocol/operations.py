@@ -41,6 +41,7 @@ from protocol.requests import (
 )
 from protocol.shapes import (
     Delivery,
+    FileDiff,
     InboxItem,
     InstructionEntry,
     ModelRef,
@@ -48,6 +49,7 @@ from protocol.shapes import (
     Session,
     SessionExport,
     SessionMessage,
+    SessionRevert,
     SessionStats,
 )
 
@@ -56,6 +58,8 @@ __all__ = [
     "ActiveSession",
     "AgentInput",
     "DeliveryInput",
+    "DiffQuery",
+    "EnvironmentInput",
     "ExportQuery",
     "GenerateResult",
     "InstructionEntryInput",
@@ -67,7 +71,9 @@ __all__ = [
     "Operation",
     "OutputKind",
     "PermissionReplyInput",
+    "RevertStageInput",
     "SessionListQuery",
+    "ShellInput",
     "by_id",
 ]
 
@@ -136,6 +142,38 @@ class ModelInput:
 @attrs.frozen(kw_only=True)
 class DeliveryInput:
     delivery: Delivery
+
+
+_MSG_ID: Final = {"type": "string", "pattern": r"^msg_[0-9A-Za-z_-]{1,100}$"}
+
+
+@attrs.frozen(kw_only=True)
+class ShellInput:
+    #: The shell entry's id (a message id); a retry with the same id starts nothing.
+    id: str | None = attrs.field(default=None, metadata={"schema": _MSG_ID})
+    command: str
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentInput:
+    variables: Mapping[str, str]
+
+
+@attrs.frozen(kw_only=True)
+class RevertStageInput:
+    message_id: str = attrs.field(metadata={"schema": _MSG_ID})
+    #: Also restore the files the later steps changed.
+    files: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class DiffQuery:
+    #: User message ids: the snapshots before each; ``to`` left out is now.
+    from_: str | None = attrs.field(default=None, metadata={"wire": "from"})
+    to: str | None = None
+    context: int | None = attrs.field(
+        default=None, metadata={"schema": {"type": "integer", "minimum": 0}}
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -515,6 +553,66 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         output=SessionMessage,
         errors=_NF,
         client=("sessions", "context"),
+    ),
+    Operation(
+        id="session.shell",
+        method="POST",
+        path="/api/session/{sessionID}/shell",
+        summary="Run a user shell command now, in the background; its end is a notice",
+        body=ShellInput,
+        output_kind="no_content",
+        errors=(*_NF, e.ConflictError),
+        client=("sessions", "shell"),
+    ),
+    Operation(
+        id="session.environment",
+        method="PUT",
+        path="/api/session/{sessionID}/environment",
+        summary="Replace the variables the session's shell commands and bash tool get",
+        body=EnvironmentInput,
+        output_kind="no_content",
+        errors=_NF,
+        client=("sessions", "environment"),
+    ),
+    Operation(
+        id="session.revert.stage",
+        method="POST",
+        path="/api/session/{sessionID}/revert/stage",
+        summary="Hide the transcript from a message on and, with files, restore its files",
+        body=RevertStageInput,
+        output_kind="data",
+        output=SessionRevert,
+        errors=(*_NF, e.MessageNotFoundError, e.SessionBusyError, e.UnknownError),
+        client=("sessions", "revert_stage"),
+    ),
+    Operation(
+        id="session.revert.clear",
+        method="DELETE",
+        path="/api/session/{sessionID}/revert",
+        summary="Undo a staged revert: the transcript and the files come back",
+        output_kind="no_content",
+        errors=(*_NF, e.SessionBusyError, e.UnknownError),
+        client=("sessions", "revert_clear"),
+    ),
+    Operation(
+        id="session.revert.commit",
+        method="POST",
+        path="/api/session/{sessionID}/revert/commit",
+        summary="Make a staged revert permanent",
+        output_kind="no_content",
+        errors=(*_NF, e.SessionBusyError),
+        client=("sessions", "revert_commit"),
+    ),
+    Operation(
+        id="session.diff",
+        method="GET",
+        path="/api/session/{sessionID}/diff",
+        summary="File diffs between the snapshots before two user messages",
+        query=DiffQuery,
+        output_kind="items",
+        output=FileDiff,
+        errors=(*_NF, e.MessageNotFoundError, e.UnknownError),
+        client=("sessions", "diff"),
     ),
     Operation(
         id="session.log",

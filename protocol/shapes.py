@@ -15,6 +15,7 @@ __all__ = [
     "CompactionMessage",
     "Delivery",
     "FileAttachment",
+    "FileDiff",
     "FileSource",
     "ForkBoundary",
     "InboxItem",
@@ -32,8 +33,11 @@ __all__ = [
     "Session",
     "SessionExport",
     "SessionMessage",
+    "SessionRevert",
     "SessionStats",
     "SessionTime",
+    "ShellInfo",
+    "ShellMessage",
     "SyntheticMessage",
     "SystemMessage",
     "TextPart",
@@ -126,9 +130,51 @@ class Session:
     #: The retry the session is waiting for, if any (``session.retry.scheduled``);
     #: later activity or the execution's terminal clears it.
     retry: RetryState | None = None
+    #: A staged revert (``session.revert.staged``) until it is cleared or committed.
+    revert: SessionRevert | None = None
     #: The session this one was forked from, and where (``session.forked``).
     fork_session_id: str | None = None
     fork_boundary: ForkBoundary | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SessionRevert:
+    """A staged revert: the transcript from ``message_id`` on is hidden.
+
+    ``snapshot`` is the tree the files were in when the revert was staged (what
+    a clear restores) and ``files`` the paths it restored; both are absent for
+    a transcript-only revert.
+    """
+
+    message_id: str
+    snapshot: str | None = None
+    files: tuple[str, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ShellInfo:
+    """A user shell command (``session.shell``)."""
+
+    id: str
+    command: str
+    #: ``running``, then ``completed`` / ``failed`` (exit ≠ 0 or no start) / ``cancelled``.
+    state: Literal["running", "completed", "failed", "cancelled"] = "running"
+    exit: int | None = None
+    time_started: int
+    time_ended: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class FileDiff:
+    """One file's change between two snapshots (``session.diff``)."""
+
+    file: str
+    status: Literal["added", "deleted", "modified"]
+    additions: int
+    deletions: int
+    #: The unified diff text; empty for binary files.
+    patch: str
+    binary: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -253,6 +299,19 @@ class SystemMessage:
 
 
 @attrs.frozen(kw_only=True)
+class ShellMessage:
+    """A user shell command and (once it ended) its bounded output."""
+
+    type: Literal["shell"] = "shell"
+    id: str
+    session_id: str
+    seq: int
+    time: MessageTime
+    shell: ShellInfo
+    output: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class CompactionMessage:
     """A compaction's transcript row: ``running`` until it ends or fails.
 
@@ -274,7 +333,12 @@ class CompactionMessage:
 
 
 SessionMessage = (
-    UserMessage | SyntheticMessage | AssistantMessage | SystemMessage | CompactionMessage
+    UserMessage
+    | SyntheticMessage
+    | AssistantMessage
+    | SystemMessage
+    | ShellMessage
+    | CompactionMessage
 )
 
 

@@ -67,7 +67,11 @@ Checks (:func:`check_database`, importable; each finding is a :class:`Violation`
 (d) claims: ``time_claimed`` is NULL or ``resume_attempts`` within the bound (the
     server's default, ``actors.recovery.DEFAULT_MAX_ATTEMPTS``); after the settle, NULL;
 (e) ``storage.rebuild.rebuild_projections``: stored projections == rebuilt;
-(f) permissions (:func:`check_permissions`): no call runs unasked: a marker whose call
+(f) user shells: each ended at most once (once after the settle), its notice enqueued
+    with the end (id = shell id + ``n``), never twice; none left running after the settle;
+(g) reverts: the stored staged revert is the last revert event's; a commit left no
+    transcript row at or after its boundary.
+(h) permissions (:func:`check_permissions`): no call runs unasked: a marker whose call
     carries ``true ASK`` has a start line only if its ``session.permission.asked`` has a
     ``once``/``always`` reply committed before the line was written, or an earlier
     ``always`` reply in its session has a pattern matching the call's asked command; a
@@ -123,9 +127,15 @@ from actors.recovery import DEFAULT_MAX_ATTEMPTS
 from actors.tools._permission import matches, simple_commands
 from protocol.client import Client, ClientError
 from protocol.errors import DomainError
-from protocol.operations import InterruptQuery, MessagesQuery, PermissionReplyInput
+from protocol.operations import (
+    InterruptQuery,
+    MessagesQuery,
+    PermissionReplyInput,
+    RevertStageInput,
+    ShellInput,
+)
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
-from protocol.shapes import Delivery, InboxItem
+from protocol.shapes import Delivery, InboxItem, Location
 from storage.rebuild import rebuild_projections
 
 __all__ = [
@@ -137,7 +147,9 @@ __all__ = [
     "check_database",
     "check_permissions",
     "check_rebuild",
+    "check_reverts",
     "check_sequences",
+    "check_shells",
     "check_tools",
     "main",
     "read_ledger",
@@ -503,7 +515,7 @@ def check_permissions(
     *,
     settled: bool = True,
 ) -> list[Violation]:
-    """(f) nothing asked runs without an allowing answer; one answer per request."""
+    """(h) nothing asked runs without an allowing answer; one answer per request."""
     out: list[Violation] = []
     asked: dict[str, Event] = {}
     asks_of: dict[CallKey, list[Event]] = collections.defaultdict(list)
@@ -611,6 +623,95 @@ def check_claims(
     return out
 
 
+def check_shells(
+    conn: sqlite3.Connection, events: Sequence[Event], *, settled: bool = True
+) -> list[Violation]:
+    """(f) user shells: ended at most once (once after the settle), one notice each.
+
+    The notice's id is the shell id plus ``n`` (``actors.shells.notice_id``); it is
+    enqueued in the same transaction as the end, so an end without its notice, a
+    notice without an end, or two of either is a violation; a ``cancelled`` end
+    (recovery at start) never comes from the process that started the shell.
+    """
+    out: list[Violation] = []
+    started: dict[str, Event] = {}
+    ended: dict[str, list[Event]] = collections.defaultdict(list)
+    notices: collections.Counter[str] = collections.Counter()
+    for e in events:
+        if e.type == "session.shell.started":
+            started[e.data["shell"]["id"]] = e
+        elif e.type == "session.shell.ended":
+            ended[e.data["shell"]["id"]].append(e)
+        elif e.type == "session.inbox.enqueued":
+            meta = e.data.get("item", {}).get("payload", {}).get("metadata") or {}
+            if meta.get("source") == "shell":
+                notices[e.data["inboxID"]] += 1
+    for shell_id, start in started.items():
+        ends = ended.get(shell_id, [])
+        if len(ends) > 1:
+            out.append(Violation("shell.ended-twice", f"{shell_id}: {len(ends)} shell.ended"))
+        if settled and not ends:
+            out.append(Violation("shell.never-ended", f"{shell_id}: still running after settle"))
+        if notices[f"{shell_id}n"] != len(ends[:1]):
+            out.append(
+                Violation(
+                    "shell.notice",
+                    f"{shell_id}: {len(ends)} ends, {notices[f'{shell_id}n']} notices",
+                )
+            )
+        if (
+            ends
+            and ends[0].data["shell"]["state"] == "cancelled"
+            and ends[0].created < start.created
+        ):
+            out.append(Violation("shell.order", f"{shell_id}: cancelled before it started"))
+    running = conn.execute(
+        "SELECT id FROM session_message WHERE type = 'shell'"
+        " AND json_extract(data, '$.shell.state') = 'running'"
+    ).fetchall()
+    if settled and running:
+        out.append(Violation("shell.projection", f"running after settle: {running[:5]}"))
+    for shell_id in ended:
+        if shell_id not in started:
+            out.append(Violation("shell.orphan-end", f"{shell_id}: ended, never started"))
+    return out
+
+
+def check_reverts(conn: sqlite3.Connection, events: Sequence[Event]) -> list[Violation]:
+    """(g) reverts: the session's staged revert is the last revert event's, and a
+    committed revert left no transcript row at or after its boundary that predates it."""
+    out: list[Violation] = []
+    last: dict[str, Event] = {}
+    boundary: dict[str, tuple[int, int]] = {}  # session -> (boundary seq, commit seq)
+    seq_of: dict[tuple[str, str], int] = {}
+    for e in events:
+        if e.type in ("session.inbox.delivered",):
+            seq_of[(e.aggregate_id, e.data["inboxID"])] = e.seq
+        elif e.type in ("session.revert.staged", "session.revert.cleared"):
+            last[e.aggregate_id] = e
+        elif e.type == "session.revert.committed":
+            last[e.aggregate_id] = e
+            at = seq_of.get((e.aggregate_id, e.data["to"]))
+            if at is not None:
+                boundary[e.aggregate_id] = (at, e.seq)
+    for sid, e in last.items():
+        row = conn.execute("SELECT revert FROM session WHERE id = ?", (sid,)).fetchone()
+        if row is None:
+            continue
+        staged = json.loads(row[0]) if row[0] else None
+        want = e.data["revert"] if e.type == "session.revert.staged" else None
+        if staged != want:
+            out.append(Violation("revert.state", f"{sid}: stored {staged} after {e.type}"))
+    for sid, (at, commit) in boundary.items():
+        left = conn.execute(
+            "SELECT id FROM session_message WHERE session_id = ? AND seq >= ? AND seq < ?",
+            (sid, at, commit),
+        ).fetchall()
+        if left:
+            out.append(Violation("revert.leftover", f"{sid}: {left[:5]} survived the commit"))
+    return out
+
+
 def check_rebuild(path: str | Path) -> list[Violation]:
     """(e) replaying the log gives the stored projections."""
     try:
@@ -644,7 +745,7 @@ def check_database(
     settled: bool = True,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> list[Violation]:
-    """Every database check, (a) to (e), on the database file at ``path`` (read-only)."""
+    """Every database check, (a) to (h), on the database file at ``path`` (read-only)."""
     lines, out = read_ledger(ledger)
     conn = _open_ro(path)
     try:
@@ -655,6 +756,8 @@ def check_database(
         out += check_tools(conn, events, lines, boots, settled=settled)
         out += check_permissions(conn, events, lines, settled=settled)
         out += check_claims(conn, max_attempts=max_attempts, settled=settled)
+        out += check_shells(conn, events, settled=settled)
+        out += check_reverts(conn, events)
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -865,6 +968,8 @@ class Stats:
     interrupts: int = 0
     tool_prompts: int = 0
     markers: int = 0
+    shells: int = 0
+    reverts: int = 0
     asks_answered: dict[str, int] = dataclasses.field(default_factory=collections.Counter)
     answers_refused: int = 0
 
@@ -878,6 +983,9 @@ class Sim:
         self.ledger = workdir / "ledger.txt"
         self.exe = exe
         self.sessions: list[str] = []
+        #: A session in a git work tree for shells and reverts; outside ``sessions``,
+        #: whose admissions check (a) follows (a committed revert removes rows).
+        self.revert_session: str | None = None
         self.receipts: list[Receipt] = []
         self.unknown: dict[str, Request] = {}
         self.history: dict[str, list[Request]] = collections.defaultdict(list)
@@ -1052,12 +1160,79 @@ class Sim:
                         self.send(client, original, retry=True),
                         self.send(client, original, retry=True),
                     )
+            elif roll < 0.78:
+                await self.shell_or_revert(client, rng, tag)
             elif roll < 0.80:
                 sid = rng.choice(self.sessions)
                 self.stats.interrupts += 1
                 with contextlib.suppress(ClientError):
                     await client.sessions.interrupt(sid, InterruptQuery(resume=rng.random() < 0.5))
             await asyncio.sleep(rng.uniform(0.005, 0.06))
+
+    async def boot_shells_and_reverts(self, client: Client, rng: random.Random, tag: str) -> None:
+        """Each boot: a shell the kill will find running, and a revert step on the git session."""
+        sid = self.revert_session
+        if sid is None:
+            return
+        self.stats.shells += 1
+        with contextlib.suppress(ClientError, DomainError):
+            await client.sessions.shell(
+                rng.choice([*self.sessions, sid]),
+                ShellInput(id=f"msg_cssh{self._name(tag)}", command="sleep 60"),
+            )
+        with contextlib.suppress(ClientError, TimeoutError):
+            await asyncio.wait_for(client.sessions.wait(sid), 5)  # a revert needs it idle
+        for roll in (rng.uniform(0.65, 1.0), 0.5):
+            await self.shell_or_revert(client, rng, tag, roll)
+
+    async def shell_or_revert(
+        self, client: Client, rng: random.Random, tag: str, roll: float | None = None
+    ) -> None:
+        """A user shell (any session), or a revert step on the git session."""
+        sid = self.revert_session
+        if sid is None:
+            return
+        roll = rng.random() if roll is None else roll
+        try:
+            await self._shell_or_revert(client, rng, tag, sid, roll)
+        except ClientError:
+            pass  # the kill
+        except DomainError as exc:
+            # Busy (409) while the git session runs, or its message vanished: expected.
+            if exc.status not in (404, 409):
+                self.violations.append(Violation("api.error", f"shell/revert: {exc!r}"))
+
+    async def _shell_or_revert(
+        self, client: Client, rng: random.Random, tag: str, sid: str, roll: float
+    ) -> None:
+        if True:
+            if roll < 0.4:
+                self.stats.shells += 1
+                target = rng.choice([*self.sessions, sid])
+                command = f"echo {self._name(tag)} >> shell.log; sleep {rng.choice((0, 0.2, 1))}"
+                await client.sessions.shell(
+                    target, ShellInput(id=f"msg_cssh{self._name(tag)}", command=command)
+                )
+            elif roll < 0.65:
+                name = self._name(tag)
+                text = (
+                    "#tool write "
+                    + json.dumps({"path": f"f{rng.randint(0, 3)}.txt", "content": name})
+                    + "\n---\n#text wrote"
+                )
+                await client.sessions.prompt(sid, PromptInput(text=text))
+            else:
+                page = await client.sessions.messages(sid, MessagesQuery(limit=20))
+                users = [m.id for m in page.data if m.type == "user"]
+                self.stats.reverts += 1
+                if users and roll < 0.85:
+                    await client.sessions.revert_stage(
+                        sid, RevertStageInput(message_id=rng.choice(users), files=True)
+                    )
+                elif roll < 0.93:
+                    await client.sessions.revert_clear(sid)
+                else:
+                    await client.sessions.revert_commit(sid)
 
     async def feed(self, client: Client, connected: asyncio.Event) -> None:
         with contextlib.suppress(ClientError):
@@ -1252,7 +1427,16 @@ class Sim:
                             CreateSessionInput(title=f"crashsim {k}", agent=AGENT)
                         )
                         self.sessions.append(session.id)
+                    project = self.workdir / "project"
+                    await asyncio.to_thread(_git_project, project)
+                    session = await client.sessions.create(
+                        CreateSessionInput(
+                            title="crashsim git", location=Location(directory=str(project))
+                        )
+                    )
+                    self.revert_session = session.id
                 await self.retry_unknown(client)
+                await self.boot_shells_and_reverts(client, self.rng("boot", index, "git"), tag)
                 for w in range(WORKERS):
                     worker_rng = self.rng("boot", index, "worker", w)
                     tasks.append(asyncio.create_task(self.worker(client, worker_rng, f"{tag}w{w}")))
@@ -1352,6 +1536,12 @@ class Sim:
         await self.settle()
 
 
+def _git_project(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    (path / ".gitignore").write_text("shell.log\n")
+
+
 # -- report ------------------------------------------------------------------------------------
 
 
@@ -1409,6 +1599,8 @@ def build_report(sim: Sim, started: float) -> dict[str, Any]:
             "same_payload": stats.retries_same,
             "different_payload": stats.retries_different,
             "concurrent_duplicates": stats.retries_concurrent,
+            "shells": stats.shells,
+            "reverts": stats.reverts,
             "after_crash": stats.retries_after_crash,
             "after_crash_already_committed": stats.committed_before_kill,
         },

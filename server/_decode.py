@@ -51,7 +51,7 @@ def decode_query(op: Operation, request: web.Request) -> Any:
     hints = typing.get_type_hints(op.query)
     values: dict[str, Any] = {}
     for field in attrs.fields(op.query):
-        wire = codec.wire_name(field.name)
+        wire = field.metadata.get("wire", codec.wire_name(field.name))
         raw = request.query.get(wire)
         if raw is None:
             continue

@@ -43,7 +43,7 @@ __all__ = ["Guard", "normalize_origin"]
 Endpoint = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _STATE_CHANGING: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-_METHODS: Final = "GET, HEAD, POST, PATCH, DELETE"
+_METHODS: Final = "GET, HEAD, POST, PUT, PATCH, DELETE"
 _HEADERS: Final = "Authorization, Content-Type, Last-Event-ID, x-opencode-directory"
 _REFUSED_SITES: Final = frozenset({"cross-site", "same-site"})
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}

@@ -19,6 +19,8 @@ from protocol.operations import (
     ActiveSession,
     AgentInput,
     DeliveryInput,
+    DiffQuery,
+    EnvironmentInput,
     ExportQuery,
     GenerateResult,
     InstructionEntryInput,
@@ -27,7 +29,9 @@ from protocol.operations import (
     MessagesQuery,
     ModelInput,
     PermissionReplyInput,
+    RevertStageInput,
     SessionListQuery,
+    ShellInput,
 )
 from protocol.requests import (
     CompactInput,
@@ -219,6 +223,38 @@ async def session_stats(call: Call) -> Any:
     return await call.runtime.transfer.stats()
 
 
+async def session_shell(call: Call) -> Any:
+    body: ShellInput = call.body
+    session = await call.runtime.sessions.get(call.session_id)
+    await call.runtime.shells.start(session, body.command, body.id)
+
+
+async def session_environment(call: Call) -> Any:
+    body: EnvironmentInput = call.body
+    await call.runtime.sessions.get(call.session_id)
+    call.runtime.environments.replace(call.session_id, body.variables)
+
+
+async def revert_stage(call: Call) -> Any:
+    body: RevertStageInput = call.body
+    return await call.runtime.reverts.stage(call.session_id, body.message_id, body.files)
+
+
+async def revert_clear(call: Call) -> Any:
+    await call.runtime.reverts.clear(call.session_id)
+
+
+async def revert_commit(call: Call) -> Any:
+    await call.runtime.reverts.commit(call.session_id)
+
+
+async def session_diff(call: Call) -> Any:
+    q: DiffQuery = call.query or DiffQuery()
+    return await call.runtime.reverts.diff(
+        call.session_id, q.from_, q.to, 3 if q.context is None else q.context
+    )
+
+
 async def instruction_entries(call: Call) -> Any:
     return await call.runtime.instructions.list(call.session_id)
 
@@ -262,6 +298,12 @@ HANDLERS: dict[str, Handler] = {
     "session.messages": session_messages,
     "session.message.get": session_message,
     "session.context": session_context,
+    "session.shell": session_shell,
+    "session.environment": session_environment,
+    "session.revert.stage": revert_stage,
+    "session.revert.clear": revert_clear,
+    "session.revert.commit": revert_commit,
+    "session.diff": session_diff,
     "session.instructions.entry.list": instruction_entries,
     "session.instructions.entry.put": instruction_entry_put,
     "session.instructions.entry.remove": instruction_entry_remove,

@@ -11,7 +11,7 @@ from storage.errors import (
     StoreClosedError,
     StoreLockedError,
 )
-from storage.queries import Claim, OpenToolCall, Queries, ToolProcess
+from storage.queries import Claim, OpenToolCall, Queries, RunningShell, ToolProcess
 from storage.rebuild import dump_projections, rebuild_projections
 from storage.recorder import (
     Command,
@@ -38,6 +38,7 @@ __all__ = [
     "Queries",
     "RecordedEvent",
     "Recorder",
+    "RunningShell",
     "SQLiteStore",
     "SeqConflictError",
     "StorageBrokenError",

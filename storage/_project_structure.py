@@ -32,6 +32,10 @@ E = TypeVar("E", bound=ev.Event)
 _SETTLED: Final = (
     "(m.type <> 'assistant' OR json_extract(m.data, '$.finish') IS NOT NULL"
     " OR json_extract(m.data, '$.error') IS NOT NULL)"
+    # Nor what a staged revert hides (its boundary message and all after it).
+    " AND NOT EXISTS (SELECT 1 FROM session rs JOIN session_message rb"
+    " ON rb.id = json_extract(rs.revert, '$.messageID') AND rb.session_id = rs.id"
+    " WHERE rs.id = m.session_id AND m.seq >= rb.seq)"
 )
 
 

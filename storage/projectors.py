@@ -18,6 +18,7 @@ from typing import Any, Final, TypeVar
 
 import orjson
 
+from protocol import codec
 from protocol import events as ev
 from storage._ops import Op, json_text, touch
 from storage._project_compaction import COMPACTION_PROJECTORS
@@ -58,7 +59,7 @@ def _created(rec: RecordedEvent, e: ev.SessionCreated) -> tuple[Op, ...]:
 
 _SET: Final = {
     column: f"UPDATE session SET {column} = ?, time_updated = ? WHERE id = ?"
-    for column in ("title", "metadata", "agent", "model")
+    for column in ("title", "metadata", "agent", "model", "revert")
 }
 
 
@@ -207,6 +208,90 @@ def _synthetic(rec: RecordedEvent, e: ev.SyntheticRecorded) -> tuple[Op, ...]:
     )
 
 
+def _shell_data(shell: Any, output: str | None) -> str:
+    data: dict[str, Any] = {"shell": codec.to_json(shell)}
+    if output is not None:
+        data["output"] = output
+    return orjson.dumps(data).decode()
+
+
+def _shell_started(rec: RecordedEvent, e: ev.ShellStarted) -> tuple[Op, ...]:
+    return (
+        touch(rec),
+        Op(
+            "INSERT INTO session_message"
+            " (id, session_id, type, seq, time_created, time_updated, data)"
+            " SELECT ?, ?, 'shell', ?, ?, ?, ?"
+            " WHERE NOT EXISTS (SELECT 1 FROM session_inbox WHERE id = ?)"
+            " ON CONFLICT (id) DO NOTHING",
+            (
+                e.shell.id,
+                e.session_id,
+                rec.seq,
+                rec.created,
+                rec.created,
+                _shell_data(e.shell, None),
+                e.shell.id,
+            ),
+            expect=1,
+            reason="message.id-taken",
+            subject=e.shell.id,
+        ),
+    )
+
+
+def _shell_spawned(rec: RecordedEvent, e: ev.ShellSpawned) -> tuple[Op, ...]:
+    process = {"pgid": e.pgid, "startTicks": e.start_ticks, "bootID": e.boot_id}
+    return (
+        Op(
+            "UPDATE session_message SET data = json_set(data, '$.process', json(?))"
+            " WHERE id = ? AND session_id = ? AND type = 'shell'"
+            " AND json_extract(data, '$.shell.state') = 'running'",
+            (orjson.dumps(process).decode(), e.shell_id, e.session_id),
+            expect=1,
+            reason="shell.not-running",
+            subject=e.shell_id,
+        ),
+    )
+
+
+def _shell_ended(rec: RecordedEvent, e: ev.ShellEnded) -> tuple[Op, ...]:
+    return (
+        touch(rec),
+        Op(
+            "UPDATE session_message SET data = ?, time_updated = ?"
+            " WHERE id = ? AND session_id = ? AND type = 'shell'"
+            " AND json_extract(data, '$.shell.state') = 'running'",
+            (_shell_data(e.shell, e.output), rec.created, e.shell.id, e.session_id),
+            expect=1,
+            reason="shell.not-running",
+            subject=e.shell.id,
+        ),
+    )
+
+
+def _revert_staged(rec: RecordedEvent, e: ev.RevertStaged) -> tuple[Op, ...]:
+    return _set(rec, "revert", json_text(e.revert))
+
+
+def _revert_cleared(rec: RecordedEvent, e: ev.RevertCleared) -> tuple[Op, ...]:
+    return _set(rec, "revert", None)
+
+
+def _revert_committed(rec: RecordedEvent, e: ev.RevertCommitted) -> tuple[Op, ...]:
+    # The boundary message and everything after it leave the transcript (their
+    # parts cascade); the log keeps them. Instruction state is cleared by the
+    # instruction projection's own hook.
+    return (
+        Op(
+            "DELETE FROM session_message WHERE session_id = ? AND seq >="
+            " (SELECT seq FROM session_message WHERE id = ? AND session_id = ?)",
+            (e.session_id, e.to, e.session_id),
+        ),
+        *_set(rec, "revert", None),
+    )
+
+
 def _typed(fn: Callable[[RecordedEvent, E], tuple[Op, ...]]) -> Callable[..., tuple[Op, ...]]:
     return fn
 
@@ -242,6 +327,12 @@ _SESSION_PROJECTORS: Final[dict[type[ev.Event], Projector]] = {
     ev.InboxCancelled: _typed(_cancelled),
     ev.InboxDeliveryChanged: _typed(_delivery_changed),
     ev.SyntheticRecorded: _typed(_synthetic),
+    ev.ShellStarted: _typed(_shell_started),
+    ev.ShellSpawned: _typed(_shell_spawned),
+    ev.ShellEnded: _typed(_shell_ended),
+    ev.RevertStaged: _typed(_revert_staged),
+    ev.RevertCleared: _typed(_revert_cleared),
+    ev.RevertCommitted: _typed(_revert_committed),
 }
 
 _PROJECTORS: Final = _combined(

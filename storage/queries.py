@@ -41,7 +41,10 @@ from protocol.shapes import (
     RetryState,
     Session,
     SessionMessage,
+    SessionRevert,
     SessionTime,
+    ShellInfo,
+    ShellMessage,
     SyntheticMessage,
     SystemMessage,
     Tokens,
@@ -90,12 +93,29 @@ class ToolProcess:
     boot_id: str
 
 
+@attrs.frozen(kw_only=True)
+class RunningShell:
+    """A user shell entry still ``running``, with its process group once recorded."""
+
+    session_id: str
+    shell: ShellInfo
+    #: ``(pgid, start_ticks, boot_id)`` from ``session.shell.spawned``; None before it.
+    process: tuple[int, int, str] | None = None
+
+
 Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Row]]]
 
 _SESSION_COLUMNS: Final = (
     "id, parent_id, title, agent, model, directory, metadata, cost, tokens_input,"
     " tokens_output, tokens_reasoning, tokens_cache_read, tokens_cache_write,"
-    " time_created, time_updated, retry, fork_session_id, fork_boundary, time_idle, time_viewed"
+    " time_created, time_updated, retry, revert, fork_session_id, fork_boundary, time_idle,"
+    " time_viewed"
+)
+# Rows a staged revert hides: its boundary message and everything after it.
+_VISIBLE: Final = (
+    "NOT EXISTS (SELECT 1 FROM session rs JOIN session_message rb"
+    " ON rb.id = json_extract(rs.revert, '$.messageID') AND rb.session_id = rs.id"
+    " WHERE rs.id = session_message.session_id AND session_message.seq >= rb.seq)"
 )
 _MESSAGE_COLUMNS: Final = "id, session_id, type, seq, time_created, time_updated, data"
 # Messages with their parts in one statement (one reader round trip): the parts'
@@ -187,7 +207,7 @@ class Queries:
         self, session_id: str, order: Order, limit: int, anchor: MessageAnchor | None
     ) -> Page[SessionMessage]:
         """One page of a session's transcript ordered by seq, continuing from ``anchor``."""
-        where = ["session_id = ?"]
+        where = ["session_id = ?", _VISIBLE]
         params: list[Any] = [session_id]
         if anchor is not None:
             where.append(f"seq {_cmp(order, anchor.direction)} ?")
@@ -221,9 +241,10 @@ class Queries:
     async def context(self, session_id: str) -> list[SessionMessage]:
         """The active history: from the last completed compaction on (all without one)."""
         rows = await self._fetch(
-            f"{_WITH_PARTS} WHERE session_id = ? AND seq >= coalesce((SELECT max(seq)"
-            " FROM session_message WHERE session_id = ? AND type = 'compaction'"
-            " AND json_extract(data, '$.status') = 'completed'), 0) ORDER BY seq",
+            f"{_WITH_PARTS} WHERE session_id = ? AND {_VISIBLE} AND seq >= coalesce((SELECT"
+            " max(seq) FROM session_message WHERE session_id = ? AND type = 'compaction'"
+            f" AND json_extract(data, '$.status') = 'completed' AND {_VISIBLE}), 0)"
+            " ORDER BY seq",
             (session_id, session_id),
         )
         return [self._decoded(r) for r in rows]
@@ -254,7 +275,8 @@ class Queries:
 
     async def newest_message(self, session_id: str) -> str | None:
         rows = await self._fetch(
-            "SELECT id FROM session_message WHERE session_id = ? ORDER BY seq DESC LIMIT 1",
+            f"SELECT id FROM session_message WHERE session_id = ? AND {_VISIBLE}"
+            " ORDER BY seq DESC LIMIT 1",
             (session_id,),
         )
         return str(rows[0][0]) if rows else None
@@ -284,6 +306,68 @@ class Queries:
             " GROUP BY 1 ORDER BY 1",
             (),
         )
+
+    async def message_seq(self, session_id: str, message_id: str) -> int | None:
+        """The transcript position of a message, hidden or not; None if absent."""
+        rows = await self._fetch(
+            "SELECT seq FROM session_message WHERE id = ? AND session_id = ?",
+            (message_id, session_id),
+        )
+        return int(rows[0][0]) if rows else None
+
+    async def held_synthetic(self, session_id: str) -> list[str]:
+        """Pending synthetic input admitted since the session's revert was staged."""
+        rows = await self._fetch(
+            "SELECT id FROM session_inbox WHERE session_id = ? AND type = 'synthetic'"
+            " AND enqueued_seq > (SELECT MAX(seq) FROM event WHERE aggregate_id = ?"
+            " AND type = 'session.revert.staged.1') ORDER BY enqueued_seq",
+            (session_id, session_id),
+        )
+        return [str(r[0]) for r in rows]
+
+    # -- shells and snapshots -------------------------------------------------------------------
+
+    async def running_shells(self) -> list[RunningShell]:
+        """Every shell entry still ``running``, by session and log order."""
+        rows = await self._fetch(
+            "SELECT session_id, json_extract(data, '$.shell'), json_extract(data, '$.process')"
+            " FROM session_message"
+            " WHERE type = 'shell' AND json_extract(data, '$.shell.state') = 'running'"
+            " ORDER BY session_id, seq",
+            (),
+        )
+        out = []
+        for r in rows:
+            p = None if r[2] is None else orjson.loads(r[2])
+            out.append(
+                RunningShell(
+                    session_id=str(r[0]),
+                    shell=codec.from_json(ShellInfo, orjson.loads(r[1])),
+                    process=None if p is None else (p["pgid"], p["startTicks"], p["bootID"]),
+                )
+            )
+        return out
+
+    async def step_snapshots(
+        self, session_id: str, from_seq: int = 0
+    ) -> list[tuple[int, str | None, tuple[str, ...]]]:
+        """The snapshots steps recorded from ``from_seq`` on, in log order.
+
+        Each row is (seq, snapshot, files): a ``step.started`` gives the tree
+        before the step and no files, a ``step.ended`` the tree after it and
+        the paths it changed.
+        """
+        rows = await self._fetch(
+            "SELECT seq, json_extract(data, '$.snapshot'), json_extract(data, '$.files')"
+            " FROM event WHERE aggregate_id = ? AND seq >= ?"
+            " AND type IN ('session.step.started.1', 'session.step.ended.1')"
+            " AND json_extract(data, '$.snapshot') IS NOT NULL ORDER BY seq",
+            (session_id, from_seq),
+        )
+        return [
+            (int(r[0]), str(r[1]), tuple(orjson.loads(r[2])) if r[2] is not None else ())
+            for r in rows
+        ]
 
     # -- execution ------------------------------------------------------------------------------
 
@@ -560,10 +644,11 @@ def _session(r: Row) -> Session:
         tokens=Tokens(
             input=r[8], output=r[9], reasoning=r[10], cache=CacheTokens(read=r[11], write=r[12])
         ),
-        time=SessionTime(created=r[13], updated=r[14], idle=r[18], viewed=r[19]),
+        time=SessionTime(created=r[13], updated=r[14], idle=r[19], viewed=r[20]),
         retry=None if r[15] is None else codec.from_json(RetryState, orjson.loads(r[15])),
-        fork_session_id=r[16],
-        fork_boundary=None if r[17] is None else codec.from_json(ForkBoundary, orjson.loads(r[17])),
+        revert=None if r[16] is None else codec.from_json(SessionRevert, orjson.loads(r[16])),
+        fork_session_id=r[17],
+        fork_boundary=None if r[18] is None else codec.from_json(ForkBoundary, orjson.loads(r[18])),
     )
 
 
@@ -639,6 +724,15 @@ def message_from_row(r: Row, parts: Sequence[Any] = ()) -> SessionMessage:
             text=payload.get("text", ""),
             description=payload.get("description"),
             metadata=payload.get("metadata"),
+        )
+    if r[2] == "shell":
+        return ShellMessage(
+            id=r[0],
+            session_id=r[1],
+            seq=r[3],
+            time=time,
+            shell=codec.from_json(ShellInfo, data["shell"]),
+            output=data.get("output"),
         )
     if r[2] == "compaction":
         return CompactionMessage(

@@ -25,7 +25,22 @@ from typing import Final
 
 import attrs
 
-__all__ = ["ProcessGroup", "group_alive", "identify", "kill_group", "kill_stale"]
+__all__ = [
+    "GATE",
+    "GATE_OPEN",
+    "ProcessGroup",
+    "group_alive",
+    "identify",
+    "kill_group",
+    "kill_stale",
+]
+
+#: A gated command: ``[shell, "-c", GATE, shell, command]`` waits for
+#: :data:`GATE_OPEN` on stdin, then becomes ``shell -c command`` with stdin on
+#: /dev/null. Without the line (EOF: we closed it, or died) nothing runs and it
+#: exits 125. The group exists, and can be recorded, before the command runs.
+GATE: Final = 'read -r go || exit 125; exec </dev/null; exec "$0" -c "$1"'
+GATE_OPEN: Final = b"go\n"
 
 _PROC: Final = Path("/proc")
 _BOOT_ID: Final = _PROC / "sys" / "kernel" / "random" / "boot_id"

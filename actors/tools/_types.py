@@ -111,6 +111,9 @@ class ToolContext:
     #: Names of environment variables a tool's subprocess must not inherit
     #: (beyond the built-in rule of :func:`actors.tools.tool_environment`).
     secret_env: frozenset[str] = frozenset()
+    #: The session's own variables (``PUT …/environment``), over the server's
+    #: environment without its secrets.
+    environment: Mapping[str, str] = attrs.field(factory=dict)
     #: Resolved paths outside the Location this call was granted by the
     #: ``external_directory`` permission (the path, and below it for a directory).
     external: tuple[Path, ...] = ()

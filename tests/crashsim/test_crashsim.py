@@ -220,7 +220,50 @@ async def test_the_checker_catches_tool_calls_left_open(tmp_path: Path) -> None:
     )
 
 
-# -- (f) permissions: a real asked call, then forged histories ---------------------------------
+async def _shell_history(tmp_path: Path) -> Path:
+    """A database with one finished user shell (its end and notice in one transaction)."""
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+    async with Runtime(config) as rt:
+        s = await rt.sessions.create(CreateSessionInput())
+        await rt.shells.start(s, "echo hi", "msg_csSH1")
+        while not await rt.sessions.pending(s.id):
+            await rt.sessions.get(s.id)  # the shell's notice arrives with its end
+    return config.db_path
+
+
+async def test_the_checker_passes_shells_and_catches_a_lost_or_doubled_notice(
+    tmp_path: Path,
+) -> None:
+    db = await _shell_history(tmp_path)
+    ledger = tmp_path / "none.txt"
+    ledger.write_text("")
+    assert crashsim.check_database(db, [], ledger) == []
+    broken = _copy(db, tmp_path / "broken.sqlite")
+    conn = sqlite3.connect(broken)
+    with conn:
+        # The notice gone: the end was recorded without it.
+        conn.execute("DELETE FROM session_inbox")
+        conn.execute(
+            "DELETE FROM event WHERE type = 'session.inbox.enqueued.1'"
+            " AND json_extract(data, '$.inboxID') = 'msg_csSH1n'"
+        )
+    conn.close()
+    assert "shell.notice" in _checks(crashsim.check_database(broken, [], ledger))
+    # A shell left running after the settle.
+    running = _copy(db, tmp_path / "running.sqlite")
+    conn = sqlite3.connect(running)
+    with conn:
+        conn.execute("DELETE FROM event WHERE type = 'session.shell.ended.1'")
+        conn.execute(
+            "UPDATE session_message SET data = json_set(data, '$.shell.state', 'running')"
+            " WHERE type = 'shell'"
+        )
+    conn.close()
+    found = _checks(crashsim.check_database(running, [], ledger))
+    assert {"shell.never-ended", "shell.projection", "shell.notice"} <= found
+
+
+# -- (h) permissions: a real asked call, then forged histories ---------------------------------
 
 
 async def _asked_history(tmp_path: Path) -> tuple[Path, Path]:

@@ -257,3 +257,14 @@ async def test_stats_count_sessions_and_usage_by_model(runtime: Runtime, feed: F
     assert model.tokens == parent.tokens
     assert stats.tokens == parent.tokens
     assert stats.cost == pytest.approx(0.75)
+
+
+async def test_a_fork_leaves_out_what_a_staged_revert_hides(runtime: Runtime, feed: Feed) -> None:
+    parent_id, messages = await two_turns(runtime, feed)
+    await runtime.reverts.stage(parent_id, messages[2].id, False)
+    child = await runtime.sessions.fork(parent_id)
+    assert child.fork_boundary == ForkBoundary(type="through", message_id=messages[1].id)
+    assert [content(m) for m in await transcript(runtime, child.id)] == [
+        content(m) for m in messages[:2]
+    ]
+    await replay_matches(runtime)

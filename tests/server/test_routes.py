@@ -69,6 +69,8 @@ BODIES: dict[str, Any] = {
     "session.inbox.update": {"delivery": "steer"},
     "session.view": {"idle": 1},
     "session.generate": {"prompt": "#text hi"},
+    "session.shell": {"command": "true"},
+    "session.environment": {"variables": {"GREETING": "hi"}},
     "session.compact": {"delivery": "queue"},
     "session.permission.reply": {"reply": "once"},
     "session.instructions.entry.put": {"value": {"tone": "terse"}},
@@ -86,6 +88,8 @@ async def body_for(client: Client, op: Operation, params: dict[str, str]) -> Any
         document = await exported.json()
         document["info"]["id"] = "ses_imported" + params["sessionID"][-8:]
         return document
+    if op.id == "session.revert.stage":
+        return {"messageID": params["messageID"]}
     return BODIES.get(op.id)
 
 

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final, Literal
 
 from actors.tools._environment import tool_environment
-from actors.tools._process import identify, kill_group
+from actors.tools._process import GATE, GATE_OPEN, identify, kill_group
 from actors.tools._types import ToolContext, ToolError, ToolResult, text_item
 from protocol import ids
 
@@ -67,11 +67,6 @@ _POLL_S: Final = 0.05
 _DRAIN_S: Final = 0.1
 _PROGRESS_TAIL: Final = 4_096
 _ERROR_TAIL: Final = 16_384
-#: The gate: wait for our line on stdin, then become ``bash -c <command>`` with
-#: stdin on /dev/null. Without the line (EOF: we closed it, or died) nothing runs.
-#: Exit 125 is never reported: the gate fails only when the call has already failed.
-_GATE: Final = 'read -r go || exit 125; exec </dev/null; exec "$0" -c "$1"'
-_OPEN: Final = b"go\n"
 
 Stop = Literal["aborted", "timeout"]
 
@@ -230,13 +225,13 @@ class BashTool:
         deadline = time.monotonic() + timeout
         try:
             proc = subprocess.Popen(
-                [self._shell, "-c", _GATE, self._shell, input["command"]],
+                [self._shell, "-c", GATE, self._shell, input["command"]],
                 cwd=ctx.directory,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=tool_environment(secret_env=ctx.secret_env),
+                env={**tool_environment(secret_env=ctx.secret_env), **ctx.environment},
             )
         except OSError as exc:
             raise ToolError(f"Could not start {self._shell}: {exc}") from exc
@@ -253,7 +248,7 @@ class BashTool:
                 else:
                     # EPIPE: the shell is gone already; _pump reports how it ended.
                     with contextlib.suppress(BrokenPipeError):
-                        os.write(gate, _OPEN)
+                        os.write(gate, GATE_OPEN)  # exit 125 (gate closed) only follows a failure
             finally:
                 proc.stdin.close()
             if stop is None:

@@ -1,0 +1,337 @@
+"""User shell commands (``session.shell``) and the session environment.
+
+A shell starts at once as background work owned by :class:`Shells` (the
+host), not by the request that asked for it: the caller gets its 204 when
+``session.shell.started`` is durable, a client that disconnects cancels
+nothing, and closing the host (:meth:`Shells.aclose`) kills every running
+command's process group. It never waits for the session's execution or for
+another shell, and it wakes nothing.
+
+On completion (or a failure to start) one command records
+``session.shell.ended {shell, output}`` and admits the notice as synthetic
+input (steer, ``resume: false``): the agent sees it at its next step without
+being woken. Both in one transaction, under the inbox lock, with a notice id
+derived from the shell id: a notice is never lost between the two and never
+admitted twice. A shell still ``running`` at the next start (a crash or a
+shutdown killed it) is ended as ``cancelled`` the same way by
+:meth:`Shells.recover` ("Command cancelled because the server restarted").
+
+A command runs in its own process group behind a gate (as the bash tool's
+do): ``session.shell.spawned`` names the group durably before the command may
+run, so after a crash :meth:`Shells.recover` kills what is still running
+(the same group: same leader start time, same boot) before it records the
+cancellation. No shell outlives the host that started it by more than a
+restart.
+
+Output is read to at most ``max_output_bytes`` (the rest is counted and
+dropped) and bounded like tool output (:class:`~actors.tools.OutputBounding`:
+a preview, the full text in a managed file).
+
+:class:`Environments` holds each session's variables (``PUT …/environment``)
+in memory only: they may be credentials, so they never enter the log, an
+event or a line of output. Shell commands and the bash tool get the server's
+environment without its secrets (:func:`~actors.tools.tool_environment`)
+overlaid with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+from actors._keyed_lock import KeyedLock
+from actors.tools import OutputBounding, ToolResult, tool_environment
+from actors.tools._process import GATE, GATE_OPEN, ProcessGroup, identify, kill_stale
+from protocol import events as ev
+from protocol import ids
+from protocol.errors import ConflictError, InvalidRequestError, SessionNotFoundError
+from protocol.shapes import Session, ShellInfo
+from storage import Command, ProjectionConflict, SQLiteStore
+
+__all__ = ["CANCELLED_TEXT", "Environments", "Shells", "notice_id"]
+
+CANCELLED_TEXT: Final = "Command cancelled because the server restarted"
+#: Bytes of one command's output read before the rest is dropped (counted only).
+MAX_OUTPUT_BYTES: Final = 8 * 1024 * 1024
+#: Sessions whose environment is kept; bytes of one session's variables.
+MAX_ENVIRONMENTS: Final = 10_000
+MAX_ENVIRONMENT_BYTES: Final = 1024 * 1024
+
+Bound = Callable[[str], Awaitable[str]]
+#: Runs a blocking callable off the loop (the runtime's bounded BlockingExecutor).
+Blocking = Callable[..., Awaitable[Any]]
+#: SIGTERM to SIGKILL for a group a crash left running: nobody reads its output.
+STALE_KILL_GRACE_S: Final = 0.5
+
+
+def notice_id(shell_id: str) -> str:
+    """The stable id of a shell's completion notice."""
+    return f"{shell_id}n"
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Environments:
+    """The variables of each session, in memory (bounded: count and bytes)."""
+
+    def __init__(self, secret_env: frozenset[str] = frozenset()) -> None:
+        self._secret_env = secret_env
+        self._vars: dict[str, dict[str, str]] = {}
+
+    def replace(self, session_id: str, variables: Mapping[str, str]) -> None:
+        size = 0
+        for name, value in variables.items():
+            if not name or "=" in name or "\0" in name or "\0" in value:
+                raise InvalidRequestError(
+                    f"invalid environment variable {name!r}", field="variables"
+                )
+            size += len(name.encode()) + len(value.encode())
+        if size > MAX_ENVIRONMENT_BYTES:
+            raise InvalidRequestError(
+                f"the environment exceeds {MAX_ENVIRONMENT_BYTES} bytes", field="variables"
+            )
+        self._vars.pop(session_id, None)
+        if variables:
+            if len(self._vars) >= MAX_ENVIRONMENTS:
+                # The oldest replaced environment goes first (dicts keep insertion order).
+                del self._vars[next(iter(self._vars))]
+            self._vars[session_id] = dict(variables)
+
+    def variables(self, session_id: str) -> Mapping[str, str]:
+        return self._vars.get(session_id, {})
+
+    def forget(self, session_id: str) -> None:
+        self._vars.pop(session_id, None)
+
+    def for_process(self, session_id: str) -> dict[str, str]:
+        """What a shell or bash process of the session gets."""
+        return {**tool_environment(secret_env=self._secret_env), **self.variables(session_id)}
+
+
+class Shells:
+    def __init__(
+        self,
+        store: SQLiteStore,
+        locks: KeyedLock,
+        environments: Environments,
+        bounding: OutputBounding,
+        bound_on: Blocking,
+        *,
+        shell: str = "/bin/bash",
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> None:
+        self._store = store
+        self._locks = locks
+        self._env = environments
+        self._bounding = bounding
+        self._bound_on = bound_on
+        self._shell = shell
+        self._cap = max_output_bytes
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def running(self) -> int:
+        return len(self._tasks)
+
+    async def start(self, session: Session, command: str, shell_id: str | None = None) -> str:
+        """Record the start and launch the command; returns its shell id."""
+        if self._closed:
+            raise asyncio.CancelledError()
+        if not command.strip():
+            raise InvalidRequestError("command must not be empty", field="command")
+        if shell_id is not None:
+            ids.validate("msg", shell_id, field="id")
+            existing = await self._store.queries.message(session.id, shell_id)
+            if existing is not None and existing.type == "shell":
+                return shell_id  # an exact retry: the first start stands
+        sid = shell_id or ids.message_id()
+        info = ShellInfo(id=sid, command=command, time_started=_now())
+        try:
+            await self._store.append(Command.of(ev.ShellStarted(session_id=session.id, shell=info)))
+        except ProjectionConflict as exc:
+            if exc.reason == "session.missing":
+                raise SessionNotFoundError(session.id) from None
+            raise ConflictError(str(exc), resource="message") from None
+        task = asyncio.get_running_loop().create_task(self._run(session, info), name=f"shell-{sid}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return sid
+
+    async def aclose(self) -> None:
+        """Kill every running command; their entries stay running for :meth:`recover`."""
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def recover(self) -> int:
+        """End every shell a previous process left running as ``cancelled``."""
+        count = 0
+        stale = [
+            r
+            for r in await self._store.queries.running_shells()
+            if not any(t.get_name() == f"shell-{r.shell.id}" for t in self._tasks)
+        ]
+        groups = [
+            ProcessGroup(pgid=r.process[0], start_ticks=r.process[1], boot_id=r.process[2])
+            for r in stale
+            if r.process is not None
+        ]
+        if groups:
+            # Killed before the cancellation is recorded: nothing runs on unseen.
+            await self._bound_on(kill_stale, groups, STALE_KILL_GRACE_S)
+        for r in stale:
+            session_id, info = r.session_id, r.shell
+            ended = ShellInfo(
+                id=info.id,
+                command=info.command,
+                state="cancelled",
+                time_started=info.time_started,
+                time_ended=_now(),
+            )
+            if await self._end(session_id, ended, CANCELLED_TEXT):
+                count += 1
+        return count
+
+    async def _run(self, session: Session, info: ShellInfo) -> None:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self._shell,
+                "-c",
+                GATE,
+                self._shell,
+                info.command,
+                cwd=session.location.directory,
+                env=self._env.for_process(session.id),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            failed = ShellInfo(
+                id=info.id,
+                command=info.command,
+                state="failed",
+                time_started=info.time_started,
+                time_ended=_now(),
+            )
+            await self._end(session.id, failed, f"Could not start the command: {exc.strerror}")
+            return
+        try:
+            await self._open_gate(session.id, info.id, proc)
+            output = await self._read(proc)
+            code = await proc.wait()
+        except BaseException:
+            _kill_group(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await asyncio.shield(proc.wait())
+            raise
+        # The shell ended; what it left behind in its group goes with it.
+        _kill_group(proc.pid)
+        text = await self._bound(output)
+        ended = ShellInfo(
+            id=info.id,
+            command=info.command,
+            state="completed" if code == 0 else "failed",
+            exit=code,
+            time_started=info.time_started,
+            time_ended=_now(),
+        )
+        await self._end(session.id, ended, text)
+
+    async def _open_gate(
+        self, session_id: str, shell_id: str, proc: asyncio.subprocess.Process
+    ) -> None:
+        """Record the (still gated) group durably, then let the command run."""
+        assert proc.stdin is not None
+        group = await self._bound_on(identify, proc.pid)
+        if group is not None:  # None: no /proc to name it by (not Linux)
+            await self._store.append(
+                Command.of(
+                    ev.ShellSpawned(
+                        session_id=session_id,
+                        shell_id=shell_id,
+                        pgid=group.pgid,
+                        start_ticks=group.start_ticks,
+                        boot_id=group.boot_id,
+                    )
+                )
+            )
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(GATE_OPEN)
+            await proc.stdin.drain()
+        proc.stdin.close()
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> str:
+        assert proc.stdout is not None
+        chunks: list[bytes] = []
+        kept = dropped = 0
+        while chunk := await proc.stdout.read(64 * 1024):
+            room = self._cap - kept
+            if room > 0:
+                chunks.append(chunk[:room])
+                kept += min(room, len(chunk))
+            dropped += max(0, len(chunk) - max(room, 0))
+        text = b"".join(chunks).decode("utf-8", "replace")
+        if dropped:
+            text += f"\n... {dropped} more bytes of output were not kept ...\n"
+        return text
+
+    async def _bound(self, output: str) -> str:
+        result = await self._bound_on(lambda: self._bounding.bound(ToolResult.text(output)))
+        return "".join(str(c.get("text", "")) for c in result.content if c.get("type") == "text")
+
+    async def _end(self, session_id: str, info: ShellInfo, output: str) -> bool:
+        """Record the end and admit the notice, atomically; False if already ended."""
+        nid = notice_id(info.id)
+        notice = ev.InboxEnqueued(
+            session_id=session_id,
+            inbox_id=nid,
+            item=ev.EnqueuedItem(
+                type="synthetic",
+                delivery="steer",
+                payload={
+                    "text": (
+                        f'<shell id="{info.id}" state="{info.state}"'
+                        f' command="{html.escape(info.command)}">\n'
+                        f"{output}\n</shell>"
+                    ),
+                    "description": "Shell command",
+                    "metadata": {
+                        "source": "shell",
+                        "jobID": info.id,
+                        "shellID": info.id,
+                        "state": info.state,
+                        **({} if info.exit is None else {"exit": info.exit}),
+                    },
+                    "resume": False,
+                },
+            ),
+        )
+        ended = ev.ShellEnded(session_id=session_id, shell=info, output=output)
+        async with self._locks.hold(session_id):
+            try:
+                await self._store.append(Command.of(ended, notice))
+            except ProjectionConflict:
+                # Already ended (a concurrent recovery), or the session is gone.
+                return False
+        return True
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -1,0 +1,221 @@
+"""Revert: file snapshots per writing step, stage/clear/commit, and diffs, on real git repos."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol.errors import MessageNotFoundError, SessionBusyError
+from protocol.operations import DiffQuery, RevertStageInput, ShellInput
+from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
+from protocol.shapes import Location
+from server.embedded import Embedded
+from storage import rebuild_projections
+from tests.shell.conftest import git, until
+
+BINARY = bytes(range(256)) * 4
+
+
+def tool(name: str, **args: Any) -> str:
+    return f"#tool {name} {json.dumps(args)}"
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (but .git) and its bytes."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        for f in filenames:
+            p = Path(dirpath) / f
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+async def prompt_and_wait(oc: Embedded, session_id: str, text: str) -> str:
+    receipt = await oc.sessions.prompt(session_id, PromptInput(text=text))
+    await oc.sessions.wait(session_id)
+    return receipt.id
+
+
+async def writing_session(oc: Embedded, repo: Path) -> tuple[str, str, str]:
+    """A session whose second prompt edits, deletes, creates and writes binary files."""
+    s = await oc.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+    first = await prompt_and_wait(
+        oc, s.id, tool("write", path="b.txt", content="bravo\n") + "\n---\n#text ok"
+    )
+    (repo / "bin.dat").write_bytes(BINARY)  # the user's own binary file, before prompt 2
+    second = await prompt_and_wait(
+        oc,
+        s.id,
+        "\n".join(
+            [
+                tool("write", path="a.txt", content="ALPHA CHANGED\n"),
+                tool("write", path="new/dir/c.txt", content="charlie\n"),
+                tool(
+                    "bash",
+                    command="rm b.txt && head -c 100 /dev/urandom > bin.dat"
+                    " && echo noise > ignored.log && mkdir -p ignored && echo x > ignored/y",
+                ),
+                "---",
+                "#text done",
+            ]
+        ),
+    )
+    return s.id, first, second
+
+
+async def test_steps_record_snapshot_and_files(host: Embedded, repo: Path) -> None:
+    sid, _, _ = await writing_session(host, repo)
+    ended = [
+        e.data["data"]
+        async for e in host.sessions.log(sid)
+        if e.event == "session.step.ended" and e.data["data"].get("snapshot")
+    ]
+    assert len(ended) == 2
+    assert ended[0]["files"] == ["b.txt"]
+    # .gitignore'd paths are never part of a snapshot.
+    assert ended[1]["files"] == ["a.txt", "b.txt", "bin.dat", "new/dir/c.txt"]
+    # Stored outside the project: the project's own git knows nothing new.
+    assert "sessionrt" not in git(repo, "log", "--all", "--format=%an")
+    assert "snapshot" not in {Path(p).name for p in tree(repo)}
+
+
+async def test_stage_clear_commit_restore_bytes_exactly(host: Embedded, repo: Path) -> None:
+    sid, first, second = await writing_session(host, repo)
+    before_second = None
+    after = tree(repo)
+    staged = await host.sessions.revert_stage(sid, RevertStageInput(message_id=second, files=True))
+    assert staged.message_id == second
+    assert staged.files is not None
+    restored = tree(repo)
+    assert restored["a.txt"] == b"alpha\n"
+    assert restored["b.txt"] == b"bravo\n"  # deleted by the step: back
+    assert restored["bin.dat"] == BINARY  # binary, changed by the step: back
+    assert "new/dir/c.txt" not in restored
+    assert not (repo / "new").exists()
+    assert restored["ignored.log"] == b"noise\n"  # ignored: left alone
+    assert restored["ignored/y"] == b"x\n"
+    assert restored["keep.txt"] == b"untouched\n"
+    before_second = restored
+    # The transcript from the message on is hidden while staged.
+    page = await host.sessions.messages(sid, None)
+    assert second not in [m.id for m in page.data]
+    assert first in [m.id for m in page.data]
+    assert (await host.sessions.get(sid)).revert == staged
+    # Clear: files and transcript come back, byte for byte.
+    await host.sessions.revert_clear(sid)
+    assert tree(repo) == after
+    page = await host.sessions.messages(sid, None)
+    assert second in [m.id for m in page.data]
+    assert (await host.sessions.get(sid)).revert is None
+    # Stage again and commit: permanent.
+    await host.sessions.revert_stage(sid, RevertStageInput(message_id=second, files=True))
+    assert tree(repo) == before_second
+    await host.sessions.revert_commit(sid)
+    ids = [m.id for m in (await host.sessions.messages(sid, None)).data]
+    assert second not in ids
+    assert first in ids
+    assert (await host.sessions.get(sid)).revert is None
+    types = [e.event async for e in host.sessions.log(sid)]
+    assert "session.revert.committed" in types  # the log keeps everything
+
+
+async def test_transcript_only_revert_leaves_files(host: Embedded, repo: Path) -> None:
+    sid, _, second = await writing_session(host, repo)
+    now = tree(repo)
+    revert = await host.sessions.revert_stage(sid, RevertStageInput(message_id=second))
+    assert revert.snapshot is None
+    assert revert.files is None
+    assert tree(repo) == now
+
+
+async def test_prompt_commits_staged_revert_and_discards_held_synthetic(
+    host: Embedded, repo: Path
+) -> None:
+    sid, _first, second = await writing_session(host, repo)
+    await host.sessions.revert_stage(sid, RevertStageInput(message_id=second, files=True))
+    held = await host.sessions.synthetic(sid, SyntheticInput(text="held"))
+    # Held: recorded but not woken for.
+    assert await host.runtime.execution.active() == []
+    assert [i.id for i in await host.sessions.inbox(sid)] == [held.id]
+    replacement = await host.sessions.prompt(sid, PromptInput(text="instead", resume=False))
+    assert [i.id for i in await host.sessions.inbox(sid)] == [replacement.id]
+    assert (await host.sessions.get(sid)).revert is None
+    types = [e.event async for e in host.sessions.log(sid)]
+    i = types.index("session.revert.committed")
+    assert types[i - 1] == "session.inbox.cancelled"
+    assert types[i + 1] == "session.inbox.enqueued"
+
+
+async def test_revert_refused_while_running_and_unknown_message(host: Embedded, repo: Path) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+    first = await prompt_and_wait(host, s.id, "#text hi")
+    with pytest.raises(MessageNotFoundError):
+        await host.sessions.revert_stage(s.id, RevertStageInput(message_id="msg_nope"))
+    await host.sessions.prompt(s.id, PromptInput(text="#delay 200\n#text slow"))
+    while not await host.runtime.execution.active():
+        await host.sessions.get(s.id)
+    with pytest.raises(SessionBusyError):
+        await host.sessions.revert_stage(s.id, RevertStageInput(message_id=first))
+    with pytest.raises(SessionBusyError):
+        await host.sessions.revert_clear(s.id)
+    with pytest.raises(SessionBusyError):
+        await host.sessions.revert_commit(s.id)
+    await host.sessions.wait(s.id)
+
+
+async def test_diff_between_user_messages(host: Embedded, repo: Path) -> None:
+    sid, first, second = await writing_session(host, repo)
+    diffs = {d.file: d for d in await host.sessions.diff(sid, DiffQuery(from_=second))}
+    assert set(diffs) == {"a.txt", "b.txt", "bin.dat", "new/dir/c.txt"}
+    assert diffs["a.txt"].status == "modified"
+    assert "-alpha" in diffs["a.txt"].patch
+    assert "+ALPHA CHANGED" in diffs["a.txt"].patch
+    assert diffs["b.txt"].status == "deleted"
+    assert diffs["b.txt"].deletions == 1
+    assert diffs["new/dir/c.txt"].status == "added"
+    assert diffs["new/dir/c.txt"].additions == 1
+    assert diffs["bin.dat"].binary
+    assert diffs["bin.dat"].patch == ""
+    between = await host.sessions.diff(sid, DiffQuery(from_=first, to=second))
+    assert [d.file for d in between] == ["b.txt", "bin.dat"]
+    # The user's own binary file appeared between the prompts and counts too.
+    zero = await host.sessions.diff(sid, DiffQuery(from_=first, to=second, context=0))
+    assert zero[0].patch.count("@@") == 2
+
+
+async def test_shell_changes_are_not_attributed_to_steps(host: Embedded, repo: Path) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+    await host.sessions.shell(s.id, ShellInput(command="echo user > user.txt"))
+    await until(host, s.id, "session.shell.ended")
+    msg = await prompt_and_wait(
+        host, s.id, tool("write", path="x.txt", content="x") + "\n---\n#text"
+    )
+    await host.sessions.revert_stage(s.id, RevertStageInput(message_id=msg, files=True))
+    assert (repo / "user.txt").read_text() == "user\n"
+    assert not (repo / "x.txt").exists()
+
+
+async def test_replay_rebuilds_shell_and_revert_projections(tmp_path: Path, repo: Path) -> None:
+    async with Embedded(tmp_path / "data") as oc:
+        sid, _, second = await writing_session(oc, repo)
+        # Removed from the projection by the commit below (it came after ``second``).
+        await oc.sessions.shell(sid, ShellInput(command="echo gone"))
+        await until(oc, sid, "session.shell.ended")
+        await oc.sessions.revert_stage(sid, RevertStageInput(message_id=second, files=True))
+        await oc.sessions.synthetic(sid, SyntheticInput(text="held"))
+        await oc.sessions.revert_commit(sid)
+        other, _, third = await writing_session(oc, repo)
+        await oc.sessions.shell(other, ShellInput(command="echo kept"))
+        await until(oc, other, "session.shell.ended")
+        await oc.sessions.revert_stage(other, RevertStageInput(message_id=third))
+        db = oc.runtime.config.db_path
+    stored, rebuilt = rebuild_projections(str(db))
+    assert stored == rebuilt
+    shells = [row for row in stored["session_message"] if row[2] == "shell"]
+    assert len(shells) == 1
+    assert "kept" in shells[0][6]
