@@ -15,6 +15,11 @@ makes no difference (a delivered item's receipt is rebuilt from its message).
 An id used in another session or with another type is a conflict. A cancelled
 id is free again.
 
+Control items (manual compaction, move) share one admission: at most one of
+each type is pending per session, under the inbox lock; a second request gets
+the pending one back (a move only when it goes to the same Location, else a
+conflict), and an id already delivered is a conflict.
+
 Promotion order (``promote``): every pending steer in enqueue order, stopping
 before a control item (compaction, move); at the idle boundary (scope
 ``input``) with no steer pending, exactly one queued item.
@@ -33,7 +38,7 @@ from protocol import events as ev
 from protocol import ids
 from protocol.errors import ConflictError, SessionNotFoundError
 from protocol.requests import PromptInput, SyntheticInput
-from protocol.shapes import Delivery, InboxItem, InboxItemType, Session
+from protocol.shapes import Delivery, InboxItem, InboxItemType, Location, Session
 from storage import Command, ProjectionConflict, SQLiteStore
 
 __all__ = [
@@ -114,22 +119,58 @@ class Inbox:
         pending one back. An id already delivered (its compaction ran or runs)
         is a conflict, like an id of another type or session.
         """
+        return await self._admit_control(session_id, "compaction", item_id, delivery, {}, resume)
+
+    async def move(
+        self, session_id: str, location: Location, delivery: Delivery, resume: bool = True
+    ) -> InboxItem:
+        """Admit a move to ``location`` (already checked): a control item.
+
+        At most one is pending per session: a second request to the same
+        Location gets the pending one back; one to another Location is a
+        conflict (cancel the pending move first), never a silent drop.
+        """
+        payload = {"location": {"directory": location.directory}}
+        return await self._admit_control(
+            session_id, "move", None, delivery, payload, resume, same=payload
+        )
+
+    async def _admit_control(
+        self,
+        session_id: str,
+        type_: InboxItemType,
+        item_id: str | None,
+        delivery: Delivery,
+        payload: Mapping[str, Any],
+        resume: bool,
+        *,
+        same: Mapping[str, Any] | None = None,
+    ) -> InboxItem:
+        """One pending control item of ``type_`` per session, under the inbox lock.
+
+        A pending one is returned to a second request when ``same`` is None or
+        equals its payload, and is a conflict otherwise.
+        """
         ids.validate("ses", session_id, field="sessionID")
         if item_id is not None:
             ids.validate("msg", item_id, field="id")
         async with self._locks.hold(session_id):
             pending = next(
-                (i for i in await self._store.queries.inbox(session_id) if i.type == "compaction"),
+                (i for i in await self._store.queries.inbox(session_id) if i.type == type_),
                 None,
             )
+            if pending is not None and same is not None and pending.payload != same:
+                raise ConflictError(
+                    f"{type_} {pending.id} is already pending; cancel it first", resource="inbox"
+                )
             if pending is None and item_id is not None:
-                found = await self._reconcile(session_id, "compaction", item_id)
+                found = await self._reconcile(session_id, type_, item_id)
                 if found is not None:
                     raise ConflictError(
-                        f"compaction {item_id} was already delivered", resource="message"
+                        f"{type_} {item_id} was already delivered", resource="message"
                     )
             receipt = pending or await self._enqueue_held(
-                session_id, "compaction", item_id, delivery, {}
+                session_id, type_, item_id, delivery, payload
             )
         if resume:
             self._wake(session_id, "input")

@@ -58,6 +58,7 @@ from protocol.shapes import (
     AssistantMessage,
     CompactionMessage,
     InboxItem,
+    Location,
     ModelRef,
     Session,
     SessionMessage,
@@ -165,9 +166,11 @@ class Runner:
         )
         #: What the runner does with a control item at the head of the inbox,
         #: by its type. A handler delivers the item (``Inbox.control``, with
-        #: its own facts in the same command) and does its work; Session
-        #: movement registers ``move`` here.
-        self.controls: dict[str, ControlHandler] = {"compaction": self._manual_compaction}
+        #: its own facts in the same command) and does its work.
+        self.controls: dict[str, ControlHandler] = {
+            "compaction": self._manual_compaction,
+            "move": self._move,
+        }
         self._steps = StepRunner(
             store=store,
             bus=bus,
@@ -292,6 +295,19 @@ class Runner:
             script=_script(agent, session.metadata),
             input_id=item.id,
         )
+
+    async def _move(self, session: Session, item: InboxItem) -> None:
+        """Deliver a move with ``session.moved`` in the same command.
+
+        The drain then reads the session again before anything else, so the
+        next step resolves its placement (agent catalog, instruction sources,
+        tool directory) at the new Location; a continuing turn keeps its step
+        count. Nothing of the model's is held across steps, so there is no
+        transport to close.
+        """
+        location = Location(directory=str(item.payload["location"]["directory"]))
+        moved = ev.SessionMoved(session_id=session.id, location=location)
+        await self._sessions.inbox.control(session.id, item, moved)
 
     async def _overflow(self, session: Session, agent: Agent, model: ModelRef) -> bool:
         """The one overflow-triggered compaction of a step."""

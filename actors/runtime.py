@@ -41,6 +41,7 @@ from actors.agents import AgentCatalogs
 from actors.bus import EventBus
 from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
 from actors.execution import Execution, Terminal
+from actors.generate import Generator
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import InstructionEntries, Instructions
 from actors.llm import (
@@ -81,6 +82,7 @@ from actors.tools.builtin import (
     DEFAULT_OUTPUT_MEMORY_BYTES,
     BashTool,
 )
+from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
@@ -323,6 +325,9 @@ class Runtime:
             agents=self.agents,
             waiters=self.permission_waiters,
         )
+        self.transfer = SessionTransfer(
+            self.store, self.sessions, directories=self.directories, blocking=self.blocking.run
+        )
         secret_env = frozenset(config.secret_env) | {
             c.api_key_env for c in config.provider_configs.values() if c.api_key_env
         }
@@ -436,6 +441,14 @@ class Runtime:
                 waiters=self.permission_waiters,
             )
             self.runner = runner
+            self.generator = Generator(
+                store=self.store,
+                sessions=self.sessions,
+                providers=self.providers,
+                agents=self.agents,
+                chat=runner.chat_cache,
+                default_model=self.config.default_model or SCRIPTED_MODEL,
+            )
             sweeper = asyncio.get_running_loop().create_task(
                 run_sweeper(self.bounding, self.blocking), name="tool-output-sweeper"
             )

@@ -14,10 +14,15 @@ from __future__ import annotations
 import asyncio
 import builtins
 import datetime
+import functools
 import os
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
+
+import attrs
+import orjson
 
 from actors._keyed_lock import KeyedLock
 from actors.agents import AgentCatalogs
@@ -50,6 +55,7 @@ from protocol.requests import (
 )
 from protocol.shapes import (
     Delivery,
+    ForkBoundary,
     InboxItem,
     Location,
     ModelRef,
@@ -58,7 +64,7 @@ from protocol.shapes import (
     Session,
     SessionMessage,
 )
-from storage import AppendConflictError, Command, ProjectionConflict, SQLiteStore
+from storage import AppendConflictError, Command, EntryWrite, ProjectionConflict, SQLiteStore
 
 __all__ = ["MAX_PAGE", "Sessions", "StopHook", "no_wake"]
 
@@ -225,6 +231,63 @@ class Sessions:
                 ev.ModelSelected(session_id=session_id, model=model, previous=session.model),
             )
 
+    # -- structure ------------------------------------------------------------------------------
+
+    async def fork(self, session_id: str, before: str | None = None) -> Session:
+        """A new independent session holding ``session_id``'s settled transcript.
+
+        ``before`` (a message of the parent) copies the messages before it;
+        absent, everything projected now. A running parent may go on: its
+        unsettled step stays its own, and nothing either does later touches
+        the other. The child starts from the parent's newest instruction
+        values (no initial re-admission of what is unchanged) and a copy of
+        its live instruction entries.
+        """
+        parent = await self.get(session_id)
+        if before is not None:
+            ids.validate("msg", before, field="before")
+            if await self._store.queries.message(session_id, before) is None:
+                raise MessageNotFoundError(session_id, before)
+            boundary = ForkBoundary(type="before", message_id=before)
+        else:
+            newest = await self._store.queries.newest_message(session_id)
+            boundary = ForkBoundary(type="through", message_id=newest)
+        child = ids.session_id()
+        # The parent's newest instruction values become the child's baseline
+        # (projected from the event); its live API entries are primary state,
+        # so the copy is written with the command, not derived on replay.
+        state, entries = await self._store.queries.instruction_inputs(session_id)
+        forked = ev.SessionForked(
+            session_id=child,
+            parent_id=session_id,
+            boundary=boundary,
+            instructions=None if state is None else dict(state.current),
+            instruction_entries=tuple({"key": k, "value": orjson.loads(v)} for k, v in entries)
+            or None,
+        )
+        title = ev.SessionRenamed(session_id=child, title=_fork_title(parent.title))
+        command = attrs.evolve(
+            Command.of(forked, title, expected={child: 0}),
+            entries=tuple(EntryWrite(session_id=child, key=k, value=v) for k, v in entries),
+        )
+        try:
+            await self._store.append(command)
+        except ProjectionConflict as exc:
+            if exc.reason == "fork.source-missing":
+                # The parent (or the boundary message) went between the read and the append.
+                if before is not None and await self._exists(session_id):
+                    raise MessageNotFoundError(session_id, before) from None
+                raise SessionNotFoundError(session_id) from None
+            raise ConflictError(str(exc), resource="session") from None
+        return await self.get(child)
+
+    async def view(self, session_id: str, idle: int) -> None:
+        """Mark the idle transition ``idle`` as seen (a monotone watermark)."""
+        if idle < 0:
+            raise InvalidRequestError("idle must be a non-negative epoch ms", field="idle")
+        await self.get(session_id)
+        await self._apply(session_id, ev.SessionViewed(session_id=session_id, idle=idle))
+
     # -- input ----------------------------------------------------------------------------------
 
     async def prompt(self, session_id: str, request: PromptInput) -> InboxItem:
@@ -248,6 +311,22 @@ class Sessions:
         """Request a manual compaction: a control item in the inbox (one pending at most)."""
         await self.get(session_id)
         return await self.inbox.compact(session_id, item_id, delivery)
+
+    async def move(
+        self, session_id: str, directory: str, delivery: Delivery = "steer"
+    ) -> InboxItem:
+        """Request a move to ``directory``: a control item in the inbox (one pending at most).
+
+        The directory is checked here, at admission (it exists, is a
+        directory, is not the data directory): a refusal is a 400 and admits
+        nothing. Delivery (``session.moved``) changes the Location at a Safe
+        Step Boundary; the steps after it run there.
+        """
+        await self.get(session_id)
+        await self._blocking(
+            functools.partial(self._directories.check, directory, field="directory")
+        )
+        return await self.inbox.move(session_id, Location(directory=directory), delivery)
 
     async def promote(self, session_id: str, scope: Scope) -> int:
         return len(await self.inbox.promote(session_id, scope))
@@ -361,6 +440,17 @@ def _check_limit(limit: Any, *, cursor: bool = False) -> None:
         if cursor:
             raise InvalidCursorError()
         raise InvalidRequestError(f"limit must be between 1 and {MAX_PAGE}", field="limit")
+
+
+_FORK_TITLE: Final = re.compile(r"^(.*) \(fork #(\d+)\)$", re.DOTALL)
+
+
+def _fork_title(title: str) -> str:
+    """``T`` -> ``T (fork #1)``; ``T (fork #n)`` -> ``T (fork #n+1)``."""
+    match = _FORK_TITLE.match(title)
+    if match is not None:
+        return f"{match.group(1)} (fork #{int(match.group(2)) + 1})"
+    return f"{title} (fork #1)"
 
 
 def _default_title() -> str:

@@ -17,6 +17,8 @@ from protocol.operations import (
     DeliveryInput,
     DiffQuery,
     EnvironmentInput,
+    ExportQuery,
+    GenerateResult,
     HealthStatus,
     InstructionEntryInput,
     InterruptQuery,
@@ -33,9 +35,13 @@ from protocol.operations import (
 from protocol.requests import (
     CompactInput,
     CreateSessionInput,
+    ForkInput,
+    GenerateInput,
+    MoveInput,
     PromptInput,
     SyntheticInput,
     UpdateSessionInput,
+    ViewInput,
 )
 from protocol.shapes import (
     FileDiff,
@@ -43,8 +49,10 @@ from protocol.shapes import (
     InstructionEntry,
     Page,
     Session,
+    SessionExport,
     SessionMessage,
     SessionRevert,
+    SessionStats,
 )
 
 __all__ = ["EventsAPI", "InstructionsAPI", "OperationGroups", "ServerAPI", "SessionsAPI"]
@@ -55,9 +63,16 @@ _SESSION_ACTIVE: Final = by_id("session.active")
 _SESSION_GET: Final = by_id("session.get")
 _SESSION_UPDATE: Final = by_id("session.update")
 _SESSION_REMOVE: Final = by_id("session.remove")
+_SESSION_FORK: Final = by_id("session.fork")
+_SESSION_VIEW: Final = by_id("session.view")
+_SESSION_GENERATE: Final = by_id("session.generate")
+_SESSION_EXPORT: Final = by_id("session.export")
+_SESSION_IMPORT_SESSION: Final = by_id("session.importSession")
+_SESSION_STATS: Final = by_id("session.stats")
 _SESSION_PROMPT: Final = by_id("session.prompt")
 _SESSION_SYNTHETIC: Final = by_id("session.synthetic")
 _SESSION_COMPACT: Final = by_id("session.compact")
+_SESSION_MOVE: Final = by_id("session.move")
 _SESSION_INTERRUPT: Final = by_id("session.interrupt")
 _SESSION_RESUME: Final = by_id("session.resume")
 _SESSION_WAIT: Final = by_id("session.wait")
@@ -213,6 +228,119 @@ class SessionsAPI(APIGroup):
             options=options,
         )
 
+    async def fork(
+        self,
+        session_id: str,
+        input: ForkInput | None = None,
+        *,
+        options: CallOptions | None = None,
+    ) -> Session:
+        """Fork the session: a new session with its settled transcript through a boundary.
+
+        ``POST /api/session/{sessionID}/fork`` (session.fork). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError, MessageNotFoundError.
+        """
+        result: Session = await self._call(
+            _SESSION_FORK,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+        return result
+
+    async def view(
+        self,
+        session_id: str,
+        input: ViewInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Mark the session's idle transition (time.idle) as viewed.
+
+        ``POST /api/session/{sessionID}/view`` (session.view). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError.
+        """
+        await self._call(
+            _SESSION_VIEW,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+
+    async def generate(
+        self,
+        session_id: str,
+        input: GenerateInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> GenerateResult:
+        """A one-off answer from the session's context and model; records nothing.
+
+        ``POST /api/session/{sessionID}/generate`` (session.generate). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError, ServiceUnavailableError.
+        """
+        result: GenerateResult = await self._call(
+            _SESSION_GENERATE,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
+        return result
+
+    async def export(
+        self,
+        session_id: str,
+        query: ExportQuery | None = None,
+        *,
+        options: CallOptions | None = None,
+    ) -> SessionExport:
+        """The session and its transcript as a transfer document {info, messages}.
+
+        ``GET /api/experimental/session/{sessionID}/export`` (session.export). Errors:
+        InvalidRequestError, UnauthorizedError, SessionNotFoundError.
+        """
+        result: SessionExport = await self._call(
+            _SESSION_EXPORT,
+            path_params={"sessionID": session_id},
+            query=query,
+            options=options,
+        )
+        return result
+
+    async def import_session(
+        self,
+        input: SessionExport,
+        *,
+        options: CallOptions | None = None,
+    ) -> Session:
+        """Create a session from a transfer document; an id already used is a 409.
+
+        ``POST /api/experimental/session/import`` (session.importSession). Errors:
+        InvalidRequestError, UnauthorizedError, ConflictError.
+        """
+        result: Session = await self._call(
+            _SESSION_IMPORT_SESSION,
+            body=input,
+            options=options,
+        )
+        return result
+
+    async def stats(
+        self,
+        *,
+        options: CallOptions | None = None,
+    ) -> SessionStats:
+        """Session counts, and tokens and cost by model.
+
+        ``GET /api/experimental/session/stats`` (session.stats). Errors: InvalidRequestError,
+        UnauthorizedError.
+        """
+        result: SessionStats = await self._call(
+            _SESSION_STATS,
+            options=options,
+        )
+        return result
+
     async def prompt(
         self,
         session_id: str,
@@ -272,6 +400,26 @@ class SessionsAPI(APIGroup):
             options=options,
         )
         return result
+
+    async def move(
+        self,
+        session_id: str,
+        input: MoveInput,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """Move the session to another directory: a control item delivered at a step boundary; a
+        missing directory is a 400, another move pending a 409.
+
+        ``POST /api/session/{sessionID}/move`` (session.move). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError, ConflictError.
+        """
+        await self._call(
+            _SESSION_MOVE,
+            path_params={"sessionID": session_id},
+            body=input,
+            options=options,
+        )
 
     async def interrupt(
         self,

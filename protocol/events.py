@@ -19,7 +19,15 @@ import attrs
 import orjson
 
 from protocol import codec
-from protocol.shapes import Delivery, InboxItemType, Location, ModelRef, SessionRevert, ShellInfo
+from protocol.shapes import (
+    Delivery,
+    ForkBoundary,
+    InboxItemType,
+    Location,
+    ModelRef,
+    SessionRevert,
+    ShellInfo,
+)
 
 __all__ = [
     "LIVE_TYPES",
@@ -44,6 +52,7 @@ __all__ = [
     "InboxEnqueued",
     "InstructionsUpdated",
     "InterruptReason",
+    "MessageImported",
     "MetadataUpdated",
     "ModelSelected",
     "PermissionAsked",
@@ -61,6 +70,7 @@ __all__ = [
     "SessionForked",
     "SessionMoved",
     "SessionRenamed",
+    "SessionViewed",
     "ShellEnded",
     "ShellSpawned",
     "ShellStarted",
@@ -80,6 +90,7 @@ __all__ = [
     "ToolProgress",
     "ToolSpawned",
     "ToolSucceeded",
+    "UsageRecorded",
     "decode_event",
     "encode_data",
     "envelope",
@@ -144,6 +155,63 @@ class ModelSelected(Event):
 class SessionDeleted(Event):
     TYPE = "session.deleted"
     VERSION = 2
+
+
+@attrs.frozen(kw_only=True)
+class SessionForked(Event):
+    """The session ``session_id`` begins as a fork of ``parent_id``.
+
+    Its first event: the projection creates the session from the parent's row
+    and copies the parent's settled transcript through ``boundary`` as it is
+    projected at this event's position, so replay copies exactly the same rows.
+    ``instructions`` (key -> content hash) is the parent's newest instruction
+    state, the fork's baseline; ``instruction_entries`` a copy of its API entries.
+    """
+
+    TYPE = "session.forked"
+    VERSION = 2
+    parent_id: str
+    boundary: ForkBoundary
+    instructions: Mapping[str, str] | None = None
+    instruction_entries: tuple[Mapping[str, Any], ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SessionMoved(Event):
+    TYPE = "session.moved"
+    location: Location
+    project_id: str | None = None
+    subpath: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SessionViewed(Event):
+    """A client saw the session's idle transition ``idle`` (epoch ms watermark)."""
+
+    TYPE = "session.viewed"
+    idle: int
+
+
+@attrs.frozen(kw_only=True)
+class MessageImported(Event):
+    """A transcript message recorded as it is, from an imported session document.
+
+    ``message`` is the public :class:`~protocol.shapes.SessionMessage` JSON
+    without ``sessionID`` and ``seq`` (this event's seq becomes the message's).
+    """
+
+    TYPE = "session.message.imported"
+    message: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class UsageRecorded(Event):
+    """Usage charged to the session outside any step (``import``: a document's totals)."""
+
+    TYPE = "session.usage.recorded"
+    source: Literal["title", "compaction", "import"]
+    cost: float
+    tokens: StepTokens
 
 
 @attrs.frozen(kw_only=True)
@@ -218,8 +286,8 @@ class InstructionsUpdated(Event):
         return {"instructions": {"initial": True}} if self.text is None else None
 
 
-# -- epoch events owned by other issues (revert, fork, move): the fields the
-# -- instruction projection reads, named as reference §2.2 names them.
+# -- epoch events owned by other issues (revert): the fields the instruction
+# -- projection reads, named as reference §2.2 names them.
 
 
 # -- user shells and reverts ------------------------------------------------------------------
@@ -274,25 +342,6 @@ class RevertCommitted(Event):
 
     TYPE = "session.revert.committed"
     to: str
-
-
-@attrs.frozen(kw_only=True)
-class SessionForked(Event):
-    TYPE = "session.forked"
-    VERSION = 2
-    parent_id: str
-    boundary: Any = None
-    #: The parent's newest instruction values (key -> hash): the child's baseline.
-    instructions: Mapping[str, str] | None = None
-    instruction_entries: tuple[Mapping[str, Any], ...] | None = None
-
-
-@attrs.frozen(kw_only=True)
-class SessionMoved(Event):
-    TYPE = "session.moved"
-    location: Location
-    project_id: str | None = None
-    subpath: str | None = None
 
 
 # -- execution ------------------------------------------------------------------------------------
@@ -654,6 +703,10 @@ REGISTRY: Mapping[str, type[Event]] = {
         AgentSelected,
         ModelSelected,
         SessionDeleted,
+        SessionForked,
+        SessionViewed,
+        MessageImported,
+        UsageRecorded,
         InboxEnqueued,
         InboxDelivered,
         InboxCancelled,

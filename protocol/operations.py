@@ -33,9 +33,13 @@ from protocol.ids import IdKind
 from protocol.requests import (
     CompactInput,
     CreateSessionInput,
+    ForkInput,
+    GenerateInput,
+    MoveInput,
     PromptInput,
     SyntheticInput,
     UpdateSessionInput,
+    ViewInput,
 )
 from protocol.shapes import (
     Delivery,
@@ -45,8 +49,10 @@ from protocol.shapes import (
     ModelRef,
     Order,
     Session,
+    SessionExport,
     SessionMessage,
     SessionRevert,
+    SessionStats,
 )
 
 __all__ = [
@@ -56,6 +62,8 @@ __all__ = [
     "DeliveryInput",
     "DiffQuery",
     "EnvironmentInput",
+    "ExportQuery",
+    "GenerateResult",
     "HealthStatus",
     "InstructionEntryInput",
     "InterruptQuery",
@@ -111,6 +119,17 @@ class InterruptQuery:
 class LogQuery:
     after: int = 0
     follow: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ExportQuery:
+    #: Leave out file contents and tool outputs.
+    sanitize: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class GenerateResult:
+    text: str
 
 
 @attrs.frozen(kw_only=True)
@@ -309,6 +328,69 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         client=("sessions", "remove"),
     ),
     Operation(
+        id="session.fork",
+        method="POST",
+        path="/api/session/{sessionID}/fork",
+        summary="Fork the session: a new session with its settled transcript through a boundary",
+        body=ForkInput,
+        output_kind="data",
+        output=Session,
+        errors=(*_NF, e.MessageNotFoundError),
+        client=("sessions", "fork"),
+    ),
+    Operation(
+        id="session.view",
+        method="POST",
+        path="/api/session/{sessionID}/view",
+        summary="Mark the session's idle transition (time.idle) as viewed",
+        body=ViewInput,
+        output_kind="no_content",
+        errors=_NF,
+        client=("sessions", "view"),
+    ),
+    Operation(
+        id="session.generate",
+        method="POST",
+        path="/api/session/{sessionID}/generate",
+        summary="A one-off answer from the session's context and model; records nothing",
+        body=GenerateInput,
+        output_kind="data",
+        output=GenerateResult,
+        errors=(*_NF, e.ServiceUnavailableError),
+        client=("sessions", "generate"),
+    ),
+    Operation(
+        id="session.export",
+        method="GET",
+        path="/api/experimental/session/{sessionID}/export",
+        summary="The session and its transcript as a transfer document {info, messages}",
+        query=ExportQuery,
+        output_kind="raw",
+        output=SessionExport,
+        errors=_NF,
+        client=("sessions", "export"),
+    ),
+    Operation(
+        id="session.importSession",
+        method="POST",
+        path="/api/experimental/session/import",
+        summary="Create a session from a transfer document; an id already used is a 409",
+        body=SessionExport,
+        output_kind="data",
+        output=Session,
+        errors=(e.ConflictError,),
+        client=("sessions", "import_session"),
+    ),
+    Operation(
+        id="session.stats",
+        method="GET",
+        path="/api/experimental/session/stats",
+        summary="Session counts, and tokens and cost by model",
+        output_kind="data",
+        output=SessionStats,
+        client=("sessions", "stats"),
+    ),
+    Operation(
         id="session.prompt",
         method="POST",
         path="/api/session/{sessionID}/prompt",
@@ -340,6 +422,17 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         output=InboxItem,
         errors=(*_NF, e.ConflictError),
         client=("sessions", "compact"),
+    ),
+    Operation(
+        id="session.move",
+        method="POST",
+        path="/api/session/{sessionID}/move",
+        summary="Move the session to another directory: a control item delivered at a"
+        " step boundary; a missing directory is a 400, another move pending a 409",
+        body=MoveInput,
+        output_kind="no_content",
+        errors=(*_NF, e.ConflictError),
+        client=("sessions", "move"),
     ),
     Operation(
         id="session.interrupt",

@@ -22,9 +22,13 @@ __all__ = [
     "CompactInput",
     "CreateSessionInput",
     "FileInput",
+    "ForkInput",
+    "GenerateInput",
+    "MoveInput",
     "PromptInput",
     "SyntheticInput",
     "UpdateSessionInput",
+    "ViewInput",
 ]
 
 
@@ -110,6 +114,17 @@ class CompactInput:
 
 
 @attrs.frozen(kw_only=True)
+class MoveInput:
+    """Move the session to another Location: a control item with its own delivery.
+
+    The body is the public Location's fields (``directory``) and ``delivery``.
+    """
+
+    directory: str
+    delivery: Delivery = "steer"
+
+
+@attrs.frozen(kw_only=True)
 class CreateSessionInput:
     id: str | None = _id_field("ses", "id")
     parent_id: str | None = _id_field("ses", "parentID")
@@ -124,3 +139,20 @@ class CreateSessionInput:
 class UpdateSessionInput:
     title: str | None = None
     metadata: Mapping[str, Any] | None = _metadata()
+
+
+@attrs.frozen(kw_only=True)
+class ForkInput:
+    #: Copy the messages before this one; absent: copy everything.
+    before: str | None = _id_field("msg", "before")
+
+
+@attrs.frozen(kw_only=True)
+class ViewInput:
+    #: The idle transition (``time.idle``, epoch ms) the client showed.
+    idle: int = attrs.field(metadata={"schema": {"type": "integer", "minimum": 0}})
+
+
+@attrs.frozen(kw_only=True)
+class GenerateInput:
+    prompt: str

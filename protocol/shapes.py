@@ -17,20 +17,24 @@ __all__ = [
     "FileAttachment",
     "FileDiff",
     "FileSource",
+    "ForkBoundary",
     "InboxItem",
     "InboxItemType",
     "InstructionEntry",
     "Location",
     "MessageTime",
     "ModelRef",
+    "ModelUsage",
     "Order",
     "Page",
     "PageCursor",
     "ReasoningPart",
     "RetryState",
     "Session",
+    "SessionExport",
     "SessionMessage",
     "SessionRevert",
+    "SessionStats",
     "SessionTime",
     "ShellInfo",
     "ShellMessage",
@@ -79,6 +83,24 @@ class Tokens:
 class SessionTime:
     created: int
     updated: int
+    #: When the session last went idle (an execution's terminal, not a
+    #: shutdown), epoch ms; strictly increasing, so "unread" is ``idle > viewed``.
+    idle: int | None = None
+    #: The newest idle watermark a client marked viewed (``session.view``).
+    viewed: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ForkBoundary:
+    """Where a fork cuts its parent's transcript.
+
+    ``before``: the messages strictly before ``message_id``; ``through``: up to
+    and including it. ``through`` without a message is a fork of a parent that
+    had no messages yet.
+    """
+
+    type: Literal["before", "through"]
+    message_id: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -110,6 +132,9 @@ class Session:
     retry: RetryState | None = None
     #: A staged revert (``session.revert.staged``) until it is cleared or committed.
     revert: SessionRevert | None = None
+    #: The session this one was forked from, and where (``session.forked``).
+    fork_session_id: str | None = None
+    fork_boundary: ForkBoundary | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -337,3 +362,33 @@ class Page(Generic[T]):
 
     data: tuple[T, ...]
     cursor: PageCursor = attrs.field(factory=PageCursor)
+
+
+@attrs.frozen(kw_only=True)
+class SessionExport:
+    """A session as a transfer document: ``GET …/export``, ``POST …/import``."""
+
+    info: Session
+    messages: tuple[SessionMessage, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class ModelUsage:
+    """What the assistant messages of one model spent (``model`` absent: none recorded)."""
+
+    model: ModelRef | None = None
+    sessions: int = 0
+    messages: int = 0
+    cost: float = 0.0
+    tokens: Tokens = attrs.field(factory=Tokens)
+
+
+@attrs.frozen(kw_only=True)
+class SessionStats:
+    """Session counts, and tokens and cost in total and by model."""
+
+    sessions: int = 0
+    forks: int = 0
+    cost: float = 0.0
+    tokens: Tokens = attrs.field(factory=Tokens)
+    models: tuple[ModelUsage, ...] = ()

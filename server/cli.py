@@ -7,10 +7,12 @@ built-in scripted model, loopback only.
 ``run``, ``sessions`` and ``log`` work on the same data directory through an
 embedded host (the whole runtime in this process), or on a running server
 with ``--url``. A data directory has one writer at a time: while ``serve``
-holds it, use ``--url``. ``sessions`` and ``log`` only read: on a data
-directory they open the store read-only and change nothing (no recovery
-sweep, no execution resumed). ``openapi`` prints the API's OpenAPI document
-(this version's, or with ``--url`` the running server's).
+holds it, use ``--url``. ``sessions``, ``log`` and ``export`` only read: on a
+data directory they open the store read-only and change nothing (no recovery
+sweep, no execution resumed). ``export SESSION > FILE`` prints a session as a
+transfer document and ``import FILE`` creates a session from one. ``openapi``
+prints the API's OpenAPI document (this version's, or with ``--url`` the
+running server's).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from protocol import codec
 from protocol.client import ClientError, follow_log
 from protocol.errors import DomainError, SessionNotFoundError, UnauthorizedError
 from protocol.openapi import document
-from protocol.operations import InstructionEntryInput, SessionListQuery
-from protocol.shapes import ModelRef, Session
+from protocol.operations import ExportQuery, InstructionEntryInput, SessionListQuery
+from protocol.shapes import ModelRef, Session, SessionExport
 from server._cli_run import Host, RunOptions, Sigint, open_host, run
 from server.app import ServerSettings
 from server.config import ConfigError, load_config, runtime_config
@@ -186,6 +188,17 @@ def _parser() -> argparse.ArgumentParser:
     log.add_argument("--follow", action="store_true", help="keep printing new events")
     _add_host(log)
 
+    export = commands.add_parser("export", help="print a session as a JSON transfer document")
+    export.add_argument("session", help="the session id")
+    export.add_argument(
+        "--sanitize", action="store_true", help="leave out file contents and tool outputs"
+    )
+    _add_host(export)
+
+    import_ = commands.add_parser("import", help="create a session from a transfer document")
+    import_.add_argument("file", type=Path, help="a document `sessionrt export` printed")
+    _add_host(import_)
+
     instructions = commands.add_parser(
         "instructions",
         help="list a session's instruction entries, or set / rm one",
@@ -309,6 +322,24 @@ async def _log(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
     return code
 
 
+async def _export(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
+    document = await host.sessions.export(args.session, ExportQuery(sanitize=args.sanitize))
+    sys.stdout.write(json.dumps(codec.to_json(document), indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
+async def _import(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
+    try:
+        raw = await asyncio.to_thread(args.file.read_bytes)
+    except OSError as exc:
+        _error(f"cannot read {args.file}: {exc.strerror}")
+        return 1
+    document = codec.from_json(SessionExport, codec.loads(raw))
+    session = await host.sessions.import_session(document)
+    print(session.id)
+    return 0
+
+
 def _entry_action(action: Sequence[str]) -> tuple[str, str, Any] | None:
     """``set KEY VALUE`` / ``rm KEY`` as (verb, key, value); None to list."""
     if not action:
@@ -341,10 +372,12 @@ _ON_HOST: dict[str, _Command] = {
     "run": _run,
     "sessions": _sessions,
     "log": _log,
+    "export": _export,
+    "import": _import,
     "instructions": _instructions,
 }
 #: Commands that only read: on a data directory, the runtime opens read-only.
-_READ_ONLY: frozenset[str] = frozenset({"sessions", "log"})
+_READ_ONLY: frozenset[str] = frozenset({"sessions", "log", "export"})
 
 
 async def _on_host(

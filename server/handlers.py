@@ -21,6 +21,8 @@ from protocol.operations import (
     DeliveryInput,
     DiffQuery,
     EnvironmentInput,
+    ExportQuery,
+    GenerateResult,
     InstructionEntryInput,
     InterruptQuery,
     InterruptResult,
@@ -34,11 +36,15 @@ from protocol.operations import (
 from protocol.requests import (
     CompactInput,
     CreateSessionInput,
+    ForkInput,
+    GenerateInput,
+    MoveInput,
     PromptInput,
     SyntheticInput,
     UpdateSessionInput,
+    ViewInput,
 )
-from protocol.shapes import Location
+from protocol.shapes import Location, SessionExport
 
 __all__ = ["HANDLERS", "Call", "Handler"]
 
@@ -183,6 +189,40 @@ async def session_context(call: Call) -> Any:
     return await call.runtime.sessions.context(call.session_id)
 
 
+async def session_move(call: Call) -> Any:
+    body: MoveInput = call.body
+    await call.runtime.sessions.move(call.session_id, body.directory, body.delivery)
+
+
+async def session_fork(call: Call) -> Any:
+    body: ForkInput = call.body
+    return await call.runtime.sessions.fork(call.session_id, body.before)
+
+
+async def session_view(call: Call) -> Any:
+    body: ViewInput = call.body
+    await call.runtime.sessions.view(call.session_id, body.idle)
+
+
+async def session_generate(call: Call) -> Any:
+    body: GenerateInput = call.body
+    return GenerateResult(text=await call.runtime.generator.generate(call.session_id, body.prompt))
+
+
+async def session_export(call: Call) -> Any:
+    q: ExportQuery = call.query or ExportQuery()
+    return await call.runtime.transfer.export(call.session_id, sanitize=q.sanitize)
+
+
+async def session_import(call: Call) -> Any:
+    body: SessionExport = call.body
+    return await call.runtime.transfer.import_(body, directory=call.directory)
+
+
+async def session_stats(call: Call) -> Any:
+    return await call.runtime.transfer.stats()
+
+
 async def session_shell(call: Call) -> Any:
     body: ShellInput = call.body
     session = await call.runtime.sessions.get(call.session_id)
@@ -235,8 +275,15 @@ HANDLERS: dict[str, Handler] = {
     "session.get": session_get,
     "session.update": session_update,
     "session.remove": session_remove,
+    "session.fork": session_fork,
+    "session.view": session_view,
+    "session.generate": session_generate,
+    "session.export": session_export,
+    "session.importSession": session_import,
+    "session.stats": session_stats,
     "session.prompt": session_prompt,
     "session.compact": session_compact,
+    "session.move": session_move,
     "session.synthetic": session_synthetic,
     "session.interrupt": session_interrupt,
     "session.resume": session_resume,

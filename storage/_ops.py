@@ -27,6 +27,7 @@ _MESSAGES: Final = {
     "part.missing": "tool call {} has no projected part",
     "part.not-running": "tool call {} is not running",
     "compaction.not-running": "session {} has no running compaction",
+    "fork.source-missing": "fork source {} or its boundary message does not exist",
 }
 
 

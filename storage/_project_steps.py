@@ -14,6 +14,7 @@ from protocol import codec
 from protocol import events as ev
 from storage._ops import Op, touch
 from storage._project_permissions import expire_asks
+from storage._project_structure import idle_marked
 from storage.recorder import RecordedEvent
 
 __all__ = ["STEP_PROJECTORS", "retry_cleared", "session_usage"]
@@ -44,6 +45,7 @@ _RELEASE: Final = (
 
 
 def _release(rec: RecordedEvent) -> tuple[Op, ...]:
+    # Releasing the claim is also the session going idle.
     return (
         Op(
             _RELEASE,
@@ -52,6 +54,7 @@ def _release(rec: RecordedEvent) -> tuple[Op, ...]:
             reason="session.missing",
             subject=rec.aggregate_id,
         ),
+        idle_marked(rec),
     )
 
 

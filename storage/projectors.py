@@ -25,6 +25,7 @@ from storage._project_compaction import COMPACTION_PROJECTORS
 from storage._project_instructions import INSTRUCTION_PROJECTORS
 from storage._project_permissions import PERMISSION_PROJECTORS
 from storage._project_steps import STEP_PROJECTORS, retry_cleared
+from storage._project_structure import STRUCTURE_PROJECTORS
 from storage.recorder import RecordedEvent
 
 __all__ = ["Op", "project"]
@@ -337,6 +338,7 @@ _SESSION_PROJECTORS: Final[dict[type[ev.Event], Projector]] = {
 _PROJECTORS: Final = _combined(
     _SESSION_PROJECTORS,
     STEP_PROJECTORS,
+    STRUCTURE_PROJECTORS,
     COMPACTION_PROJECTORS,
     PERMISSION_PROJECTORS,
     INSTRUCTION_PROJECTORS,

@@ -30,6 +30,7 @@ from protocol.shapes import (
     CacheTokens,
     CompactionMessage,
     FileAttachment,
+    ForkBoundary,
     InboxItem,
     Location,
     MessageTime,
@@ -107,7 +108,8 @@ Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Row]]]
 _SESSION_COLUMNS: Final = (
     "id, parent_id, title, agent, model, directory, metadata, cost, tokens_input,"
     " tokens_output, tokens_reasoning, tokens_cache_read, tokens_cache_write,"
-    " time_created, time_updated, retry, revert"
+    " time_created, time_updated, retry, revert, fork_session_id, fork_boundary, time_idle,"
+    " time_viewed"
 )
 # Rows a staged revert hides: its boundary message and everything after it.
 _VISIBLE: Final = (
@@ -270,6 +272,40 @@ class Queries:
         weight = sys.getsizeof(data) + (0 if parts_text is None else sys.getsizeof(parts_text))
         self._cache.put(row[0], (fingerprint, message), weight)
         return message
+
+    async def newest_message(self, session_id: str) -> str | None:
+        rows = await self._fetch(
+            f"SELECT id FROM session_message WHERE session_id = ? AND {_VISIBLE}"
+            " ORDER BY seq DESC LIMIT 1",
+            (session_id,),
+        )
+        return str(rows[0][0]) if rows else None
+
+    # -- statistics -----------------------------------------------------------------------------
+
+    async def session_count(self) -> tuple[int, int]:
+        """(sessions, of which forks)."""
+        rows = await self._fetch("SELECT count(*), count(fork_session_id) FROM session", ())
+        return int(rows[0][0]), int(rows[0][1])
+
+    async def usage_by_model(self) -> list[Row]:
+        """Per model of assistant messages: model JSON, sessions, messages, cost, tokens.
+
+        Copied fork history (seq <= 0) is left out: its usage was spent, and
+        counted, in the session it was copied from.
+        """
+        return await self._fetch(
+            "SELECT json_extract(data, '$.model'), count(DISTINCT session_id), count(*),"
+            " total(json_extract(data, '$.cost')),"
+            " total(json_extract(data, '$.tokens.input')),"
+            " total(json_extract(data, '$.tokens.output')),"
+            " total(json_extract(data, '$.tokens.reasoning')),"
+            " total(json_extract(data, '$.tokens.cache.read')),"
+            " total(json_extract(data, '$.tokens.cache.write'))"
+            " FROM session_message WHERE type = 'assistant' AND seq > 0"
+            " GROUP BY 1 ORDER BY 1",
+            (),
+        )
 
     async def message_seq(self, session_id: str, message_id: str) -> int | None:
         """The transcript position of a message, hidden or not; None if absent."""
@@ -608,9 +644,11 @@ def _session(r: Row) -> Session:
         tokens=Tokens(
             input=r[8], output=r[9], reasoning=r[10], cache=CacheTokens(read=r[11], write=r[12])
         ),
-        time=SessionTime(created=r[13], updated=r[14]),
+        time=SessionTime(created=r[13], updated=r[14], idle=r[19], viewed=r[20]),
         retry=None if r[15] is None else codec.from_json(RetryState, orjson.loads(r[15])),
         revert=None if r[16] is None else codec.from_json(SessionRevert, orjson.loads(r[16])),
+        fork_session_id=r[17],
+        fork_boundary=None if r[18] is None else codec.from_json(ForkBoundary, orjson.loads(r[18])),
     )
 
 

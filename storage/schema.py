@@ -171,8 +171,18 @@ _V7: Final = """
 ALTER TABLE session ADD COLUMN revert TEXT;
 """
 
+# v8: session structure. A fork names its source session and boundary (JSON);
+# time_idle is the session's last idle transition and time_viewed the newest
+# one a client marked viewed, so "unread" is time_idle > time_viewed.
+_V8: Final = """
+ALTER TABLE session ADD COLUMN fork_session_id TEXT;
+ALTER TABLE session ADD COLUMN fork_boundary TEXT;
+ALTER TABLE session ADD COLUMN time_idle INTEGER;
+ALTER TABLE session ADD COLUMN time_viewed INTEGER;
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).

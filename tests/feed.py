@@ -23,11 +23,15 @@ class Feed:
                 future.set_result(message)
                 self._waiters.remove(entry)
 
-    async def wait(self, type_: str, within: float = 10, **data: Any) -> Envelope:
+    async def wait(
+        self, type_: str, within: float = 10, *, after: int = 0, **data: Any
+    ) -> Envelope:
+        """The first matching event; ``after``: among those from ``events[after]`` on."""
+
         def match(m: Envelope) -> bool:
             return m["type"] == type_ and all(m["data"].get(k) == v for k, v in data.items())
 
-        for message in self.events:
+        for message in self.events[after:]:
             if match(message):
                 return message
         future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()

@@ -7,13 +7,20 @@ import os
 import threading
 from pathlib import Path
 
+import attrs
 import pytest
 
 from actors.runtime import RuntimeConfig
 from protocol import SessionNotFoundError
-from protocol.errors import ConflictError, PermissionNotFoundError
-from protocol.operations import HealthStatus, LogQuery, PermissionReplyInput
-from protocol.requests import CreateSessionInput, PromptInput
+from protocol.errors import ConflictError, InvalidRequestError, PermissionNotFoundError
+from protocol.operations import ExportQuery, HealthStatus, LogQuery, PermissionReplyInput
+from protocol.requests import (
+    CreateSessionInput,
+    GenerateInput,
+    MoveInput,
+    PromptInput,
+    ViewInput,
+)
 from protocol.shapes import Location
 from server.embedded import Embedded
 
@@ -99,6 +106,34 @@ async def test_lifecycle_is_explicit(tmp_path: Path) -> None:
         Embedded()
 
 
+async def test_embedded_forks_views_exports_and_imports(tmp_path: Path) -> None:
+    async with Embedded(tmp_path / "data") as oc:
+        session = await oc.sessions.create()
+        await oc.sessions.prompt(session.id, PromptInput(text="#text from the embedded host"))
+        await oc.sessions.wait(session.id)
+        child = await oc.sessions.fork(session.id)
+        assert child.fork_session_id == session.id
+        page = await oc.sessions.messages(child.id, None)
+        assert [m.type for m in page.data] == ["assistant", "user"]
+
+        idle = (await oc.sessions.get(session.id)).time.idle
+        assert idle is not None
+        await oc.sessions.view(session.id, ViewInput(idle=idle))
+        assert (await oc.sessions.get(session.id)).time.viewed == idle
+
+        answer = await oc.sessions.generate(session.id, GenerateInput(prompt="#text once"))
+        assert answer.text == "once"
+
+        document = await oc.sessions.export(session.id, ExportQuery(sanitize=True))
+        assert document.info.id == session.id
+        copy = attrs.evolve(document, info=attrs.evolve(document.info, id="ses_embedded_copy"))
+        imported = await oc.sessions.import_session(copy)
+        assert imported.id == "ses_embedded_copy"
+        stats = await oc.sessions.stats()
+        assert stats.sessions == 3
+        assert stats.forks == 1
+
+
 async def test_embedded_lists_and_answers_permission_requests(tmp_path: Path) -> None:
     data, project = tmp_path / "data", tmp_path / "project"
     data.mkdir(mode=0o700)
@@ -145,3 +180,19 @@ async def test_health_and_metrics_through_the_typed_client(tmp_path: Path) -> No
         ]
         assert lines, text[:400]
         assert sum(float(line.rsplit(" ", 1)[1]) for line in lines) >= 1
+
+
+async def test_embedded_moves_a_session(tmp_path: Path) -> None:
+    home, dest = tmp_path / "home", tmp_path / "dest"
+    home.mkdir()
+    dest.mkdir()
+    async with Embedded(tmp_path / "data") as oc:
+        session = await oc.sessions.create(
+            CreateSessionInput(location=Location(directory=str(home)))
+        )
+        with pytest.raises(InvalidRequestError):
+            await oc.sessions.move(session.id, MoveInput(directory=str(tmp_path / "missing")))
+        await oc.sessions.move(session.id, MoveInput(directory=str(dest)))
+        await oc.sessions.wait(session.id)
+        assert (await oc.sessions.get(session.id)).location == Location(directory=str(dest))
+        assert list(await oc.sessions.inbox(session.id)) == []

@@ -29,7 +29,9 @@ def normalize(value: Any) -> Any:
     def walk(v: Any) -> Any:
         if isinstance(v, dict):
             return {
-                k: "<t>" if k in ("created", "updated", "timeCreated", "started") else walk(x)
+                k: "<t>"
+                if k in ("created", "updated", "timeCreated", "started", "idle", "viewed")
+                else walk(x)
                 for k, x in v.items()
             }
         if isinstance(v, list):

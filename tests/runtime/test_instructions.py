@@ -1,8 +1,9 @@
 """Instructions as value deltas, end to end: sources, admission, request assembly, epochs.
 
 A real runtime on a real SQLite file; a recording provider shows exactly what
-the model is sent. Epoch events of other issues (compaction, revert, fork,
-move) are appended directly, as their owners will append them.
+the model is sent. Epoch events of other issues (compaction, revert) are
+appended directly, as their owners will append them; forks and moves go
+through the session facade.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from actors.runtime import Runtime, RuntimeConfig
 from protocol import InstructionEntryValueTooLargeError, ModelRef
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
-from protocol.shapes import Location, SystemMessage
+from protocol.shapes import SystemMessage
 from storage import Command
 
 MODEL = ModelRef(id="rec-1", provider_id="rec")
@@ -342,33 +343,87 @@ async def test_a_committed_revert_clears_state_for_a_fresh_baseline(
     assert "builtin/environment" in fresh["data"]["delta"]
 
 
-async def test_a_fork_adopts_the_parents_newest_values_and_a_move_keeps_state(
+async def test_a_fork_adopts_the_parents_newest_values_and_copies_its_entries(
     rt: Runtime, feed: Feed, project: Path, recorder: Recorder
 ) -> None:
     (project / "AGENTS.md").write_text("v1\n")
     parent = await rt.sessions.create(CreateSessionInput(model=MODEL))
     await turn(rt, feed, parent.id, "one", 1)
     (project / "AGENTS.md").write_text("v2\n")
+    await rt.instructions.put(parent.id, "tone", "terse")
+    await rt.instructions.put(parent.id, "gone", "soon removed")
+    await rt.instructions.remove(parent.id, "gone")
     await turn(rt, feed, parent.id, "two", 2)
     _, _, _, newest = await state(rt, parent.id)
+    assert "api/tone" in newest
 
-    child = await rt.sessions.create(CreateSessionInput(model=MODEL))
-    await rt.store.append(
-        Command.of(ev.SessionForked(session_id=child.id, parent_id=parent.id, instructions=newest))
-    )
-    _, _, initial, current = await state(rt, child.id)
+    child = await rt.sessions.fork(parent.id)
+    [forked] = [e for e in feed.events if e["type"] == "session.forked"]
+    assert forked["data"]["instructions"] == newest
+    assert forked["data"]["instructionEntries"] == [{"key": "tone", "value": "terse"}]
+    epoch, through, initial, current = await state(rt, child.id)
     assert initial == current == newest
+    assert epoch == through == 1  # the fork is the child's first event
+    assert [(e.key, e.value) for e in await rt.instructions.list(child.id)] == [("tone", "terse")]
+
     await turn(rt, feed, child.id, "child", 1)
     assert updates(feed, child.id) == []  # nothing differs from the adopted values
     system = recorder.requests[-1].system[0]
     assert "v2" in system
     assert "v1" not in system
+    assert "terse" in system
 
-    before = await state(rt, child.id)
-    await rt.store.append(
-        Command.of(ev.SessionMoved(session_id=child.id, location=Location(directory="/elsewhere")))
-    )
-    assert await state(rt, child.id) == before
+    # Independent afterwards: a change on either side stays there.
+    await rt.instructions.put(parent.id, "tone", "verbose")
+    await rt.instructions.put(child.id, "lang", "en")
+    assert [(e.key, e.value) for e in await rt.instructions.list(child.id)] == [
+        ("lang", "en"),
+        ("tone", "terse"),
+    ]
+    assert [(e.key, e.value) for e in await rt.instructions.list(parent.id)] == [
+        ("tone", "verbose")
+    ]
+    await turn(rt, feed, child.id, "child again", 2)
+    [update] = updates(feed, child.id)
+    assert update["data"]["delta"].keys() == {"api/lang"}
+    await turn(rt, feed, parent.id, "three", 3)
+    assert list(updates(feed, parent.id)[-1]["data"]["delta"]) == ["api/tone"]
+
+
+async def test_a_move_keeps_state_and_the_destinations_sources_arrive_as_updates(
+    rt: Runtime, feed: Feed, project: Path, tmp_path: Path, recorder: Recorder
+) -> None:
+    (project / "AGENTS.md").write_text("Home rule: use tabs.\n")
+    other = tmp_path / "other"
+    (other / ".git").mkdir(parents=True)
+    (other / "AGENTS.md").write_text("Away rule: use spaces.\n")
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, s.id, "home", 1)
+    baseline = recorder.requests[0].system
+    assert "Home rule" in baseline[0]
+    start, _, initial, _ = await state(rt, s.id)
+
+    await rt.sessions.move(s.id, str(other))
+    await feed.wait("session.moved", sessionID=s.id)
+    await rt.execution.wait_idle(s.id)
+    assert len(updates(feed, s.id)) == 1  # delivery alone reads no source
+    await turn(rt, feed, s.id, "away", 3)
+
+    [_, update] = updates(feed, s.id)
+    assert "metadata" not in update  # an update, not a fresh baseline
+    assert set(update["data"]["delta"]) == {"builtin/environment", "discovery/agents"}
+    assert "Away rule: use spaces." in update["data"]["text"]
+    assert str(other) in update["data"]["text"]
+    # The epoch is the same: the request's baseline is byte for byte the first one,
+    # and the destination's values follow it chronologically.
+    away = recorder.requests[-1]
+    assert away.system == baseline
+    chat = texts(away)
+    assert [r for r, _ in chat] == ["user", "assistant", "system", "user"]
+    assert chat[2][1] == update["data"]["text"]
+    epoch, _, kept, current = await state(rt, s.id)
+    assert (epoch, kept) == (start, initial)
+    assert current["discovery/agents"] != initial["discovery/agents"]
 
 
 async def test_skills_and_references_from_the_agents_configuration(

@@ -1,8 +1,9 @@
 """Projections are derived data: replaying the log from zero rebuilds them exactly.
 
-Hypothesis drives random command sequences through the real facade and store
-(on a real file), then compares the incrementally maintained projections with
-a replay into an empty schema, and checks every aggregate's seq is 1..n.
+Hypothesis drives random command sequences (forks, moves and views among them)
+through the real facade and store (on a real file), then compares the
+incrementally maintained projections with a replay into an empty schema, and
+checks every aggregate's seq is 1..n.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ fixed_ids = st.sampled_from(["msg_a", "msg_b", "msg_c", None, None])
 _hashes = st.sampled_from(["0" * 64, "1" * 64, "2" * 64])
 _keys = st.sampled_from(["builtin/environment", "discovery/agents", "api/a", "api/b"])
 deltas = st.dictionaries(_keys, _hashes | st.just(ev.REMOVED), min_size=1, max_size=4)
-values_maps = st.dictionaries(_keys, _hashes, max_size=4)
 
 operations = st.lists(
     st.one_of(
@@ -62,13 +62,15 @@ operations = st.lists(
         st.tuples(st.just("agent"), pick, st.sampled_from(["build", "plan"])),
         st.tuples(st.just("model"), pick, st.sampled_from(["m1", "m2"])),
         st.tuples(st.just("remove"), pick),
+        st.tuples(st.just("fork"), pick, st.one_of(st.none(), pick)),
+        st.tuples(st.just("view"), pick, st.integers(min_value=0, max_value=2**40)),
         st.tuples(st.just("compact"), pick, fixed_ids, delivery),
+        st.tuples(st.just("move"), pick, st.sampled_from(["a", "b"]), delivery),
         st.tuples(st.just("control"), pick),
         st.tuples(st.just("compaction"), pick, st.sampled_from(["start", "end", "fail"])),
         st.tuples(st.just("instructions"), pick, deltas, st.none() | texts),
         st.tuples(st.just("compacted"), pick),
         st.tuples(st.just("reverted"), pick),
-        st.tuples(st.just("forked"), pick, pick, st.none() | values_maps),
         st.tuples(st.just("moved"), pick),
     ),
     max_size=40,
@@ -78,6 +80,8 @@ operations = st.lists(
 async def run(path: Path, ops: list[tuple[Any, ...]]) -> None:
     async with SQLiteStore(path) as store:
         sessions = Sessions(store, default_directory=str(path.parent))
+        for name in ("a", "b"):
+            (path.parent / name).mkdir(exist_ok=True)
         live: list[str] = []
 
         def session(i: int) -> str:
@@ -121,24 +125,47 @@ async def run(path: Path, ops: list[tuple[Any, ...]]) -> None:
                     await sessions.switch_model(
                         session(args[0]), ModelRef(id=args[1], provider_id="scripted")
                     )
+                elif kind == "fork":
+                    parent = session(args[0])
+                    before = None
+                    if args[1] is not None:
+                        page = await sessions.messages(parent, order="asc", limit=200)
+                        if page.data:
+                            before = page.data[args[1] % len(page.data)].id
+                    child = await sessions.fork(parent, before)
+                    live.append(child.id)
+                elif kind == "view":
+                    await sessions.view(session(args[0]), args[1])
                 elif kind == "remove":
                     await sessions.remove(session(args[0]))
                     remaining = {s.id for s in (await sessions.list(SessionQuery(limit=200))).data}
                     live[:] = [s for s in live if s in remaining]
                 elif kind == "compact":
                     await sessions.inbox.compact(session(args[0]), args[1], args[2], resume=False)
+                elif kind == "move":
+                    await sessions.inbox.move(
+                        session(args[0]),
+                        Location(directory=str(path.parent / args[1])),
+                        args[2],
+                        resume=False,
+                    )
                 elif kind == "control":
-                    # What the runner does with a compaction at the inbox head.
+                    # What the runner does with a control item at the inbox head.
                     sid = session(args[0])
                     head = control_head(await sessions.pending(sid), "input")
                     if head is not None:
-                        started = ev.CompactionStarted(
+                        fact: ev.Event = ev.CompactionStarted(
                             session_id=sid, reason="manual", recent="", input_id=head.id
                         )
-                        await sessions.inbox.control(sid, head, started)
+                        if head.type == "move":
+                            where = head.payload["location"]["directory"]
+                            fact = ev.SessionMoved(
+                                session_id=sid, location=Location(directory=where)
+                            )
+                        await sessions.inbox.control(sid, head, fact)
                 elif kind == "compaction":
                     await compaction_fact(store, session(args[0]), args[1])
-                elif kind in ("instructions", "compacted", "reverted", "forked", "moved"):
+                elif kind in ("instructions", "compacted", "reverted", "moved"):
                     await store.append(Command.of(_epoch_event(kind, session, args)))
             except (DomainError, ProjectionConflict, AppendConflictError):
                 pass  # refusals are part of the workload; they must leave no trace
@@ -159,8 +186,6 @@ def _epoch_event(kind: str, session: Any, args: list[Any]) -> ev.Event:
         )
     if kind == "reverted":
         return ev.RevertCommitted(session_id=sid, to="msg_a")
-    if kind == "forked":
-        return ev.SessionForked(session_id=sid, parent_id=session(args[1]), instructions=args[2])
     return ev.SessionMoved(session_id=sid, location=Location(directory="/elsewhere"))
 
 
