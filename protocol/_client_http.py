@@ -268,6 +268,15 @@ async def read_success(op: Operation, response: aiohttp.ClientResponse) -> Any:
             operation=op.id,
         )
     body = await read_body(op, response)
+    if op.output_kind == "text":
+        if response.content_type != "text/plain":
+            raise ClientError(
+                "unsupported_content_type",
+                f"{op.id}: expected text/plain, got {response.content_type!r}: {_snippet(body)}",
+                status=response.status,
+                operation=op.id,
+            )
+        return body.decode(response.charset or "utf-8", errors="replace")
     if response.content_type != _JSON:
         raise ClientError(
             "unsupported_content_type",

@@ -19,6 +19,7 @@ from protocol.operations import (
     EnvironmentInput,
     ExportQuery,
     GenerateResult,
+    HealthStatus,
     InstructionEntryInput,
     InterruptQuery,
     InterruptResult,
@@ -54,7 +55,7 @@ from protocol.shapes import (
     SessionStats,
 )
 
-__all__ = ["EventsAPI", "InstructionsAPI", "OperationGroups", "SessionsAPI"]
+__all__ = ["EventsAPI", "InstructionsAPI", "OperationGroups", "ServerAPI", "SessionsAPI"]
 
 _SESSION_LIST: Final = by_id("session.list")
 _SESSION_CREATE: Final = by_id("session.create")
@@ -96,6 +97,8 @@ _SESSION_INSTRUCTIONS_ENTRY_LIST: Final = by_id("session.instructions.entry.list
 _SESSION_INSTRUCTIONS_ENTRY_PUT: Final = by_id("session.instructions.entry.put")
 _SESSION_INSTRUCTIONS_ENTRY_REMOVE: Final = by_id("session.instructions.entry.remove")
 _EVENT_SUBSCRIBE: Final = by_id("event.subscribe")
+_SERVER_HEALTH: Final = by_id("server.health")
+_SERVER_METRICS: Final = by_id("server.metrics")
 
 
 class SessionsAPI(APIGroup):
@@ -903,14 +906,51 @@ class EventsAPI(APIGroup):
         )
 
 
+class ServerAPI(APIGroup):
+    """The ``client.server`` operations."""
+
+    async def health(
+        self,
+        *,
+        options: CallOptions | None = None,
+    ) -> HealthStatus:
+        """Whether the store takes writes: a probe write, at most one at a time.
+
+        ``GET /health`` (server.health). Errors: InvalidRequestError, UnauthorizedError,
+        ServiceUnavailableError, StorageUnavailableError.
+        """
+        result: HealthStatus = await self._call(
+            _SERVER_HEALTH,
+            options=options,
+        )
+        return result
+
+    async def metrics(
+        self,
+        *,
+        options: CallOptions | None = None,
+    ) -> str:
+        """The server's metrics in the Prometheus text exposition format (version 0.0.4).
+
+        ``GET /metrics`` (server.metrics). Errors: InvalidRequestError, UnauthorizedError.
+        """
+        result: str = await self._call(
+            _SERVER_METRICS,
+            options=options,
+        )
+        return result
+
+
 class OperationGroups:
     """One attribute per client group of the operation table."""
 
     sessions: SessionsAPI
     instructions: InstructionsAPI
     events: EventsAPI
+    server: ServerAPI
 
     def __init__(self, connection: Connection) -> None:
         self.sessions = SessionsAPI(connection)
         self.instructions = InstructionsAPI(connection)
         self.events = EventsAPI(connection)
+        self.server = ServerAPI(connection)

@@ -52,7 +52,13 @@ import aiohttp
 from protocol._client_http import CallOptions, ClientError, ClientState, Connection, Reason
 from protocol._client_sse import SSEEvent
 from protocol._client_stream import EventStream
-from protocol._generated_client import EventsAPI, InstructionsAPI, OperationGroups, SessionsAPI
+from protocol._generated_client import (
+    EventsAPI,
+    InstructionsAPI,
+    OperationGroups,
+    ServerAPI,
+    SessionsAPI,
+)
 from protocol.operations import LogQuery
 
 __all__ = [
@@ -65,6 +71,7 @@ __all__ = [
     "InstructionsAPI",
     "Reason",
     "SSEEvent",
+    "ServerAPI",
     "SessionsAPI",
     "follow_log",
 ]

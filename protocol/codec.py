@@ -30,7 +30,7 @@ import orjson
 
 from protocol.errors import InvalidRequestError
 
-__all__ = ["dumps", "from_json", "loads", "to_json", "wire_name"]
+__all__ = ["dumps", "from_json", "loads", "to_json", "unknown_member", "wire_name"]
 
 T = TypeVar("T")
 
@@ -67,10 +67,65 @@ def to_json(value: Any) -> Any:
     return value
 
 
-def from_json(cls: type[T], data: Any, *, path: str = "") -> T:
-    """Decode JSON data into ``cls``, validating every member."""
+def from_json(cls: type[T], data: Any, *, path: str = "", strict: bool = False) -> T:
+    """Decode JSON data into ``cls``, validating every member.
+
+    ``strict`` (client input) also refuses members ``cls`` does not declare,
+    at any depth, with a 400 naming the first one: a misspelt ``"delivry"``
+    must not silently fall back to the default. Stored data and server
+    replies decode leniently, so a newer writer's extra member is no error.
+    """
+    if strict:
+        unknown = unknown_member(cls, data, path)
+        if unknown is not None:
+            raise InvalidRequestError(f"unknown field {unknown}", kind="unknown", field=unknown)
     decoded: T = _decoder_for(cls)(data, path)
     return decoded
+
+
+def unknown_member(tp: Any, data: Any, path: str = "") -> str | None:
+    """The path of the first member of ``data`` that type ``tp`` does not declare, or None.
+
+    Only walks what has a declared shape (attrs classes, tuples and unions of
+    them); ``Mapping``/``Any`` members are free-form by design. Values of the
+    wrong type are left for the decoder to name.
+    """
+    if _is_union(tp):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(options) == 1:
+            return unknown_member(options[0], data, path)
+        if isinstance(data, dict):
+            for option in options:
+                tag_type = typing.get_type_hints(option).get("type")
+                if data.get("type") in typing.get_args(tag_type):
+                    return unknown_member(option, data, path)
+        return None
+    if typing.get_origin(tp) is tuple and isinstance(data, list):
+        item = typing.get_args(tp)[0]
+        for i, value in enumerate(data):
+            found = unknown_member(item, value, f"{path}[{i}]")
+            if found is not None:
+                return found
+        return None
+    if not (isinstance(tp, type) and attrs.has(tp)) or not isinstance(data, dict):
+        return None
+    plan = _plan(tp)
+    by_wire = {f.wire: f for f in plan.fields}
+    hints = _hints(tp)
+    for key, value in data.items():
+        sub = f"{path}.{key}" if path else key
+        field = by_wire.get(key)
+        if field is None:
+            return sub
+        found = unknown_member(hints[field.name], value, sub)
+        if found is not None:
+            return found
+    return None
+
+
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 # -- plans -------------------------------------------------------------------------------------

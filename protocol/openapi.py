@@ -70,7 +70,13 @@ class _Schemas:
             ) in typing.get_args(tp)
             if field.default is attrs.NOTHING and not optional:
                 required.append(wire)
-        schema: dict[str, Any] = {"type": "object", "properties": properties}
+        # Members a class does not declare are refused in requests (a 400 naming
+        # them) and never sent in replies.
+        schema: dict[str, Any] = {
+            "type": "object",
+            "properties": properties,
+            "additionalProperties": False,
+        }
         if required:
             schema["required"] = required
         if cls.__doc__:
@@ -101,6 +107,11 @@ def _success(op: Operation, schemas: _Schemas) -> tuple[str, dict[str, Any]]:
         return "200", {
             "description": "Server-sent events",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    if op.output_kind == "text":
+        return "200", {
+            "description": op.summary,
+            "content": {"text/plain": {"schema": {"type": "string"}}},
         }
     item = schemas.of(op.output)
     if op.output_kind == "data":

@@ -13,6 +13,8 @@ Outputs:
 - ``items``: ``{"data": [<output>...]}``;
 - ``no_content``: 204, no body;
 - ``raw``: the output as it is (``session.interrupt`` answers ``{interrupted}``);
+- ``text``: a ``text/plain`` body, a ``str`` to the client (``server.metrics``
+  answers the Prometheus text exposition format, which has no JSON form);
 - ``sse``: a ``text/event-stream``.
 """
 
@@ -62,6 +64,7 @@ __all__ = [
     "EnvironmentInput",
     "ExportQuery",
     "GenerateResult",
+    "HealthStatus",
     "InstructionEntryInput",
     "InterruptQuery",
     "InterruptResult",
@@ -77,7 +80,7 @@ __all__ = [
     "by_id",
 ]
 
-OutputKind = Literal["data", "page", "items", "no_content", "raw", "sse"]
+OutputKind = Literal["data", "page", "items", "no_content", "raw", "text", "sse"]
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
@@ -190,6 +193,12 @@ class InstructionEntryInput:
 @attrs.frozen(kw_only=True)
 class InterruptResult:
     interrupted: bool
+
+
+@attrs.frozen(kw_only=True)
+class HealthStatus:
+    #: Always true in a 200; a store that takes no writes answers a tagged 503.
+    healthy: bool
 
 
 @attrs.frozen(kw_only=True)
@@ -660,6 +669,25 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="Every public event of this instance, live; no replay",
         output_kind="sse",
         client=("events", "subscribe"),
+    ),
+    Operation(
+        id="server.health",
+        method="GET",
+        path="/health",
+        summary="Whether the store takes writes: a probe write, at most one at a time",
+        output_kind="raw",
+        output=HealthStatus,
+        errors=(e.ServiceUnavailableError, e.StorageUnavailableError),
+        client=("server", "health"),
+    ),
+    Operation(
+        id="server.metrics",
+        method="GET",
+        path="/metrics",
+        summary="The server's metrics in the Prometheus text exposition format (version 0.0.4)",
+        output_kind="text",
+        output=str,
+        client=("server", "metrics"),
     ),
 )
 

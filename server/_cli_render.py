@@ -1,7 +1,8 @@
 """How ``sessionrt run`` shows a run in a terminal: text on stdout, the rest on stderr.
 
 The assistant's text goes to stdout as its deltas arrive; each text block
-ends with a newline when it ends. Tool activity goes to stderr as one line
+ends with a newline when it ends. Reasoning goes to stderr the same way,
+as it streams, dimmed when stderr is a terminal. Tool activity goes to stderr as one line
 per call (``⚙ bash {"command": "ls"}``) and one per outcome (``✓ bash`` or
 ``✗ bash: <error>``). While nothing is printed for a moment and stderr is a
 terminal, a spinner line on stderr shows that the run is alive; it is erased
@@ -30,6 +31,8 @@ SPINNER_FRAMES: Final = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 #: Quiet time before the spinner shows, seconds.
 IDLE_S: Final = 0.25
 _CLEAR: Final = "\r\x1b[K"
+_DIM: Final = "\x1b[2m"
+_RESET: Final = "\x1b[0m"
 _SHORT: Final = 160
 
 
@@ -71,6 +74,9 @@ class Renderer:
         self._started = clock()
         self._last_output = self._started
         self._blocks: dict[tuple[str, int], _Block] = {}
+        self._thoughts: dict[tuple[str, int], _Block] = {}
+        self._err_tty = _isatty(err)
+        self._err_mid_line = False
         self._calls: dict[str, _Call] = {}
         self._mid_line = False
         self._spinning = False
@@ -82,6 +88,7 @@ class Renderer:
         block = self._blocks.setdefault((message_id, ordinal), _Block())
         if block.closed or not delta:
             return
+        self._end_thought()
         block.printed += delta
         self._write_out(delta)
 
@@ -90,14 +97,52 @@ class Renderer:
         if block.closed:
             return
         block.closed = True
+        self._end_thought()
         if text.startswith(block.printed):
             self._write_out(text[len(block.printed) :])
         self.end_line()
 
+    def _end_thought(self) -> None:
+        if self._err_mid_line:
+            self._err_mid_line = False
+            self._write_err("\n")
+
     def end_line(self) -> None:
-        """End a half-written line of text (a block that ended, or a run that stopped)."""
+        """End a half-written line of text or reasoning (a block that ended, a run that stopped)."""
         if self._mid_line:
             self._write_out("\n")
+        if self._err_mid_line:
+            self._err_mid_line = False
+            self._write_err("\n")
+
+    # -- reasoning --------------------------------------------------------------------------
+
+    def reasoning_delta(self, message_id: str, ordinal: int, delta: str) -> None:
+        block = self._thoughts.setdefault((message_id, ordinal), _Block())
+        if block.closed or not delta:
+            return
+        if not block.printed and self._mid_line:
+            self._write_out("\n")
+        block.printed += delta
+        self._write_thought(delta)
+
+    def reasoning_ended(self, message_id: str, ordinal: int, text: str) -> None:
+        block = self._thoughts.setdefault((message_id, ordinal), _Block())
+        if block.closed:
+            return
+        block.closed = True
+        if text.startswith(block.printed):
+            if not block.printed and self._mid_line:
+                self._write_out("\n")
+            self._write_thought(text[len(block.printed) :])
+        self.end_line()
+
+    def _write_thought(self, text: str) -> None:
+        if not text:
+            return
+        shown = f"{_DIM}{text}{_RESET}" if self._err_tty else text
+        self._write_err(shown)
+        self._err_mid_line = not text.endswith("\n")
 
     # -- tools ------------------------------------------------------------------------------
 
@@ -149,7 +194,7 @@ class Renderer:
         now = self._clock()
         if not self._spinner or now - self._last_output < IDLE_S:
             return
-        if self._mid_line and self._out_tty:
+        if (self._mid_line and self._out_tty) or self._err_mid_line:
             return  # the spinner would overwrite the text on the shared terminal line
         running = [c.name for c in self._calls.values() if c.announced and not c.done]
         doing = f"running {running[-1]}" if running else "working"

@@ -29,6 +29,7 @@ import json
 import os
 import signal
 import sys
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol, TextIO, TypeVar
@@ -81,12 +82,28 @@ class Host(Protocol):
 
 @contextlib.asynccontextmanager
 async def open_host(
-    url: str | None, password: str | None, data_dir: Path, config: RuntimeConfig | None = None
+    url: str | None,
+    password: str | None,
+    data_dir: Path,
+    config: RuntimeConfig | None = None,
+    *,
+    directory: str | None = None,
 ) -> AsyncIterator[Host]:
     """A client of ``url`` (Bearer ``password``), or else an embedded host on ``data_dir``
-    (with ``config``'s settings when given)."""
+    (with ``config``'s settings when given).
+
+    With ``url``, ``directory`` (the caller's working directory) goes with every
+    request as the released client sends it, URL-encoded in
+    ``x-opencode-directory``: a session the command creates lives there, not
+    in the server's directory. The server checks it like any client-named
+    directory (absolute, existing, not ``/``, not its data directory).
+    """
     if url:
-        headers = {"Authorization": f"Bearer {password}"} if password else None
+        headers: dict[str, str] = {}
+        if password:
+            headers["Authorization"] = f"Bearer {password}"
+        if directory is not None:
+            headers["x-opencode-directory"] = urllib.parse.quote(directory, safe="/")
         async with Client(url, headers=headers) as client:
             yield client
         return
@@ -400,6 +417,10 @@ def _show(type_: str | None, data: Mapping[str, Any], renderer: Renderer) -> Non
         renderer.text_delta(message_id, _int(data.get("ordinal")), str(data.get("delta", "")))
     elif type_ == "session.text.ended":
         renderer.text_ended(message_id, _int(data.get("ordinal")), str(data.get("text", "")))
+    elif type_ == "session.reasoning.delta":
+        renderer.reasoning_delta(message_id, _int(data.get("ordinal")), str(data.get("delta", "")))
+    elif type_ == "session.reasoning.ended":
+        renderer.reasoning_ended(message_id, _int(data.get("ordinal")), str(data.get("text", "")))
     elif type_ == "session.tool.called":
         tool_input = data.get("input")
         renderer.tool_called(

@@ -104,7 +104,7 @@ async def decode_body(op: Operation, request: web.Request, timeout_s: float, max
         data = codec.loads(raw)
     if op.id == "session.prompt" and isinstance(data, dict):
         data = _flatten_prompt(data)
-    return codec.from_json(op.body, data)
+    return codec.from_json(op.body, data, strict=True)
 
 
 async def _read(request: web.Request, max_bytes: int) -> bytes:
@@ -129,13 +129,26 @@ async def _read(request: web.Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+_NESTED_PROMPT: Final = ("text", "files")
+
+
 def _flatten_prompt(data: dict[str, Any]) -> dict[str, Any]:
-    """Accept the released v2 client's nested ``{"prompt": {"text", "files"}}`` body."""
+    """Accept the released v2 client's nested ``{"prompt": {"text", "files"}}`` body.
+
+    That nesting is the one documented compatibility alias (reference/wire.md);
+    a member of it other than ``text``/``files`` is refused like any unknown
+    field, by its full path.
+    """
     nested = data.get("prompt")
     if not isinstance(nested, dict):
         return data
+    for key in nested:
+        if key not in _NESTED_PROMPT:
+            raise InvalidRequestError(
+                f"unknown field prompt.{key}", kind="unknown", field=f"prompt.{key}"
+            )
     flat = {k: v for k, v in data.items() if k != "prompt"}
-    for key in ("text", "files"):
+    for key in _NESTED_PROMPT:
         if key in nested and key not in flat:
             flat[key] = nested[key]
     return flat

@@ -18,7 +18,9 @@ it (``make_app(config=...)``); an embedding host may pass a running runtime.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sqlite3
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Final
@@ -44,12 +46,13 @@ from protocol.errors import (
 )
 from protocol.openapi import document
 from protocol.operations import OPERATIONS, LogQuery, Operation, by_id
-from server import sse
+from server import console, sse
 from server._decode import decode_body, decode_path, decode_query
 from server.auth import authorized
 from server.feed import EventFeed
 from server.guard import Guard, normalize_origin
 from server.handlers import HANDLERS, Call
+from server.metrics import CONTENT_TYPE, HealthProbe, Metrics
 from storage import StorageBrokenError, StoreClosedError
 
 __all__ = ["RUNTIME", "SETTINGS", "ServerSettings", "make_app", "runner_options"]
@@ -102,6 +105,8 @@ RUNTIME: Final = web.AppKey("runtime", Runtime)
 SETTINGS: Final = web.AppKey("settings", ServerSettings)
 STREAMS: Final = web.AppKey("streams", sse.StreamSettings)
 FEED: Final = web.AppKey("feed", EventFeed)
+METRICS: Final = web.AppKey("metrics", Metrics)
+HEALTH: Final = web.AppKey("health", HealthProbe)
 
 Endpoint = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -161,10 +166,28 @@ class _StorageAlarm:
 ALARM: Final = web.AppKey("storage_alarm", _StorageAlarm)
 
 
+#: Sec-Fetch-Mode of a page script's fetch (not a navigation).
+_SCRIPT_FETCH: Final = frozenset({"cors", "same-origin", "no-cors"})
+
+
+def _unauthorized(request: web.Request, err: UnauthorizedError) -> web.Response:
+    """The 401; a page script's fetch gets a Bearer challenge.
+
+    A Basic challenge makes the browser hold the request and ask with its own
+    dialog (headless, it waits forever); the console asks itself and retries.
+    """
+    response = _error(err)
+    if request.headers.get("Sec-Fetch-Mode", "").lower() in _SCRIPT_FETCH:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="sessionrt"'
+    return response
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Endpoint) -> web.StreamResponse:
     try:
         response = await handler(request)
+    except UnauthorizedError as err:
+        return _unauthorized(request, err)
     except DomainError as err:
         return _error(err)
     except web.HTTPRequestEntityTooLarge:
@@ -201,7 +224,8 @@ async def _errors(request: web.Request, handler: Endpoint) -> web.StreamResponse
 @web.middleware
 async def _auth(request: web.Request, handler: Endpoint) -> web.StreamResponse:
     password = request.app[SETTINGS].password
-    if password and not authorized(request.headers.get("Authorization"), password):
+    public = request.match_info.route.name in console.PUBLIC_ROUTES
+    if password and not public and not authorized(request.headers.get("Authorization"), password):
         raise UnauthorizedError()
     return await handler(request)
 
@@ -240,6 +264,10 @@ def _endpoint(op: Operation) -> Endpoint:
             )
         if op.id == "event.subscribe":
             return await request.app[FEED].stream(request)
+        if op.id == "server.metrics":
+            return await _metrics(request)
+        if op.id == "server.health":
+            return await _health(request)
         settings = request.app[SETTINGS]
         body = await decode_body(op, request, settings.body_timeout_s, settings.max_body_bytes)
         call = Call(
@@ -280,6 +308,30 @@ async def _head_stream(runtime: Runtime, session_id: str | None) -> web.Response
 
 async def _doc(request: web.Request) -> web.Response:
     return _json(200, document())
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """The Prometheus text format; behind the password like every route."""
+    app = request.app
+    active = len(await app[RUNTIME].execution.active())
+    body = app[METRICS].render(active=active, feed=len(app[FEED]), logs=app[STREAMS].open_logs)
+    response = _Sent(status=200, body=body)
+    response.headers["Content-Type"] = CONTENT_TYPE
+    return response
+
+
+async def _health(request: web.Request) -> web.Response:
+    """200 when the store takes writes; a tagged 503 (retryable) when it does not."""
+    runtime = request.app[RUNTIME]
+    if runtime.config.read_only or not runtime.store.is_open:
+        raise ServiceUnavailableError("the store is not open for writing", service="storage")
+    if request.app[ALARM].failing:
+        raise StorageUnavailableError("Storage unavailable: the last write failed")
+    try:
+        await request.app[HEALTH].check()
+    except (sqlite3.Error, OSError) as exc:
+        raise StorageUnavailableError(f"Storage unavailable: {exc}") from None
+    return _json(200, {"healthy": True})
 
 
 async def _compat_event_log(request: web.Request) -> web.StreamResponse:
@@ -348,6 +400,7 @@ def make_app(
         else:
             app.router.add_route(op.method, op.path, _endpoint(op), name=op.id)
     app.router.add_get("/doc", _doc, name="openapi")
+    console.add_routes(app)
     app.router.add_get("/api/session/{sessionID}/event", _compat_event_log, name="compat.log")
     app.router.add_get("/event", _compat_feed, name="compat.event")
 
@@ -377,7 +430,17 @@ def make_app(
 async def _feed(app: web.Application, runtime: Runtime) -> AsyncIterator[None]:
     feed = EventFeed(runtime.bus, app[STREAMS])
     app[FEED] = feed
+    metrics = Metrics()
+    app[METRICS] = metrics
+    unsubscribe = runtime.store.subscribe(metrics.committed)
+    runtime.store.batch_observers.append(metrics.batch)
+    health = HealthProbe(runtime.config.db_path.as_posix(), runtime.blocking.run)
+    app[HEALTH] = health
     try:
         yield
     finally:
+        await health.aclose()
+        unsubscribe()
+        with contextlib.suppress(ValueError):
+            runtime.store.batch_observers.remove(metrics.batch)
         feed.close()

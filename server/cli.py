@@ -11,13 +11,15 @@ holds it, use ``--url``. ``sessions``, ``log`` and ``export`` only read: on a
 data directory they open the store read-only and change nothing (no recovery
 sweep, no execution resumed). ``export SESSION > FILE`` prints a session as a
 transfer document and ``import FILE`` creates a session from one. ``openapi``
-prints the API's OpenAPI document.
+prints the API's OpenAPI document (this version's, or with ``--url`` the
+running server's).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import os
 import sys
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import attrs
 
 from actors.runtime import RuntimeConfig, check_data_dir
@@ -39,12 +42,20 @@ from protocol.shapes import ModelRef, Session, SessionExport
 from server._cli_run import Host, RunOptions, Sigint, open_host, run
 from server.app import ServerSettings
 from server.config import ConfigError, load_config, runtime_config
+from server.logs import configure as configure_logs
 from server.serve import serve
 from storage import StorageError, StoreLockedError
 
 __all__ = ["default_data_dir", "main"]
 
 _PASSWORD_ENV = "SESSIONRT_SERVER_PASSWORD"
+_MAX_PORT = 65535
+_DESCRIPTION = (
+    "sessionrt keeps LLM-agent sessions durable: every admitted prompt and every fact of a"
+    " run lands in an append-only log on SQLite. `serve` runs the HTTP/SSE server (with a web"
+    " console at /); `run`, `sessions` and `log` work on the data directory directly, or on"
+    " a running server with --url."
+)
 
 
 def default_data_dir() -> Path:
@@ -87,6 +98,25 @@ def _url(value: str) -> str:
     return value
 
 
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
+    if not 0 <= port <= _MAX_PORT:
+        raise argparse.ArgumentTypeError(
+            f"a port is 0 to {_MAX_PORT} (0: any free one), got {port}"
+        )
+    return port
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("sessionrt")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a checkout
+        return "unknown"
+
+
 def _model(value: str) -> ModelRef:
     provider, slash, model = value.partition("/")
     if not slash or not provider or not model:
@@ -95,11 +125,12 @@ def _model(value: str) -> ModelRef:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sessionrt", description=__doc__.split("\n")[2])
+    parser = argparse.ArgumentParser(prog="sessionrt", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"sessionrt {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the HTTP/SSE server")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 4096; 0 = any)")
+    serve.add_argument("--port", type=_port, help="port (default 4096; 0 = any)")
     _add_data_dir(serve)
     serve.add_argument(
         "--password",
@@ -119,6 +150,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--config", type=Path, help="a TOML file of [server], [runtime] and [providers] settings"
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="log lines on stderr as text (default) or one JSON object each",
     )
 
     run = commands.add_parser("run", help="send a prompt and show the answer as it streams")
@@ -175,7 +212,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_host(instructions)
 
-    commands.add_parser("openapi", help="print the OpenAPI document")
+    openapi = commands.add_parser("openapi", help="print the OpenAPI document")
+    openapi.add_argument(
+        "--url", type=_url, help="print the document the server at URL serves instead"
+    )
+    openapi.add_argument(
+        "--password",
+        default=None,
+        help=f"the server's password, with --url (better: ${_PASSWORD_ENV})",
+    )
     return parser
 
 
@@ -205,6 +250,8 @@ def _serve(args: argparse.Namespace) -> int:
     check_data_dir(config.data_dir)
     host = args.host or server.pop("host", "127.0.0.1")
     port = args.port if args.port is not None else server.pop("port", 4096)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= _MAX_PORT:
+        raise ConfigError(f"[server] port must be 0 to {_MAX_PORT}, got {port!r}")
     server.pop("host", None)
     server.pop("port", None)
     password = _password(args, server.pop("password", None))
@@ -214,6 +261,12 @@ def _serve(args: argparse.Namespace) -> int:
         settings = ServerSettings(password=password, **server)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    secret_names = {*config.secret_env, _PASSWORD_ENV}
+    secret_names |= {c.api_key_env for c in config.provider_configs.values() if c.api_key_env}
+    secrets = [os.environ.get(name, "") for name in secret_names]
+    if args.log_format == "json":
+        # Text stays as it was: start and stop on stdout, warnings and errors on stderr.
+        configure_logs("json", secrets=[*secrets, password or ""])
     asyncio.run(serve(config, settings, host=host, port=port))
     return 0
 
@@ -258,6 +311,8 @@ async def _log(host: Host, args: argparse.Namespace, sigint: Sigint) -> int:
     async def lines() -> int:
         events = follow_log(host.sessions, args.session, args.after, follow=args.follow)
         async for event in events:
+            if event.event == "log.synced":
+                continue  # the end-of-replay marker: no event of the session
             print(json.dumps(event.data, ensure_ascii=False), flush=True)
         return 0
 
@@ -332,7 +387,9 @@ async def _on_host(
     release = sigint.install()
     try:
         password = _password(args) if args.url else None
-        async with open_host(args.url, password, data_dir, config) as host:
+        # `run` acts where it is run: its new session's tools work in the caller's directory.
+        directory = os.getcwd() if args.command == "run" else None
+        async with open_host(args.url, password, data_dir, config, directory=directory) as host:
             return await command(host, args, sigint)
     finally:
         release()
@@ -385,9 +442,35 @@ def _on_host_sync(args: argparse.Namespace) -> int:
         return 1
 
 
-def _openapi() -> int:
-    print(json.dumps(document(), indent=2, ensure_ascii=False))
+def _openapi(args: argparse.Namespace) -> int:
+    doc = asyncio.run(_remote_document(args)) if args.url else document()
+    print(json.dumps(doc, indent=2, ensure_ascii=False))
     return 0
+
+
+async def _remote_document(args: argparse.Namespace) -> Any:
+    password = _password(args)
+    headers = {"Authorization": f"Bearer {password}"} if password else {}
+    url = args.url.rstrip("/") + "/doc"
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+            http.get(url, headers=headers) as response,
+        ):
+            if response.status == 401:
+                raise ConfigError(
+                    f"UnauthorizedError: the server wants a password; pass --password or set"
+                    f" ${_PASSWORD_ENV}"
+                )
+            if response.status != 200:
+                raise ConfigError(
+                    f"unexpected answer from the server {args.url}: {response.status}"
+                )
+            return await response.json()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ConfigError(
+            f"cannot reach the server {args.url}: {str(exc) or type(exc).__name__}"
+        ) from None
 
 
 def _error(message: str) -> None:
@@ -400,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "openapi":
-            return _openapi()
+            return _openapi(args)
         if args.command in _ON_HOST:
             return _on_host_sync(args)
     except ConfigError as exc:

@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Self
 
 from actors.runtime import Runtime, RuntimeConfig
-from protocol.client import Client, EventsAPI, InstructionsAPI, SessionsAPI
+from protocol.client import Client, EventsAPI, InstructionsAPI, ServerAPI, SessionsAPI
 from server._inprocess import InProcessConnector
 from server._protocol import make_runner
 from server.app import ServerSettings, make_app, runner_options
@@ -77,6 +77,10 @@ class Embedded:
     @property
     def events(self) -> EventsAPI:
         return self._open_client().events
+
+    @property
+    def server(self) -> ServerAPI:
+        return self._open_client().server
 
     def _open_client(self) -> Client:
         if self._client is None:

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import gc
 import ipaddress
+import logging
 import os
 import platform
 import resource
@@ -26,9 +27,11 @@ from aiohttp import web
 
 from actors.runtime import RuntimeConfig
 from server._protocol import make_runner
-from server.app import ServerSettings, make_app, runner_options
+from server.app import RUNTIME, ServerSettings, make_app, runner_options
 
 __all__ = ["is_loopback", "serve"]
+
+log = logging.getLogger("sessionrt.server")
 
 
 def _is_address(host: str) -> bool:
@@ -130,6 +133,7 @@ async def serve(
         shown = f"[{bound[0]}]" if ":" in str(bound[0]) else bound[0]
         print(f"sessionrt listening on http://{shown}:{bound[1]}", file=out, flush=True)
         print(f"  data: {config.db_path}", file=out, flush=True)
+        _log_start(app, f"http://{shown}:{bound[1]}", config, settings)
         # Everything allocated so far lives as long as the server: keep it out of
         # the collector's generations so full collections stay short (a full
         # pass over start-up objects was the largest event-loop stall measured).
@@ -138,7 +142,28 @@ async def serve(
             ready.set()
         await stop.wait()
         print("sessionrt: shutting down", file=out, flush=True)
+        log.info("server stopping", extra={"fields": {"phase": "stop"}})
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
+        log.info("server stopped", extra={"fields": {"phase": "stopped"}})
+
+
+def _log_start(
+    app: web.Application, url: str, config: RuntimeConfig, settings: ServerSettings
+) -> None:
+    log.info(
+        "server started",
+        extra={
+            "fields": {
+                "phase": "start",
+                "url": url,
+                "data": str(config.db_path),
+                "password": settings.password is not None,  # whether one is set; never its value
+            }
+        },
+    )
+    report = app[RUNTIME].recovery
+    counts = {name: len(getattr(report, name)) for name in attrs.fields_dict(type(report))}
+    log.info("recovery", extra={"fields": {"phase": "recovery", **counts}})

@@ -80,6 +80,8 @@ class StreamSettings:
         self.close_grace_s = close_grace_s
         self.closing = asyncio.Event()
         self._closers: set[Callable[[], None]] = set()
+        #: Session-log streams open now (for /metrics).
+        self.open_logs = 0
 
     def on_close(self, closer: Callable[[], None]) -> Callable[[], None]:
         """Run ``closer`` when the streams close (at once if they have); returns the undo."""
@@ -214,6 +216,7 @@ async def session_log(
                 sender.hurry(settings.close_grace_s)
 
         undo = settings.on_close(close)
+        settings.open_logs += 1
         try:
             response = await open_stream(request)
             sender = Sender(response, request, settings.write_timeout_s)
@@ -244,4 +247,5 @@ async def session_log(
                 raise
             return response
         finally:
+            settings.open_logs -= 1
             undo()

@@ -26,6 +26,7 @@ import enum
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from threading import Thread
 from types import TracebackType
@@ -89,6 +90,9 @@ class SQLiteStore:
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._all_readers: list[aiosqlite.Connection] = []
         self._subscribers: list[Subscriber] = []
+        #: Called after each batch with (commands, seconds from hand-off to outcome).
+        self.batch_observers: list[Callable[[int, float], None]] = []
+        self._batch_started = 0.0
         self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -206,11 +210,19 @@ class SQLiteStore:
         batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
         self._inflight = True
         self._batch = batch
+        self._batch_started = time.perf_counter()
         self._writer.submit([prepared for prepared, _ in batch])
 
     def _batch_done(self, outcomes: list[Outcome]) -> None:
         batch, self._batch = self._batch, []
         self._inflight = False
+        if self.batch_observers:
+            elapsed = time.perf_counter() - self._batch_started
+            for observe in self.batch_observers:
+                try:
+                    observe(len(batch), elapsed)
+                except Exception:
+                    log.exception("batch observer failed")
         published: list[RecordedEvent] = []
         for (_, future), outcome in zip(batch, outcomes, strict=True):
             if outcome.records is not None:

@@ -112,3 +112,26 @@ def test_no_spinner_when_it_is_off() -> None:
 )
 def test_short(text: str, expected: str) -> None:
     assert short(text, 10) == expected
+
+
+def test_reasoning_streams_dimmed_on_stderr_and_completes_once() -> None:
+    r, out, err, _ = renderer()
+    r.reasoning_delta("m1", 0, "think")
+    r.reasoning_delta("m1", 0, "ing")
+    assert err.getvalue() == "\x1b[2mthink\x1b[0m\x1b[2ming\x1b[0m"
+    r.reasoning_ended("m1", 0, "thinking hard")  # deltas lost: the log completes it
+    r.reasoning_ended("m1", 0, "thinking hard")  # the other source: nothing again
+    r.text_delta("m1", 1, "answer")
+    r.close()
+    assert err.getvalue() == "\x1b[2mthink\x1b[0m\x1b[2ming\x1b[0m\x1b[2m hard\x1b[0m\n"
+    assert out.getvalue() == "answer\n"
+
+
+def test_reasoning_is_plain_when_stderr_is_no_terminal() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    r = Renderer(out, err, spinner=False)
+    r.text_delta("m1", 0, "half")
+    r.reasoning_ended("m1", 1, "a thought")
+    r.tool_called("c1", "bash", {"command": "ls"})
+    assert out.getvalue() == "half\n"
+    assert err.getvalue() == 'a thought\n⚙ bash {"command": "ls"}\n'

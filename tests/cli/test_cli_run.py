@@ -138,8 +138,9 @@ async def test_no_follow_prints_the_receipt_and_log_shows_it(data: list[str]) ->
     log = (await sessionrt("log", session, *data)).lines()
     types = [e["type"] for e in log]
     assert "session.inbox.enqueued" in types
-    assert types[-1] == "log.synced"
-    assert log[-1]["seq"] == log[-2]["durable"]["seq"]
+    # Every line is an event of the session: the end-of-replay marker is not printed.
+    assert "log.synced" not in types
+    assert [e["durable"]["seq"] for e in log] == list(range(1, len(log) + 1))
     after = (await sessionrt("log", session, "--after", "1", *data)).lines()
     assert [e["type"] for e in after] == types[1:]
 
@@ -162,8 +163,8 @@ async def test_ctrl_c_interrupts_the_run_and_exits_130(data: list[str]) -> None:
     assert b"sessionrt: interrupted" in err
     session = session_of(Done(0, "", err.decode()))
     log = (await sessionrt("log", session, *data)).lines()
-    assert log[-2]["type"] == "session.execution.interrupted"
-    assert log[-2]["data"]["reason"] == "user"
+    assert log[-1]["type"] == "session.execution.interrupted"
+    assert log[-1]["data"]["reason"] == "user"
 
 
 # -- sessions, log --follow, openapi ------------------------------------------------------------
@@ -197,15 +198,37 @@ async def test_log_follow_stops_cleanly_on_ctrl_c(data: list[str]) -> None:
     )
     assert proc.stdout is not None
     seen: list[dict[str, Any]] = []
-    while not seen or seen[-1]["type"] != "log.synced":
+    while not seen or seen[-1]["type"] != "session.execution.succeeded":
         line = await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)
-        assert line, "the log ended before log.synced"
+        assert line, "the log ended before the run's end"
         seen.append(json.loads(line))
+    assert all(e["type"] != "log.synced" for e in seen)
     assert seen[0]["type"] == "session.created"
     proc.send_signal(signal.SIGINT)
     _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
     assert proc.returncode == 0
     assert err == b""
+
+
+async def test_version_help_and_a_bad_port_are_clear() -> None:
+    version = await sessionrt("--version")
+    assert version.code == 0
+    assert re.fullmatch(r"sessionrt \d+\.\d+\.\d+\S*\n", version.out)
+    helped = await sessionrt("--help")
+    description = " ".join(helped.out.split("positional arguments")[0].split()[3:])
+    assert description.endswith("."), description  # whole sentences, not cut mid-way
+    assert "--url" in description
+    bad = await sessionrt("serve", "--port", "99999")
+    assert bad.code == 2
+    assert "0 to 65535" in bad.err
+
+
+async def test_a_bad_port_in_the_config_file_is_clear(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[server]\nport = 70000\n")
+    done = await sessionrt("serve", "--config", str(config), "--data-dir", str(tmp_path / "d"))
+    assert done.code == 1
+    assert done.err == "sessionrt: [server] port must be 0 to 65535, got 70000\n"
 
 
 async def test_openapi_prints_the_document() -> None:
@@ -261,11 +284,50 @@ async def test_run_sessions_and_log_over_the_network(served: Served) -> None:
     listed = json.loads((await sessionrt("sessions", "--json", *remote, env=env)).out)
     assert [s["id"] for s in listed] == [session]
     log = (await sessionrt("log", session, *remote, env=env)).lines()
-    assert log[-2]["type"] == "session.execution.succeeded"
+    assert log[-1]["type"] == "session.execution.succeeded"
     # --no-follow on a server: the server runs what was admitted.
     queued = await sessionrt("run", "later", "--no-follow", *remote, "--password", "s3cret")
     assert queued.code == 0, queued.err
     assert json.loads(queued.out)["payload"] == {"text": "later"}
+
+
+async def test_run_over_the_network_works_in_the_callers_directory(
+    served: Served, tmp_path: Path
+) -> None:
+    env = {**os.environ, "SESSIONRT_SERVER_PASSWORD": "s3cret"}
+    here = tmp_path / "caller dir"
+    here.mkdir()
+    proc = await asyncio.create_subprocess_exec(
+        EXE,
+        "run",
+        '#tool bash {"command": "pwd"}\n#step\n#text done',
+        "--url",
+        served.url,
+        cwd=here,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    assert proc.returncode == 0, err
+    session = session_of(Done(0, "", err.decode()))
+    listed = json.loads((await sessionrt("sessions", "--json", "--url", served.url, env=env)).out)
+    mine = next(s for s in listed if s["id"] == session)
+    assert mine["location"]["directory"] == str(here)
+    log = (await sessionrt("log", session, "--url", served.url, env=env)).lines()
+    outputs = [e["data"] for e in log if e["type"] == "session.tool.success"]
+    assert str(here) in json.dumps(outputs)
+
+
+async def test_openapi_from_a_running_server(served: Served) -> None:
+    env = {**os.environ, "SESSIONRT_SERVER_PASSWORD": "s3cret"}
+    done = await sessionrt("openapi", "--url", served.url, env=env)
+    assert done.code == 0, done.err
+    assert "/api/session/{sessionID}/prompt" in json.loads(done.out)["paths"]
+    bare = {k: v for k, v in env.items() if k != "SESSIONRT_SERVER_PASSWORD"}
+    refused = await sessionrt("openapi", "--url", served.url, env=bare)
+    assert refused.code == 1
+    assert "password" in refused.err
 
 
 async def test_a_server_refuses_a_missing_password(served: Served) -> None:

@@ -13,7 +13,7 @@ import pytest
 from actors.runtime import RuntimeConfig
 from protocol import SessionNotFoundError
 from protocol.errors import ConflictError, InvalidRequestError, PermissionNotFoundError
-from protocol.operations import ExportQuery, LogQuery, PermissionReplyInput
+from protocol.operations import ExportQuery, HealthStatus, LogQuery, PermissionReplyInput
 from protocol.requests import (
     CreateSessionInput,
     GenerateInput,
@@ -165,6 +165,21 @@ async def test_embedded_lists_and_answers_permission_requests(tmp_path: Path) ->
                 session.id, "per_nothing", PermissionReplyInput(reply="once")
             )
         assert list(await oc.sessions.permissions(session.id)) == []
+
+
+async def test_health_and_metrics_through_the_typed_client(tmp_path: Path) -> None:
+    async with Embedded(tmp_path / "data") as oc:
+        assert (await oc.server.health()) == HealthStatus(healthy=True)
+        session = await oc.sessions.create()
+        await oc.sessions.prompt(session.id, PromptInput(text="#text counted"))
+        await oc.sessions.wait(session.id)
+        text = await oc.server.metrics()
+        # The text exposition format, with the admission just made counted.
+        lines = [
+            line for line in text.splitlines() if line.startswith("sessionrt_admissions_total")
+        ]
+        assert lines, text[:400]
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in lines) >= 1
 
 
 async def test_embedded_moves_a_session(tmp_path: Path) -> None:

@@ -100,9 +100,14 @@ async def test_every_declared_route_answers(client: Client, op: Operation) -> No
     response = await client.request(op.method, url, json=await body_for(client, op, params))
     expected = 204 if op.output_kind == "no_content" else 200
     assert response.status == expected, await response.text()
-    if expected == 200:
+    if op.output_kind == "text":
+        assert response.content_type == "text/plain"
+        assert await response.text()
+    elif expected == 200:
         body = await response.json()
-        raw_member = "interrupted" if op.id == "session.interrupt" else "info"
+        raw_member = {"session.interrupt": "interrupted", "server.health": "healthy"}.get(
+            op.id, "info"
+        )
         assert (raw_member in body) if op.output_kind == "raw" else ("data" in body)
 
 
@@ -330,3 +335,41 @@ async def test_resume_cut_short_by_shutdown_is_503(client: Client) -> None:
     await runtime.execution.shutdown()
     response = await waiting
     assert (response.status, (await response.json())["_tag"]) == (503, "ServiceUnavailableError")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/session/{sid}/prompt", {"text": "x", "delivry": "queue"}, "delivry"),
+        (
+            "/api/session/{sid}/prompt",
+            {"text": "x", "files": [{"uri": "data:,a", "mime": "text/plain", "nme": "a"}]},
+            "files[0].nme",
+        ),
+        ("/api/session/{sid}/prompt", {"prompt": {"text": "x", "txt": "y"}}, "prompt.txt"),
+        ("/api/session", {"titel": "t"}, "titel"),
+        ("/api/session", {"model": {"id": "m", "providerID": "p", "extra": 1}}, "model.extra"),
+        ("/api/session/{sid}/synthetic", {"text": "x", "resum": False}, "resum"),
+    ],
+)
+async def test_unknown_body_fields_are_400s_naming_them(
+    client: Client, path: str, body: Any, field: str
+) -> None:
+    sid = (await create_session(client))["id"]
+    response = await client.post(path.format(sid=sid), json=body)
+    assert await tag_of(response) == (400, "InvalidRequestError")
+    answer = await response.json()
+    assert answer["field"] == field
+    assert field in answer["message"]
+    # Nothing was admitted by the refused request.
+    inbox = await client.get(f"/api/session/{sid}/inbox")
+    assert (await inbox.json())["data"] == []
+
+
+async def test_free_form_metadata_keeps_any_member(client: Client) -> None:
+    sid = (await create_session(client))["id"]
+    response = await client.post(
+        f"/api/session/{sid}/prompt",
+        json={"text": "x", "resume": False, "metadata": {"anything": {"goes": 1}}},
+    )
+    assert response.status == 200, await response.text()
