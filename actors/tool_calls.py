@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -82,6 +83,8 @@ from protocol import ids
 from protocol.shapes import Session
 
 __all__ = ["HOSTED", "Journal", "SessionRules", "ToolCalls", "hosted_text"]
+
+log = logging.getLogger(__name__)
 
 #: The metadata key that marks a hosted (provider-executed) call's terminal.
 HOSTED: Final = "providerExecuted"
@@ -210,11 +213,12 @@ class ToolCalls:
     async def hosted_result(self, result: HostedResult) -> None:
         """Settle the hosted call ``result.id`` with what the provider returned.
 
-        A result for a call this step never recorded as hosted is dropped
-        (logged by the caller's stream, never a second terminal).
+        A result for a call this step never recorded as hosted (or already
+        settled) is dropped with a warning: a call has exactly one terminal.
         """
         name = self._hosted.pop(result.id, None)
         if name is None or result.id not in self._open:
+            log.warning("hosted result for unknown call %r dropped", result.id[:64])
             return
         text = hosted_text(result.content)
         metadata = {HOSTED: True, "result": dict(result.content)}
