@@ -5,6 +5,11 @@ step it reloads the projected transcript and turns it into the normalized
 request messages here. Tool parts become an assistant tool call plus a tool
 result message; a call that never settled (it cannot, by the time a step is
 built) is sent as an error result so the model sees what happened.
+
+A hosted call (its terminal's metadata says ``providerExecuted``) stays in
+the assistant message as :class:`~actors.llm.HostedContent`: its result
+block for native replay and the same as plain text for everything else
+(another model, a full rebuild, a provider without hosted items).
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from actors.llm import (
     ChatMessage,
     ContentPart,
     FileContent,
+    HostedContent,
     ReasoningContent,
     TextContent,
     ToolCallContent,
     ToolResultContent,
 )
+from actors.tool_calls import HOSTED
 from protocol.lru import ByteLRU
 from protocol.shapes import (
     AssistantMessage,
@@ -92,6 +99,8 @@ def _weight(messages: tuple[ChatMessage, ...]) -> int:
                     total += sys.getsizeof(output)
                 case ToolCallContent(input=value):
                     total += _json_weight(value)
+                case HostedContent(text=text, result=result):
+                    total += sys.getsizeof(text) + _json_weight(result)
     return total
 
 
@@ -115,10 +124,17 @@ def to_chat(
 
 
 def _without_native(message: ChatMessage) -> ChatMessage:
-    if not any(isinstance(p, ReasoningContent) and p.signature for p in message.parts):
+    if not any(
+        (isinstance(p, ReasoningContent) and p.signature) or isinstance(p, HostedContent)
+        for p in message.parts
+    ):
         return message
     parts = tuple(
-        attrs.evolve(p, signature=None) if isinstance(p, ReasoningContent) else p
+        attrs.evolve(p, signature=None)
+        if isinstance(p, ReasoningContent)
+        else TextContent(text=p.text)
+        if isinstance(p, HostedContent)
+        else p
         for p in message.parts
     )
     return attrs.evolve(message, parts=parts)
@@ -161,6 +177,8 @@ def _assistant(message: AssistantMessage) -> list[ChatMessage]:
             case ReasoningPart(text=text) if text:
                 signature = signatures.get(str(part.ordinal))
                 parts.append(ReasoningContent(text=text, signature=signature))
+            case ToolPart() if part.metadata is not None and part.metadata.get(HOSTED):
+                parts.append(_hosted(part, native=message.error is None))
             case ToolPart():
                 parts.append(ToolCallContent(id=part.id, name=part.name, input=part.input or {}))
                 results.append(_result(part))
@@ -197,4 +215,20 @@ def _result(part: ToolPart) -> ToolResultContent:
         return ToolResultContent(id=part.id, name=part.name, output=message, is_error=True)
     return ToolResultContent(
         id=part.id, name=part.name, output="Tool call did not complete", is_error=True
+    )
+
+
+def _hosted(part: ToolPart, *, native: bool) -> HostedContent:
+    """A hosted call; its result block is kept for a succeeded step's native replay."""
+    outcome = _result(part)
+    call = orjson.dumps(part.input or {}).decode()
+    state = "failed" if outcome.is_error else "returned"
+    text = f"[{part.name} {call}, executed by the provider, {state}: {outcome.output}]"
+    raw = part.metadata.get("result") if native and part.metadata is not None else None
+    return HostedContent(
+        id=part.id,
+        name=part.name,
+        input=part.input or {},
+        result=raw if isinstance(raw, Mapping) else None,
+        text=text,
     )

@@ -4,7 +4,10 @@ Order of facts for a step (all carry ``assistantMessageID``):
 ``step.started`` -> text/reasoning ``started``/``ended`` (deltas live only)
 -> per tool ``tool.input.started``/``ended`` -> ``tool.called`` (durable
 *before* the tool starts) -> the tool's single terminal -> ... -> exactly one
-``step.ended`` or ``step.failed`` once every call has settled. Tool calls are
+``step.ended`` or ``step.failed`` once every call has settled. A hosted call
+(the provider runs it) is recorded the same way, settles when its
+``HostedResult`` streams in, and fails with ``tool.result-missing`` if the
+stream finished without one; it never makes the step continue. Tool calls are
 owned by :class:`~actors.tool_calls.ToolCalls`, one per assistant message.
 
 A step makes one physical attempt, or several (seeds, "One Step May Have
@@ -57,6 +60,7 @@ from actors.llm import (
     ContextOverflowError,
     ContinuationRejectedError,
     Finish,
+    HostedResult,
     IncompleteStreamError,
     ModelRequest,
     ProviderError,
@@ -474,11 +478,16 @@ class StepRunner:
                                 text="".join(step.inputs.pop(call_id, [])),
                             )
                         )
+                    case ToolCall(hosted=True):
+                        step.output = True
+                        await step.calls.hosted(part)
                     case ToolCall():
                         # tool.called is durable output: retrying the message from
                         # scratch would forget a call that may have run.
                         step.output = True
                         await step.calls.called(part, limited=limited)
+                    case HostedResult():
+                        await step.calls.hosted_result(part)
                     case Finish():
                         return part
         return None
@@ -531,6 +540,7 @@ class StepRunner:
     ) -> StepOutcome:
         sid, aid = step.session_id, step.assistant_id
         step.calls.fail_unfinished("The model never completed the tool call")
+        await step.calls.fail_hosted_missing()
         if finished.reason == "content-filter":
             # The partial content stays visible; the step (and execution) fail.
             error = ev.ErrorInfo(

@@ -24,6 +24,18 @@ Settlement, exactly:
   (:class:`~actors.tools.SucceededThenInterrupted`), never ``aborted``: the
   model must not be told a write that happened did not.
 
+A *hosted* call (``ToolCall.hosted``: the provider executes it, e.g. a web
+search) is recorded the same way (``tool.called`` with ``providerExecuted``)
+but never dispatched: :meth:`ToolCalls.hosted_result` settles it when the
+provider's result arrives (``tool.success``, or ``tool.failed`` with
+``tool.error`` when the provider reports an error), and
+:meth:`ToolCalls.fail_hosted_missing` fails, before the step's terminal,
+every hosted call whose result never came (``tool.result-missing``). Its
+terminals carry ``metadata.providerExecuted`` and the provider's own result
+block (``metadata.result``), which history replays natively. Hosted calls
+have no outcome in :meth:`ToolCalls.join`: only local outcomes make a step
+continue.
+
 A call whose input streamed but never completed is failed by
 :meth:`ToolCalls.fail_unfinished` (``executed: false``); a tool the agent
 may not use fails with ``permission.denied`` without running, and the step
@@ -43,15 +55,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
+
+import orjson
 
 from actors._shield import finish
 from actors.agents import Agent
 from actors.bus import EventBus
-from actors.llm import TOOLS_DISABLED_ERROR, ToolCall
+from actors.llm import TOOLS_DISABLED_ERROR, HostedResult, ToolCall
 from actors.permissions import FILE_TOOLS, Check, PermissionWaiters, judge, summary
 from actors.tools import (
     Progress,
@@ -67,7 +82,14 @@ from protocol import events as ev
 from protocol import ids
 from protocol.shapes import Session
 
-__all__ = ["Journal", "SessionRules", "ToolCalls"]
+__all__ = ["HOSTED", "Journal", "SessionRules", "ToolCalls", "hosted_text"]
+
+log = logging.getLogger(__name__)
+
+#: The metadata key that marks a hosted (provider-executed) call's terminal.
+HOSTED: Final = "providerExecuted"
+#: The most characters of a hosted result kept as its text content.
+HOSTED_TEXT_MAX: Final = 16_000
 
 #: The session's ``always`` rules, ``(permission, pattern)``, read when a call is judged.
 SessionRules = Callable[[], Awaitable[Sequence[tuple[str, str]]]]
@@ -137,6 +159,8 @@ class ToolCalls:
         self._tasks: dict[str, asyncio.Task[ToolOutcome]] = {}
         #: Calls whose ``tool.called`` is durable and whose terminal is not yet (id -> name).
         self._open: dict[str, str] = {}
+        #: Hosted calls whose ``tool.called`` is submitted and whose result is not in (id -> name).
+        self._hosted: dict[str, str] = {}
         #: Calls whose task began to run (so the tool may have executed).
         self._ran: set[str] = set()
         self._terminals = asyncio.Lock()
@@ -170,6 +194,54 @@ class ToolCalls:
         self._tasks[call.id] = loop.create_task(self._settle(call, refusal), name=f"tool:{call.id}")
         del self._unfinished[call.id]  # from here on its task owns its terminal
 
+    async def hosted(self, call: ToolCall) -> None:
+        """Record the provider-executed ``call`` durably; it is never run here."""
+        self._unfinished.pop(call.id, None)
+        self._hosted[call.id] = call.name
+        await self._journal.durable(
+            ev.ToolCalled(
+                session_id=self._session.id,
+                assistant_message_id=self._assistant_id,
+                id=call.id,
+                name=call.name,
+                input=dict(call.input),
+                provider_executed=True,
+            )
+        )
+        self._open[call.id] = call.name
+
+    async def hosted_result(self, result: HostedResult) -> None:
+        """Settle the hosted call ``result.id`` with what the provider returned.
+
+        A result for a call this step never recorded as hosted (or already
+        settled) is dropped with a warning: a call has exactly one terminal.
+        """
+        name = self._hosted.pop(result.id, None)
+        if name is None or result.id not in self._open:
+            log.warning("hosted result for unknown call %r dropped", result.id[:64])
+            return
+        text = hosted_text(result.content)
+        metadata = {HOSTED: True, "result": dict(result.content)}
+        outcome = (
+            _hosted_failure("tool.error", f"The provider's {name} call failed: {text}", metadata)
+            if result.error
+            else ToolOutcome(
+                status="success", content=({"type": "text", "text": text},), metadata=metadata
+            )
+        )
+        await self._terminal(result.id, outcome)
+
+    async def fail_hosted_missing(self) -> None:
+        """Fail every hosted call still without a result: the stream is over."""
+        for call_id, name in list(self._hosted.items()):
+            del self._hosted[call_id]
+            missing = _hosted_failure(
+                "tool.result-missing",
+                f"The provider returned no result for its {name} call",
+                {HOSTED: True},
+            )
+            await finish(self._terminal(call_id, missing))
+
     async def join(self) -> list[ToolOutcome]:
         """Every started call's outcome, in the order the calls were made."""
         return [await task for task in self._tasks.values()]
@@ -194,8 +266,13 @@ class ToolCalls:
         # A task cancelled before its first step never ran its coroutine, so it
         # published nothing: its call still gets its one terminal here.
         for call_id, name in list(self._open.items()):
-            never_ran = ToolOutcome.failure("aborted", f"Tool execution interrupted: {name}")
-            await finish(self._terminal(call_id, never_ran, executed=call_id in self._ran))
+            hosted = self._hosted.pop(call_id, None) is not None
+            never_ran = _hosted_failure(
+                "aborted", f"Tool execution interrupted: {name}", {HOSTED: True} if hosted else {}
+            )
+            await finish(
+                self._terminal(call_id, never_ran, executed=hosted or call_id in self._ran)
+            )
 
     def fail_unfinished(self, message: str) -> None:
         """Every call the step started reaches a terminal, even one never completed."""
@@ -364,3 +441,16 @@ def _denied(agent: Agent, call: ToolCall, check: Check) -> str:
     if offered(agent.permissions, call.name):  # denied for this subject, not the whole tool
         return f"Permission denied: agent {name} may not use the {call.name} tool on this input"
     return f"Permission denied: agent {name} may not use the {call.name} tool"
+
+
+def hosted_text(content: Mapping[str, Any]) -> str:
+    """A hosted result block as text for the model and the user, bounded."""
+    inner = content.get("content", content)
+    text = inner if isinstance(inner, str) else orjson.dumps(inner).decode()
+    if len(text) > HOSTED_TEXT_MAX:
+        return text[:HOSTED_TEXT_MAX] + "\n[hosted result truncated]"
+    return text
+
+
+def _hosted_failure(type: str, message: str, metadata: Mapping[str, Any]) -> ToolOutcome:
+    return ToolOutcome(status="failed", error={"type": type, "message": message}, metadata=metadata)

@@ -516,6 +516,8 @@ class ToolCalled(Event):
     name: str
     input: Mapping[str, Any]
     executed: bool = True
+    #: True for a hosted call: the provider runs it, no local tool ever does.
+    provider_executed: bool | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -10,6 +10,10 @@
 - an assistant message's reasoning is replayed as a ``thinking`` block only
   to the same provider and model that wrote it, and only with its
   signature (the API rejects unsigned thinking); otherwise it is dropped;
+- a hosted (provider-executed) call goes back natively, as its
+  ``server_tool_use`` block and the provider's own result block, only to
+  the same provider and model and only with its result (the API rejects a
+  ``server_tool_use`` without one); otherwise as plain text;
 - ``tool_use`` blocks carry the decoded input; tools are sent with their
   JSON Schemas as ``input_schema``; ``max_tokens`` (required by the API)
   comes from the model's ``output`` limit.
@@ -22,6 +26,7 @@ from typing import Any, Final
 from actors.llm._request import (
     ChatMessage,
     FileContent,
+    HostedContent,
     ModelRequest,
     ReasoningContent,
     TextContent,
@@ -79,6 +84,19 @@ def _blocks(message: ChatMessage, request: ModelRequest) -> tuple[str, list[dict
                     )
             elif isinstance(part, TextContent) and part.text:
                 blocks.append({"type": "text", "text": part.text})
+            elif isinstance(part, HostedContent):
+                if replay and part.result is not None:
+                    blocks.append(
+                        {
+                            "type": "server_tool_use",
+                            "id": part.id,
+                            "name": part.name,
+                            "input": dict(part.input),
+                        }
+                    )
+                    blocks.append(dict(part.result))
+                else:
+                    blocks.append({"type": "text", "text": part.text})
             elif isinstance(part, ToolCallContent):
                 blocks.append(
                     {

@@ -22,6 +22,7 @@ import orjson
 from actors.llm._request import (
     ChatMessage,
     FileContent,
+    HostedContent,
     ModelRequest,
     TextContent,
     ToolCallContent,
@@ -69,7 +70,9 @@ def _message(message: ChatMessage) -> list[dict[str, Any]]:
         case "user":
             return [{"role": "user", "content": _user_content(message)}]
         case "assistant":
-            out: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+            # Chat completions has no hosted items: a hosted call is plain text.
+            texts = [p.text for p in message.parts if isinstance(p, TextContent | HostedContent)]
+            out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
             calls = [
                 {
                     "id": part.id,

@@ -9,7 +9,7 @@ the scripted provider reads it directly. History is a tuple of
     ======== ==================================================
     system    TextContent
     user      TextContent, FileContent
-    assistant TextContent, ReasoningContent, ToolCallContent
+    assistant TextContent, ReasoningContent, ToolCallContent, HostedContent
     tool      ToolResultContent
     ======== ==================================================
 
@@ -31,6 +31,7 @@ __all__ = [
     "ChatMessage",
     "ContentPart",
     "FileContent",
+    "HostedContent",
     "ModelRequest",
     "ReasoningContent",
     "Role",
@@ -93,6 +94,22 @@ class ToolResultContent:
 
 
 @attrs.frozen(kw_only=True)
+class HostedContent:
+    """A call the provider executed itself, with its result if one arrived.
+
+    ``result`` is the provider's own result block, for native replay (same
+    provider and model only, see ``ChatMessage.model``); ``text`` is the
+    call and its outcome as plain text, for every other request.
+    """
+
+    id: str
+    name: str
+    input: Mapping[str, Any]
+    result: Mapping[str, Any] | None
+    text: str
+
+
+@attrs.frozen(kw_only=True)
 class FileContent:
     """A file attached to a user message, base64 in ``data``."""
 
@@ -101,12 +118,19 @@ class FileContent:
     name: str | None = None
 
 
-ContentPart = TextContent | ReasoningContent | ToolCallContent | ToolResultContent | FileContent
+ContentPart = (
+    TextContent
+    | ReasoningContent
+    | ToolCallContent
+    | HostedContent
+    | ToolResultContent
+    | FileContent
+)
 
 _ALLOWED: Final[Mapping[Role, tuple[type[Any], ...]]] = {
     "system": (TextContent,),
     "user": (TextContent, FileContent),
-    "assistant": (TextContent, ReasoningContent, ToolCallContent),
+    "assistant": (TextContent, ReasoningContent, ToolCallContent, HostedContent),
     "tool": (ToolResultContent,),
 }
 

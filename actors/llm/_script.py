@@ -38,6 +38,7 @@ __all__ = [
     "FAILURE_KINDS",
     "Block",
     "Failure",
+    "HostedResultBlock",
     "Script",
     "ScriptError",
     "Step",
@@ -71,6 +72,8 @@ _KEYWORDS: Final = frozenset(
         "text",
         "reasoning",
         "tool",
+        "hosted",
+        "hosted-result",
         "delay",
         "chunk",
         "fail",
@@ -122,9 +125,19 @@ class ToolBlock:
     input: Mapping[str, Any]
     delay_ms: int = 0
     chunk: int = DEFAULT_CHUNK
+    #: A provider-executed call (``#hosted``): recorded, never run locally.
+    hosted: bool = False
 
 
-Block = TextBlock | ToolBlock
+@attrs.frozen(kw_only=True)
+class HostedResultBlock:
+    """The provider's result of the step's latest ``#hosted`` call."""
+
+    content: Mapping[str, Any]
+    error: bool = False
+
+
+Block = TextBlock | ToolBlock | HostedResultBlock
 
 
 @attrs.frozen(kw_only=True)
@@ -309,6 +322,10 @@ class _StepBuilder:
                 )
         elif keyword == "tool":
             self.blocks.append(self._tool(line, argument))
+        elif keyword == "hosted":
+            self.blocks.append(attrs.evolve(self._tool(line, argument), hosted=True))
+        elif keyword == "hosted-result":
+            self.blocks.append(self._hosted_result(line, argument))
         elif keyword == "delay":
             self.delay_ms = _int(line, "#delay", argument.strip(), minimum=0)
         elif keyword == "chunk":
@@ -332,6 +349,21 @@ class _StepBuilder:
         if not isinstance(value, dict):
             raise ScriptError(line, f"#tool {name}: input must be a JSON object")
         return ToolBlock(name=name, input=value, delay_ms=self.delay_ms, chunk=self.chunk)
+
+    def _hosted_result(self, line: int, argument: str) -> HostedResultBlock:
+        if not any(isinstance(b, ToolBlock) and b.hosted for b in self.blocks):
+            raise ScriptError(line, "#hosted-result needs a #hosted call before it")
+        raw = argument.strip()
+        error = raw == "error" or raw.startswith("error ")
+        if error:
+            raw = raw[len("error") :].strip()
+        try:
+            value = codec.loads(raw or "{}")
+        except WireInvalidRequestError:
+            raise ScriptError(line, f"#hosted-result: content is not JSON: {raw!r}") from None
+        if not isinstance(value, dict):
+            raise ScriptError(line, "#hosted-result: content must be a JSON object")
+        return HostedResultBlock(content=value, error=error)
 
     def _finish(self, line: int, reason: str) -> None:
         if self.finish is not None:

@@ -6,7 +6,8 @@ after the finish)::
 
     (TextStart TextDelta* TextEnd
      | ReasoningStart ReasoningDelta* ReasoningEnd
-     | ToolInputStart ToolInputDelta* ToolInputEnd ToolCall)*
+     | ToolInputStart ToolInputDelta* ToolInputEnd ToolCall
+     | HostedResult)*
     Finish
 
 Text and reasoning blocks are numbered together by ``ordinal`` from 0 in
@@ -14,6 +15,12 @@ stream order, so an ordinal names one block within a step. A tool call is
 named by its provider-assigned ``id``, unique within the step only. The
 concatenated ``ToolInputDelta.delta`` values are the raw JSON text of the
 input that the closing :class:`ToolCall` carries decoded.
+
+A *hosted* call (``ToolCall.hosted``) is one the provider executes itself
+(Anthropic's ``server_tool_use``, e.g. web search): the runtime records it
+but never runs it. Its outcome arrives later in the same stream as a
+:class:`HostedResult` with the same ``id``, or never (the step then fails
+the call with ``tool.result-missing``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ __all__ = [
     "FINISH_REASONS",
     "Finish",
     "FinishReason",
+    "HostedResult",
     "ReasoningDelta",
     "ReasoningEnd",
     "ReasoningStart",
@@ -134,6 +142,21 @@ class ToolCall:
     id: str
     name: str
     input: Mapping[str, Any]
+    #: Executed by the provider, not by a local tool.
+    hosted: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class HostedResult:
+    """The provider's result of the hosted call ``id``.
+
+    ``content`` is the result block as the provider gave it (what native
+    replay sends back), ``error`` whether the provider reports a failure.
+    """
+
+    id: str
+    content: Mapping[str, Any]
+    error: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -155,5 +178,6 @@ StreamPart = (
     | ToolInputDelta
     | ToolInputEnd
     | ToolCall
+    | HostedResult
     | Finish
 )

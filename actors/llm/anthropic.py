@@ -4,7 +4,9 @@
 ``anthropic-version: 2023-06-01`` headers, answered by named SSE events:
 
     message_start        the message, with the input usage
-    content_block_start  index and block: text, thinking, tool_use (others ignored)
+    content_block_start  index and block: text, thinking, tool_use,
+                         server_tool_use (a hosted call), *_tool_result
+                         (a hosted call's result; others ignored)
     content_block_delta  text_delta, thinking_delta, signature_delta, input_json_delta
     content_block_stop   the block at index is complete
     message_delta        stop_reason and the cumulative output usage
@@ -35,6 +37,7 @@ from actors.llm._sse import SSEEvent
 from actors.llm._stream import (
     Finish,
     FinishReason,
+    HostedResult,
     ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
@@ -67,7 +70,7 @@ _FINISH: Final[Mapping[str, FinishReason]] = {
 
 
 class _Block:
-    __slots__ = ("args", "id", "kind", "name", "ordinal", "signature")
+    __slots__ = ("args", "id", "kind", "name", "ordinal", "signature", "start_input")
 
     def __init__(self, kind: str, ordinal: int = -1, id: str = "", name: str = "") -> None:
         self.kind = kind
@@ -76,6 +79,7 @@ class _Block:
         self.name = name
         self.args: list[str] = []
         self.signature: str | None = None
+        self.start_input: dict[str, Any] = {}
 
 
 class AnthropicStream:
@@ -148,10 +152,24 @@ class AnthropicStream:
             out.append(ReasoningStart(ordinal=self._ordinal))
             self._ordinal += 1
             self._text(index, block.get("thinking"), out)
-        elif kind == "tool_use":
+        elif kind in ("tool_use", "server_tool_use"):
             call_id, name = str(block.get("id", f"toolu_{index}")), str(block.get("name", ""))
-            self._blocks[index] = _Block("tool", id=call_id, name=name)
+            self._blocks[index] = _Block(
+                "tool" if kind == "tool_use" else "hosted", id=call_id, name=name
+            )
+            if kind == "server_tool_use" and isinstance(block.get("input"), dict):
+                # Its input may come whole here rather than as deltas.
+                self._blocks[index].start_input = block["input"]
             out.append(ToolInputStart(id=call_id, name=name))
+        elif (
+            isinstance(kind, str)
+            and kind.endswith("_tool_result")
+            and isinstance(block.get("tool_use_id"), str)
+        ):
+            # A hosted call's result arrives whole in its start event.
+            content = block.get("content")
+            error = isinstance(content, dict) and str(content.get("type", "")).endswith("_error")
+            out.append(HostedResult(id=block["tool_use_id"], content=block, error=error))
         else:
             return
         self.produced = True
@@ -172,7 +190,12 @@ class AnthropicStream:
         elif kind == "input_json_delta":
             block = self._blocks.get(index)
             piece = delta.get("partial_json")
-            if block is not None and block.kind == "tool" and isinstance(piece, str) and piece:
+            if (
+                block is not None
+                and block.kind in ("tool", "hosted")
+                and isinstance(piece, str)
+                and piece
+            ):
                 block.args.append(piece)
                 out.append(ToolInputDelta(id=block.id, delta=piece))
 
@@ -197,7 +220,14 @@ class AnthropicStream:
         else:
             out.append(ToolInputEnd(id=block.id))
             out.append(
-                ToolCall(id=block.id, name=block.name, input=decode_arguments("".join(block.args)))
+                ToolCall(
+                    id=block.id,
+                    name=block.name,
+                    input=(
+                        decode_arguments("".join(block.args)) if block.args else block.start_input
+                    ),
+                    hosted=block.kind == "hosted",
+                )
             )
 
     def _merge_usage(self, usage: Mapping[str, Any]) -> None:

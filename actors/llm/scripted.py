@@ -25,6 +25,13 @@ of ``#``, a keyword, and its argument after one space::
     #reasoning <text>      a reasoning block, joined the same way
     #tool <name> [<json>]  a tool call; <json> is a JSON object on the same
                            line (default {}). Several per step are allowed.
+    #hosted <name> [<json>]  a hosted call: the provider "executes" it (like
+                           Anthropic's web search); the runtime records it
+                           and never runs it. Without a #hosted-result it
+                           fails with tool.result-missing
+    #hosted-result [error] [<json>]  the result of the latest #hosted call,
+                           a JSON object (default {}) given back as the
+                           provider's result block; "error" marks it failed
     #delay <ms>            sleep <ms> before every chunk streamed after this
                            line, for the rest of the step (default 0)
     #chunk <n>             stream text, reasoning and tool input in pieces of
@@ -131,6 +138,7 @@ import attrs
 from actors.llm._errors import InvalidRequestError, ProviderError
 from actors.llm._request import (
     ChatMessage,
+    HostedContent,
     ModelRequest,
     ReasoningContent,
     TextContent,
@@ -141,6 +149,7 @@ from actors.llm._script import (
     DEFAULT_CHUNK,
     Block,
     Failure,
+    HostedResultBlock,
     Script,
     ScriptError,
     Step,
@@ -153,6 +162,7 @@ from actors.llm._script import (
 from actors.llm._stream import (
     Finish,
     FinishReason,
+    HostedResult,
     ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
@@ -222,7 +232,7 @@ class ScriptedProvider:
         if failure is not None:
             raise _error(failure, k, attempt)
 
-        called = any(isinstance(b, ToolBlock) for b in blocks)
+        called = any(isinstance(b, ToolBlock) and not b.hosted for b in blocks)
         reason: FinishReason = step.finish or ("tool-calls" if called else "stop")
         if reason == "tool-calls" and not tools_on:
             reason = "stop"
@@ -340,15 +350,20 @@ def _parts(blocks: Sequence[Block], k: int) -> Iterator[tuple[int, StreamPart]]:
     and closing it leaves nothing half-run behind.
     """
     ordinal = calls = 0
+    hosted = ""
     for block in blocks:
-        if isinstance(block, ToolBlock):
-            call_id = f"call_{k}_{calls}"
+        if isinstance(block, HostedResultBlock):
+            yield 0, HostedResult(id=hosted, content=block.content, error=block.error)
+        elif isinstance(block, ToolBlock):
+            call_id = f"{'srvtoolu' if block.hosted else 'call'}_{k}_{calls}"
             calls += 1
+            if block.hosted:
+                hosted = call_id
             yield 0, ToolInputStart(id=call_id, name=block.name)
             for piece in _chunks(_json(block.input), block.chunk):
                 yield block.delay_ms, ToolInputDelta(id=call_id, delta=piece)
             yield 0, ToolInputEnd(id=call_id)
-            yield 0, ToolCall(id=call_id, name=block.name, input=block.input)
+            yield 0, ToolCall(id=call_id, name=block.name, input=block.input, hosted=block.hosted)
         elif block.kind == "text":
             yield 0, TextStart(ordinal=ordinal)
             for piece in _chunks(block.text, block.chunk):
@@ -380,7 +395,7 @@ def _derived_usage(request: ModelRequest, blocks: Sequence[Block]) -> Usage:
     seen = sum(map(len, request.system))
     for message in request.messages:
         for part in message.parts:
-            if isinstance(part, TextContent | ReasoningContent):
+            if isinstance(part, TextContent | ReasoningContent | HostedContent):
                 seen += len(part.text)
             elif isinstance(part, ToolCallContent):
                 seen += len(part.name) + len(_json(part.input))
@@ -388,6 +403,8 @@ def _derived_usage(request: ModelRequest, blocks: Sequence[Block]) -> Usage:
                 seen += len(part.output)
     output = reasoning = 0
     for block in blocks:
+        if isinstance(block, HostedResultBlock):
+            continue
         if isinstance(block, ToolBlock):
             output += len(_json(block.input))
         elif block.kind == "text":

@@ -29,7 +29,7 @@ import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 
 import attrs
 import orjson
@@ -341,3 +341,39 @@ def anthropic_error(status: int, type: str, message: str, **headers: str) -> Rep
 def anthropic_stream_error(type: str, message: str) -> bytes:
     """The in-stream ``error`` event (after a 200 status)."""
     return _anthropic_frame({"type": "error", "error": {"type": type, "message": message}})
+
+
+#: A web search result block as the Messages API streams it (whole, in its start event).
+WEB_SEARCH_RESULT: Final[Mapping[str, Any]] = {
+    "type": "web_search_tool_result",
+    "tool_use_id": "srvtoolu_1",
+    "content": [
+        {
+            "type": "web_search_result",
+            "url": "https://example.com/a",
+            "title": "Example A",
+            "encrypted_content": "EqgfCioIARgBIiQ3",
+            "page_age": "April 30, 2025",
+        }
+    ],
+}
+
+
+def anthropic_hosted(
+    result: Mapping[str, Any] | None = WEB_SEARCH_RESULT, *, text: str = "Found it."
+) -> list[bytes]:
+    """A ``server_tool_use`` web search, then its result block (unless None), then text."""
+    blocks: list[tuple[Mapping[str, Any], Sequence[Mapping[str, Any]]]] = [
+        ({"type": "text", "text": ""}, [{"type": "text_delta", "text": "Searching."}]),
+        (
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}},
+            [
+                {"type": "input_json_delta", "partial_json": '{"query": '},
+                {"type": "input_json_delta", "partial_json": '"sessionrt"}'},
+            ],
+        ),
+    ]
+    if result is not None:
+        blocks.append((result, []))
+    blocks.append(({"type": "text", "text": ""}, [{"type": "text_delta", "text": text}]))
+    return anthropic_events(blocks, stop_reason="end_turn")
