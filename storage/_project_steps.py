@@ -286,6 +286,10 @@ def _tool_called(rec: RecordedEvent, e: ev.ToolCalled) -> tuple[Op, ...]:
         "status": "running",
         "input": dict(e.input),
     }
+    if e.provider_executed:
+        # Kept from the start, not only on the terminal: a hosted call a crash
+        # cut off is failed as stale without metadata, and must still read as hosted.
+        data["metadata"] = {"providerExecuted": True}
     return (
         Op(
             "INSERT INTO session_part (message_id, session_id, key, position, status, data)"

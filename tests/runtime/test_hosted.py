@@ -23,9 +23,10 @@ from llm.fake_providers import (
 
 from actors.llm import ModelLimits, ProviderConfig
 from actors.runtime import Runtime, RuntimeConfig
+from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import AssistantMessage, ModelRef, ToolPart
-from storage import rebuild_projections
+from storage import Command, rebuild_projections
 
 ANTHROPIC = ModelRef(provider_id="an", id="claude-fake")
 
@@ -203,6 +204,39 @@ async def test_a_hosted_error_result_fails_the_call(runtime: Runtime, feed: Feed
     assert failed["error"]["type"] == "tool.error"
     assert "max_uses_exceeded" in failed["error"]["message"]
     assert failed["metadata"]["providerExecuted"] is True
+
+
+async def test_a_hosted_call_a_crash_cut_off_still_reads_as_hosted(
+    runtime: Runtime, feed: Feed
+) -> None:
+    """Recovery fails an open call without metadata; the call stays provider-executed."""
+    sid = (await runtime.sessions.create(CreateSessionInput())).id
+    msg = "msg_hostedcrash1"
+    await runtime.store.append(
+        Command.of(
+            ev.StepStarted(
+                session_id=sid,
+                assistant_message_id=msg,
+                agent="build",
+                model=ModelRef(id="m", provider_id="scripted"),
+                started=1,
+            ),
+            ev.ToolCalled(
+                session_id=sid,
+                assistant_message_id=msg,
+                id="srvtoolu_1",
+                name="web_search",
+                input={"query": "q"},
+                provider_executed=True,
+            ),
+        )
+    )
+    assert await runtime.runner.fail_stale_tools(sid) == 1
+    (part,) = await tool_parts(runtime, sid)
+    assert part.status == "error"
+    assert part.error is not None and part.error["type"] == "aborted"
+    assert part.metadata == {"providerExecuted": True}
+    await replay_matches(runtime)
 
 
 async def test_a_failed_stream_settles_its_hosted_call_before_the_step_fails(
