@@ -234,7 +234,8 @@ async def test_a_hosted_call_a_crash_cut_off_still_reads_as_hosted(
     assert await runtime.runner.fail_stale_tools(sid) == 1
     (part,) = await tool_parts(runtime, sid)
     assert part.status == "error"
-    assert part.error is not None and part.error["type"] == "aborted"
+    assert part.error is not None
+    assert part.error["type"] == "aborted"
     assert part.metadata == {"providerExecuted": True}
     await replay_matches(runtime)
 
