@@ -60,6 +60,7 @@ from actors.llm import (
     TextDelta,
     Usage,
 )
+from actors.step import step_tokens
 from protocol import events as ev
 from protocol.shapes import (
     AssistantMessage,
@@ -498,7 +499,7 @@ class Compactor:
                     text=text,
                     recent=recent,
                     cost=usage.cost,
-                    tokens=_step_tokens(usage),
+                    tokens=step_tokens(usage),
                 )
             )
         )
@@ -520,7 +521,7 @@ class Compactor:
                     input_id=input_id,
                     error=error,
                     cost=None if usage is None else usage.cost,
-                    tokens=None if usage is None else _step_tokens(usage),
+                    tokens=None if usage is None else step_tokens(usage),
                 )
             )
         )
@@ -616,14 +617,4 @@ def _add(a: Usage, b: Usage) -> Usage:
         cache_read=a.cache_read + b.cache_read,
         cache_write=a.cache_write + b.cache_write,
         cost=a.cost + b.cost,
-    )
-
-
-def _step_tokens(usage: Usage) -> ev.StepTokens:
-    return ev.StepTokens(
-        input=usage.input,
-        output=usage.output,
-        reasoning=usage.reasoning,
-        cache_read=usage.cache_read,
-        cache_write=usage.cache_write,
     )

@@ -76,6 +76,7 @@ from actors.llm import (
     ToolInputDelta,
     ToolInputEnd,
     ToolInputStart,
+    Usage,
 )
 from actors.permissions import PermissionWaiters
 from actors.shells import Environments
@@ -95,6 +96,7 @@ __all__ = [
     "StepOutcome",
     "StepRunner",
     "retry_policy",
+    "step_tokens",
 ]
 
 log = logging.getLogger(__name__)
@@ -553,7 +555,7 @@ class StepRunner:
                     error=error,
                     finish=finished.reason,
                     cost=finished.usage.cost,
-                    tokens=_tokens(finished.usage),
+                    tokens=step_tokens(finished.usage),
                     provider_state=step.provider_state,
                 )
             )
@@ -566,7 +568,7 @@ class StepRunner:
                 assistant_message_id=aid,
                 finish=finished.reason,
                 cost=finished.usage.cost,
-                tokens=_tokens(finished.usage),
+                tokens=step_tokens(finished.usage),
                 provider_state=step.provider_state,
                 snapshot=snapshot,
                 files=files,
@@ -599,7 +601,8 @@ def retry_policy(base_delay_s: float, max_delay_s: float) -> RetryPolicy:
     )
 
 
-def _tokens(usage: Any) -> ev.StepTokens:
+def step_tokens(usage: Usage) -> ev.StepTokens:
+    """A model's reported usage as the tokens a step (or a compaction) records."""
     return ev.StepTokens(
         input=usage.input,
         output=usage.output,
