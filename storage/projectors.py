@@ -281,11 +281,14 @@ def _revert_cleared(rec: RecordedEvent, e: ev.RevertCleared) -> tuple[Op, ...]:
 def _revert_committed(rec: RecordedEvent, e: ev.RevertCommitted) -> tuple[Op, ...]:
     # The boundary message and everything after it leave the transcript (their
     # parts cascade); the log keeps them. Instruction state is cleared by the
-    # instruction projection's own hook.
+    # instruction projection's own hook. A user shell still running stays: a
+    # revert cannot undo live work, and its entry is what its end (and, after a
+    # crash, recovery's kill and cancellation) finds.
     return (
         Op(
             "DELETE FROM session_message WHERE session_id = ? AND seq >="
-            " (SELECT seq FROM session_message WHERE id = ? AND session_id = ?)",
+            " (SELECT seq FROM session_message WHERE id = ? AND session_id = ?)"
+            " AND NOT (type = 'shell' AND json_extract(data, '$.shell.state') = 'running')",
             (e.session_id, e.to, e.session_id),
         ),
         *_set(rec, "revert", None),

@@ -200,6 +200,28 @@ async def test_shell_changes_are_not_attributed_to_steps(host: Embedded, repo: P
     assert not (repo / "x.txt").exists()
 
 
+async def test_a_commit_keeps_a_running_shell_which_then_ends_with_its_notice(
+    host: Embedded, repo: Path
+) -> None:
+    sid, _, second = await writing_session(host, repo)
+    gate = repo / "go"
+    command = "while [ ! -e go ]; do sleep 0.02; done; echo finished"
+    await host.sessions.shell(sid, ShellInput(id="msg_liveshell1", command=command))
+    await host.sessions.revert_stage(sid, RevertStageInput(message_id=second))
+    await host.sessions.revert_commit(sid)
+    page = await host.sessions.messages(sid, None)
+    assert [m.id for m in page.data if m.type == "shell"] == ["msg_liveshell1"]
+    gate.write_text("")
+    (ended,) = await until(host, sid, "session.shell.ended")
+    assert ended["output"] == "finished\n"
+    page = await host.sessions.messages(sid, None)
+    [shell] = [m for m in page.data if m.type == "shell"]
+    assert shell.shell.state == "completed"
+    assert [i.id for i in await host.sessions.inbox(sid)] == ["msg_liveshell1n"]
+    stored, rebuilt = rebuild_projections(str(host.runtime.config.db_path))
+    assert stored == rebuilt
+
+
 async def test_replay_rebuilds_shell_and_revert_projections(tmp_path: Path, repo: Path) -> None:
     async with Embedded(tmp_path / "data") as oc:
         sid, _, second = await writing_session(oc, repo)
