@@ -64,12 +64,15 @@ async def test_metrics_gauge_open_streams_and_running_sessions(client: Client) -
     await feed.content.readline()
     await log.content.readline()
     await client.post(f"/api/session/{sid}/prompt", json={"text": "#delay 3000\n#text slow"})
+    # Interrupt only once the step runs: an interrupt that lands before the
+    # execution started ends it without an execution.interrupted to count.
     for _ in range(1000):
         now = await scrape(client)
-        if now["sessionrt_active_sessions"] == 1:
+        if now["sessionrt_active_sessions"] == 1 and now["sessionrt_steps_total"] >= 1:
             break
         await asyncio.sleep(0.02)
     assert now["sessionrt_active_sessions"] == 1
+    assert now["sessionrt_steps_total"] >= 1
     assert now['sessionrt_sse_subscribers{stream="event"}'] == 1
     assert now['sessionrt_sse_subscribers{stream="log"}'] == 1
     feed.close()
