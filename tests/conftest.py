@@ -1,4 +1,6 @@
-"""Shared fixtures: a real SQLite file per test, the store, and the session facade."""
+"""Shared fixtures: a real SQLite file (or PostgreSQL database) per test, the store, and
+the session facade. ``SESSIONRT_TEST_DATABASE=postgresql`` puts ``store`` on PostgreSQL
+(see tests/pgdb.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pgdb
 import pytest
 
 from actors.inbox import Scope
@@ -31,9 +34,28 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
+async def pg_url() -> AsyncIterator[str]:
+    """A fresh, migrated PostgreSQL database of this test's own (skips without a server)."""
+    async for url in pgdb.database():
+        yield url
+
+
+@pytest.fixture
+async def store(db_path: Path) -> AsyncIterator[Any]:
+    if pgdb.on_postgres():
+        from storage.postgres import PostgresStore
+
+        async for url in pgdb.database():
+            async with PostgresStore(url) as p:
+                yield p
+        return
     async with SQLiteStore(db_path) as s:
         yield s
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if pgdb.template_made():
+        asyncio.run(pgdb.drop_templates())
 
 
 @pytest.fixture

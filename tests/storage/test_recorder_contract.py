@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import pgdb
 import pytest
 
 from protocol import Location
@@ -25,15 +26,22 @@ from storage import (
     SeqConflictError,
     SQLiteStore,
 )
+from storage.postgres import PostgresStore
 
 BACKENDS: dict[str, Callable[[Path], Any]] = {
     "sqlite-full": lambda tmp: SQLiteStore(tmp / "full.sqlite", synchronous="FULL"),
     "sqlite-normal": lambda tmp: SQLiteStore(tmp / "normal.sqlite", synchronous="NORMAL"),
+    "postgresql": lambda url: PostgresStore(url),
 }
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 async def recorder(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    if request.param == "postgresql":
+        async for url in pgdb.database():
+            async with BACKENDS[request.param](url) as r:
+                yield r
+        return
     async with BACKENDS[request.param](tmp_path) as r:
         yield r
 

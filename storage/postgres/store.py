@@ -1,0 +1,469 @@
+"""The PostgreSQL store: the event log, its projections and their readers, shared by hosts.
+
+    async with PostgresStore("postgresql://user@db/sessionrt") as store:
+        records = await store.append(Command.of(event))
+        session = await store.queries.session(session_id)
+
+The same surface and semantics as :class:`~storage.sqlite.SQLiteStore`
+(group commit, one transaction per batch and a SAVEPOINT per command, seq
+from 1 without gaps, idempotent exact replay, projections in the same
+transaction, subscribers told only after COMMIT), except that any number of
+processes on any number of hosts may write one database: see
+:mod:`._writer` for how seq and position stay safe, and the ordering
+``read_all`` guarantees.
+
+Connections: one for the writer (a task of this store commits one batch at a
+time on it, and reconnects after losing it), a pool of ``readers``, and one
+that LISTENs (:mod:`.listen`). Subscribers hear this store's own commits
+right after COMMIT, and other processes' commits once the notice arrives:
+the listener reads those rows back from the table, in commit order.
+
+``read_only=True`` opens no writer and runs no migration (an older schema
+is refused), and its readers' sessions are read-only; it still listens.
+
+Life cycle: unopened -> open -> closed, as for SQLite. The URL's password
+never appears in a log line or an error: :func:`~.dialect.redact`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from bisect import bisect_right
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from types import TracebackType
+from typing import Any, Final, Self
+
+import asyncpg
+
+from protocol import ids
+from protocol.events import encode_data, stored_type
+from storage._writer import Outcome, Prepared
+from storage.errors import StorageBrokenError, StoreClosedError
+from storage.postgres import schema
+from storage.postgres._writer import CommandGuard, commit_batch
+from storage.postgres.dialect import redact, translate
+from storage.postgres.listen import Listener
+from storage.postgres.notify import Notice, payloads
+from storage.queries import DECODE_CACHE_BYTES, Queries, Row
+from storage.recorder import Command, RecordedEvent, Subscriber
+from storage.schema import SCHEMA_VERSION
+from storage.sqlite import record_from_row
+
+__all__ = ["CHANNEL", "PostgresStore"]
+
+log = logging.getLogger(__name__)
+
+#: A batch never holds more commands than this (as for SQLite).
+MAX_BATCH: Final = 1024
+#: The NOTIFY channel every store of one database shares.
+CHANNEL: Final = "sessionrt_log"
+#: Other origins' committed batches waiting to be read back; past this many
+#: the queue is dropped and replaced by one catch-up read from the table.
+MAX_NOTICES: Final = 4096
+#: This store's own recent position ranges, kept so a catch-up read skips
+#: them (they were published already); the oldest are forgotten first.
+MAX_OWN_RANGES: Final = 4096
+_PAGE: Final = 512
+
+_EVENT_COLUMNS: Final = "position, id, aggregate_id, seq, type, created, data"
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+_CATCH_UP: Final = None  # a queue entry: read everything after the cursor
+
+
+class PostgresStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        readers: int = 4,
+        read_only: bool = False,
+        decode_cache_bytes: int = DECODE_CACHE_BYTES,
+        guard: CommandGuard | None = None,
+        channel: str = CHANNEL,
+    ) -> None:
+        self._url = url
+        #: The URL without its password: what logs and errors may show.
+        self.path = redact(url)
+        self.read_only = read_only
+        self.channel = channel
+        #: Runs inside each command's SAVEPOINT before it writes (see :mod:`._writer`).
+        self.guard = guard
+        #: Tells this store's NOTIFYs from other processes'.
+        self.origin = ids.event_id().removeprefix("evt_")
+        self._reader_count = readers
+        self._state = _State.UNOPENED
+        self._writer: asyncpg.Connection | None = None
+        self._pool: asyncpg.Pool | None = None
+        self._listener: Listener | None = None
+        self._pending: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]] = []
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._write_task: asyncio.Task[None] | None = None
+        self._deliver_task: asyncio.Task[None] | None = None
+        self._notices: deque[Notice | None] = deque()
+        self._notice_bell = asyncio.Event()
+        #: Everything up to here (other origins') has been handed to subscribers.
+        self._cursor = 0
+        self._own: deque[tuple[int, int]] = deque(maxlen=MAX_OWN_RANGES)
+        self._subscribers: list[Subscriber] = []
+        #: Called after each batch with (commands, seconds from hand-off to outcome).
+        self.batch_observers: list[Callable[[int, float], None]] = []
+        self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.path!r}, {self._state.value})"
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _connect(self) -> asyncpg.Connection:
+        try:
+            return await asyncpg.connect(self._url)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StorageBrokenError(f"cannot connect to {self.path}: {_reason(exc)}") from None
+
+    async def open(self) -> None:
+        if self._state is not _State.UNOPENED:
+            raise StoreClosedError(f"store is {self._state.value}; a store opens once")
+        self._state = _State.OPEN
+        try:
+            if self.read_only:
+                conn = await self._connect()
+                try:
+                    found = await _schema_version(conn)
+                finally:
+                    await conn.close()
+                if found != SCHEMA_VERSION:
+                    raise StorageBrokenError(
+                        f"{self.path} is at schema version {found}, this build reads"
+                        f" {SCHEMA_VERSION}; open it for writing once to migrate"
+                    )
+            else:
+                self._writer = await self._connect()
+                await schema.migrate(self._writer)
+            settings = {"default_transaction_read_only": "on"} if self.read_only else {}
+            try:
+                self._pool = await asyncpg.create_pool(
+                    self._url, min_size=1, max_size=self._reader_count, server_settings=settings
+                )
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise StorageBrokenError(f"cannot connect to {self.path}: {_reason(exc)}") from None
+            self._listener = Listener(
+                self._connect,
+                self.channel,
+                self.origin,
+                on_notice=self._noticed,
+                on_reconnect=self._lost_notices,
+            )
+            await self._listener.start()
+            # Listening first, then the cursor: a commit in between is both
+            # past the cursor and announced, and the cursor trims the overlap.
+            self._cursor = int(await self._fetchval("SELECT coalesce(max(position), 0) FROM event"))
+            self._deliver_task = asyncio.create_task(self._deliver(), name="sessionrt-deliver")
+            if not self.read_only:
+                self._write_task = asyncio.create_task(self._write_loop(), name="sessionrt-write")
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            return
+        self._state = _State.CLOSING
+        try:
+            await self._drained.wait()
+        finally:
+            for task in (self._write_task, self._deliver_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            if self._listener is not None:
+                await self._listener.stop()
+            if self._writer is not None:
+                with contextlib.suppress(Exception):
+                    await self._writer.close()
+                self._writer = None
+            if self._pool is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._pool.close(), 5.0)
+                self._pool.terminate()
+                self._pool = None
+            self._state = _State.CLOSED
+
+    @property
+    def is_open(self) -> bool:
+        return self._state is _State.OPEN
+
+    @property
+    def listener(self) -> Listener:
+        """The LISTEN side (tests drop its connection through it)."""
+        assert self._listener is not None
+        return self._listener
+
+    def _check_open(self) -> None:
+        if self._state is not _State.OPEN:
+            raise StoreClosedError(f"store is {self._state.value}")
+
+    # -- appends --------------------------------------------------------------------------------
+
+    async def append(self, command: Command) -> list[RecordedEvent]:
+        """Commit ``command``; returns its records once they are durable.
+
+        Cancelling the caller does not withdraw a submitted command.
+        """
+        return await asyncio.shield(self.submit(command))
+
+    def submit(self, command: Command) -> asyncio.Future[list[RecordedEvent]]:
+        """Queue ``command``; a future of its records. Commands commit in submission order."""
+        self._check_open()
+        if self.read_only:
+            raise StoreClosedError(f"store {self.path} is open read-only")
+        future: asyncio.Future[list[RecordedEvent]] = asyncio.get_running_loop().create_future()
+        if command.empty:
+            future.set_result([])
+            return future
+        encoded = tuple(
+            (stored_type(new.event), encode_data(new.event).decode()) for new in command.events
+        )
+        self._pending.append((Prepared(command=command, encoded=encoded), future))
+        self._drained.clear()
+        self._wake.set()
+        return future
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            # One tick for producers that are already runnable to join the batch.
+            await asyncio.sleep(0)
+            while self._pending:
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                started = time.perf_counter()
+                outcomes, published = await self._commit([p for p, _ in batch])
+                self._batch_done(batch, outcomes, published, time.perf_counter() - started)
+            self._drained.set()
+
+    async def _commit(self, batch: list[Prepared]) -> tuple[list[Outcome], list[RecordedEvent]]:
+        try:
+            if self._writer is None or self._writer.is_closed():
+                self._writer = await self._connect()
+            result = await commit_batch(
+                self._writer, batch, guard=self.guard, before_commit=self._announce
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, StorageBrokenError) as exc:
+            # The outcome of a COMMIT cut off by a lost connection is unknown;
+            # an exact replay of the command is idempotent, so retrying is safe.
+            if self._writer is not None and self._writer.is_closed():
+                self._writer = None
+            broken = StorageBrokenError(f"commit failed: {_reason(exc)}")
+            return [Outcome(error=broken) for _ in batch], []
+        return result.outcomes, result.published
+
+    async def _announce(self, conn: asyncpg.Connection, records: list[RecordedEvent]) -> None:
+        if not records:
+            return
+        # Known before COMMIT, so a catch-up racing this commit skips it too.
+        self._own.append((records[0].position, records[-1].position))
+        for payload in payloads(self.origin, records):
+            await conn.execute("SELECT pg_notify($1, $2)", self.channel, payload)
+
+    def _batch_done(
+        self,
+        batch: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]],
+        outcomes: list[Outcome],
+        published: list[RecordedEvent],
+        elapsed: float,
+    ) -> None:
+        for observe in self.batch_observers:
+            try:
+                observe(len(batch), elapsed)
+            except Exception:
+                log.exception("batch observer failed")
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if future.done():
+                continue
+            if outcome.records is not None:
+                future.set_result(outcome.records)
+            else:
+                future.set_exception(outcome.error or StorageBrokenError("no outcome"))
+        if published:
+            self._publish(sorted(published, key=lambda r: r.position))
+
+    # -- live subscribers -----------------------------------------------------------------------
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        self._subscribers.append(subscriber)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def _publish(self, records: Sequence[RecordedEvent]) -> None:
+        for subscriber in list(self._subscribers):
+            try:
+                subscriber(records)
+            except Exception:
+                log.exception("event subscriber failed")
+
+    def _noticed(self, notice: Notice) -> None:
+        if len(self._notices) >= MAX_NOTICES:
+            self._notices.clear()
+            self._notices.append(_CATCH_UP)
+        elif not self._notices or self._notices[-1] != notice:
+            self._notices.append(notice)
+        self._notice_bell.set()
+
+    def _lost_notices(self) -> None:
+        """Notices may have been missed while not listening: read the table instead."""
+        self._notices.append(_CATCH_UP)
+        self._notice_bell.set()
+
+    async def _deliver(self) -> None:
+        """Other origins' commits, read back from the table, to the subscribers, in order."""
+        while True:
+            await self._notice_bell.wait()
+            self._notice_bell.clear()
+            while self._notices:
+                notice = self._notices.popleft()
+                try:
+                    if notice is None:
+                        await self._catch_up()
+                    elif notice.last > self._cursor:
+                        rows = await self.fetch(
+                            f"SELECT {_EVENT_COLUMNS} FROM event"
+                            " WHERE position > ? AND position <= ? ORDER BY position",
+                            (max(notice.first - 1, self._cursor), notice.last),
+                        )
+                        self._cursor = notice.last
+                        self._hand_out([record_from_row(r) for r in rows])
+                except (
+                    StorageBrokenError,
+                    StoreClosedError,
+                    OSError,
+                    asyncpg.PostgresError,
+                    asyncpg.InterfaceError,
+                ) as exc:
+                    log.warning("cannot read announced commits yet: %s", _reason(exc))
+                    self._notices.appendleft(_CATCH_UP)
+                    await asyncio.sleep(0.1)
+
+    async def _catch_up(self) -> None:
+        while True:
+            rows = await self.fetch(
+                f"SELECT {_EVENT_COLUMNS} FROM event WHERE position > ? ORDER BY position LIMIT ?",
+                (self._cursor, _PAGE),
+            )
+            if not rows:
+                return
+            self._cursor = int(rows[-1][0])
+            self._hand_out([record_from_row(r) for r in rows if not self._is_own(int(r[0]))])
+            if len(rows) < _PAGE:
+                return
+
+    def _is_own(self, position: int) -> bool:
+        own = self._own
+        i = bisect_right(own, (position, float("inf"))) - 1
+        return i >= 0 and own[i][0] <= position <= own[i][1]
+
+    def _hand_out(self, records: list[RecordedEvent]) -> None:
+        while self._own and self._own[0][1] <= self._cursor:
+            self._own.popleft()
+        if records:
+            self._publish(records)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def reader(self) -> AsyncIterator[asyncpg.Connection]:
+        """Borrow a connection in a read-only snapshot (several statements, one view)."""
+        self._check_open()
+        assert self._pool is not None
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            yield conn
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        self._check_open()
+        assert self._pool is not None
+        try:
+            async with self._pool.acquire() as conn:
+                rows = await conn.fetch(translate(sql), *params)
+        except (OSError, asyncpg.InterfaceError) as exc:
+            raise StorageBrokenError(f"read failed: {_reason(exc)}") from None
+        return [tuple(r) for r in rows]
+
+    async def _fetchval(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        rows = await self.fetch(sql, params)
+        return rows[0][0]
+
+    async def read(
+        self, aggregate_id: str, *, after: int = 0, limit: int = 512
+    ) -> list[RecordedEvent]:
+        rows = await self.fetch(
+            f"SELECT {_EVENT_COLUMNS} FROM event WHERE aggregate_id = ? AND seq > ?"
+            " ORDER BY seq LIMIT ?",
+            (aggregate_id, after, limit),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def read_all(self, *, after: int = 0, limit: int = 512) -> list[RecordedEvent]:
+        """Events with ``position > after`` in position order (= commit order, see ``_writer``)."""
+        rows = await self.fetch(
+            f"SELECT {_EVENT_COLUMNS} FROM event WHERE position > ? ORDER BY position LIMIT ?",
+            (after, limit),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def last_seq(self, aggregate_id: str) -> int:
+        rows = await self.fetch(
+            "SELECT coalesce(max(seq), 0) FROM event WHERE aggregate_id = ?", (aggregate_id,)
+        )
+        return int(rows[0][0])
+
+
+async def _schema_version(conn: asyncpg.Connection) -> int:
+    exists = await conn.fetchval("SELECT to_regclass('schema_version') IS NOT NULL")
+    if not exists:
+        return 0
+    return int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version"))
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, without anything that could hold the URL."""
+    if isinstance(exc, StorageBrokenError):
+        return str(exc)
+    if isinstance(exc, asyncpg.PostgresError):
+        return f"{type(exc).__name__}: {getattr(exc, 'message', '') or exc.sqlstate}"
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return type(exc).__name__
