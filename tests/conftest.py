@@ -36,7 +36,7 @@ def db_path(tmp_path: Path) -> Path:
 @pytest.fixture
 async def pg_url() -> AsyncIterator[str]:
     """A fresh, migrated PostgreSQL database of this test's own (skips without a server)."""
-    async for url in pgdb.database():
+    async with pgdb.database() as url:
         yield url
 
 
@@ -45,9 +45,8 @@ async def store(db_path: Path) -> AsyncIterator[Any]:
     if pgdb.on_postgres():
         from storage.postgres import PostgresStore
 
-        async for url in pgdb.database():
-            async with PostgresStore(url) as p:
-                yield p
+        async with pgdb.database() as url, PostgresStore(url) as p:
+            yield p
         return
     async with SQLiteStore(db_path) as s:
         yield s

@@ -13,6 +13,7 @@ everything built on it) use PostgreSQL instead of a SQLite file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -107,8 +108,9 @@ async def drop_database(url: str) -> None:
         await admin.close()  # type: ignore[attr-defined]
 
 
+@contextlib.asynccontextmanager
 async def database(*, migrated: bool = True) -> AsyncIterator[str]:
-    """Fixture body: a fresh database's URL, dropped afterwards."""
+    """``async with database() as url``: a fresh database's URL, dropped afterwards."""
     url = await new_database(migrated=migrated)
     try:
         yield url

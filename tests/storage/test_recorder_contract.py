@@ -38,9 +38,8 @@ BACKENDS: dict[str, Callable[[Path], Any]] = {
 @pytest.fixture(params=sorted(BACKENDS))
 async def recorder(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     if request.param == "postgresql":
-        async for url in pgdb.database():
-            async with BACKENDS[request.param](url) as r:
-                yield r
+        async with pgdb.database() as url, BACKENDS[request.param](url) as r:
+            yield r
         return
     async with BACKENDS[request.param](tmp_path) as r:
         yield r
