@@ -32,7 +32,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, cast
 
 import attrs
 
@@ -86,7 +86,14 @@ from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
-from storage import Command, ProjectionConflict, SQLiteStore, Synchronous
+from storage import (
+    Command,
+    ProjectionConflict,
+    SQLiteStore,
+    Synchronous,
+    is_postgres_url,
+    redact,
+)
 
 __all__ = ["DB_NAME", "Runtime", "RuntimeConfig", "check_data_dir", "make_data_dir"]
 
@@ -97,6 +104,12 @@ DB_NAME = "sessionrt.sqlite"
 class RuntimeConfig:
     data_dir: Path
     synchronous: Synchronous = "FULL"
+    #: A ``postgresql://`` URL: the log lives in that database, shared with
+    #: other hosts (``storage.postgres``); None keeps SQLite in ``data_dir``.
+    #: Shown redacted (a password in it never reaches a repr or a log).
+    database: str | None = attrs.field(
+        default=None, repr=lambda url: repr(None if url is None else redact(url))
+    )
     #: Where sessions created without a location live (default: the cwd).
     default_directory: str | None = None
     #: Directories a session may live in although the rules refuse them
@@ -262,17 +275,41 @@ def make_data_dir(path: Path) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-class Runtime:
-    def __init__(self, config: RuntimeConfig) -> None:
-        self.config = config
-        self._state = _State.UNOPENED
-        self._stack = contextlib.AsyncExitStack()
-        self.store = SQLiteStore(
+def _store(config: RuntimeConfig) -> SQLiteStore:
+    """The configured backend: SQLite in the data dir, or the ``database`` URL's PostgreSQL."""
+    if config.database is None:
+        return SQLiteStore(
             config.db_path,
             synchronous=config.synchronous,
             read_only=config.read_only,
             decode_cache_bytes=config.decode_cache_bytes,
         )
+    if not is_postgres_url(config.database):
+        raise ValueError(f"database must be a postgresql:// URL, got {redact(config.database)}")
+    try:
+        from storage.postgres import PostgresStore
+    except ImportError as exc:
+        raise ValueError(
+            f"database {redact(config.database)} needs asyncpg: pip install 'sessionrt[postgres]'"
+        ) from exc
+    # Until storage grows its protocols (issue 15, section 1), the actors are
+    # typed against SQLiteStore; PostgresStore offers the same surface.
+    return cast(
+        SQLiteStore,
+        PostgresStore(
+            config.database,
+            read_only=config.read_only,
+            decode_cache_bytes=config.decode_cache_bytes,
+        ),
+    )
+
+
+class Runtime:
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
+        self._state = _State.UNOPENED
+        self._stack = contextlib.AsyncExitStack()
+        self.store = _store(config)
         self.bus = EventBus()
         if config.max_tool_threads < 1 or config.max_blocking_threads < 1:
             raise ValueError("max_tool_threads and max_blocking_threads must be at least 1")

@@ -44,7 +44,7 @@ from server.app import ServerSettings
 from server.config import ConfigError, load_config, runtime_config
 from server.logs import configure as configure_logs
 from server.serve import serve
-from storage import StorageError, StoreLockedError
+from storage import StorageError, StoreLockedError, is_postgres_url
 
 __all__ = ["default_data_dir", "main"]
 
@@ -149,6 +149,13 @@ def _parser() -> argparse.ArgumentParser:
         "--synchronous", choices=["FULL", "NORMAL"], help="SQLite durability (default FULL)"
     )
     serve.add_argument(
+        "--database",
+        metavar="URL",
+        help="keep the log in PostgreSQL (postgresql://USER@HOST/DB), shared with other hosts;"
+        " default SQLite in the data directory. A password here is visible to local users:"
+        " prefer PGPASSWORD, ~/.pgpass or [runtime] database in --config",
+    )
+    serve.add_argument(
         "--config", type=Path, help="a TOML file of [server], [runtime] and [providers] settings"
     )
     serve.add_argument(
@@ -245,7 +252,13 @@ def _password(args: argparse.Namespace, from_file: str | None = None) -> str | N
 def _serve(args: argparse.Namespace) -> int:
     file = load_config(args.config) if args.config is not None else {}
     server = file.get("server", {})
-    flags = {"synchronous": args.synchronous} if args.synchronous is not None else {}
+    flags: dict[str, Any] = {}
+    if args.synchronous is not None:
+        flags["synchronous"] = args.synchronous
+    if args.database is not None:
+        if not is_postgres_url(args.database):
+            raise ConfigError("--database must be a postgresql:// URL")
+        flags["database"] = args.database
     config = runtime_config(file, args.data_dir, fallback_data_dir=default_data_dir(), **flags)
     check_data_dir(config.data_dir)
     host = args.host or server.pop("host", "127.0.0.1")

@@ -17,6 +17,7 @@
     [runtime]
     data_dir = "/var/lib/sessionrt"
     synchronous = "FULL"        # or "NORMAL"
+    database = "postgresql://sessionrt@db/sessionrt"  # shared by hosts; default SQLite in data_dir
     default_directory = "/srv/work"
     allow_directories = []      # e.g. ["/"]: let sessions live where the rules refuse
     secret_env = []             # more variables tools must not inherit (provider keys)
@@ -62,6 +63,7 @@ from typing import Any, Final
 
 from actors.llm import SCRIPTED_PROVIDER_ID, parse_model_ref, parse_providers
 from actors.runtime import RuntimeConfig
+from storage import is_postgres_url
 
 __all__ = ["ConfigError", "load_config", "runtime_config"]
 
@@ -83,6 +85,7 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
     "runtime": {
         "data_dir": str,
         "synchronous": str,
+        "database": str,
         "default_directory": str,
         "allow_directories": list,
         "secret_env": list,
@@ -140,6 +143,10 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
     synchronous = out.get("runtime", {}).get("synchronous")
     if synchronous not in (None, "FULL", "NORMAL"):
         raise ConfigError(f"{path}: runtime.synchronous must be FULL or NORMAL")
+    database = out.get("runtime", {}).get("database")
+    if database is not None and not is_postgres_url(database):
+        # Never echo the value: it may hold a password.
+        raise ConfigError(f"{path}: runtime.database must be a postgresql:// URL")
     providers = document.get("providers", {})
     if not isinstance(providers, dict):
         raise ConfigError(f"{path}: [providers] must be a table")

@@ -155,8 +155,15 @@ class HealthProbe:
     """
 
     def __init__(
-        self, path: str, run: Callable[..., Awaitable[None]], timeout_s: float = 2.0
+        self,
+        path: str,
+        run: Callable[..., Awaitable[None]],
+        timeout_s: float = 2.0,
+        *,
+        probe: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
+        #: Replaces the SQLite file probe (a database server's own check).
+        self._probe_fn = probe
         self._path = path
         self._run = run
         self._timeout_s = timeout_s
@@ -169,6 +176,9 @@ class HealthProbe:
         await asyncio.shield(self._running)
 
     async def _probe(self) -> None:
+        if self._probe_fn is not None:
+            await self._probe_fn(self._timeout_s)
+            return
         await self._run(probe_writable, self._path, self._timeout_s)
 
     async def aclose(self) -> None:

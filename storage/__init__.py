@@ -1,5 +1,6 @@
 """The append-only SQLite event log and its projections. Depends on protocol only."""
 
+from storage._url import is_postgres_url, redact
 from storage._writer import Synchronous
 from storage.errors import (
     AppendConflictError,
@@ -49,6 +50,8 @@ __all__ = [
     "Synchronous",
     "ToolProcess",
     "dump_projections",
+    "is_postgres_url",
     "now_ms",
     "rebuild_projections",
+    "redact",
 ]

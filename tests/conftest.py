@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pgdb
 import pytest
 
@@ -41,8 +42,8 @@ async def pg_url() -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def store(db_path: Path) -> AsyncIterator[Any]:
-    if pgdb.on_postgres():
+async def store(request: pytest.FixtureRequest, db_path: Path) -> AsyncIterator[Any]:
+    if pgdb.on_postgres() and not request.node.get_closest_marker("sqlite_only"):
         from storage.postgres import PostgresStore
 
         async with pgdb.database() as url, PostgresStore(url) as p:
@@ -50,6 +51,26 @@ async def store(db_path: Path) -> AsyncIterator[Any]:
         return
     async with SQLiteStore(db_path) as s:
         yield s
+
+
+@pytest.fixture(autouse=True)
+def _postgres_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """On the PostgreSQL pass, every runtime a test opens keeps its log in the test's own
+    database (the backend choice is the only thing changed; the server is real)."""
+    if not pgdb.on_postgres() or request.node.get_closest_marker("sqlite_only"):
+        yield
+        return
+    from actors import runtime as runtime_module
+
+    url = asyncio.run(pgdb.new_database())
+    choose = runtime_module._store
+    monkeypatch.setattr(
+        runtime_module, "_store", lambda config: choose(attrs.evolve(config, database=url))
+    )
+    try:
+        yield
+    finally:
+        asyncio.run(pgdb.drop_database(url))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

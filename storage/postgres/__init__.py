@@ -6,7 +6,7 @@ for the ordering guarantees.
 """
 
 from storage.postgres._writer import LOG_LOCK, CommandGuard
-from storage.postgres.dialect import redact, translate
+from storage.postgres.dialect import translate
 from storage.postgres.store import CHANNEL, PostgresStore
 
-__all__ = ["CHANNEL", "LOG_LOCK", "CommandGuard", "PostgresStore", "redact", "translate"]
+__all__ = ["CHANNEL", "LOG_LOCK", "CommandGuard", "PostgresStore", "translate"]

@@ -15,9 +15,8 @@ from __future__ import annotations
 import functools
 import re
 from typing import Final
-from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["CACHE_STATEMENTS", "affected", "redact", "translate"]
+__all__ = ["CACHE_STATEMENTS", "affected", "translate"]
 
 #: Statements whose translation is kept (least recently used evicted first).
 CACHE_STATEMENTS: Final = 1024
@@ -66,18 +65,3 @@ def affected(status: str) -> int:
     """Rows a statement touched, from its command tag (``UPDATE 3``, ``INSERT 0 1``)."""
     tail = status.rpartition(" ")[2]
     return int(tail) if tail.isdigit() else 0
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced, fit for a log line or an error."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "postgresql://…"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

@@ -22,7 +22,7 @@ the listener reads those rows back from the table, in commit order.
 is refused), and its readers' sessions are read-only; it still listens.
 
 Life cycle: unopened -> open -> closed, as for SQLite. The URL's password
-never appears in a log line or an error: :func:`~.dialect.redact`.
+never appears in a log line or an error: :func:`storage._url.redact`.
 """
 
 from __future__ import annotations
@@ -42,11 +42,12 @@ import asyncpg
 
 from protocol import ids
 from protocol.events import encode_data, stored_type
+from storage._url import redact
 from storage._writer import Outcome, Prepared
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.postgres import schema
 from storage.postgres._writer import CommandGuard, commit_batch
-from storage.postgres.dialect import redact, translate
+from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener
 from storage.postgres.notify import Notice, payloads
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
@@ -421,6 +422,18 @@ class PostgresStore:
         except (OSError, asyncpg.InterfaceError) as exc:
             raise StorageBrokenError(f"read failed: {_reason(exc)}") from None
         return [tuple(r) for r in rows]
+
+    async def probe_writable(self, timeout_s: float) -> None:
+        """Raise :class:`StorageBrokenError` unless the server answers and takes writes."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                [[recovering]] = await self.fetch("SELECT pg_is_in_recovery()")
+        except TimeoutError:
+            raise StorageBrokenError(f"{self.path} did not answer in {timeout_s} s") from None
+        except asyncpg.PostgresError as exc:
+            raise StorageBrokenError(f"{self.path}: {_reason(exc)}") from None
+        if recovering or self.read_only:
+            raise StorageBrokenError(f"{self.path} does not take writes")
 
     async def _fetchval(self, sql: str, params: Sequence[Any] = ()) -> Any:
         rows = await self.fetch(sql, params)
