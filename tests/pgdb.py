@@ -116,3 +116,17 @@ async def database(*, migrated: bool = True) -> AsyncIterator[str]:
         yield url
     finally:
         await drop_database(url)
+
+
+async def stored_and_rebuilt(store: object) -> tuple[object, object]:
+    """(stored, rebuilt) projection dumps of ``store``'s database, open or closed, on
+    either backend: what "replaying the log rebuilds every projection" compares."""
+    import asyncio
+
+    from storage import rebuild_projections
+
+    if type(store).__name__ == "PostgresStore":
+        from storage.postgres.rebuild import rebuild_projections as rebuild_pg
+
+        return await rebuild_pg(store._url)  # type: ignore[attr-defined]
+    return await asyncio.to_thread(rebuild_projections, str(store.path))  # type: ignore[attr-defined]
