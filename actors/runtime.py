@@ -87,6 +87,7 @@ from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
 from storage import Command, ProjectionConflict, Store, Synchronous, connect
+from storage.follow import FollowDispatcher
 
 __all__ = ["DB_NAME", "Runtime", "RuntimeConfig", "check_data_dir", "make_data_dir"]
 
@@ -281,6 +282,9 @@ class Runtime:
             read_only=config.read_only,
             decode_cache_bytes=config.decode_cache_bytes,
         )
+        #: Followers of one session's durable log (SSE ``session.log``, hence the
+        #: embedded host and the CLI): one subscription, rung per session.
+        self.follows = FollowDispatcher(self.store)
         self.bus = EventBus()
         if config.max_tool_threads < 1 or config.max_blocking_threads < 1:
             raise ValueError("max_tool_threads and max_blocking_threads must be at least 1")

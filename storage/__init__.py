@@ -16,6 +16,7 @@ from storage.errors import (
     StoreClosedError,
     StoreLockedError,
 )
+from storage.follow import FollowDispatcher, LogFollow
 from storage.interfaces import BatchObserver, EventLog, SessionReads, Store
 from storage.queries import Claim, OpenToolCall, Queries, RunningShell, ToolProcess
 from storage.rebuild import dump_projections, rebuild_projections
@@ -40,6 +41,8 @@ __all__ = [
     "DivergedError",
     "EntryWrite",
     "EventLog",
+    "FollowDispatcher",
+    "LogFollow",
     "NewEvent",
     "OpenToolCall",
     "ProjectionConflict",
