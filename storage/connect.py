@@ -42,6 +42,8 @@ def connect(
     Raises :class:`~storage.errors.StorageError` when the URL names a
     backend this build does not have.
     """
+    if not os.fspath(database):
+        raise StorageError("database is empty: give a file path or a postgresql:// URL")
     if is_server_url(database):
         assert isinstance(database, str)
         try:

@@ -17,7 +17,7 @@ Protocols, never a backend (``tests/test_layers.py`` checks it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Protocol, Self
 
@@ -188,6 +188,16 @@ class Store(EventLog, Protocol):
 
     @property
     def read_only(self) -> bool: ...
+
+    async def check_writable(
+        self, timeout_s: float, blocking: Callable[..., Awaitable[None]]
+    ) -> None:
+        """Raise :class:`~storage.errors.StorageBrokenError` unless a write could commit now.
+
+        Writes nothing; waits at most about ``timeout_s``; ``blocking`` runs
+        blocking work off the loop (the caller owns its threads).
+        """
+        ...
 
     async def open(self) -> None: ...
 

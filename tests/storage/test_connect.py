@@ -43,6 +43,32 @@ def test_a_postgres_url_without_the_backend_fails_in_a_sentence_without_the_pass
     assert "alice:***@127.0.0.1/db" in str(info.value)
 
 
+def test_an_empty_database_is_refused_not_a_temporary_file() -> None:
+    with pytest.raises(StorageError, match="database is empty"):
+        connect("")
+
+
 def test_an_unknown_scheme_is_refused() -> None:
     with pytest.raises(StorageError, match="unknown scheme 'mysql'"):
         connect("mysql://127.0.0.1/db")
+
+
+async def test_the_runtime_keeps_its_log_where_the_database_setting_says(tmp_path: Path) -> None:
+    from actors.runtime import Runtime
+    from protocol.requests import CreateSessionInput
+    from server.config import load_config, runtime_config
+
+    elsewhere = tmp_path / "elsewhere" / "log.sqlite"
+    elsewhere.parent.mkdir()
+    toml = tmp_path / "sessionrt.toml"
+    toml.write_text(f'[runtime]\ndatabase = "{elsewhere}"\nsynchronous = "NORMAL"\n')
+    config = runtime_config(load_config(toml), tmp_path / "data", fallback_data_dir=tmp_path)
+    assert config.database == str(elsewhere)
+    async with Runtime(config) as rt:
+        s = await rt.sessions.create(CreateSessionInput(title="where"))
+    assert elsewhere.exists()
+    assert not config.db_path.exists()
+    async with connect(elsewhere, read_only=True) as store:
+        found = await store.queries.session(s.id)
+        assert found is not None
+        assert found.title == "where"
