@@ -86,7 +86,8 @@ from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
-from storage import Command, ProjectionConflict, SQLiteStore, Synchronous
+from storage import Command, ProjectionConflict, Store, Synchronous, connect
+from storage.follow import FollowDispatcher
 
 __all__ = ["DB_NAME", "Runtime", "RuntimeConfig", "check_data_dir", "make_data_dir"]
 
@@ -146,6 +147,9 @@ class RuntimeConfig:
     #: Bytes each decode cache may hold (the store's decoded messages, the
     #: runner's converted chat history): least recently used evicted first.
     decode_cache_bytes: int = 32 * 1024 * 1024
+    #: The event log's database (``[runtime] database``): a SQLite file path, or a
+    #: ``postgresql://`` URL; None is ``sessionrt.sqlite`` in the data dir.
+    database: str | None = None
     #: Automatic compaction (``[runtime] compaction``); an agent's
     #: ``compaction`` overrides it. Manual compaction works either way.
     compaction: bool = True
@@ -171,6 +175,11 @@ class RuntimeConfig:
         return self.data_dir / DB_NAME
 
     @property
+    def database_target(self) -> str:
+        """What :func:`storage.connect` opens: ``database``, else the data dir's SQLite file."""
+        return os.fspath(self.db_path) if self.database is None else self.database
+
+    @property
     def agents_file(self) -> Path:
         return self.data_dir / "agents.toml"
 
@@ -188,7 +197,7 @@ class _State(enum.Enum):
 class _DurableHooks:
     """Execution hooks that publish the execution facts and run the runner."""
 
-    def __init__(self, store: SQLiteStore, runner: Runner) -> None:
+    def __init__(self, store: Store, runner: Runner) -> None:
         self._store = store
         self._runner = runner
 
@@ -215,7 +224,7 @@ class _DurableHooks:
             # The session was deleted while it ran: there is nothing to settle.
 
 
-def _process_recorder(store: SQLiteStore) -> RecordProcess:
+def _process_recorder(store: Store) -> RecordProcess:
     async def record(ctx: ToolContext, group: ProcessGroup) -> None:
         event = ev.ToolSpawned(
             session_id=ctx.session_id,
@@ -267,12 +276,15 @@ class Runtime:
         self.config = config
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
-        self.store = SQLiteStore(
-            config.db_path,
+        self.store: Store = connect(
+            config.database_target,
             synchronous=config.synchronous,
             read_only=config.read_only,
             decode_cache_bytes=config.decode_cache_bytes,
         )
+        #: Followers of one session's durable log (SSE ``session.log``, hence the
+        #: embedded host and the CLI): one subscription, rung per session.
+        self.follows = FollowDispatcher(self.store)
         self.bus = EventBus()
         if config.max_tool_threads < 1 or config.max_blocking_threads < 1:
             raise ValueError("max_tool_threads and max_blocking_threads must be at least 1")
