@@ -285,6 +285,7 @@ class SessionView {
     this.logRun = 0;
     this.asks = new Map(); // permissionID -> pending ask
     this.asksRead = 0; // generation of the latest asks read: an older answer is dropped
+    this.inboxRead = 0; // the same for the pending inbox
     this.compacting = null; // the id of the compaction row running, if known
     this.compactText = ""; // its summary so far, from the live deltas
   }
@@ -704,8 +705,16 @@ class SessionView {
   }
 
   async loadInbox() {
-    const { data } = await api("GET", `/api/session/${this.id}/inbox`);
-    if (current !== this) return;
+    // Reads overlap (a post, then its events): only the latest one started is shown.
+    const generation = ++this.inboxRead;
+    let data;
+    try {
+      ({ data } = await api("GET", `/api/session/${this.id}/inbox`));
+    } catch (err) {
+      if (!this.control.signal.aborted) showError(err);
+      return;
+    }
+    if (current !== this || generation !== this.inboxRead) return;
     const list = $("inbox");
     list.textContent = "";
     for (const item of data) {
@@ -852,17 +861,25 @@ function main() {
     clearTimeout(searchTimer);
     searchTimer = setTimeout(() => loadSessions().catch(showError), 200);
   });
-  $("prompt-form").addEventListener("submit", async (event) => {
+  // Prompts are posted one after another, in the order they were sent: two
+  // quick sends must not reach the server the other way round.
+  let posting = Promise.resolve();
+  $("prompt-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = $("prompt").value;
     if (!current || !text.trim()) return;
-    try {
-      await api("POST", `/api/session/${current.id}/prompt`, { text, delivery: $("delivery").value });
-      $("prompt").value = "";
-      current.loadInbox();
-    } catch (err) {
-      showError(err);
-    }
+    const view = current;
+    const delivery = $("delivery").value;
+    $("prompt").value = "";
+    posting = posting.then(async () => {
+      try {
+        await api("POST", `/api/session/${view.id}/prompt`, { text, delivery });
+        if (current === view) view.loadInbox();
+      } catch (err) {
+        if (!$("prompt").value) $("prompt").value = text; // not taken: the text comes back
+        showError(err);
+      }
+    });
   });
   $("prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("prompt-form").requestSubmit();
