@@ -311,6 +311,8 @@ class SessionView {
     for (const message of page.data.slice().reverse()) {
       const node = this.render(message);
       this.messages.set(message.id, message);
+      const placeholder = this.nodes.get(message.id); // a live delta came first
+      if (placeholder) placeholder.remove();
       this.nodes.set(message.id, node);
       nodes.append(node);
     }
