@@ -336,7 +336,14 @@ class Runtime:
         self.snapshots = Snapshots(
             config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=self.blocking.run
         )
-        self.reverts = Reverts(self.store, self.sessions.locks, self.snapshots, busy=self._busy)
+        self.reverts = Reverts(
+            self.store,
+            self.sessions.locks,
+            self.snapshots,
+            busy=self._busy,
+            intents=config.data_dir / "revert",
+            blocking=self.blocking.run,
+        )
         self.sessions.inbox.revert_commit = self.reverts.commit_events
         self.shells = Shells(
             self.store,
@@ -460,6 +467,7 @@ class Runtime:
             self._stack.push_async_callback(self.shells.aclose)
             if self.config.recover:
                 await self.shells.recover()
+                await self.reverts.recover()
                 self.recovery = await self.recover()
         except BaseException:
             await self.aclose()
