@@ -323,3 +323,32 @@ async def test_a_crash_in_the_middle_of_a_clear_is_finished_at_restart(
     async with Embedded(tmp_path / "data") as oc:
         assert (await oc.sessions.get(sid)).revert is None
         assert tree(repo) == changed
+
+
+async def test_a_file_goes_back_to_how_it_was_just_before_the_agent_changed_it(
+    host: Embedded, repo: Path
+) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+    await prompt_and_wait(
+        host, s.id, tool("write", path="a.txt", content="agent 1\n") + "\n---\n#t"
+    )
+    # The user edits outside the agent: no step sees it until one writes the file.
+    (repo / "a.txt").write_text("the user's\n")
+    (repo / "keep.txt").write_text("the user's too\n")
+    msg = await prompt_and_wait(
+        host,
+        s.id,
+        tool("write", path="a.txt", content="agent 2\n")
+        + "\n"
+        + tool("bash", command="echo agent > keep.txt")
+        + "\n---\n#t",
+    )
+    (ended,) = [
+        e.data["data"]
+        async for e in host.sessions.log(s.id)
+        if e.event == "session.step.ended" and e.data["data"].get("files") == ["a.txt", "keep.txt"]
+    ]
+    assert ended["before"] != ended["snapshot"]
+    await host.sessions.revert_stage(s.id, RevertStageInput(message_id=msg, files=True))
+    assert (repo / "a.txt").read_text() == "the user's\n"
+    assert (repo / "keep.txt").read_text() == "the user's too\n"
