@@ -248,7 +248,10 @@ class Shells:
             await asyncio.shield(proc.wait())
             raise
         finally:
-            await asyncio.shield(self._bound_on(output.close))
+            try:
+                await asyncio.shield(self._bound_on(output.close))
+            except Exception:
+                output.close()  # the executor is gone (shutdown): close it here
         # The shell ended; what it left behind in its group goes with it.
         _kill_group(proc.pid)
         text = await self._bound(output)
