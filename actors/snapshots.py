@@ -185,6 +185,11 @@ class Snapshots:
                 if present:
                     await self._git(work, "checkout", tree, "--", *present)
                 await self._blocking(_remove, base, absent)
+                if absent:
+                    # The index follows: it holds what the files are now.
+                    await self._git(
+                        work, "rm", "--cached", "--quiet", "--ignore-unmatch", "--", *absent
+                    )
             finally:
                 # The checkout wrote the index: the last tree no longer matches it.
                 self._trees.pop(self._store(work).name, None)

@@ -4,7 +4,8 @@ Figures, each the median of ``--runs`` runs, all measured in this run on the
 same tree:
 
 - baseline: ``git status --porcelain`` of the project's own repository (what
-  any git-aware editor pays to look at the tree);
+  any git-aware editor pays to look at the tree), and the cost of starting one
+  git process (``git --version``): the floor of any git-based step;
 - the first snapshot of the tree (cold: every file hashed into the store);
 - per writing step, the whole snapshot cost a step pays, for a write/edit
   step changing 1 / 10 files and for a bash step (a full look):
@@ -141,6 +142,15 @@ async def main() -> None:
         await status()
         baseline = [await timed(status) for _ in range(args.runs)]
         print(f"baseline git status --porcelain : {ms(baseline)}")
+
+        async def spawn() -> None:
+            proc = await asyncio.create_subprocess_exec(
+                "git", "--version", stdout=asyncio.subprocess.DEVNULL
+            )
+            await proc.wait()
+
+        floor = [await timed(spawn) for _ in range(args.runs)]
+        print(f"one git process (git --version) : {ms(floor)}  (a write step runs 3)")
         cold = await timed(lambda: store.track(root))
         print(f"first snapshot (cold)           : {cold:7.1f} ms")
         old = OldApproach(root, Path(tmp) / "old-store")

@@ -352,3 +352,36 @@ async def test_a_file_goes_back_to_how_it_was_just_before_the_agent_changed_it(
     await host.sessions.revert_stage(s.id, RevertStageInput(message_id=msg, files=True))
     assert (repo / "a.txt").read_text() == "the user's\n"
     assert (repo / "keep.txt").read_text() == "the user's too\n"
+
+
+async def test_step_writes_name_odd_paths_and_leave_ignored_and_outside_ones(
+    tmp_path: Path, repo: Path
+) -> None:
+    from actors.snapshots import Snapshots, StepWrites
+
+    store = Snapshots(tmp_path / "store")
+    odd = ["it's.txt", "two\nlines.txt", "sp ace/é.txt"]
+    writes = StepWrites(store, str(repo))
+    for name in [*odd, "x.log", "../outside.txt", str(repo / "a.txt")]:
+        await writes.before_run("write", {"path": name})
+    for name in odd:
+        (repo / name).parent.mkdir(exist_ok=True)
+        (repo / name).write_text(name)
+    (repo / "x.log").write_text("ignored\n")
+    (repo / "a.txt").write_text("changed\n")
+    recorded = await writes.record()
+    assert recorded is not None
+    # A newline in a name makes git's verbose lines ambiguous: the diff answers then.
+    assert recorded.files == tuple(sorted([*odd, "a.txt"]))
+    assert await store.changed(repo, recorded.before, recorded.after) == recorded.files
+    await store.restore(repo, recorded.before, recorded.files)
+    assert not any((repo / name).exists() for name in odd)
+    assert (repo / "a.txt").read_text() == "alpha\n"
+    assert (repo / "x.log").read_text() == "ignored\n"
+    # Nothing changed since: no git runs for the next step's trees.
+    again = StepWrites(store, str(repo))
+    await again.before_run("edit", {"path": "a.txt"})
+    unchanged = await again.record()
+    assert unchanged is not None
+    assert unchanged.files == ()
+    assert unchanged.before == unchanged.after == recorded.before
