@@ -58,7 +58,7 @@ MAX_DIFF_FILES: Final = 1000
 #: Stores whose last written tree is remembered (to skip a ``write-tree``).
 MAX_CACHED_TREES: Final = 1024
 #: Bumped when the store's configuration changes: older stores get the new one.
-_CONFIG_VERSION: Final = "2"
+_CONFIG_VERSION: Final = "3"
 _CONFIG: Final = (
     ("core.autocrlf", "false"),
     ("core.safecrlf", "false"),
@@ -75,6 +75,11 @@ _CONFIG: Final = (
     ("core.preloadIndex", "true"),
     ("core.splitIndex", "true"),
     ("splitIndex.maxPercentChange", "20"),
+    # The entry offset table lets every git read the (10,000-entry) index on
+    # two threads: about a tenth off each of a step's git processes.
+    ("index.threads", "true"),
+    ("index.recordOffsetTable", "true"),
+    ("index.recordEndOfIndexEntries", "true"),
     ("advice.addIgnoredFile", "false"),
 )
 
