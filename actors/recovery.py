@@ -40,7 +40,7 @@ from actors.sessions import Sessions
 from protocol import events as ev
 from protocol.errors import DomainError
 from protocol.requests import SyntheticInput
-from storage import Claim, Command, SQLiteStore, StorageError
+from storage import Claim, Command, StorageError, Store
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "RESTART_NOTICE", "RecoveryReport", "recover"]
 
@@ -61,7 +61,7 @@ class RecoveryReport:
 
 
 async def recover(
-    store: SQLiteStore,
+    store: Store,
     sessions: Sessions,
     execution: Execution,
     blocking: BlockingExecutor,
@@ -101,7 +101,7 @@ async def recover(
     )
 
 
-async def _release_orphan(store: SQLiteStore, claim: Claim) -> None:
+async def _release_orphan(store: Store, claim: Claim) -> None:
     await store.append(
         Command.of(
             ev.ExecutionFailed(
@@ -113,7 +113,7 @@ async def _release_orphan(store: SQLiteStore, claim: Claim) -> None:
 
 
 async def _resume(
-    store: SQLiteStore,
+    store: Store,
     sessions: Sessions,
     execution: Execution,
     claim: Claim,

@@ -32,7 +32,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self, cast
+from typing import Self
 
 import attrs
 
@@ -59,6 +59,7 @@ from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.revert import Reverts
 from actors.runner import InstructionSource, Runner
 from actors.sessions import Sessions
+from actors.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
 from actors.shells import Environments, Shells
 from actors.snapshots import Snapshots
 from actors.tools import (
@@ -86,14 +87,8 @@ from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
-from storage import (
-    Command,
-    ProjectionConflict,
-    SQLiteStore,
-    Synchronous,
-    is_postgres_url,
-    redact,
-)
+from storage import Command, ProjectionConflict, Store, Synchronous, connect, redact
+from storage.follow import FollowDispatcher
 
 __all__ = ["DB_NAME", "Runtime", "RuntimeConfig", "check_data_dir", "make_data_dir"]
 
@@ -104,12 +99,6 @@ DB_NAME = "sessionrt.sqlite"
 class RuntimeConfig:
     data_dir: Path
     synchronous: Synchronous = "FULL"
-    #: A ``postgresql://`` URL: the log lives in that database, shared with
-    #: other hosts (``storage.postgres``); None keeps SQLite in ``data_dir``.
-    #: Shown redacted (a password in it never reaches a repr or a log).
-    database: str | None = attrs.field(
-        default=None, repr=lambda url: repr(None if url is None else redact(url))
-    )
     #: Where sessions created without a location live (default: the cwd).
     default_directory: str | None = None
     #: Directories a session may live in although the rules refuse them
@@ -130,6 +119,8 @@ class RuntimeConfig:
     #: bash: output kept in memory per call while it streams; beyond it the
     #: complete output goes to a managed tool-output file (head and tail kept).
     bash_output_memory_bytes: int = DEFAULT_OUTPUT_MEMORY_BYTES
+    #: A user shell command's output kept in memory; beyond it, a managed file.
+    shell_output_memory_bytes: int = SHELL_OUTPUT_MEMORY_BYTES
     tool_output_max_lines: int = DEFAULT_MAX_LINES
     tool_output_max_bytes: int = DEFAULT_MAX_BYTES
     #: Extra model providers by provider id; the scripted model is always there.
@@ -159,6 +150,12 @@ class RuntimeConfig:
     #: Bytes each decode cache may hold (the store's decoded messages, the
     #: runner's converted chat history): least recently used evicted first.
     decode_cache_bytes: int = 32 * 1024 * 1024
+    #: The event log's database (``[runtime] database``): a SQLite file path, or a
+    #: ``postgresql://`` URL; None is ``sessionrt.sqlite`` in the data dir.
+    #: Shown redacted: a password in the URL never reaches a repr or a log.
+    database: str | None = attrs.field(
+        default=None, repr=lambda value: repr(None if value is None else redact(value))
+    )
     #: Automatic compaction (``[runtime] compaction``); an agent's
     #: ``compaction`` overrides it. Manual compaction works either way.
     compaction: bool = True
@@ -184,6 +181,11 @@ class RuntimeConfig:
         return self.data_dir / DB_NAME
 
     @property
+    def database_target(self) -> str:
+        """What :func:`storage.connect` opens: ``database``, else the data dir's SQLite file."""
+        return os.fspath(self.db_path) if self.database is None else self.database
+
+    @property
     def agents_file(self) -> Path:
         return self.data_dir / "agents.toml"
 
@@ -201,7 +203,7 @@ class _State(enum.Enum):
 class _DurableHooks:
     """Execution hooks that publish the execution facts and run the runner."""
 
-    def __init__(self, store: SQLiteStore, runner: Runner) -> None:
+    def __init__(self, store: Store, runner: Runner) -> None:
         self._store = store
         self._runner = runner
 
@@ -228,7 +230,7 @@ class _DurableHooks:
             # The session was deleted while it ran: there is nothing to settle.
 
 
-def _process_recorder(store: SQLiteStore) -> RecordProcess:
+def _process_recorder(store: Store) -> RecordProcess:
     async def record(ctx: ToolContext, group: ProcessGroup) -> None:
         event = ev.ToolSpawned(
             session_id=ctx.session_id,
@@ -275,41 +277,20 @@ def make_data_dir(path: Path) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-def _store(config: RuntimeConfig) -> SQLiteStore:
-    """The configured backend: SQLite in the data dir, or the ``database`` URL's PostgreSQL."""
-    if config.database is None:
-        return SQLiteStore(
-            config.db_path,
-            synchronous=config.synchronous,
-            read_only=config.read_only,
-            decode_cache_bytes=config.decode_cache_bytes,
-        )
-    if not is_postgres_url(config.database):
-        raise ValueError(f"database must be a postgresql:// URL, got {redact(config.database)}")
-    try:
-        from storage.postgres import PostgresStore
-    except ImportError as exc:
-        raise ValueError(
-            f"database {redact(config.database)} needs asyncpg: pip install 'sessionrt[postgres]'"
-        ) from exc
-    # Until storage grows its protocols (issue 15, section 1), the actors are
-    # typed against SQLiteStore; PostgresStore offers the same surface.
-    return cast(
-        SQLiteStore,
-        PostgresStore(
-            config.database,
-            read_only=config.read_only,
-            decode_cache_bytes=config.decode_cache_bytes,
-        ),
-    )
-
-
 class Runtime:
     def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
-        self.store = _store(config)
+        self.store: Store = connect(
+            config.database_target,
+            synchronous=config.synchronous,
+            read_only=config.read_only,
+            decode_cache_bytes=config.decode_cache_bytes,
+        )
+        #: Followers of one session's durable log (SSE ``session.log``, hence the
+        #: embedded host and the CLI): one subscription, rung per session.
+        self.follows = FollowDispatcher(self.store)
         self.bus = EventBus()
         if config.max_tool_threads < 1 or config.max_blocking_threads < 1:
             raise ValueError("max_tool_threads and max_blocking_threads must be at least 1")
@@ -373,7 +354,14 @@ class Runtime:
         self.snapshots = Snapshots(
             config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=self.blocking.run
         )
-        self.reverts = Reverts(self.store, self.sessions.locks, self.snapshots, busy=self._busy)
+        self.reverts = Reverts(
+            self.store,
+            self.sessions.locks,
+            self.snapshots,
+            busy=self._busy,
+            intents=config.data_dir / "revert",
+            blocking=self.blocking.run,
+        )
         self.sessions.inbox.revert_commit = self.reverts.commit_events
         self.shells = Shells(
             self.store,
@@ -381,6 +369,9 @@ class Runtime:
             self.environments,
             self.bounding,
             self.blocking.run,
+            output_memory_bytes=max(
+                config.shell_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
+            ),
         )
         self.instructions = InstructionEntries(self.store)
         self._execution: Execution | None = None
@@ -497,6 +488,7 @@ class Runtime:
             self._stack.push_async_callback(self.shells.aclose)
             if self.config.recover:
                 await self.shells.recover()
+                await self.reverts.recover()
                 self.recovery = await self.recover()
         except BaseException:
             await self.aclose()

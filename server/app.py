@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sqlite3
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Final
@@ -329,7 +328,7 @@ async def _health(request: web.Request) -> web.Response:
         raise StorageUnavailableError("Storage unavailable: the last write failed")
     try:
         await request.app[HEALTH].check()
-    except (sqlite3.Error, OSError, StorageError) as exc:
+    except StorageError as exc:
         raise StorageUnavailableError(f"Storage unavailable: {exc}") from None
     return _json(200, {"healthy": True})
 
@@ -434,8 +433,7 @@ async def _feed(app: web.Application, runtime: Runtime) -> AsyncIterator[None]:
     app[METRICS] = metrics
     unsubscribe = runtime.store.subscribe(metrics.committed)
     runtime.store.batch_observers.append(metrics.batch)
-    probe = getattr(runtime.store, "probe_writable", None)  # a database server's own check
-    health = HealthProbe(runtime.config.db_path.as_posix(), runtime.blocking.run, probe=probe)
+    health = HealthProbe(runtime.store, runtime.blocking.run)
     app[HEALTH] = health
     try:
         yield

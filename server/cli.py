@@ -44,7 +44,7 @@ from server.app import ServerSettings
 from server.config import ConfigError, load_config, runtime_config
 from server.logs import configure as configure_logs
 from server.serve import serve
-from storage import StorageError, StoreLockedError, is_postgres_url
+from storage import StorageError, StoreLockedError, is_server_url
 
 __all__ = ["default_data_dir", "main"]
 
@@ -150,10 +150,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--database",
-        metavar="URL",
-        help="keep the log in PostgreSQL (postgresql://USER@HOST/DB), shared with other hosts;"
-        " default SQLite in the data directory. A password here is visible to local users:"
-        " prefer PGPASSWORD, ~/.pgpass or [runtime] database in --config",
+        default=None,
+        metavar="PATH_OR_URL",
+        help="the event log: a SQLite file, or postgresql://… (default: the data dir's file);"
+        " a password in the URL is visible to local users: prefer PGPASSWORD or ~/.pgpass",
     )
     serve.add_argument(
         "--config", type=Path, help="a TOML file of [server], [runtime] and [providers] settings"
@@ -252,12 +252,8 @@ def _password(args: argparse.Namespace, from_file: str | None = None) -> str | N
 def _serve(args: argparse.Namespace) -> int:
     file = load_config(args.config) if args.config is not None else {}
     server = file.get("server", {})
-    flags: dict[str, Any] = {}
-    if args.synchronous is not None:
-        flags["synchronous"] = args.synchronous
+    flags: dict[str, Any] = {"synchronous": args.synchronous} if args.synchronous else {}
     if args.database is not None:
-        if not is_postgres_url(args.database):
-            raise ConfigError("--database must be a postgresql:// URL")
         flags["database"] = args.database
     config = runtime_config(file, args.data_dir, fallback_data_dir=default_data_dir(), **flags)
     check_data_dir(config.data_dir)
@@ -422,7 +418,8 @@ def _on_host_sync(args: argparse.Namespace) -> int:
     )
     if reads_only and not args.url:
         config = attrs.evolve(config or RuntimeConfig(data_dir=data_dir), read_only=True)
-        if not config.db_path.exists():
+        target = config.database_target
+        if not is_server_url(target) and not Path(target).exists():
             # Nothing was ever written here; a reader creates nothing either.
             if args.command == "sessions":
                 return _print_sessions([], args)

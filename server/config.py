@@ -17,7 +17,7 @@
     [runtime]
     data_dir = "/var/lib/sessionrt"
     synchronous = "FULL"        # or "NORMAL"
-    database = "postgresql://sessionrt@db/sessionrt"  # shared by hosts; default SQLite in data_dir
+    database = "/srv/db/sessionrt.sqlite"  # or "postgresql://…"; default: data_dir's file
     default_directory = "/srv/work"
     allow_directories = []      # e.g. ["/"]: let sessions live where the rules refuse
     secret_env = []             # more variables tools must not inherit (provider keys)
@@ -26,6 +26,7 @@
     bash_timeout_s = 120        # a bash call's timeout unless it asks for another
     bash_max_timeout_s = 600    # the most a bash call may ask for (larger asks are clamped)
     bash_output_memory_bytes = 1048576  # per call; beyond it output streams to a managed file
+    shell_output_memory_bytes = 8388608  # per user shell command; beyond it, a managed file
     tool_output_max_lines = 2000
     tool_output_max_bytes = 51200
     recover = true
@@ -63,7 +64,6 @@ from typing import Any, Final
 
 from actors.llm import SCRIPTED_PROVIDER_ID, parse_model_ref, parse_providers
 from actors.runtime import RuntimeConfig
-from storage import is_postgres_url
 
 __all__ = ["ConfigError", "load_config", "runtime_config"]
 
@@ -94,6 +94,7 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "bash_timeout_s": (int, float),
         "bash_max_timeout_s": (int, float),
         "bash_output_memory_bytes": int,
+        "shell_output_memory_bytes": int,
         "tool_output_max_lines": int,
         "tool_output_max_bytes": int,
         "recover": bool,
@@ -143,10 +144,6 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
     synchronous = out.get("runtime", {}).get("synchronous")
     if synchronous not in (None, "FULL", "NORMAL"):
         raise ConfigError(f"{path}: runtime.synchronous must be FULL or NORMAL")
-    database = out.get("runtime", {}).get("database")
-    if database is not None and not is_postgres_url(database):
-        # Never echo the value: it may hold a password.
-        raise ConfigError(f"{path}: runtime.database must be a postgresql:// URL")
     providers = document.get("providers", {})
     if not isinstance(providers, dict):
         raise ConfigError(f"{path}: [providers] must be a table")

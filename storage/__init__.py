@@ -1,7 +1,12 @@
-"""The append-only SQLite event log and its projections. Depends on protocol only."""
+"""The append-only event log and its projections. Depends on protocol only.
 
-from storage._url import is_postgres_url, redact
+Above this package, name the Protocols (:class:`EventLog`, :class:`SessionReads`,
+:class:`Store`) and open a store with :func:`connect`; never a backend.
+"""
+
+from storage._url import redact
 from storage._writer import Synchronous
+from storage.connect import connect, is_server_url
 from storage.errors import (
     AppendConflictError,
     DivergedError,
@@ -12,6 +17,8 @@ from storage.errors import (
     StoreClosedError,
     StoreLockedError,
 )
+from storage.follow import FollowDispatcher, LogFollow
+from storage.interfaces import BatchObserver, EventLog, SessionReads, Store
 from storage.queries import Claim, OpenToolCall, Queries, RunningShell, ToolProcess
 from storage.rebuild import dump_projections, rebuild_projections
 from storage.recorder import (
@@ -29,10 +36,14 @@ from storage.sqlite import SQLiteStore
 __all__ = [
     "SCHEMA_VERSION",
     "AppendConflictError",
+    "BatchObserver",
     "Claim",
     "Command",
     "DivergedError",
     "EntryWrite",
+    "EventLog",
+    "FollowDispatcher",
+    "LogFollow",
     "NewEvent",
     "OpenToolCall",
     "ProjectionConflict",
@@ -42,15 +53,18 @@ __all__ = [
     "RunningShell",
     "SQLiteStore",
     "SeqConflictError",
+    "SessionReads",
     "StorageBrokenError",
     "StorageError",
+    "Store",
     "StoreClosedError",
     "StoreLockedError",
     "Subscriber",
     "Synchronous",
     "ToolProcess",
+    "connect",
     "dump_projections",
-    "is_postgres_url",
+    "is_server_url",
     "now_ms",
     "rebuild_projections",
     "redact",

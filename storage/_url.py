@@ -1,17 +1,10 @@
-"""Database URLs: which backend a ``database`` setting names, and how to show one safely."""
+"""Database URLs, shown safely: a password never reaches a log line, an error or a repr."""
 
 from __future__ import annotations
 
-from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["is_postgres_url", "redact"]
-
-_SCHEMES: Final = ("postgresql", "postgres")
-
-
-def is_postgres_url(url: str) -> bool:
-    return urlsplit(url).scheme in _SCHEMES if "://" in url else False
+__all__ = ["redact"]
 
 
 def redact(url: str) -> str:

@@ -10,13 +10,20 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pgdb
 import pytest
+from hypothesis import settings
 
 from actors.inbox import Scope
 from actors.sessions import Sessions
-from storage import SQLiteStore
+from storage import SQLiteStore, is_server_url
+
+# Hypothesis's per-example deadline (200 ms) is a timed assertion: on CI's 2
+# cores shared by parallel xdist workers an example that takes 20 ms alone
+# takes 300 ms, and the run fails as "flaky". Speed is for the benchmarks in
+# scripts/; tests here assert behaviour, so no example has a deadline.
+settings.register_profile("sessionrt", deadline=None)
+settings.load_profile("sessionrt")
 
 
 class WakeRecorder:
@@ -63,10 +70,12 @@ def _postgres_backend(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     from actors import runtime as runtime_module
 
     url = asyncio.run(pgdb.new_database())
-    choose = runtime_module._store
-    monkeypatch.setattr(
-        runtime_module, "_store", lambda config: choose(attrs.evolve(config, database=url))
-    )
+    connect = runtime_module.connect
+
+    def to_postgres(database: str, **options: Any) -> Any:
+        return connect(database if is_server_url(database) else url, **options)
+
+    monkeypatch.setattr(runtime_module, "connect", to_postgres)
     try:
         yield
     finally:

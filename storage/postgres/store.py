@@ -34,7 +34,7 @@ import logging
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -97,7 +97,7 @@ class PostgresStore:
     ) -> None:
         self._url = url
         #: The URL without its password: what logs and errors may show.
-        self.path = redact(url)
+        self.where = redact(url)
         self.read_only = read_only
         self.channel = channel
         #: Runs inside each command's SAVEPOINT before it writes (see :mod:`._writer`).
@@ -125,8 +125,13 @@ class PostgresStore:
         self.batch_observers: list[Callable[[int, float], None]] = []
         self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
 
+    @property
+    def path(self) -> str | None:
+        """No local file: a server holds the database (see :class:`storage.Store`)."""
+        return None
+
     def __repr__(self) -> str:
-        return f"PostgresStore({self.path!r}, {self._state.value})"
+        return f"PostgresStore({self.where!r}, {self._state.value})"
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -146,7 +151,7 @@ class PostgresStore:
         try:
             return await asyncpg.connect(self._url)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StorageBrokenError(f"cannot connect to {self.path}: {_reason(exc)}") from None
+            raise StorageBrokenError(f"cannot connect to {self.where}: {_reason(exc)}") from None
 
     async def open(self) -> None:
         if self._state is not _State.UNOPENED:
@@ -161,7 +166,7 @@ class PostgresStore:
                     await conn.close()
                 if found != SCHEMA_VERSION:
                     raise StorageBrokenError(
-                        f"{self.path} is at schema version {found}, this build reads"
+                        f"{self.where} is at schema version {found}, this build reads"
                         f" {SCHEMA_VERSION}; open it for writing once to migrate"
                     )
             else:
@@ -173,7 +178,9 @@ class PostgresStore:
                     self._url, min_size=1, max_size=self._reader_count, server_settings=settings
                 )
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                raise StorageBrokenError(f"cannot connect to {self.path}: {_reason(exc)}") from None
+                raise StorageBrokenError(
+                    f"cannot connect to {self.where}: {_reason(exc)}"
+                ) from None
             self._listener = Listener(
                 self._connect,
                 self.channel,
@@ -244,7 +251,7 @@ class PostgresStore:
         """Queue ``command``; a future of its records. Commands commit in submission order."""
         self._check_open()
         if self.read_only:
-            raise StoreClosedError(f"store {self.path} is open read-only")
+            raise StoreClosedError(f"store {self.where} is open read-only")
         future: asyncio.Future[list[RecordedEvent]] = asyncio.get_running_loop().create_future()
         if command.empty:
             future.set_result([])
@@ -423,17 +430,22 @@ class PostgresStore:
             raise StorageBrokenError(f"read failed: {_reason(exc)}") from None
         return [tuple(r) for r in rows]
 
-    async def probe_writable(self, timeout_s: float) -> None:
-        """Raise :class:`StorageBrokenError` unless the server answers and takes writes."""
+    async def check_writable(
+        self, timeout_s: float, blocking: Callable[..., Awaitable[None]]
+    ) -> None:
+        """Raise :class:`StorageBrokenError` unless the server answers and takes writes.
+
+        Writes nothing; nothing blocks, so ``blocking`` is not needed.
+        """
         try:
             async with asyncio.timeout(timeout_s):
                 [[recovering]] = await self.fetch("SELECT pg_is_in_recovery()")
         except TimeoutError:
-            raise StorageBrokenError(f"{self.path} did not answer in {timeout_s} s") from None
+            raise StorageBrokenError(f"{self.where} did not answer in {timeout_s} s") from None
         except asyncpg.PostgresError as exc:
-            raise StorageBrokenError(f"{self.path}: {_reason(exc)}") from None
+            raise StorageBrokenError(f"{self.where}: {_reason(exc)}") from None
         if recovering or self.read_only:
-            raise StorageBrokenError(f"{self.path} does not take writes")
+            raise StorageBrokenError(f"{self.where} does not take writes")
 
     async def _fetchval(self, sql: str, params: Sequence[Any] = ()) -> Any:
         rows = await self.fetch(sql, params)

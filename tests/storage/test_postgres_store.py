@@ -25,8 +25,9 @@ from storage import (
     RecordedEvent,
     StorageBrokenError,
     StoreClosedError,
+    connect,
 )
-from storage.follow import LogFollow
+from storage.follow import FollowDispatcher
 from storage.postgres import PostgresStore
 from storage.postgres import schema as pg_schema
 from storage.postgres.notify import MAX_PAYLOAD, parse, payloads
@@ -43,7 +44,10 @@ def renamed(session_id: str, title: str) -> ev.SessionRenamed:
 
 @pytest.fixture
 async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
-    async with PostgresStore(pg_url) as a, PostgresStore(pg_url) as b:
+    a, b = connect(pg_url), connect(pg_url)  # what a runtime with this database opens
+    assert isinstance(a, PostgresStore)
+    assert isinstance(b, PostgresStore)
+    async with a, b:
         yield a, b
 
 
@@ -74,7 +78,7 @@ async def test_a_follower_on_one_host_sees_commits_made_on_another(
 ) -> None:
     a, b = two
     await a.append(Command.of(created("ses_a")))
-    async with LogFollow(b, "ses_a", follow=True) as follow:
+    async with FollowDispatcher(b).follow("ses_a", follow=True) as follow:
         replayed = [r async for page in follow.replay() for r in page]
         assert [r.seq for r in replayed] == [1]
         changes = follow.changes(idle_s=30)
@@ -231,5 +235,5 @@ async def test_the_password_in_the_url_never_reaches_an_error_or_a_log(
         await store.open()
     assert "s3cret" not in str(raised.value)
     assert "s3cret" not in repr(store)
-    assert "***" in store.path
+    assert "***" in store.where
     assert "s3cret" not in caplog.text
