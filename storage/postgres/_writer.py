@@ -82,7 +82,7 @@ _COMMAND_CLASSES: Final = ("22", "23")
 
 
 class BatchResult:
-    """Outcomes in batch order, and the range of positions the batch wrote."""
+    """Outcomes in batch order, and the records the batch published (committed, not replays)."""
 
     def __init__(self, outcomes: list[Outcome], published: list[RecordedEvent]) -> None:
         self.outcomes = outcomes
