@@ -16,7 +16,10 @@ Connections: one for the writer (a task of this store commits one batch at a
 time on it, and reconnects after losing it), a pool of ``readers``, and one
 that LISTENs (:mod:`.listen`). Subscribers hear this store's own commits
 right after COMMIT, and other processes' commits once the notice arrives:
-the listener reads those rows back from the table, in commit order.
+the listener reads those rows back from the table, in commit order. So each
+origin's batches reach a subscriber in position order, but a local batch may
+be heard before an earlier remote one is read back; a reader that needs one
+total order reads it from the log (``read_all``), as :mod:`storage.follow` does.
 
 ``read_only=True`` opens no writer and runs no migration (an older schema
 is refused), and its readers' sessions are read-only; it still listens.
