@@ -35,8 +35,6 @@ import contextlib
 import enum
 import logging
 import time
-from bisect import bisect_right
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Final, Self
@@ -49,10 +47,12 @@ from storage._url import redact
 from storage._writer import Outcome, Prepared
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.postgres import schema
+from storage.postgres._errors import reason as _reason
 from storage.postgres._writer import CommandGuard, commit_batch
 from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener
-from storage.postgres.notify import Notice, payloads
+from storage.postgres.notify import payloads
+from storage.postgres.remote import RemoteCommits
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
 from storage.recorder import Command, RecordedEvent, Subscriber
 from storage.schema import SCHEMA_VERSION
@@ -66,13 +66,6 @@ log = logging.getLogger(__name__)
 MAX_BATCH: Final = 1024
 #: The NOTIFY channel every store of one database shares.
 CHANNEL: Final = "sessionrt_log"
-#: Other origins' committed batches waiting to be read back; past this many
-#: the queue is dropped and replaced by one catch-up read from the table.
-MAX_NOTICES: Final = 4096
-#: This store's own recent position ranges, kept so a catch-up read skips
-#: them (they were published already); the oldest are forgotten first.
-MAX_OWN_RANGES: Final = 4096
-_PAGE: Final = 512
 
 _EVENT_COLUMNS: Final = "position, id, aggregate_id, seq, type, created, data"
 
@@ -82,9 +75,6 @@ class _State(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
     CLOSED = "closed"
-
-
-_CATCH_UP: Final = None  # a queue entry: read everything after the cursor
 
 
 class PostgresStore:
@@ -118,11 +108,8 @@ class PostgresStore:
         self._drained.set()
         self._write_task: asyncio.Task[None] | None = None
         self._deliver_task: asyncio.Task[None] | None = None
-        self._notices: deque[Notice | None] = deque()
-        self._notice_bell = asyncio.Event()
         #: Everything up to here (other origins') has been handed to subscribers.
-        self._cursor = 0
-        self._own: deque[tuple[int, int]] = deque(maxlen=MAX_OWN_RANGES)
+        self._remote = RemoteCommits(self.fetch, self._publish)
         self._subscribers: list[Subscriber] = []
         #: Called after each batch with (commands, seconds from hand-off to outcome).
         self.batch_observers: list[Callable[[int, float], None]] = []
@@ -188,14 +175,18 @@ class PostgresStore:
                 self._connect,
                 self.channel,
                 self.origin,
-                on_notice=self._noticed,
-                on_reconnect=self._lost_notices,
+                on_notice=self._remote.noticed,
+                on_reconnect=self._remote.lost_notices,
             )
             await self._listener.start()
             # Listening first, then the cursor: a commit in between is both
             # past the cursor and announced, and the cursor trims the overlap.
-            self._cursor = int(await self._fetchval("SELECT coalesce(max(position), 0) FROM event"))
-            self._deliver_task = asyncio.create_task(self._deliver(), name="sessionrt-deliver")
+            await self._remote.start_after(
+                int(await self._fetchval("SELECT coalesce(max(position), 0) FROM event"))
+            )
+            self._deliver_task = asyncio.create_task(
+                self._remote.deliver(), name="sessionrt-deliver"
+            )
             if not self.read_only:
                 self._write_task = asyncio.create_task(self._write_loop(), name="sessionrt-write")
         except BaseException:
@@ -300,7 +291,7 @@ class PostgresStore:
         if not records:
             return
         # Known before COMMIT, so a catch-up racing this commit skips it too.
-        self._own.append((records[0].position, records[-1].position))
+        self._remote.own(records[0].position, records[-1].position)
         for payload in payloads(self.origin, records):
             await conn.execute("SELECT pg_notify($1, $2)", self.channel, payload)
 
@@ -343,72 +334,6 @@ class PostgresStore:
                 subscriber(records)
             except Exception:
                 log.exception("event subscriber failed")
-
-    def _noticed(self, notice: Notice) -> None:
-        if len(self._notices) >= MAX_NOTICES:
-            self._notices.clear()
-            self._notices.append(_CATCH_UP)
-        elif not self._notices or self._notices[-1] != notice:
-            self._notices.append(notice)
-        self._notice_bell.set()
-
-    def _lost_notices(self) -> None:
-        """Notices may have been missed while not listening: read the table instead."""
-        self._notices.append(_CATCH_UP)
-        self._notice_bell.set()
-
-    async def _deliver(self) -> None:
-        """Other origins' commits, read back from the table, to the subscribers, in order."""
-        while True:
-            await self._notice_bell.wait()
-            self._notice_bell.clear()
-            while self._notices:
-                notice = self._notices.popleft()
-                try:
-                    if notice is None:
-                        await self._catch_up()
-                    elif notice.last > self._cursor:
-                        rows = await self.fetch(
-                            f"SELECT {_EVENT_COLUMNS} FROM event"
-                            " WHERE position > ? AND position <= ? ORDER BY position",
-                            (max(notice.first - 1, self._cursor), notice.last),
-                        )
-                        self._cursor = notice.last
-                        self._hand_out([record_from_row(r) for r in rows])
-                except (
-                    StorageBrokenError,
-                    StoreClosedError,
-                    OSError,
-                    asyncpg.PostgresError,
-                    asyncpg.InterfaceError,
-                ) as exc:
-                    log.warning("cannot read announced commits yet: %s", _reason(exc))
-                    self._notices.appendleft(_CATCH_UP)
-                    await asyncio.sleep(0.1)
-
-    async def _catch_up(self) -> None:
-        while True:
-            rows = await self.fetch(
-                f"SELECT {_EVENT_COLUMNS} FROM event WHERE position > ? ORDER BY position LIMIT ?",
-                (self._cursor, _PAGE),
-            )
-            if not rows:
-                return
-            self._cursor = int(rows[-1][0])
-            self._hand_out([record_from_row(r) for r in rows if not self._is_own(int(r[0]))])
-            if len(rows) < _PAGE:
-                return
-
-    def _is_own(self, position: int) -> bool:
-        own = self._own
-        i = bisect_right(own, (position, float("inf"))) - 1
-        return i >= 0 and own[i][0] <= position <= own[i][1]
-
-    def _hand_out(self, records: list[RecordedEvent]) -> None:
-        while self._own and self._own[0][1] <= self._cursor:
-            self._own.popleft()
-        if records:
-            self._publish(records)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -484,14 +409,3 @@ async def _schema_version(conn: asyncpg.Connection) -> int:
     if not exists:
         return 0
     return int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version"))
-
-
-def _reason(exc: BaseException) -> str:
-    """What went wrong, without anything that could hold the URL."""
-    if isinstance(exc, StorageBrokenError):
-        return str(exc)
-    if isinstance(exc, asyncpg.PostgresError):
-        return f"{type(exc).__name__}: {getattr(exc, 'message', '') or exc.sqlstate}"
-    if isinstance(exc, OSError):
-        return f"{type(exc).__name__}: {exc.strerror or exc}"
-    return type(exc).__name__
