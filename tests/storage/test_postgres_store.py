@@ -237,3 +237,14 @@ async def test_the_password_in_the_url_never_reaches_an_error_or_a_log(
     assert "s3cret" not in repr(store)
     assert "***" in store.where
     assert "s3cret" not in caplog.text
+
+
+async def test_check_writable_asks_the_server(pg_url: str) -> None:
+    async def no_threads(*_: Any) -> None:
+        raise AssertionError("a server check needs no blocking helper")
+
+    async with PostgresStore(pg_url) as writer:
+        await writer.check_writable(2.0, no_threads)
+    async with PostgresStore(pg_url, read_only=True) as reader:
+        with pytest.raises(StorageBrokenError, match="does not take writes"):
+            await reader.check_writable(2.0, no_threads)
