@@ -87,7 +87,7 @@ from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
-from storage import Command, ProjectionConflict, Store, Synchronous, connect
+from storage import Command, ProjectionConflict, Store, Synchronous, connect, redact
 from storage.follow import FollowDispatcher
 
 __all__ = ["DB_NAME", "Runtime", "RuntimeConfig", "check_data_dir", "make_data_dir"]
@@ -152,7 +152,10 @@ class RuntimeConfig:
     decode_cache_bytes: int = 32 * 1024 * 1024
     #: The event log's database (``[runtime] database``): a SQLite file path, or a
     #: ``postgresql://`` URL; None is ``sessionrt.sqlite`` in the data dir.
-    database: str | None = None
+    #: Shown redacted: a password in the URL never reaches a repr or a log.
+    database: str | None = attrs.field(
+        default=None, repr=lambda value: repr(None if value is None else redact(value))
+    )
     #: Automatic compaction (``[runtime] compaction``); an agent's
     #: ``compaction`` overrides it. Manual compaction works either way.
     compaction: bool = True
