@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,15 +32,20 @@ def test_only_postgres_urls_name_a_server() -> None:
     assert not is_server_url(Path("postgresql:"))
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("storage.postgres") is not None,
-    reason="the PostgreSQL backend is present",
-)
-def test_a_postgres_url_without_the_backend_fails_in_a_sentence_without_the_password() -> None:
+def test_a_postgres_url_without_the_driver_fails_in_a_sentence_without_the_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # asyncpg is an optional extra: without it the backend cannot load.
+    for name in [
+        m for m in sys.modules if m == "storage.postgres" or m.startswith("storage.postgres.")
+    ]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "asyncpg", None)
     with pytest.raises(StorageError, match="PostgreSQL backend is not available") as info:
         connect("postgresql://alice:hunter2@127.0.0.1/db")
     assert "hunter2" not in str(info.value)
     assert "alice:***@127.0.0.1/db" in str(info.value)
+    assert "asyncpg is missing" in str(info.value)
 
 
 def test_an_empty_database_is_refused_not_a_temporary_file() -> None:
