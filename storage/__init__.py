@@ -4,6 +4,8 @@ from storage._writer import Synchronous
 from storage.errors import (
     AppendConflictError,
     DivergedError,
+    FencedError,
+    LeaseHeldError,
     ProjectionConflict,
     SeqConflictError,
     StorageBrokenError,
@@ -11,6 +13,7 @@ from storage.errors import (
     StoreClosedError,
     StoreLockedError,
 )
+from storage.lease import Fence, Lease, LeaseUse, default_host_id
 from storage.queries import Claim, OpenToolCall, Queries, RunningShell, ToolProcess
 from storage.rebuild import dump_projections, rebuild_projections
 from storage.recorder import (
@@ -32,6 +35,11 @@ __all__ = [
     "Command",
     "DivergedError",
     "EntryWrite",
+    "Fence",
+    "FencedError",
+    "Lease",
+    "LeaseHeldError",
+    "LeaseUse",
     "NewEvent",
     "OpenToolCall",
     "ProjectionConflict",
@@ -48,6 +56,7 @@ __all__ = [
     "Subscriber",
     "Synchronous",
     "ToolProcess",
+    "default_host_id",
     "dump_projections",
     "now_ms",
     "rebuild_projections",
