@@ -13,7 +13,7 @@ from storage.errors import (
     StoreClosedError,
     StoreLockedError,
 )
-from storage.lease import Fence, Lease, LeaseUse, default_host_id
+from storage.lease import Fence, Lease, LeaseUse, default_host_id, fenced
 from storage.queries import Claim, OpenToolCall, Queries, RunningShell, ToolProcess
 from storage.rebuild import dump_projections, rebuild_projections
 from storage.recorder import (
@@ -58,6 +58,7 @@ __all__ = [
     "ToolProcess",
     "default_host_id",
     "dump_projections",
+    "fenced",
     "now_ms",
     "rebuild_projections",
 ]

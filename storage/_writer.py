@@ -167,6 +167,9 @@ class Writer:
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA busy_timeout = 5000")
             schema.migrate(conn)
+            # This process holds the only writer lock: every lease still live
+            # belongs to a process that is gone, so none is waited out.
+            conn.execute("UPDATE session_lease SET expires = 0 WHERE expires > 0")
             row = conn.execute("SELECT coalesce(max(position), 0) FROM event").fetchone()
             self._position = int(row[0])
         except sqlite3.Error as exc:

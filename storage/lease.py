@@ -17,6 +17,11 @@ expiry) can write nothing more for that session. The execution's terminal
 carries ``release``: the row expires at once, so any host may take it. A
 ``renew`` (no events) pushes the expiry forward while the host works.
 
+An execution does not thread its fence through every call that appends: it
+runs its drains inside :func:`fenced`, and the store applies the fence in
+force (:func:`apply_fence`) to each command that touches the session and
+names no lease of its own; tasks started from a drain inherit it.
+
 Which epoch and host wrote each fenced event is recorded (``event_fence``),
 so that "no two hosts wrote one session under overlapping epochs" can be
 checked after the fact. Neither table is a projection: the lease is not
@@ -25,14 +30,20 @@ derived from the log and survives a rebuild of the projections.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import secrets
 import socket
-from typing import Literal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-__all__ = ["Fence", "Lease", "LeaseUse", "default_host_id"]
+if TYPE_CHECKING:
+    from storage.recorder import Command
+
+__all__ = ["Fence", "Lease", "LeaseUse", "apply_fence", "default_host_id", "fenced"]
 
 LeaseKind = Literal["take", "hold", "renew", "release"]
 
@@ -99,3 +110,26 @@ def default_host_id() -> str:
     """A host id stable for this process: the machine's name, the pid and a random tail."""
     name = socket.gethostname().split(".")[0][:24] or "host"
     return f"{name}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+_FENCE: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("fence", default=None)
+
+
+@contextlib.contextmanager
+def fenced(fence: Fence | None) -> Iterator[None]:
+    """Appends made in this context (and tasks it starts) for ``fence``'s session hold it."""
+    token = _FENCE.set(fence)
+    try:
+        yield
+    finally:
+        _FENCE.reset(token)
+
+
+def apply_fence(command: Command) -> Command:
+    """``command`` with the fence in force, when it touches that session and names no lease."""
+    fence = _FENCE.get()
+    if fence is None or command.lease is not None:
+        return command
+    if not any(e.aggregate_id == fence.session_id for e in command.events):
+        return command
+    return attrs.evolve(command, lease=fence.hold())

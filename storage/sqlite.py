@@ -37,6 +37,7 @@ import aiosqlite
 from protocol.events import decode_event, encode_data, stored_type
 from storage._writer import Outcome, Prepared, Synchronous, Writer, shared_lock
 from storage.errors import StorageBrokenError, StoreClosedError
+from storage.lease import apply_fence
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
 from storage.recorder import Command, RecordedEvent, Subscriber
 
@@ -185,6 +186,7 @@ class SQLiteStore:
             raise StoreClosedError(f"store {self.path} is open read-only")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[RecordedEvent]] = loop.create_future()
+        command = apply_fence(command)
         if command.empty:
             future.set_result([])
             return future

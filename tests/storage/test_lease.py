@@ -15,6 +15,7 @@ from storage import (
     LeaseHeldError,
     LeaseUse,
     SQLiteStore,
+    fenced,
     now_ms,
 )
 
@@ -149,10 +150,33 @@ async def test_who_wrote_each_fenced_event_is_recorded(store: SQLiteStore) -> No
     assert claim.lease.host_id == "host-b"
 
 
-async def test_the_lease_survives_reopening(store: SQLiteStore) -> None:
+async def test_reopening_the_file_frees_the_dead_writers_leases(store: SQLiteStore) -> None:
+    # One writer per SQLite file: a lease left live was its previous process's.
     await _session(store)
     await _take(store, "host-a")
     await store.close()
     async with SQLiteStore(store.path) as again:
-        with pytest.raises(LeaseHeldError):
-            await _take(again, "host-b")
+        fence = await _take(again, "host-b")
+        assert fence.epoch == 2  # the epoch survives; only the expiry is cleared
+        [claim] = await again.queries.claims()
+        assert claim.time_claimed is not None
+
+
+async def test_appends_inside_fenced_hold_the_fence(store: SQLiteStore) -> None:
+    await _session(store)
+    await _session(store, "ses_other")
+    stale = await _take(store, "host-a", ttl_ms=30)
+    await asyncio.sleep(0.06)
+    await _take(store, "host-b")
+    with fenced(stale):
+        with pytest.raises(FencedError):
+            await store.append(Command.of(ev.SessionRenamed(session_id=SID, title="late")))
+
+        async def child() -> None:
+            await store.append(Command.of(ev.SessionRenamed(session_id=SID, title="later")))
+
+        with pytest.raises(FencedError):
+            await asyncio.create_task(child())
+        # Another session's append is not the execution's: it is not fenced.
+        await store.append(Command.of(ev.SessionRenamed(session_id="ses_other", title="ok")))
+    await store.append(Command.of(ev.SessionRenamed(session_id=SID, title="admitted")))
