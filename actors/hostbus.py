@@ -8,7 +8,8 @@ sessions it released, so the others take them without waiting for expiry.
 Delivery is at most once and carries no reply: a message to a host that is
 gone is lost, and the periodic recovery scan picks its sessions up once its
 leases expire. :class:`LocalHostBus` connects hosts of one process (SQLite, and
-tests); a PostgreSQL backend provides one on LISTEN/NOTIFY. A subscriber's
+tests); :class:`NotifyHostBus` connects processes on one PostgreSQL server
+(LISTEN/NOTIFY, :mod:`storage._pg_channel`). A subscriber's
 handler runs on the event loop and must not block.
 """
 
@@ -16,12 +17,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
 import attrs
 import orjson
 
-__all__ = ["HostBus", "HostMessage", "LocalHostBus"]
+from storage._pg_channel import NotifyChannel
+
+__all__ = ["HostBus", "HostMessage", "LocalHostBus", "NotifyHostBus"]
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +102,42 @@ class LocalHostBus:
                 del self._hosts[host_id]
 
         return unsubscribe
+
+
+#: Session ids per notice: a shutdown's list is split to keep each under the
+#: server's payload limit (ids are about 30 bytes).
+_IDS_PER_NOTICE: Final = 100
+
+
+class NotifyHostBus:
+    """Hosts in several processes, over one PostgreSQL server's LISTEN/NOTIFY.
+
+    Owns its channel (and the channel's connection): ``open`` before use,
+    ``close`` after the last publish.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self._channel = NotifyChannel(dsn)
+
+    async def open(self) -> None:
+        await self._channel.open()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def publish(self, host_id: str | None, message: HostMessage) -> None:
+        ids = message.session_ids
+        for start in range(0, max(len(ids), 1), _IDS_PER_NOTICE):
+            part = attrs.evolve(message, session_ids=ids[start : start + _IDS_PER_NOTICE])
+            await self._channel.publish(host_id, message.origin, part.encode())
+
+    async def subscribe(self, host_id: str, handler: Handler) -> Callable[[], None]:
+        def deliver(body: str) -> None:
+            try:
+                message = HostMessage.decode(body)
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                log.warning("ignored a malformed host message")
+                return
+            handler(message)
+
+        return self._channel.subscribe(host_id, deliver)

@@ -200,7 +200,7 @@ async def test_graceful_shutdown_hands_the_session_over_before_expiry(hosts: Hos
     mark = len(hosts.feed.events)
     await hosts.feed.wait("session.execution.succeeded", 5, after=mark, sessionID=s.id)
     writers = await hosts.writers(s.id)
-    assert writers[-1][1] == "host-b"
+    assert writers[-1][1] == b.host_id == "host-b"
     types = [r.type for r in await hosts.store.read(s.id, limit=1000)]
     assert "session.execution.recovering.1" in types
     assert await hosts.store.queries.claims() == []
