@@ -86,7 +86,7 @@ from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids
 from protocol.shapes import Session
-from storage import Command, RecordedEvent, SQLiteStore, now_ms
+from storage import Command, FencedError, RecordedEvent, SQLiteStore, now_ms
 
 __all__ = [
     "CONTINUE_DESCRIPTION",
@@ -159,6 +159,21 @@ class _Live:
             self._release()
 
 
+def _abandoned(future: asyncio.Future[list[RecordedEvent]]) -> None:
+    """Retrieve a failed emit's error, which an awaiter (if any) still gets.
+
+    A step cancelled or failed part-way leaves emits nobody awaits: after a
+    lost lease every one of them fails (fenced), which is expected; any other
+    failure reaches the step through the emit it awaits next (the log keeps
+    the rest, at debug level, so an awaited failure is not reported twice).
+    """
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None and not isinstance(exc, FencedError):
+        log.debug("an event of the step failed: %s", exc)
+
+
 class _Attempt:
     """The mutable bookkeeping of one physical attempt (one assistant message)."""
 
@@ -179,7 +194,9 @@ class _Attempt:
         self.calls: ToolCalls
 
     def emit(self, event: ev.Event) -> None:
-        self.submitted.append(self.store.submit(Command.of(event)))
+        future = self.store.submit(Command.of(event))
+        future.add_done_callback(_abandoned)
+        self.submitted.append(future)
 
     async def durable(self, event: ev.Event) -> None:
         self.emit(event)

@@ -623,6 +623,42 @@ def check_claims(
     return out
 
 
+def check_fences(conn: sqlite3.Connection) -> list[Violation]:
+    """(i) no two hosts wrote one session under overlapping lease epochs.
+
+    Along a session's log, the epoch of its fenced events never goes down (a
+    write under an epoch after a higher one was written means a host that had
+    lost its lease still wrote), and each epoch belongs to one host.
+    """
+    out: list[Violation] = []
+    rows = conn.execute(
+        "SELECT session_id, position, host_id, epoch FROM event_fence ORDER BY session_id, position"
+    )
+    last: dict[str, tuple[int, int]] = {}
+    owner: dict[tuple[str, int], str] = {}
+    for session_id, position, host, epoch in rows:
+        seen = owner.setdefault((session_id, epoch), host)
+        if seen != host:
+            out.append(
+                Violation(
+                    "fence.shared-epoch",
+                    f"{session_id}: epoch {epoch} written by {seen} and {host}"
+                    f" (position {position})",
+                )
+            )
+        before = last.get(session_id)
+        if before is not None and epoch < before[1]:
+            out.append(
+                Violation(
+                    "fence.overlap",
+                    f"{session_id}: position {position} written under epoch {epoch} by {host}"
+                    f" after epoch {before[1]} wrote position {before[0]}",
+                )
+            )
+        last[session_id] = (position, max(epoch, before[1] if before else epoch))
+    return out
+
+
 def check_shells(
     conn: sqlite3.Connection, events: Sequence[Event], *, settled: bool = True
 ) -> list[Violation]:
@@ -756,6 +792,7 @@ def check_database(
         out += check_tools(conn, events, lines, boots, settled=settled)
         out += check_permissions(conn, events, lines, settled=settled)
         out += check_claims(conn, max_attempts=max_attempts, settled=settled)
+        out += check_fences(conn)
         out += check_shells(conn, events, settled=settled)
         out += check_reverts(conn, events)
         conn.execute("COMMIT")
