@@ -504,6 +504,26 @@ class Runtime:
             out[sid] = (self.host_id, None if fence is None else fence.epoch)
         return out
 
+    async def wait_idle(self, session_id: str) -> None:
+        """Return once no host runs the session (this one's successors included)."""
+        await self.execution.wait_idle(session_id)
+        ended = asyncio.Event()
+
+        def watch(records: Sequence[RecordedEvent]) -> None:
+            if any(r.aggregate_id == session_id and _terminal_of(r.event) for r in records):
+                ended.set()
+
+        unsubscribe = self.store.subscribe(watch)
+        try:
+            # Another host's live lease ends with its terminal, or at its expiry
+            # (a host that died): re-read at least every quarter ttl.
+            while await self._owner(session_id) is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), self.config.lease_ttl_ms / 4000)
+                ended.clear()
+        finally:
+            unsubscribe()
+
     async def resume(self, session_id: str) -> Terminal:
         """Start or join the session's execution, here or on the host that holds it."""
         execution = self.execution

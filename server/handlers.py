@@ -136,7 +136,7 @@ async def session_resume(call: Call) -> Any:
 
 async def session_wait(call: Call) -> Any:
     await call.runtime.sessions.get(call.session_id)
-    await call.runtime.execution.wait_idle(call.session_id)
+    await call.runtime.wait_idle(call.session_id)
 
 
 async def session_switch_agent(call: Call) -> Any:

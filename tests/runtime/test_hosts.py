@@ -144,6 +144,16 @@ async def test_a_resume_on_b_joins_the_execution_on_a(hosts: Hosts) -> None:
     assert s.id not in active
 
 
+async def test_waiting_on_b_returns_once_a_settled(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")
+    b = await hosts.start("host-b")
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text='#tool bash {"command": "sleep 0.5"}'))
+    await hosts.feed.wait("session.tool.called", sessionID=s.id)
+    await asyncio.wait_for(b.wait_idle(s.id), 10)
+    assert hosts.feed.types(s.id)[-1] == "session.execution.succeeded"
+
+
 async def test_active_says_which_host_runs_what(hosts: Hosts) -> None:
     a = await hosts.start("host-a")
     b = await hosts.start("host-b")
