@@ -75,7 +75,7 @@ from protocol.shapes import (
     ToolPart,
     UserMessage,
 )
-from storage import Command, SQLiteStore
+from storage import Command, Store
 
 __all__ = [
     "BUFFER_TOKENS",
@@ -384,7 +384,7 @@ class Compactor:
     def __init__(
         self,
         *,
-        store: SQLiteStore,
+        store: Store,
         bus: EventBus,
         providers: ProviderRegistry,
         retry: RetryPolicy,

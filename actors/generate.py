@@ -24,7 +24,7 @@ from actors.llm import (
 from actors.sessions import Sessions
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
-from storage import SQLiteStore
+from storage import Store
 
 __all__ = ["MAX_GENERATED_CHARS", "Generator"]
 
@@ -36,7 +36,7 @@ class Generator:
     def __init__(
         self,
         *,
-        store: SQLiteStore,
+        store: Store,
         sessions: Sessions,
         providers: ProviderRegistry,
         agents: AgentCatalogs,

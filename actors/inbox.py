@@ -39,7 +39,7 @@ from protocol import ids
 from protocol.errors import ConflictError, SessionNotFoundError
 from protocol.requests import PromptInput, SyntheticInput
 from protocol.shapes import Delivery, InboxItem, InboxItemType, Location, Session
-from storage import Command, ProjectionConflict, SQLiteStore
+from storage import Command, ProjectionConflict, Store
 
 __all__ = [
     "CONTROL_TYPES",
@@ -63,7 +63,7 @@ CONTROL_TYPES: Final[frozenset[str]] = frozenset({"compaction", "move"})
 class Inbox:
     def __init__(
         self,
-        store: SQLiteStore,
+        store: Store,
         wake: WakeHook,
         locks: KeyedLock,
         blocking: Blocking = asyncio.to_thread,
@@ -73,7 +73,9 @@ class Inbox:
         self._wake = wake
         self._locks = locks
         self._blocking = blocking
-        self._withheld = withheld or Withheld(files=(Path(store.path),))
+        self._withheld = withheld or Withheld(
+            files=() if store.path is None else (Path(store.path),)
+        )
         #: The events committing a session's staged revert; a prompt's admission
         #: carries them in its own transaction (set by the session facade).
         self.revert_commit: RevertCommit | None = None

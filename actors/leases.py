@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from storage import Command, Fence, FencedError, LeaseUse, SQLiteStore, StorageError
+from storage import Command, Fence, FencedError, LeaseUse, StorageError, Store
 
 __all__ = ["LeaseKeeper"]
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class LeaseKeeper:
     def __init__(
         self,
-        store: SQLiteStore,
+        store: Store,
         host_id: str,
         *,
         ttl_ms: int,

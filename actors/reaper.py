@@ -19,7 +19,7 @@ from typing import Final
 from actors._blocking import BlockingExecutor
 from actors.tools._process import ProcessGroup, kill_stale
 from protocol import events as ev
-from storage import Command, ProjectionConflict, SQLiteStore, ToolProcess
+from storage import Command, ProjectionConflict, Store, ToolProcess
 
 __all__ = ["STALE_KILL_GRACE_S", "kill_recorded", "reap_stale_tools", "stale_failure"]
 
@@ -58,7 +58,7 @@ async def _none() -> Iterable[str]:
 
 
 async def reap_stale_tools(
-    store: SQLiteStore,
+    store: Store,
     blocking: BlockingExecutor,
     *,
     running: Callable[[], Awaitable[Iterable[str]]] = _none,

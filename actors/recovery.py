@@ -59,8 +59,8 @@ from storage import (
     LeaseHeldError,
     LeaseUse,
     SeqConflictError,
-    SQLiteStore,
     StorageError,
+    Store,
     now_ms,
 )
 
@@ -90,7 +90,7 @@ _LOST_RACE = (LeaseHeldError, SeqConflictError, DivergedError)
 
 
 async def recover(
-    store: SQLiteStore,
+    store: Store,
     sessions: Sessions,
     execution: Execution,
     blocking: BlockingExecutor,
@@ -158,7 +158,7 @@ async def recover(
     )
 
 
-async def _release_orphan(store: SQLiteStore, keeper: LeaseKeeper, claim: Claim, seq: int) -> None:
+async def _release_orphan(store: Store, keeper: LeaseKeeper, claim: Claim, seq: int) -> None:
     # Taken for no time at all: the take only decides who fails it.
     await store.append(
         Command.of(
@@ -173,7 +173,7 @@ async def _release_orphan(store: SQLiteStore, keeper: LeaseKeeper, claim: Claim,
 
 
 async def _resume(
-    store: SQLiteStore,
+    store: Store,
     sessions: Sessions,
     execution: Execution,
     keeper: LeaseKeeper,

@@ -38,7 +38,7 @@ from protocol.errors import (
     UnknownError,
 )
 from protocol.shapes import FileDiff, Session, SessionRevert
-from storage import Command, ProjectionConflict, SQLiteStore
+from storage import Command, ProjectionConflict, Store
 
 __all__ = ["Reverts"]
 
@@ -52,7 +52,7 @@ async def _never_busy(session_id: str) -> bool:
 class Reverts:
     def __init__(
         self,
-        store: SQLiteStore,
+        store: Store,
         locks: KeyedLock,
         snapshots: Snapshots,
         busy: Busy = _never_busy,

@@ -63,7 +63,7 @@ from protocol.shapes import (
     Session,
     SessionMessage,
 )
-from storage import Command, SQLiteStore
+from storage import Command, Store
 
 __all__ = [
     "AgentUnavailableError",
@@ -124,7 +124,7 @@ class Runner:
     def __init__(
         self,
         *,
-        store: SQLiteStore,
+        store: Store,
         sessions: Sessions,
         providers: ProviderRegistry,
         tools: ToolRegistry,

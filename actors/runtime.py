@@ -103,12 +103,14 @@ from storage import (
     FencedError,
     ProjectionConflict,
     RecordedEvent,
-    SQLiteStore,
+    Store,
     Synchronous,
+    connect,
     default_host_id,
     fenced,
     now_ms,
 )
+from storage.follow import FollowDispatcher
 
 __all__ = ["DB_NAME", "Runtime", "RuntimeConfig", "check_data_dir", "make_data_dir"]
 
@@ -176,6 +178,9 @@ class RuntimeConfig:
     #: Bytes each decode cache may hold (the store's decoded messages, the
     #: runner's converted chat history): least recently used evicted first.
     decode_cache_bytes: int = 32 * 1024 * 1024
+    #: The event log's database (``[runtime] database``): a SQLite file path, or a
+    #: ``postgresql://`` URL; None is ``sessionrt.sqlite`` in the data dir.
+    database: str | None = None
     #: Automatic compaction (``[runtime] compaction``); an agent's
     #: ``compaction`` overrides it. Manual compaction works either way.
     compaction: bool = True
@@ -201,6 +206,11 @@ class RuntimeConfig:
         return self.data_dir / DB_NAME
 
     @property
+    def database_target(self) -> str:
+        """What :func:`storage.connect` opens: ``database``, else the data dir's SQLite file."""
+        return os.fspath(self.db_path) if self.database is None else self.database
+
+    @property
     def agents_file(self) -> Path:
         return self.data_dir / "agents.toml"
 
@@ -218,9 +228,7 @@ class _State(enum.Enum):
 class _DurableHooks:
     """Execution hooks that publish the execution facts under the lease and run the runner."""
 
-    def __init__(
-        self, store: SQLiteStore, runner: Runner, keeper: LeaseKeeper, bus: HostBus
-    ) -> None:
+    def __init__(self, store: Store, runner: Runner, keeper: LeaseKeeper, bus: HostBus) -> None:
         self._store = store
         self._runner = runner
         self._keeper = keeper
@@ -279,7 +287,7 @@ class _DurableHooks:
             self.handed_over.append(session_id)
 
 
-def _process_recorder(store: SQLiteStore, keeper: LeaseKeeper) -> RecordProcess:
+def _process_recorder(store: Store, keeper: LeaseKeeper) -> RecordProcess:
     async def record(ctx: ToolContext, group: ProcessGroup) -> None:
         event = ev.ToolSpawned(
             session_id=ctx.session_id,
@@ -335,7 +343,7 @@ class Runtime:
         self,
         config: RuntimeConfig,
         *,
-        store: SQLiteStore | None = None,
+        store: Store | None = None,
         host_bus: HostBus | None = None,
     ) -> None:
         """``store``: an open store shared with other runtimes (hosts), owned by
@@ -345,8 +353,8 @@ class Runtime:
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
         self._own_store = store is None
-        self.store = store or SQLiteStore(
-            config.db_path,
+        self.store: Store = store or connect(
+            config.database_target,
             synchronous=config.synchronous,
             read_only=config.read_only,
             decode_cache_bytes=config.decode_cache_bytes,
@@ -360,6 +368,9 @@ class Runtime:
         self._rescan = asyncio.Event()
         self._rescan_ids: set[str] = set()
         self._tasks: set[asyncio.Task[object]] = set()
+        #: Followers of one session's durable log (SSE ``session.log``, hence the
+        #: embedded host and the CLI): one subscription, rung per session.
+        self.follows = FollowDispatcher(self.store)
         self.bus = EventBus()
         if config.max_tool_threads < 1 or config.max_blocking_threads < 1:
             raise ValueError("max_tool_threads and max_blocking_threads must be at least 1")

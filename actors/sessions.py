@@ -64,7 +64,7 @@ from protocol.shapes import (
     Session,
     SessionMessage,
 )
-from storage import AppendConflictError, Command, EntryWrite, ProjectionConflict, SQLiteStore
+from storage import AppendConflictError, Command, EntryWrite, ProjectionConflict, Store
 
 __all__ = ["MAX_PAGE", "Sessions", "StopHook", "no_wake"]
 
@@ -87,7 +87,7 @@ async def _nothing_runs(session_ids: Sequence[str]) -> None:
 class Sessions:
     def __init__(
         self,
-        store: SQLiteStore,
+        store: Store,
         *,
         wake: WakeHook = no_wake,
         stop: StopHook = _nothing_runs,
@@ -109,7 +109,8 @@ class Sessions:
         self._directories = directories or DirectoryRules()
         data_dir = self._directories.data_dir
         withheld = Withheld(
-            directories=() if data_dir is None else (data_dir,), files=(Path(store.path),)
+            directories=() if data_dir is None else (data_dir,),
+            files=() if store.path is None else (Path(store.path),),
         )
         self.inbox = Inbox(store, wake, self._locks, blocking, withheld)
         self._default_directory = default_directory or os.getcwd()

@@ -52,7 +52,7 @@ from protocol import events as ev
 from protocol import ids
 from protocol.errors import ConflictError, InvalidRequestError, SessionNotFoundError
 from protocol.shapes import Session, ShellInfo
-from storage import Command, ProjectionConflict, SQLiteStore
+from storage import Command, ProjectionConflict, Store
 
 __all__ = ["CANCELLED_TEXT", "Environments", "Shells", "notice_id"]
 
@@ -119,7 +119,7 @@ class Environments:
 class Shells:
     def __init__(
         self,
-        store: SQLiteStore,
+        store: Store,
         locks: KeyedLock,
         environments: Environments,
         bounding: OutputBounding,

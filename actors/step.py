@@ -86,7 +86,7 @@ from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids
 from protocol.shapes import Session
-from storage import Command, FencedError, RecordedEvent, SQLiteStore, now_ms
+from storage import Command, FencedError, RecordedEvent, Store, now_ms
 
 __all__ = [
     "CONTINUE_DESCRIPTION",
@@ -177,7 +177,7 @@ def _abandoned(future: asyncio.Future[list[RecordedEvent]]) -> None:
 class _Attempt:
     """The mutable bookkeeping of one physical attempt (one assistant message)."""
 
-    def __init__(self, store: SQLiteStore, bus: EventBus, session_id: str, assistant_id: str):
+    def __init__(self, store: Store, bus: EventBus, session_id: str, assistant_id: str):
         self.store = store
         self.session_id = session_id
         self.assistant_id = assistant_id
@@ -221,7 +221,7 @@ class StepRunner:
     def __init__(
         self,
         *,
-        store: SQLiteStore,
+        store: Store,
         bus: EventBus,
         providers: ProviderRegistry,
         executor: ToolExecutor,

@@ -44,7 +44,7 @@ from protocol.shapes import (
     ToolPart,
     UserMessage,
 )
-from storage import AppendConflictError, Command, SQLiteStore
+from storage import AppendConflictError, Command, Store
 
 __all__ = ["SessionTransfer", "sanitized"]
 
@@ -52,7 +52,7 @@ __all__ = ["SessionTransfer", "sanitized"]
 class SessionTransfer:
     def __init__(
         self,
-        store: SQLiteStore,
+        store: Store,
         sessions: Sessions,
         *,
         directories: DirectoryRules,

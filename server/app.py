@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sqlite3
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Final
@@ -53,7 +52,7 @@ from server.feed import EventFeed
 from server.guard import Guard, normalize_origin
 from server.handlers import HANDLERS, Call
 from server.metrics import CONTENT_TYPE, HealthProbe, Metrics
-from storage import StorageBrokenError, StoreClosedError
+from storage import StorageBrokenError, StorageError, StoreClosedError
 
 __all__ = ["RUNTIME", "SETTINGS", "ServerSettings", "make_app", "runner_options"]
 
@@ -329,7 +328,7 @@ async def _health(request: web.Request) -> web.Response:
         raise StorageUnavailableError("Storage unavailable: the last write failed")
     try:
         await request.app[HEALTH].check()
-    except (sqlite3.Error, OSError) as exc:
+    except StorageError as exc:
         raise StorageUnavailableError(f"Storage unavailable: {exc}") from None
     return _json(200, {"healthy": True})
 
@@ -434,7 +433,7 @@ async def _feed(app: web.Application, runtime: Runtime) -> AsyncIterator[None]:
     app[METRICS] = metrics
     unsubscribe = runtime.store.subscribe(metrics.committed)
     runtime.store.batch_observers.append(metrics.batch)
-    health = HealthProbe(runtime.config.db_path.as_posix(), runtime.blocking.run)
+    health = HealthProbe(runtime.store, runtime.blocking.run)
     app[HEALTH] = health
     try:
         yield

@@ -44,7 +44,7 @@ from server.app import ServerSettings
 from server.config import ConfigError, load_config, runtime_config
 from server.logs import configure as configure_logs
 from server.serve import serve
-from storage import StorageError, StoreLockedError
+from storage import StorageError, StoreLockedError, is_server_url
 
 __all__ = ["default_data_dir", "main"]
 
@@ -149,6 +149,12 @@ def _parser() -> argparse.ArgumentParser:
         "--synchronous", choices=["FULL", "NORMAL"], help="SQLite durability (default FULL)"
     )
     serve.add_argument(
+        "--database",
+        default=None,
+        metavar="PATH_OR_URL",
+        help="the event log: a SQLite file, or postgresql://… (default: the data dir's file)",
+    )
+    serve.add_argument(
         "--config", type=Path, help="a TOML file of [server], [runtime] and [providers] settings"
     )
     serve.add_argument(
@@ -245,7 +251,9 @@ def _password(args: argparse.Namespace, from_file: str | None = None) -> str | N
 def _serve(args: argparse.Namespace) -> int:
     file = load_config(args.config) if args.config is not None else {}
     server = file.get("server", {})
-    flags = {"synchronous": args.synchronous} if args.synchronous is not None else {}
+    flags: dict[str, Any] = {"synchronous": args.synchronous} if args.synchronous else {}
+    if args.database is not None:
+        flags["database"] = args.database
     config = runtime_config(file, args.data_dir, fallback_data_dir=default_data_dir(), **flags)
     check_data_dir(config.data_dir)
     host = args.host or server.pop("host", "127.0.0.1")
@@ -409,7 +417,8 @@ def _on_host_sync(args: argparse.Namespace) -> int:
     )
     if reads_only and not args.url:
         config = attrs.evolve(config or RuntimeConfig(data_dir=data_dir), read_only=True)
-        if not config.db_path.exists():
+        target = config.database_target
+        if not is_server_url(target) and not Path(target).exists():
             # Nothing was ever written here; a reader creates nothing either.
             if args.command == "sessions":
                 return _print_sessions([], args)

@@ -17,6 +17,7 @@
     [runtime]
     data_dir = "/var/lib/sessionrt"
     synchronous = "FULL"        # or "NORMAL"
+    database = "/srv/db/sessionrt.sqlite"  # or "postgresql://…"; default: data_dir's file
     default_directory = "/srv/work"
     allow_directories = []      # e.g. ["/"]: let sessions live where the rules refuse
     secret_env = []             # more variables tools must not inherit (provider keys)
@@ -85,6 +86,7 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
     "runtime": {
         "data_dir": str,
         "synchronous": str,
+        "database": str,
         "default_directory": str,
         "allow_directories": list,
         "secret_env": list,

@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from storage import RecordedEvent
+from storage import RecordedEvent, Store
 
-__all__ = ["CONTENT_TYPE", "HealthProbe", "Metrics", "probe_writable"]
+__all__ = ["CONTENT_TYPE", "HealthProbe", "Metrics"]
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
@@ -132,21 +131,6 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def probe_writable(path: str, timeout_s: float) -> None:
-    """Take the database's write lock and let it go (blocking: run in a thread).
-
-    Raises sqlite3.Error or OSError when the file cannot be written (read-only
-    file system, permissions, a lock held past ``timeout_s``). Nothing is
-    written: ``BEGIN IMMEDIATE`` then ``ROLLBACK``.
-    """
-    conn = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
-    finally:
-        conn.close()
-
-
 class HealthProbe:
     """At most one probe at a time; concurrent ``/health`` calls share its answer.
 
@@ -155,9 +139,9 @@ class HealthProbe:
     """
 
     def __init__(
-        self, path: str, run: Callable[..., Awaitable[None]], timeout_s: float = 2.0
+        self, store: Store, run: Callable[..., Awaitable[None]], timeout_s: float = 2.0
     ) -> None:
-        self._path = path
+        self._store = store
         self._run = run
         self._timeout_s = timeout_s
         self._running: asyncio.Task[None] | None = None
@@ -169,7 +153,7 @@ class HealthProbe:
         await asyncio.shield(self._running)
 
     async def _probe(self) -> None:
-        await self._run(probe_writable, self._path, self._timeout_s)
+        await self._store.check_writable(self._timeout_s, self._run)
 
     async def aclose(self) -> None:
         if self._running is not None and not self._running.done():

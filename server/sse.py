@@ -5,8 +5,9 @@ Frames are ``id: <seq>`` (durable events only), ``event: <type>``,
 alive.
 
 ``session.log`` (a session's durable events): verify the session, then follow
-its log with :class:`~storage.follow.LogFollow` (subscribe before the
-watermark, replay in pages, live from the log itself); one ``log.synced``
+its log with a :class:`~storage.follow.LogFollow` of the runtime's
+``follows`` dispatcher (subscribe before the watermark, replay in pages, live
+from the log itself, rung only by commits to this session); one ``log.synced``
 marker separates the replay from what follows. ``Last-Event-ID`` resumes like
 ``after``. A session deleted while followed ends the stream after its
 ``session.deleted`` event; the server's shutdown ends every followed stream
@@ -30,7 +31,6 @@ from protocol.errors import InvalidRequestError
 from protocol.events import envelope
 from protocol.operations import LogQuery
 from storage import RecordedEvent
-from storage.follow import LogFollow
 
 __all__ = [
     "PING",
@@ -207,7 +207,7 @@ async def session_log(
     await runtime.sessions.get(session_id)
     after = _after(request, query)
     response: web.StreamResponse | None = None
-    async with LogFollow(runtime.store, session_id, after=after, follow=query.follow) as log:
+    async with runtime.follows.follow(session_id, after=after, follow=query.follow) as log:
         sender: Sender | None = None
 
         def close() -> None:

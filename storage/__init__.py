@@ -1,6 +1,11 @@
-"""The append-only SQLite event log and its projections. Depends on protocol only."""
+"""The append-only event log and its projections. Depends on protocol only.
+
+Above this package, name the Protocols (:class:`EventLog`, :class:`SessionReads`,
+:class:`Store`) and open a store with :func:`connect`; never a backend.
+"""
 
 from storage._writer import Synchronous
+from storage.connect import connect, is_server_url
 from storage.errors import (
     AppendConflictError,
     DivergedError,
@@ -13,6 +18,8 @@ from storage.errors import (
     StoreClosedError,
     StoreLockedError,
 )
+from storage.follow import FollowDispatcher, LogFollow
+from storage.interfaces import BatchObserver, EventLog, SessionReads, Store
 from storage.lease import Fence, Lease, LeaseUse, default_host_id, fenced
 from storage.queries import Claim, OpenToolCall, Queries, RunningShell, ToolProcess
 from storage.rebuild import dump_projections, rebuild_projections
@@ -31,15 +38,19 @@ from storage.sqlite import SQLiteStore
 __all__ = [
     "SCHEMA_VERSION",
     "AppendConflictError",
+    "BatchObserver",
     "Claim",
     "Command",
     "DivergedError",
     "EntryWrite",
+    "EventLog",
     "Fence",
     "FencedError",
+    "FollowDispatcher",
     "Lease",
     "LeaseHeldError",
     "LeaseUse",
+    "LogFollow",
     "NewEvent",
     "OpenToolCall",
     "ProjectionConflict",
@@ -49,16 +60,20 @@ __all__ = [
     "RunningShell",
     "SQLiteStore",
     "SeqConflictError",
+    "SessionReads",
     "StorageBrokenError",
     "StorageError",
+    "Store",
     "StoreClosedError",
     "StoreLockedError",
     "Subscriber",
     "Synchronous",
     "ToolProcess",
+    "connect",
     "default_host_id",
     "dump_projections",
     "fenced",
+    "is_server_url",
     "now_ms",
     "rebuild_projections",
 ]

@@ -2,7 +2,11 @@
 
 A read-side service over any :class:`~storage.recorder.Recorder`, used by the
 SSE ``session.log`` stream (and through it the embedded host and the CLI).
-Register for commit notifications *before* reading the watermark (the latest
+One :class:`FollowDispatcher` per store subscribes to the log once (while any
+follow is open) and rings only the follows of the aggregates a committed batch
+touches: an index aggregate id -> bells, one entry per open follow, so a
+commit costs the same whatever the number of followers of other sessions.
+Each follow registers for commit notifications *before* reading the watermark (the latest
 seq), so nothing committed after it is missed; replay ``after < seq <=
 watermark`` in pages; then, following, read again from the last seq seen on
 every notification. The notification is only a doorbell (a flag, not a
@@ -20,19 +24,79 @@ from typing import Final, Self
 
 from storage.recorder import RecordedEvent, Recorder
 
-__all__ = ["LogFollow"]
+__all__ = ["FollowDispatcher", "LogFollow"]
 
 PAGE: Final = 512
 
 
+class FollowDispatcher:
+    """The per-store index of open follows: ``dispatcher.follow(id, after=n, follow=True)``.
+
+    Holds one entry per open follow (a set of bells per followed aggregate,
+    removed with its last follow) and one subscription to the recorder while
+    any follow is open.
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self._bells: dict[str, set[asyncio.Event]] = {}
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def follow(self, aggregate_id: str, *, after: int = 0, follow: bool = False) -> LogFollow:
+        """A follow of ``aggregate_id`` from ``after`` (use it with ``async with``)."""
+        return LogFollow(self, aggregate_id, after=after, follow=follow)
+
+    @property
+    def open_follows(self) -> int:
+        return sum(len(bells) for bells in self._bells.values())
+
+    def register(self, aggregate_id: str, bell: asyncio.Event) -> Callable[[], None]:
+        """Set ``bell`` after each commit touching ``aggregate_id``; returns the undo."""
+        if self._unsubscribe is None:
+            self._unsubscribe = self.recorder.subscribe(self._ring)
+        self._bells.setdefault(aggregate_id, set()).add(bell)
+
+        def unregister() -> None:
+            bells = self._bells.get(aggregate_id)
+            if bells is None or bell not in bells:
+                return
+            bells.discard(bell)
+            if not bells:
+                del self._bells[aggregate_id]
+            if not self._bells and self._unsubscribe is not None:
+                self._unsubscribe()
+                self._unsubscribe = None
+
+        return unregister
+
+    def _ring(self, records: Sequence[RecordedEvent]) -> None:
+        bells = self._bells
+        if not bells:
+            return
+        last = None
+        for record in records:
+            aggregate = record.aggregate_id
+            if aggregate == last:
+                continue  # a batch is mostly runs of one aggregate
+            last = aggregate
+            for bell in bells.get(aggregate, ()):
+                bell.set()
+
+
 class LogFollow:
-    """``async with LogFollow(store, id, after=n, follow=True) as log:`` then
+    """``async with dispatcher.follow(id, after=n, follow=True) as log:`` then
     ``async for page in log.replay()`` and ``async for page in log.changes(idle_s)``."""
 
     def __init__(
-        self, recorder: Recorder, aggregate_id: str, *, after: int = 0, follow: bool = False
+        self,
+        dispatcher: FollowDispatcher,
+        aggregate_id: str,
+        *,
+        after: int = 0,
+        follow: bool = False,
     ) -> None:
-        self._recorder = recorder
+        self._dispatcher = dispatcher
+        self._recorder = dispatcher.recorder
         self.aggregate_id = aggregate_id
         self.follow = follow
         #: The last seq handed out (or skipped as unknown): the cursor.
@@ -47,7 +111,7 @@ class LogFollow:
 
     async def __aenter__(self) -> Self:
         if self.follow:
-            self._unsubscribe = self._recorder.subscribe(self._ring)
+            self._unsubscribe = self._dispatcher.register(self.aggregate_id, self._bell)
         try:
             self.watermark = await self._recorder.last_seq(self.aggregate_id)
         except BaseException:
@@ -75,10 +139,6 @@ class LogFollow:
 
     def _ended(self) -> bool:
         return self.deleted or self._closed
-
-    def _ring(self, records: Sequence[RecordedEvent]) -> None:
-        if any(r.aggregate_id == self.aggregate_id for r in records):
-            self._bell.set()
 
     async def replay(self) -> AsyncIterator[list[RecordedEvent]]:
         """Pages of ``cursor < seq <= watermark``."""

@@ -27,7 +27,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from threading import Thread
 from types import TracebackType
 from typing import Any, Final, Self
@@ -303,11 +303,37 @@ class SQLiteStore:
         )
         return [record_from_row(r) for r in rows]
 
+    async def check_writable(
+        self, timeout_s: float, blocking: Callable[..., Awaitable[None]]
+    ) -> None:
+        """Take the database's write lock and let it go, writing nothing.
+
+        Raises :class:`StorageBrokenError` when the file cannot take a write
+        now (read-only file system, permissions, a lock held past
+        ``timeout_s``). ``blocking`` runs the probe off the loop (the caller
+        owns its threads).
+        """
+        self._check_open()
+        try:
+            await blocking(_probe_writable, self.path, timeout_s)
+        except (sqlite3.Error, OSError) as exc:
+            raise StorageBrokenError(str(exc)) from None
+
     async def last_seq(self, aggregate_id: str) -> int:
         rows = await self.fetch(
             "SELECT coalesce(max(seq), 0) FROM event WHERE aggregate_id = ?", (aggregate_id,)
         )
         return int(rows[0][0])
+
+
+def _probe_writable(path: str, timeout_s: float) -> None:
+    """``BEGIN IMMEDIATE`` then ``ROLLBACK`` on a connection of its own (blocking)."""
+    conn = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
 
 
 async def _threads_gone(readers: Sequence[aiosqlite.Connection]) -> None:

@@ -50,7 +50,7 @@ from actors.instructions._values import HashCache, encode
 from protocol import events as ev
 from protocol.lru import ByteLRU
 from protocol.shapes import Session
-from storage import Command, SQLiteStore
+from storage import Command, Store
 from storage.queries import InstructionState
 
 __all__ = ["BASELINE_CACHE_BYTES", "Instructions", "InstructionsUnavailableError"]
@@ -75,7 +75,7 @@ class Instructions:
     def __init__(
         self,
         *,
-        store: SQLiteStore,
+        store: Store,
         data_dir: Path,
         discover_project: bool = True,
         platform: str = sys.platform,

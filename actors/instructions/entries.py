@@ -21,13 +21,13 @@ from protocol.errors import (
     SessionNotFoundError,
 )
 from protocol.shapes import InstructionEntry
-from storage import Command, EntryWrite, SQLiteStore
+from storage import Command, EntryWrite, Store
 
 __all__ = ["InstructionEntries"]
 
 
 class InstructionEntries:
-    def __init__(self, store: SQLiteStore, *, max_value_bytes: int = ENTRY_MAX_BYTES) -> None:
+    def __init__(self, store: Store, *, max_value_bytes: int = ENTRY_MAX_BYTES) -> None:
         self._store = store
         self.max_value_bytes = max_value_bytes
 

@@ -1,16 +1,25 @@
-"""The recorder contract: every event-log backend must pass this module.
+"""The store contract: every backend must pass this module.
 
-To add a backend, add a factory to ``BACKENDS``; nothing else here may depend
-on SQLite.
+The log (append, read, subscribe …), the projection reads the runtime uses
+(:class:`storage.SessionReads`), and "replaying the log rebuilds every
+projection exactly" after a varied runtime workload.
+
+To add a backend, add an entry to ``BACKENDS``: an async context manager
+that sets a database up for one test and yields a :class:`StoreFactory` (what
+``storage.connect`` opens, and how to rebuild that backend's projections);
+nothing else here may depend on SQLite.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from protocol import Location
@@ -23,19 +32,60 @@ from storage import (
     ProjectionConflict,
     RecordedEvent,
     SeqConflictError,
-    SQLiteStore,
+    Store,
+    Synchronous,
+    connect,
+    rebuild_projections,
 )
 
-BACKENDS: dict[str, Callable[[Path], Any]] = {
-    "sqlite-full": lambda tmp: SQLiteStore(tmp / "full.sqlite", synchronous="FULL"),
-    "sqlite-normal": lambda tmp: SQLiteStore(tmp / "normal.sqlite", synchronous="NORMAL"),
+Dump = dict[str, list[tuple[Any, ...]]]
+
+
+@attrs.frozen(kw_only=True)
+class StoreFactory:
+    """One backend under test; calling it gives an unopened store (``async with``)."""
+
+    #: What ``storage.connect`` (and ``RuntimeConfig.database``) opens.
+    database: str
+    #: (stored, rebuilt by replaying the log) projection dumps of ``database``.
+    rebuild: Callable[[str], Awaitable[tuple[Dump, Dump]]]
+    synchronous: Synchronous = "FULL"
+
+    def __call__(self, **options: Any) -> Store:
+        return connect(self.database, synchronous=self.synchronous, **options)
+
+
+async def _sqlite_rebuild(database: str) -> tuple[Dump, Dump]:
+    return await asyncio.to_thread(rebuild_projections, database)
+
+
+@contextlib.asynccontextmanager
+async def _sqlite(tmp: Path, synchronous: Synchronous) -> AsyncIterator[StoreFactory]:
+    yield StoreFactory(
+        database=str(tmp / f"{synchronous.lower()}.sqlite"),
+        rebuild=_sqlite_rebuild,
+        synchronous=synchronous,
+    )
+
+
+BACKENDS: dict[str, Callable[[Path], AbstractAsyncContextManager[StoreFactory]]] = {
+    "sqlite": lambda tmp: _sqlite(tmp, "FULL"),
+    "sqlite-normal": lambda tmp: _sqlite(tmp, "NORMAL"),
 }
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-async def recorder(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    async with BACKENDS[request.param](tmp_path) as r:
-        yield r
+async def store_factory(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[StoreFactory]:
+    async with BACKENDS[request.param](tmp_path) as factory:
+        yield factory
+
+
+@pytest.fixture
+async def recorder(store_factory: StoreFactory) -> AsyncIterator[Store]:
+    async with store_factory() as store:
+        yield store
 
 
 def created(session_id: str) -> ev.SessionCreated:
@@ -190,3 +240,148 @@ async def test_a_broken_subscriber_does_not_starve_the_others(
 async def test_empty_command_stores_nothing(recorder: Any) -> None:
     assert await recorder.append(Command(events=())) == []
     assert await recorder.read_all() == []
+
+
+# -- the reads, and the rebuild, after a real runtime workload ----------------------------------
+
+
+@contextlib.asynccontextmanager
+async def runtime_on(factory: StoreFactory, tmp: Path) -> AsyncIterator[Any]:
+    """A real runtime (scripted model, built-in tools) whose store is ``factory``'s database."""
+    from actors.runtime import Runtime, RuntimeConfig
+
+    workdir = tmp / "project"
+    workdir.mkdir(exist_ok=True)
+    (workdir / "README.md").write_text("hello from the workdir\n")
+    config = RuntimeConfig(
+        data_dir=tmp / "data",
+        default_directory=str(workdir),
+        database=factory.database,
+        synchronous=factory.synchronous,
+    )
+    async with Runtime(config) as rt:
+        yield rt
+
+
+async def turn(rt: Any, session_id: str, text: str) -> None:
+    from protocol.requests import PromptInput
+
+    await rt.sessions.prompt(session_id, PromptInput(text=text))
+    await rt.execution.wait_idle(session_id)
+
+
+async def eventually(probe: Callable[[], Awaitable[Any]], within: float = 10) -> Any:
+    """The first truthy result of ``probe``, polled."""
+    async with asyncio.timeout(within):
+        while not (value := await probe()):  # noqa: ASYNC110 (a database read, no event)
+            await asyncio.sleep(0.005)
+    return value
+
+
+TOOL_TURN = '#text Let me read it.\n#tool read {"path": "README.md"}\n---\n#text done'
+
+
+async def test_the_reads_return_what_the_runtime_wrote(
+    store_factory: StoreFactory, tmp_path: Path
+) -> None:
+    from protocol import SessionQuery
+    from protocol.requests import CreateSessionInput, PromptInput
+
+    async with runtime_on(store_factory, tmp_path) as rt:
+        q = rt.store.queries
+        s = await rt.sessions.create(CreateSessionInput(title="reads"))
+        assert (await q.session(s.id)).title == "reads"
+        assert await q.session("ses_absent") is None
+
+        await turn(rt, s.id, TOOL_TURN)
+        page = await q.messages(s.id, "asc", 50, None)
+        assert [m.type for m in page.data] == ["user", "assistant", "assistant"]
+        tool = page.data[1].parts[-1]
+        assert (tool.type, tool.name, tool.status) == ("tool", "read", "completed")
+        assert "hello from the workdir" in str(tool.content)
+        assert page.data[2].parts[-1].text == "done"
+        assert [m.id for m in await q.context(s.id)] == [m.id for m in page.data]
+        assert await q.message(s.id, page.data[1].id) == page.data[1]
+        seqs = [await q.message_seq(s.id, m.id) for m in page.data]
+        assert seqs == sorted(seqs)
+        assert len(set(seqs)) == 3
+        assert await q.newest_message(s.id) == page.data[-1].id
+
+        # Pending input: admitted, not run.
+        item = await rt.sessions.prompt(s.id, PromptInput(text="later", resume=False))
+        assert [i.id for i in await q.inbox(s.id)] == [item.id]
+        admitted = await q.admission(item.id)
+        assert admitted is not None
+        assert admitted.id == item.id
+        await rt.sessions.cancel(s.id, item.id)
+        assert await q.inbox(s.id) == []
+
+        # While a step streams a tool call: a claim, an open step, an open tool call.
+        slow = '#delay 20\n#chunk 1\n#tool read {"path": "README.md"}'
+        await rt.sessions.prompt(s.id, PromptInput(text=slow))
+        claims = await eventually(q.claims)
+        assert [c.session_id for c in claims] == [s.id]
+        assert await eventually(lambda: q.open_step(s.id)) is not None
+        calls = await eventually(lambda: q.open_tool_calls(s.id))
+        assert [(c.name, c.status) for c in calls] == [("read", "streaming")]
+        await rt.execution.wait_idle(s.id)
+        assert await q.claims() == []
+        assert await q.open_tool_calls(s.id) == []
+        assert await q.open_step(s.id) is None
+        assert await q.tool_processes(s.id) == []
+        assert await q.running_compaction(s.id) is None
+
+        # Structure: a fork is listed and counted, but it is not a child.
+        child = await rt.sessions.fork(s.id)
+        assert (await q.session(child.id)).fork_boundary is not None
+        assert await q.children(s.id) == []
+        listed = await q.sessions(SessionQuery(limit=10), None)
+        assert {x.id for x in listed.data} == {s.id, child.id}
+        assert await q.session_count() == (2, 1)
+
+        # Instruction entries written through the API.
+        await rt.instructions.put(s.id, "style", "terse")
+        assert await q.instruction_entries(s.id) == [("style", '"terse"')]
+
+
+async def test_replaying_the_log_rebuilds_every_projection_exactly(
+    store_factory: StoreFactory, tmp_path: Path
+) -> None:
+    from protocol.requests import (
+        CreateSessionInput,
+        PromptInput,
+        UpdateSessionInput,
+    )
+
+    async with runtime_on(store_factory, tmp_path) as rt:
+        s = await rt.sessions.create(CreateSessionInput(title="workload"))
+        await turn(rt, s.id, TOOL_TURN)
+        await turn(rt, s.id, "#text second answer\n#usage cost=0.5")
+        await rt.instructions.put(s.id, "style", "terse")
+        await rt.instructions.put(s.id, "limits", {"max": 3})
+        await rt.instructions.remove(s.id, "limits")
+        await turn(rt, s.id, "#text third, with instructions")
+        fork = await rt.sessions.fork(s.id)
+        await turn(rt, fork.id, "#text in the fork")
+        await rt.sessions.compact(s.id)
+        await rt.execution.wait_idle(s.id)
+        await turn(rt, s.id, "#text after the compaction")
+        messages = (await rt.sessions.messages(s.id, order="asc", limit=200)).data
+        users = [m for m in messages if m.type == "user"]
+        await rt.reverts.stage(s.id, users[-1].id, False)
+        await rt.reverts.commit(s.id)
+        await rt.sessions.update(s.id, UpdateSessionInput(title="renamed"))
+        pending = await rt.sessions.prompt(s.id, PromptInput(text="never run", resume=False))
+        cancelled = await rt.sessions.prompt(s.id, PromptInput(text="cancelled", resume=False))
+        await rt.sessions.cancel(s.id, cancelled.id)
+        gone = await rt.sessions.fork(fork.id)
+        await rt.sessions.remove(gone.id)
+        assert [i.id for i in await rt.sessions.pending(s.id)] == [pending.id]
+        kinds = {m.type for m in (await rt.sessions.messages(s.id, order="asc", limit=200)).data}
+        assert {"user", "assistant", "compaction"} <= kinds
+    stored, rebuilt = await store_factory.rebuild(store_factory.database)
+    assert stored == rebuilt
+    # The workload really reached the projections the replay is compared on.
+    assert len(stored["session"]) == 2
+    for table in ("session_message", "session_part", "session_inbox", "instruction_state"):
+        assert stored[table], table

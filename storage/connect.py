@@ -1,0 +1,82 @@
+"""The one place a store is constructed: the backend follows the ``database`` setting.
+
+    store = connect(config.database_target, read_only=False)
+    async with store: ...
+
+A ``postgresql://`` (or ``postgres://``) URL selects
+:class:`storage.postgres.PostgresStore`, imported only then (its driver is
+not needed for SQLite); anything else is the path of a SQLite file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+from storage._writer import Synchronous
+from storage.errors import StorageError
+from storage.interfaces import Store
+from storage.queries import DECODE_CACHE_BYTES
+from storage.sqlite import SQLiteStore
+
+__all__ = ["POSTGRES_SCHEMES", "connect", "is_server_url"]
+
+POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
+
+
+def is_server_url(database: str | os.PathLike[str]) -> bool:
+    """Whether ``database`` names a database server rather than a local file."""
+    return isinstance(database, str) and database.startswith(POSTGRES_SCHEMES)
+
+
+def connect(
+    database: str | os.PathLike[str],
+    *,
+    synchronous: Synchronous = "FULL",
+    read_only: bool = False,
+    decode_cache_bytes: int = DECODE_CACHE_BYTES,
+) -> Store:
+    """An unopened store for ``database`` (a path, or a ``postgresql://`` URL).
+
+    ``synchronous`` is SQLite's durability level; a server backend ignores it.
+    Raises :class:`~storage.errors.StorageError` when the URL names a
+    backend this build does not have.
+    """
+    if not os.fspath(database):
+        raise StorageError("database is empty: give a file path or a postgresql:// URL")
+    if is_server_url(database):
+        assert isinstance(database, str)
+        try:
+            from storage.postgres import (  # type: ignore[import-not-found, unused-ignore]
+                PostgresStore,
+            )
+        except ModuleNotFoundError as exc:
+            if exc.name not in ("storage.postgres", "asyncpg", "psycopg"):
+                raise
+            raise StorageError(
+                f"database {_redacted(database)}: the PostgreSQL backend is not available"
+                f" in this build ({exc.name} is missing)"
+            ) from None
+        store: Store = PostgresStore(
+            database, read_only=read_only, decode_cache_bytes=decode_cache_bytes
+        )
+        return store
+    if isinstance(database, str) and "://" in database:
+        scheme = database.split("://", 1)[0]
+        raise StorageError(f"database: unknown scheme {scheme!r} (a path, or postgresql://…)")
+    return SQLiteStore(
+        database,
+        synchronous=synchronous,
+        read_only=read_only,
+        decode_cache_bytes=decode_cache_bytes,
+    )
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password (``scheme://user:***@host/db``)."""
+    scheme, _, rest = url.partition("://")
+    credentials, at, location = rest.rpartition("@")
+    if not at:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{location}" if ":" in credentials else url
