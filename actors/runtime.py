@@ -52,7 +52,7 @@ from actors.bus import EventBus
 from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
 from actors.execution import Execution, Terminal
 from actors.generate import Generator
-from actors.hostbus import HostBus, HostMessage, LocalHostBus
+from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import InstructionEntries, Instructions
 from actors.leases import LeaseKeeper
@@ -108,6 +108,7 @@ from storage import (
     connect,
     default_host_id,
     fenced,
+    is_server_url,
     now_ms,
 )
 from storage.follow import FollowDispatcher
@@ -360,6 +361,11 @@ class Runtime:
             decode_cache_bytes=config.decode_cache_bytes,
         )
         self.host_id = config.host_id or default_host_id()
+        #: A bus this runtime made is its own to open and close.
+        self._own_bus: NotifyHostBus | None = None
+        if host_bus is None and not config.read_only and is_server_url(config.database_target):
+            # Hosts in other processes share the server: reach them through it.
+            host_bus = self._own_bus = NotifyHostBus(config.database_target)
         self.host_bus: HostBus = host_bus or LocalHostBus()
         self.leases = LeaseKeeper(
             self.store, self.host_id, ttl_ms=config.lease_ttl_ms, on_lost=self._lease_lost
@@ -637,6 +643,10 @@ class Runtime:
                 run_sweeper(self.bounding, self.blocking), name="tool-output-sweeper"
             )
             self._stack.push_async_callback(_cancel, sweeper)
+            if self._own_bus is not None:
+                # Closed last: the shutdown's hand-over notice goes out through it.
+                await self._own_bus.open()
+                self._stack.push_async_callback(self._own_bus.close)
             # Renewal ends after execution stops (the terminals release the leases).
             await self.leases.start()
             self._stack.push_async_callback(self.leases.aclose)
