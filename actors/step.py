@@ -359,6 +359,10 @@ class StepRunner:
                 assistant_id, started = ids.message_id(), False
                 request = await rebuild(True)
                 continue
+            except FencedError:
+                # This host lost the session's lease: nothing more of the step
+                # may be written (its new holder fails what was left open).
+                raise
             except Exception as exc:
                 # A bug, not weather: fail the step cleanly (every call settled,
                 # the partial kept) and let the execution fail with it.
