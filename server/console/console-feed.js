@@ -1,4 +1,4 @@
-// The instance feed, shared by every console tab of this browser (a SharedWorker).
+// The instance feed, shared by every console tab of this browser (a module SharedWorker).
 //
 // A browser gives an origin six HTTP/1.1 connections in all; one stream per
 // tab would leave the seventh tab unable to load. This worker holds the one
@@ -6,7 +6,7 @@
 // password ({password}); on a 401 the worker asks them ({auth: true}) and
 // waits for one. It reconnects with backoff; each connection starts with
 // `server.connected`, after which tabs re-read what the feed cannot replay.
-"use strict";
+import { readFrames } from "./console-sse.js";
 
 const ports = new Set();
 let password = null;
@@ -34,34 +34,8 @@ async function readFeed(signal) {
   }
   if (!response.ok) return true;
   setUp(true);
-  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return true;
-    buffer += value;
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, end);
-      buffer = buffer.slice(end + 2);
-      const frame = { id: null, event: "message" };
-      const data = [];
-      for (const line of block.split("\n")) {
-        if (!line || line[0] === ":") continue;
-        const colon = line.indexOf(":");
-        const field = colon < 0 ? line : line.slice(0, colon);
-        let v = colon < 0 ? "" : line.slice(colon + 1);
-        if (v[0] === " ") v = v.slice(1);
-        if (field === "id") frame.id = v;
-        else if (field === "event") frame.event = v;
-        else if (field === "data") data.push(v);
-      }
-      if (data.length) {
-        frame.data = JSON.parse(data.join("\n"));
-        broadcast({ frame });
-      }
-    }
-  }
+  await readFrames(response, (frame) => broadcast({ frame }));
+  return true;
 }
 
 function start() {
@@ -102,6 +76,7 @@ self.onconnect = (event) => {
     }
   };
   port.start();
-  port.postMessage({ state: up });
+  // A tab joining a feed that is up gets no server.connected: it is told instead.
+  port.postMessage({ state: up, joined: up });
   if (waitingForPassword) port.postMessage({ auth: true });
 };

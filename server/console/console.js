@@ -16,7 +16,12 @@
 // at or below the last applied seq are skipped. So nothing is missed or shown
 // twice. A durable event makes the page re-read the message it names, which
 // is harmless to do twice. The log view and its "follow" toggle read the
-// same way, from the last seq they showed.
+// same way, from the last seq they showed, once the Log tab is first shown.
+//
+// First paint: the page comes with its style and this script inlined (see
+// server/console/__init__.py); the session named in the URL and the list are
+// read first, and the feed worker starts once the transcript stands (or after
+// a second), so nothing on the way to the first screen waits for it.
 //
 // Permission asks (a tool call waiting for a person) are read from
 // /api/session/{id}/permission whenever a session.permission.* event (or an
@@ -24,7 +29,9 @@
 // and shown on the tool call they hold, with once/always/reject buttons.
 // Compaction rows show their reason and status; the summary is collapsed, and
 // streams in from session.compaction.delta while the compaction runs.
-"use strict";
+// Served inlined into the page, this import replaced by the module itself
+// (server/console/__init__.py); served alone, it imports it.
+import { readFrames } from "/console/console-sse.js";
 
 const BEYOND = 9007199254740991; // an `after` past any seq: the log answers with log.synced only
 const FIRST_PAGE = 30; // messages per page: a screenful and more
@@ -117,34 +124,7 @@ async function stream(path, { onEvent, onOpen, signal, lastEventId }) {
   }
   if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
   if (onOpen) onOpen();
-  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buffer += value;
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, end);
-      buffer = buffer.slice(end + 2);
-      const frame = { id: null, event: "message" };
-      const data = [];
-      for (const line of block.split("\n")) {
-        if (!line || line[0] === ":") continue;
-        const colon = line.indexOf(":");
-        const field = colon < 0 ? line : line.slice(0, colon);
-        let v = colon < 0 ? "" : line.slice(colon + 1);
-        if (v[0] === " ") v = v.slice(1);
-        if (field === "id") frame.id = v;
-        else if (field === "event") frame.event = v;
-        else if (field === "data") data.push(v);
-      }
-      if (data.length) {
-        frame.data = JSON.parse(data.join("\n"));
-        onEvent(frame);
-      }
-    }
-  }
+  await readFrames(response, onEvent);
 }
 
 // Keeps a stream open: reconnects with backoff until stopped. `path()` is read
@@ -184,15 +164,19 @@ const status = new Map(); // id -> "running" | "retrying"
 const retryAt = new Map(); // id -> epoch ms of the next attempt
 const unread = new Set();
 let current = null; // the open session's view
+let feedWasUp = false; // this tab has seen the feed connected before
+let sessionsRead = 0; // generation of the latest sessions read: an older answer is dropped
 
 async function loadSessions() {
   const search = $("search").value.trim();
   const query = new URLSearchParams({ limit: "200" });
   if (search) query.set("search", search);
+  const generation = ++sessionsRead;
   const [page, active] = await Promise.all([
     api("GET", "/api/session?" + query),
     api("GET", "/api/session/active"),
   ]);
+  if (generation !== sessionsRead) return;
   sessions.clear();
   for (const session of page.data) {
     sessions.set(session.id, session);
@@ -233,12 +217,7 @@ function onFeed(frame) {
   const data = envelope.data || {};
   const sid = data.sessionID;
   if (type === "server.connected") {
-    // A (re)connection: what happened while the feed was away is read again.
-    loadSessions().catch(showError);
-    if (current) {
-      current.refreshAll();
-      current.catchUp();
-    }
+    feedConnected();
     return;
   }
   if (!sid) return;
@@ -269,6 +248,20 @@ function onFeed(frame) {
   }
 }
 
+// The feed (re)connected, or this tab joined the worker's feed: what happened
+// while this tab had no feed is read again. Durable changes come from the log
+// (catchUp); the live text of a step that was streaming is read again with its
+// message. Before this tab's first connection only unfinished answers can hold such text.
+function feedConnected() {
+  loadSessions().catch(showError);
+  if (current) {
+    if (feedWasUp) current.refreshAll();
+    else current.refreshUnfinished();
+    current.catchUp();
+  }
+  feedWasUp = true;
+}
+
 // -- one session ---------------------------------------------------------------------------------
 
 class SessionView {
@@ -292,6 +285,7 @@ class SessionView {
     this.logRun = 0;
     this.asks = new Map(); // permissionID -> pending ask
     this.asksRead = 0; // generation of the latest asks read: an older answer is dropped
+    this.inboxRead = 0; // the same for the pending inbox
     this.compacting = null; // the id of the compaction row running, if known
     this.compactText = ""; // its summary so far, from the live deltas
   }
@@ -311,7 +305,18 @@ class SessionView {
     $("session-title").textContent = (await session).title || "";
     const page = await api("GET", `/api/session/${this.id}/message?limit=${FIRST_PAGE}&order=desc`);
     this.older = page.cursor.next || null;
-    for (const message of page.data.slice().reverse()) this.put(message);
+    // One insertion and one layout for the whole page, not one per message.
+    const box = $("transcript");
+    const nodes = document.createDocumentFragment();
+    for (const message of page.data.slice().reverse()) {
+      const node = this.render(message);
+      this.messages.set(message.id, message);
+      const placeholder = this.nodes.get(message.id); // a live delta came first
+      if (placeholder) placeholder.remove();
+      this.nodes.set(message.id, node);
+      nodes.append(node);
+    }
+    box.prepend(nodes);
     $("older").hidden = !this.older;
     this.scrollDown();
     this.renderStatus();
@@ -319,7 +324,8 @@ class SessionView {
     this.loadAsks();
     this.ready = true;
     this.catchUp();
-    this.startLog();
+    // The log view reads the whole log: only once it is shown.
+    if (!$("log-view").hidden) this.startLog();
   }
 
   stop() {
@@ -393,6 +399,13 @@ class SessionView {
     for (const message of page.data) this.put(message);
     box.scrollTop += box.scrollHeight - before;
     $("older").hidden = !this.older;
+  }
+
+  refreshUnfinished() {
+    for (const [id, message] of this.messages) {
+      if (message.type === "assistant" && !message.finish && !message.error) this.dirty.add(id);
+    }
+    if (this.dirty.size) this.scheduleFlush();
   }
 
   refreshAll() {
@@ -694,8 +707,16 @@ class SessionView {
   }
 
   async loadInbox() {
-    const { data } = await api("GET", `/api/session/${this.id}/inbox`);
-    if (current !== this) return;
+    // Reads overlap (a post, then its events): only the latest one started is shown.
+    const generation = ++this.inboxRead;
+    let data;
+    try {
+      ({ data } = await api("GET", `/api/session/${this.id}/inbox`));
+    } catch (err) {
+      if (!this.control.signal.aborted) showError(err);
+      return;
+    }
+    if (current !== this || generation !== this.inboxRead) return;
     const list = $("inbox");
     list.textContent = "";
     for (const item of data) {
@@ -820,6 +841,7 @@ function setTab(log) {
   $("log-view").hidden = !log;
   $("tab-log").classList.toggle("active", log);
   $("tab-transcript").classList.toggle("active", !log);
+  if (log && current && current.ready && current.logRun === 0) current.startLog();
 }
 
 function main() {
@@ -841,17 +863,25 @@ function main() {
     clearTimeout(searchTimer);
     searchTimer = setTimeout(() => loadSessions().catch(showError), 200);
   });
-  $("prompt-form").addEventListener("submit", async (event) => {
+  // Prompts are posted one after another, in the order they were sent: two
+  // quick sends must not reach the server the other way round.
+  let posting = Promise.resolve();
+  $("prompt-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = $("prompt").value;
     if (!current || !text.trim()) return;
-    try {
-      await api("POST", `/api/session/${current.id}/prompt`, { text, delivery: $("delivery").value });
-      $("prompt").value = "";
-      current.loadInbox();
-    } catch (err) {
-      showError(err);
-    }
+    const view = current;
+    const delivery = $("delivery").value;
+    $("prompt").value = "";
+    posting = posting.then(async () => {
+      try {
+        await api("POST", `/api/session/${view.id}/prompt`, { text, delivery });
+        if (current === view) view.loadInbox();
+      } catch (err) {
+        if (!$("prompt").value) $("prompt").value = text; // not taken: the text comes back
+        showError(err);
+      }
+    });
   });
   $("prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("prompt-form").requestSubmit();
@@ -865,16 +895,26 @@ function main() {
   $("older").addEventListener("click", () => current && current.loadOlder().catch(showError));
   $("tab-log").addEventListener("click", () => setTab(true));
   $("tab-transcript").addEventListener("click", () => setTab(false));
-  $("follow").addEventListener("change", () => current && current.startLog());
+  $("follow").addEventListener("change", () => current && current.ready && !$("log-view").hidden && current.startLog());
   setInterval(renderRetry, 1000);
+  // The session named in the URL and the list load first; the feed (a worker
+  // and a stream) starts once the transcript is on screen, or after a second.
+  loadSessions().catch(showError);
+  const wanted = location.hash.slice(1);
+  if (/^ses_\w+$/.test(wanted)) Promise.race([openSession(wanted), sleep(1000)]).then(startFeed);
+  else startFeed();
+}
+
+function startFeed() {
   const onState = (up) => $("feed-state").classList.toggle("live", up);
   if (typeof SharedWorker === "function") {
-    const worker = new SharedWorker("/console/console-feed.js", { name: "sessionrt-feed" });
+    const worker = new SharedWorker("/console/console-feed.js", { name: "sessionrt-feed", type: "module" });
     feedPort = worker.port;
     feedPort.onmessage = (message) => {
       const data = message.data || {};
       if (data.frame) onFeed(data.frame);
       if ("state" in data) onState(data.state);
+      if (data.joined) feedConnected(); // the worker's feed was up already
       if (data.auth) askPassword();
     };
     feedPort.start();
@@ -883,10 +923,6 @@ function main() {
   } else {
     keep(() => "/api/event", onFeed, { onState }); // one stream per tab
   }
-  // The list and the session named in the URL load side by side.
-  loadSessions().catch(showError);
-  const wanted = location.hash.slice(1);
-  if (/^ses_\w+$/.test(wanted)) openSession(wanted);
 }
 
 main();

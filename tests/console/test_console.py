@@ -145,20 +145,39 @@ async def test_create_prompt_stream_queue_and_interrupt(
     await page.close()
 
 
+#: A run that holds at a tool call until the test makes the file ``release``
+#: in the server's directory, then takes a second step.
+HELD = "\n".join(
+    [
+        '#tool bash {"command": "while [ ! -e release ]; do sleep 0.05; done; printf released"}',
+        "#step",
+        "#text let go",
+    ]
+)
+
+
 async def test_pending_items_can_change_delivery_and_be_cancelled(
-    browser: Browser, url: str
+    browser: Browser, url: str, tmp_path: Path
 ) -> None:
+    # The run holds until the file exists, so the pending items stay pending
+    # however slow the machine: nothing is delivered before the test says so.
     page = await signed_in(browser, url)
     await create(page, "inbox")
-    await send(page, SLOW)
+    await send(page, HELD)
     await expect(page.locator("#session-status")).to_have_text("running")
+    await expect(page.locator("#transcript details.tool.running")).to_have_count(1)
     await send(page, "#text one", "queue")
     await send(page, "#text two", "queue")
     items = page.locator("#inbox li")
     await expect(items).to_have_count(2)
+    # Sent one after the other, they are pending in that order.
+    await expect(items.locator(".text")).to_have_text(["#text one", "#text two"])
     await items.nth(1).locator("button.cancel").click()
     await expect(items).to_have_count(1)
+    await expect(items.first.locator(".text")).to_have_text("#text one")
     await items.first.locator("button.change").click()  # queue -> steer
+    await expect(items.first).to_have_attribute("data-delivery", "steer")
+    (tmp_path / "release").touch()
     await expect(items).to_have_count(0, timeout=30_000)  # a steer is taken at the next step
     await expect(page.locator("#transcript .msg.user", has_text="#text one")).to_have_count(1)
     await expect(page.locator("#transcript .msg.user", has_text="#text two")).to_have_count(0)

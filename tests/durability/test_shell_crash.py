@@ -37,7 +37,9 @@ async def test_a_shell_running_at_a_crash_is_killed_then_cancelled(tmp_path: Pat
     project.mkdir()
     data.mkdir(mode=0o700)
     pidfile, marker = project / "pid", project / "marker"
-    command = "echo $$ > pid; sleep 3; touch marker"
+    # The command waits for ``go`` (made after the restart), not for a time: a
+    # restart slower than a fixed sleep (a loaded machine) let it reach the touch.
+    command = "echo $$ > pid; while [ ! -e go ]; do sleep 0.05; done; touch marker"
     async with serving(data, stderr=DEVNULL) as served, Client(served.url) as client:
         session = await client.sessions.create(
             CreateSessionInput(location=Location(directory=str(project)))
@@ -65,5 +67,6 @@ async def test_a_shell_running_at_a_crash_is_killed_then_cancelled(tmp_path: Pat
         assert not alive(pid)
         served.proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(served.proc.wait(), GUARD) == 0
-    await asyncio.sleep(3.5)  # past the command's own sleep: it never reached the touch
+    (project / "go").touch()
+    await asyncio.sleep(1)  # a surviving loop polls every 50 ms: it would touch by now
     assert not marker.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from http_helpers import Client, create_session
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -47,6 +48,9 @@ path_ids = st.sampled_from(["ses_fuzz", "msg_x", "per_x", "bogus", "ses_", "%00"
 ops = st.sampled_from([op for op in OPERATIONS if not op.streaming])
 
 
+# 300 real requests took over 120 s (the suite's hang guard) beside
+# parallel workers on a loaded 2-core machine: a longer guard, same examples.
+@pytest.mark.timeout(600)
 @settings(
     max_examples=300,
     deadline=None,
