@@ -513,12 +513,16 @@ class Runtime:
         local = await self.execution.active()
         out: dict[str, tuple[str, int | None]] = {}
         claimed = {c.session_id for c in await self.store.queries.claims()}
+        mine: dict[str, int] = {}
         for lease in await self.store.queries.leases(live_at=now_ms()):
-            if lease.session_id in claimed and lease.host_id != self.host_id:
+            if lease.host_id == self.host_id:
+                mine[lease.session_id] = lease.epoch
+            elif lease.session_id in claimed:
                 out[lease.session_id] = (lease.host_id, lease.epoch)
         for sid in local:
+            # No epoch yet while the busy period's start is still taking the lease.
             fence = self.leases.fence(sid)
-            out[sid] = (self.host_id, None if fence is None else fence.epoch)
+            out[sid] = (self.host_id, mine.get(sid) if fence is None else fence.epoch)
         return out
 
     async def wait_idle(self, session_id: str) -> None:

@@ -264,7 +264,7 @@ async def test_active_lists_running_sessions(client: Client) -> None:
     await client.post(f"/api/session/{sid}/prompt", json={"text": script})
     for _ in range(500):
         data = (await (await client.get("/api/session/active")).json())["data"]
-        if sid in data:
+        if "epoch" in data.get(sid, {}):  # its start took the lease
             break
         await asyncio.sleep(0.01)
     # Which host runs it, under which lease epoch (the first take).
