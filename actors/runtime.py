@@ -50,7 +50,7 @@ from actors._blocking import BlockingExecutor
 from actors.agents import AgentCatalogs
 from actors.bus import EventBus
 from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
-from actors.execution import Execution, Terminal
+from actors.execution import Execution, Terminal, widest
 from actors.generate import Generator
 from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import Scope, control_head, select_promotable
@@ -374,6 +374,9 @@ class Runtime:
         self._rescan = asyncio.Event()
         self._rescan_ids: set[str] = set()
         self._tasks: set[asyncio.Task[object]] = set()
+        self._closing = False
+        #: Wakes that arrived while closing (session id -> widest scope).
+        self._refused: dict[str, Scope] = {}
         #: Followers of one session's durable log (SSE ``session.log``, hence the
         #: embedded host and the CLI): one subscription, rung per session.
         self.follows = FollowDispatcher(self.store)
@@ -474,7 +477,10 @@ class Runtime:
         return execution is not None and session_id in await execution.active()
 
     def _wake(self, session_id: str, scope: Scope) -> None:
-        if self._execution is not None:
+        if self._closing:
+            # Nothing new starts here any more: another host gets it at the end.
+            self._refused[session_id] = widest(self._refused.get(session_id), scope)
+        elif self._execution is not None:
             self._execution.wake(session_id, scope)
 
     def _lease_lost(self, session_id: str) -> None:
@@ -492,7 +498,7 @@ class Runtime:
             return
         for sid in message.session_ids:
             if message.kind == "wake":
-                execution.wake(sid, message.scope)
+                self._wake(sid, message.scope)
             elif message.kind == "resume":
                 self._spawn(execution.resume(sid), f"resume:{sid}")
             elif message.kind == "interrupt":
@@ -690,6 +696,7 @@ class Runtime:
         await self._stack.aclose()
 
     async def _stop_execution(self) -> None:
+        self._closing = True
         execution = self._execution
         if execution is not None:
             await execution.shutdown()
@@ -707,6 +714,17 @@ class Runtime:
                 await self.host_bus.publish(None, message)
             except Exception:
                 log.exception("announcing the released sessions failed")
+        for scope in ("input", "steer"):
+            # Wakes that came in while closing: the first other host to take
+            # each lease runs it (the rest hand their wake to that one).
+            ids = tuple(sid for sid, s in self._refused.items() if s == scope)
+            if not ids:
+                continue
+            wake = HostMessage(kind="wake", origin=self.host_id, session_ids=ids, scope=scope)
+            try:
+                await self.host_bus.publish(None, wake)
+            except Exception:
+                log.exception("handing over the wakes received while closing failed")
 
     async def recover(self, only: frozenset[str] | None = None) -> RecoveryReport:
         """Run the recovery sweep now (it also runs at start and then periodically)."""

@@ -230,3 +230,21 @@ async def test_a_fence_from_the_previous_epoch_is_refused(hosts: Hosts) -> None:
                 lease=Fence(s.id, "host-a", 1).hold(),
             )
         )
+
+
+async def test_a_wake_admitted_while_a_host_closes_runs_on_another(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")
+    b = await hosts.start("host-b")
+    busy, idle = await a.sessions.create(), await a.sessions.create()
+    # A call that ignores SIGTERM keeps A's shutdown going for the kill's grace.
+    stubborn = '#tool bash {"command": "trap \\"\\" TERM; sleep 30"}'
+    await a.sessions.prompt(busy.id, PromptInput(text=stubborn))
+    await hosts.feed.wait("session.tool.spawned", sessionID=busy.id)
+    closing = asyncio.create_task(a.aclose())
+    async with asyncio.timeout(5):
+        while not a._closing:  # noqa: ASYNC110 (a flag, not an event)
+            await asyncio.sleep(0.005)
+    await a.sessions.prompt(idle.id, PromptInput(text="#text late"))
+    await closing
+    await hosts.feed.wait("session.execution.succeeded", sessionID=idle.id)
+    assert {host for _, host, _ in await hosts.writers(idle.id)} == {b.host_id}
