@@ -15,20 +15,36 @@ mutations are serialised) and refuse with ``SessionBusy`` while the session
 runs here. A new prompt commits a staged revert in the same transaction that
 admits it (:meth:`Reverts.commit_events`, called by the inbox under the lock).
 
-Files are restored before ``session.revert.staged`` is recorded: a crash in
-between leaves the files restored and no revert staged; a clear is then not
-possible, but nothing admitted is lost.
+Files are restored to the snapshot taken before the first step (after the
+message) that changed each of them, as OpenCode does; the tree the files are
+in at staging is taken (a full look) before anything is touched.
+
+Crash safety: files and log agree after a crash at any point. Before a stage
+or clear touches a file, an intent (the revert and the restores it makes) is
+written durably to ``<data>/revert/<session>.json``; then the event is
+recorded; only then are files restored, and last the intent is removed.
+:meth:`Reverts.recover` (at start) finishes every intent it finds whose event
+is in the log (restoring is idempotent: the same trees, the same paths) and
+drops the others (their event never committed, so no file was touched).
+Staging over a staged revert first clears it, as its own durable step.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import contextlib
+import logging
+import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import orjson
 
 from actors._keyed_lock import KeyedLock
-from actors.snapshots import SnapshotError, Snapshots
+from actors.snapshots import Blocking, SnapshotError, Snapshots
+from protocol import codec, ids
 from protocol import events as ev
-from protocol import ids
 from protocol.errors import (
     ConflictError,
     InvalidRequestError,
@@ -42,7 +58,11 @@ from storage import Command, ProjectionConflict, Store
 
 __all__ = ["Reverts"]
 
+log = logging.getLogger(__name__)
+
 Busy = Callable[[str], Awaitable[bool]]
+#: The restores of one stage or clear: (tree, the paths made what they are in it).
+Restores = list[tuple[str, list[str]]]
 
 
 async def _never_busy(session_id: str) -> bool:
@@ -56,11 +76,17 @@ class Reverts:
         locks: KeyedLock,
         snapshots: Snapshots,
         busy: Busy = _never_busy,
+        *,
+        intents: Path,
+        blocking: Blocking,
     ) -> None:
         self._store = store
         self._locks = locks
         self._snapshots = snapshots
         self.busy = busy
+        #: Where the intents of stages and clears in progress are kept.
+        self._intents = intents
+        self._blocking = blocking
 
     async def stage(self, session_id: str, message_id: str, files: bool = False) -> SessionRevert:
         ids.validate("msg", message_id, field="messageID")
@@ -70,20 +96,47 @@ class Reverts:
             if seq is None:
                 raise MessageNotFoundError(session_id, message_id)
             if session.revert is not None:
-                await self._restore_staged(session)
-            revert = SessionRevert(message_id=message_id)
+                await self._clear(session, session.revert)
+            revert, restores = SessionRevert(message_id=message_id), Restores()
             if files:
-                revert = await self._restore_files(session, message_id, seq)
-            await self._append(session_id, ev.RevertStaged(session_id=session_id, revert=revert))
+                revert, restores = await self._plan(session, message_id, seq)
+            event = ev.RevertStaged(session_id=session_id, revert=revert)
+            await self._durably(session, "stage", revert, restores, event)
             return revert
 
     async def clear(self, session_id: str) -> None:
         async with self._locks.hold(session_id):
             session = await self._idle(session_id)
-            if session.revert is None:
-                return
-            await self._restore_staged(session)
-            await self._append(session_id, ev.RevertCleared(session_id=session_id))
+            if session.revert is not None:
+                await self._clear(session, session.revert)
+
+    async def recover(self) -> int:
+        """Finish (or drop) every stage or clear a crash interrupted; how many were finished."""
+        finished = 0
+        for path in await self._blocking(_intent_files, self._intents):
+            try:
+                intent = orjson.loads(await self._blocking(path.read_bytes))
+                session_id = intent["session"]
+                revert = codec.from_json(SessionRevert, intent["revert"])
+                restores: Restores = [(t, list(f)) for t, f in intent["restores"]]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("dropping unreadable revert intent %s: %s", path.name, exc)
+                await self._blocking(_unlink, path)
+                continue
+            async with self._locks.hold(session_id):
+                session = await self._store.queries.session(session_id)
+                current = None if session is None else session.revert
+                # Its event committed: the files may be half restored; finish them.
+                done = current == revert if intent["op"] == "stage" else current != revert
+                if session is not None and done:
+                    try:
+                        await self._apply(session, restores)
+                    except UnknownError as exc:
+                        log.warning("revert of %s not finished: %s", session_id, exc)
+                        continue  # the intent stays for the next start
+                    finished += 1
+                await self._blocking(_unlink, path)
+        return finished
 
     async def commit(self, session_id: str) -> None:
         async with self._locks.hold(session_id):
@@ -145,36 +198,88 @@ class Reverts:
             if found is None:
                 raise MessageNotFoundError(session_id, message_id)
             seq = found
-        rows = await self._store.queries.step_snapshots(session_id, seq)
         if message_id is None and field == "to":
             return None
-        # The first snapshot recorded after the message: the tree before its steps ran.
+        rows = await self._store.queries.step_snapshots(session_id, seq)
+        # The first writing step after the message: the tree before it ran.
         return rows[0][1] if rows else None
 
-    async def _restore_files(self, session: Session, message_id: str, seq: int) -> SessionRevert:
-        rows = await self._store.queries.step_snapshots(session.id, seq)
-        if not rows:
-            return SessionRevert(message_id=message_id)
-        before = rows[0][1]
-        assert before is not None
-        changed = sorted({f for _, _, files in rows for f in files})
-        directory = session.location.directory
+    async def _plan(
+        self, session: Session, message_id: str, seq: int
+    ) -> tuple[SessionRevert, Restores]:
+        """The revert of the files the steps after ``seq`` changed, and its restores."""
+        # Each path goes back to how it was before the first step that changed it.
+        first: dict[str, str] = {}
+        for _, before, _, changed in await self._store.queries.step_snapshots(session.id, seq):
+            for path in changed:
+                first.setdefault(path, before)
+        if not first:
+            return SessionRevert(message_id=message_id), []
         try:
-            current = await self._snapshots.track(directory)
-            if current is None:
-                return SessionRevert(message_id=message_id)
-            # Only paths the steps changed come back; the rest is left alone.
-            await self._snapshots.restore(directory, before, changed)
+            current = await self._snapshots.track(session.location.directory)
         except SnapshotError as exc:
             raise UnknownError(f"snapshot store: {exc}") from None
-        return SessionRevert(message_id=message_id, snapshot=current, files=tuple(changed))
+        if current is None:
+            return SessionRevert(message_id=message_id), []
+        by_tree: dict[str, list[str]] = {}
+        for path, tree in sorted(first.items()):
+            by_tree.setdefault(tree, []).append(path)
+        revert = SessionRevert(message_id=message_id, snapshot=current, files=tuple(sorted(first)))
+        return revert, list(by_tree.items())
 
-    async def _restore_staged(self, session: Session) -> None:
-        revert = session.revert
-        if revert is None or revert.snapshot is None or not revert.files:
+    async def _clear(self, session: Session, revert: SessionRevert) -> None:
+        restores: Restores = []
+        if revert.snapshot is not None and revert.files:
+            restores = [(revert.snapshot, list(revert.files))]
+        event = ev.RevertCleared(session_id=session.id)
+        await self._durably(session, "clear", revert, restores, event)
+
+    async def _durably(
+        self,
+        session: Session,
+        op: str,
+        revert: SessionRevert,
+        restores: Restores,
+        event: ev.Event,
+    ) -> None:
+        """Intent, event, files, intent gone: a crash anywhere leaves files and log agreeing."""
+        if not restores:
+            await self._append(session.id, event)
             return
+        path = self._intents / f"{session.id}.json"
+        intent = {
+            "op": op,
+            "session": session.id,
+            "revert": codec.to_json(revert),
+            "restores": restores,
+        }
+        await self._blocking(_write_durably, path, orjson.dumps(intent))
         try:
-            await self._snapshots.restore(session.location.directory, revert.snapshot, revert.files)
+            await self._append(session.id, event)
+        except BaseException:
+            # Cut off (or refused) around the commit: the log decides, as at recovery.
+            recorded = None
+            with contextlib.suppress(Exception):
+                recorded = await self._recorded(session.id, op, revert)
+            if recorded is not None:
+                await asyncio.shield(self._finish(session, restores, path, recorded))
+            raise
+        await asyncio.shield(self._finish(session, restores, path, True))
+
+    async def _finish(self, session: Session, restores: Restores, path: Path, apply: bool) -> None:
+        if apply:
+            await self._apply(session, restores)  # on failure the intent stays for recovery
+        await self._blocking(_unlink, path)
+
+    async def _recorded(self, session_id: str, op: str, revert: SessionRevert) -> bool:
+        session = await self._store.queries.session(session_id)
+        current = None if session is None else session.revert
+        return current == revert if op == "stage" else current != revert
+
+    async def _apply(self, session: Session, restores: Restores) -> None:
+        try:
+            for tree, paths in restores:
+                await self._snapshots.restore(session.location.directory, tree, paths)
         except SnapshotError as exc:
             raise UnknownError(f"snapshot store: {exc}") from None
 
@@ -198,3 +303,35 @@ class Reverts:
             if exc.reason == "session.missing":
                 raise SessionNotFoundError(session_id) from None
             raise ConflictError(str(exc), resource="session") from None
+
+
+def _intent_files(directory: Path) -> list[Path]:
+    try:
+        return sorted(p for p in directory.iterdir() if p.suffix == ".json")
+    except FileNotFoundError:
+        return []
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

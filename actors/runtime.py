@@ -71,6 +71,7 @@ from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.revert import Reverts
 from actors.runner import InstructionSource, Runner
 from actors.sessions import Sessions
+from actors.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
 from actors.shells import Environments, Shells
 from actors.snapshots import Snapshots
 from actors.tools import (
@@ -144,6 +145,8 @@ class RuntimeConfig:
     #: bash: output kept in memory per call while it streams; beyond it the
     #: complete output goes to a managed tool-output file (head and tail kept).
     bash_output_memory_bytes: int = DEFAULT_OUTPUT_MEMORY_BYTES
+    #: A user shell command's output kept in memory; beyond it, a managed file.
+    shell_output_memory_bytes: int = SHELL_OUTPUT_MEMORY_BYTES
     tool_output_max_lines: int = DEFAULT_MAX_LINES
     tool_output_max_bytes: int = DEFAULT_MAX_BYTES
     #: Extra model providers by provider id; the scripted model is always there.
@@ -443,7 +446,14 @@ class Runtime:
         self.snapshots = Snapshots(
             config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=self.blocking.run
         )
-        self.reverts = Reverts(self.store, self.sessions.locks, self.snapshots, busy=self._busy)
+        self.reverts = Reverts(
+            self.store,
+            self.sessions.locks,
+            self.snapshots,
+            busy=self._busy,
+            intents=config.data_dir / "revert",
+            blocking=self.blocking.run,
+        )
         self.sessions.inbox.revert_commit = self.reverts.commit_events
         self.shells = Shells(
             self.store,
@@ -451,6 +461,9 @@ class Runtime:
             self.environments,
             self.bounding,
             self.blocking.run,
+            output_memory_bytes=max(
+                config.shell_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
+            ),
         )
         self.instructions = InstructionEntries(self.store)
         self._execution: Execution | None = None
@@ -669,6 +682,7 @@ class Runtime:
             self._stack.push_async_callback(self.shells.aclose)
             if self.config.recover:
                 await self.shells.recover()
+                await self.reverts.recover()
                 self.recovery = await self.recover()
                 scan = asyncio.get_running_loop().create_task(self._scan(), name="lease-scan")
                 self._stack.push_async_callback(_cancel, scan)

@@ -23,9 +23,12 @@ run, so after a crash :meth:`Shells.recover` kills what is still running
 cancellation. No shell outlives the host that started it by more than a
 restart.
 
-Output is read to at most ``max_output_bytes`` (the rest is counted and
-dropped) and bounded like tool output (:class:`~actors.tools.OutputBounding`:
-a preview, the full text in a managed file).
+Output is bounded like the bash tool's while it streams
+(:class:`~actors.tools._spill.SpillingOutput`): up to ``output_memory_bytes``
+(8 MiB) is kept whole; past that the complete output goes to a managed file
+in the tool-output directory as it arrives and memory keeps only its head
+and tail. Then it is bounded like tool output
+(:class:`~actors.tools.OutputBounding`: a preview that points at the file).
 
 :class:`Environments` holds each session's variables (``PUT …/environment``)
 in memory only: they may be credentials, so they never enter the log, an
@@ -46,8 +49,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from actors._keyed_lock import KeyedLock
-from actors.tools import OutputBounding, ToolResult, tool_environment
+from actors.tools import OutputBounding, ToolResult, text_item, tool_environment
 from actors.tools._process import GATE, GATE_OPEN, ProcessGroup, identify, kill_stale
+from actors.tools._spill import SpillingOutput
 from protocol import events as ev
 from protocol import ids
 from protocol.errors import ConflictError, InvalidRequestError, SessionNotFoundError
@@ -57,7 +61,7 @@ from storage import Command, ProjectionConflict, Store
 __all__ = ["CANCELLED_TEXT", "Environments", "Shells", "notice_id"]
 
 CANCELLED_TEXT: Final = "Command cancelled because the server restarted"
-#: Bytes of one command's output read before the rest is dropped (counted only).
+#: Bytes of one command's output kept in memory; beyond them it spills to a managed file.
 MAX_OUTPUT_BYTES: Final = 8 * 1024 * 1024
 #: Sessions whose environment is kept; bytes of one session's variables.
 MAX_ENVIRONMENTS: Final = 10_000
@@ -126,15 +130,17 @@ class Shells:
         bound_on: Blocking,
         *,
         shell: str = "/bin/bash",
-        max_output_bytes: int = MAX_OUTPUT_BYTES,
+        output_memory_bytes: int = MAX_OUTPUT_BYTES,
     ) -> None:
+        if output_memory_bytes < 2:
+            raise ValueError("output_memory_bytes must be at least 2")
         self._store = store
         self._locks = locks
         self._env = environments
         self._bounding = bounding
         self._bound_on = bound_on
         self._shell = shell
-        self._cap = max_output_bytes
+        self._memory = output_memory_bytes
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -230,9 +236,10 @@ class Shells:
             )
             await self._end(session.id, failed, f"Could not start the command: {exc.strerror}")
             return
+        output = SpillingOutput(self._memory, self._bounding.output_dir)
         try:
             await self._open_gate(session.id, info.id, proc)
-            output = await self._read(proc)
+            await self._read(proc, output)
             code = await proc.wait()
         except BaseException:
             _kill_group(proc.pid)
@@ -240,6 +247,11 @@ class Shells:
                 proc.kill()
             await asyncio.shield(proc.wait())
             raise
+        finally:
+            try:
+                await asyncio.shield(self._bound_on(output.close))
+            except Exception:
+                output.close()  # the executor is gone (shutdown): close it here
         # The shell ended; what it left behind in its group goes with it.
         _kill_group(proc.pid)
         text = await self._bound(output)
@@ -276,24 +288,21 @@ class Shells:
             await proc.stdin.drain()
         proc.stdin.close()
 
-    async def _read(self, proc: asyncio.subprocess.Process) -> str:
+    async def _read(self, proc: asyncio.subprocess.Process, output: SpillingOutput) -> None:
         assert proc.stdout is not None
-        chunks: list[bytes] = []
-        kept = dropped = 0
         while chunk := await proc.stdout.read(64 * 1024):
-            room = self._cap - kept
-            if room > 0:
-                chunks.append(chunk[:room])
-                kept += min(room, len(chunk))
-            dropped += max(0, len(chunk) - max(room, 0))
-        text = b"".join(chunks).decode("utf-8", "replace")
-        if dropped:
-            text += f"\n... {dropped} more bytes of output were not kept ...\n"
-        return text
+            if output.spilled or output.total + len(chunk) > self._memory:
+                await self._bound_on(output.add, chunk)  # writes the managed file
+            else:
+                output.add(chunk)
 
-    async def _bound(self, output: str) -> str:
-        result = await self._bound_on(lambda: self._bounding.bound(ToolResult.text(output)))
-        return "".join(str(c.get("text", "")) for c in result.content if c.get("type") == "text")
+    async def _bound(self, output: SpillingOutput) -> str:
+        saved = output.saved()
+        result = ToolResult(
+            content=(text_item(output.text()),), saved=saved, saved_bytes=output.total
+        )
+        bounded = await self._bound_on(self._bounding.bound, result)
+        return "".join(str(c.get("text", "")) for c in bounded.content if c.get("type") == "text")
 
     async def _end(self, session_id: str, info: ShellInfo, output: str) -> bool:
         """Record the end and admit the notice, atomically; False if already ended."""

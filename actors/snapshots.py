@@ -28,24 +28,69 @@ only while used (:class:`~actors._keyed_lock.KeyedLock`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
+import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
+
+import attrs
 
 from actors._keyed_lock import KeyedLock
 from protocol.shapes import FileDiff
 
-__all__ = ["Blocking", "SnapshotError", "Snapshots"]
+__all__ = ["WRITING_TOOLS", "Blocking", "Recorded", "SnapshotError", "Snapshots", "StepWrites"]
+
+log = logging.getLogger(__name__)
 
 Blocking = Callable[..., Awaitable[Any]]
 
+#: Tools whose call may change files: a step that runs one takes snapshots.
+WRITING_TOOLS: Final = frozenset({"write", "edit", "bash"})
 #: Bytes of one file's patch kept in a diff; longer patches are cut there.
 MAX_PATCH_BYTES: Final = 256 * 1024
 #: Files a diff reports at most (each costs one git call).
 MAX_DIFF_FILES: Final = 1000
+#: Stores whose last written tree is remembered (to skip a ``write-tree``).
+MAX_CACHED_TREES: Final = 1024
+#: Bumped when the store's configuration changes: older stores get the new one.
+_CONFIG_VERSION: Final = "3"
+_CONFIG: Final = (
+    ("core.autocrlf", "false"),
+    ("core.safecrlf", "false"),
+    ("core.quotepath", "false"),
+    ("core.symlinks", "true"),
+    ("core.fsmonitor", "false"),
+    ("gc.auto", "0"),
+    # Untracked-file scans skip directories whose mtime did not change, the
+    # index is the compact v4 format, stat refreshes run in parallel, and an
+    # index write stores only the entries changed since the shared index:
+    # what keeps a snapshot on a large tree cheap.
+    ("core.untrackedCache", "true"),
+    ("index.version", "4"),
+    ("core.preloadIndex", "true"),
+    ("core.splitIndex", "true"),
+    ("splitIndex.maxPercentChange", "20"),
+    # The entry offset table lets every git read the (10,000-entry) index on
+    # two threads: about a tenth off each of a step's git processes.
+    ("index.threads", "true"),
+    ("index.recordOffsetTable", "true"),
+    ("index.recordEndOfIndexEntries", "true"),
+    ("advice.addIgnoredFile", "false"),
+)
+
+
+@attrs.frozen(kw_only=True)
+class Recorded:
+    """A writing step's snapshots: the trees before and after it, the paths it changed."""
+
+    before: str
+    after: str
+    files: tuple[str, ...]
 
 
 class SnapshotError(Exception):
@@ -64,16 +109,17 @@ class Snapshots:
         #: Server directories never captured even if they lie inside a project.
         self._exclude = tuple(exclude)
         self._locks = KeyedLock()
+        #: Store name -> (the tree last written from its index, that index's stat).
+        self._trees: OrderedDict[str, tuple[str, tuple[int, int, int]]] = OrderedDict()
 
     # -- the public operations ------------------------------------------------------------------
 
     async def track(self, directory: str | Path, paths: Sequence[str] | None = None) -> str | None:
         """Snapshot ``directory`` now; its tree id, or None outside a git work tree.
 
-        With ``paths`` (the files a step's write/edit calls named), only those
-        are looked at: everything else is as the previous snapshot left it in
-        the store's index. That is what keeps a writing step's snapshot cheap
-        on a large tree; a full look (``paths`` None) costs about a ``git status``.
+        With ``paths``, only those are looked at: everything else is as the
+        previous snapshot left it in the store's index. A full look (``paths``
+        None) costs about a ``git status``.
         """
         work = Path(directory)
         if not await self._blocking(_in_git_work_tree, work):
@@ -81,18 +127,49 @@ class Snapshots:
         async with self._locks.hold(self._store(work).name):
             if not await self._ensure(work):
                 paths = None  # a new store has no index to build on
-            await self._git(
-                work, "add", "--all", "--ignore-errors", "--", *(paths or ["."]), check=False
-            )
-            return (await self._git(work, "write-tree")).decode().strip()
+            await self._refresh(work, paths)
+            return await self._tree(work)
+
+    async def prepare(
+        self, directory: str | Path, paths: Sequence[str] | None, exclude: Sequence[str] = ()
+    ) -> bool:
+        """Bring the store's index up to date before a writing call may change files.
+
+        ``paths`` (a write/edit call's path) or, with None (a bash call), the
+        whole directory but ``exclude`` (the paths earlier calls of the step
+        may already have changed). No tree is written: the index itself is the
+        step's "before", made a tree by :meth:`record` only when the step ends.
+        False outside a git work tree.
+        """
+        work = Path(directory)
+        if not await self._blocking(_in_git_work_tree, work):
+            return False
+        async with self._locks.hold(self._store(work).name):
+            if not await self._ensure(work):
+                paths, exclude = None, ()  # a new store has no index to build on
+            await self._refresh(work, paths, exclude)
+        return True
+
+    async def record(self, directory: str | Path, paths: Sequence[str] | None) -> Recorded | None:
+        """The step's snapshots: the index made a tree (before), then refreshed (after).
+
+        Call after :meth:`prepare` ran before each of the step's writing calls;
+        ``paths`` as for :meth:`track`. None if the store does not exist.
+        """
+        work = Path(directory)
+        async with self._locks.hold(self._store(work).name):
+            if not await self._blocking((self._store(work) / "index").exists):
+                return None
+            before = await self._tree(work)
+            changed = await self._refresh(work, paths)
+            after = before if changed == () else await self._tree(work)
+            if changed is None:
+                changed = await self._changed(work, before, after)
+        return Recorded(before=before, after=after, files=tuple(sorted(set(changed))))
 
     async def changed(self, directory: str | Path, a: str, b: str) -> tuple[str, ...]:
         """Paths that differ between trees ``a`` and ``b``, sorted."""
-        work = Path(directory)
-        if a == b:
-            return ()
-        out = await self._git(work, "diff", "--name-only", "-z", "--no-renames", a, b)
-        return tuple(sorted(p for p in out.decode("utf-8", "surrogateescape").split("\0") if p))
+        return await self._changed(Path(directory), a, b)
 
     async def restore(self, directory: str | Path, tree: str, files: Sequence[str]) -> None:
         """Make each of ``files`` in ``directory`` what it is in ``tree``, bytes and mode.
@@ -109,9 +186,18 @@ class Snapshots:
             listed = await self._git(work, "ls-tree", "-r", "-z", "--name-only", tree, "--", *files)
             present = [p for p in listed.decode("utf-8", "surrogateescape").split("\0") if p]
             absent = sorted(set(files) - set(present))
-            if present:
-                await self._git(work, "checkout", tree, "--", *present)
-            await self._blocking(_remove, base, absent)
+            try:
+                if present:
+                    await self._git(work, "checkout", tree, "--", *present)
+                await self._blocking(_remove, base, absent)
+                if absent:
+                    # The index follows: it holds what the files are now.
+                    await self._git(
+                        work, "rm", "--cached", "--quiet", "--ignore-unmatch", "--", *absent
+                    )
+            finally:
+                # The checkout wrote the index: the last tree no longer matches it.
+                self._trees.pop(self._store(work).name, None)
 
     async def diff(
         self, directory: str | Path, a: str, b: str, *, context: int = 3
@@ -157,34 +243,108 @@ class Snapshots:
             kinds[name] = "added" if code == "A" else "deleted" if code == "D" else "modified"
         return kinds
 
+    async def _changed(self, work: Path, a: str, b: str) -> tuple[str, ...]:
+        if a == b:
+            return ()
+        out = await self._git(work, "diff", "--name-only", "-z", "--no-renames", a, b)
+        return tuple(sorted(p for p in out.decode("utf-8", "surrogateescape").split("\0") if p))
+
+    async def _refresh(
+        self, work: Path, paths: Sequence[str] | None, exclude: Sequence[str] = ()
+    ) -> tuple[str, ...] | None:
+        """Update the index from the files; the paths whose entry changed (None: unknown).
+
+        ``git add --all --verbose`` names each entry it changes, so no diff
+        is needed after it. A named path that does not exist (a file a write
+        is about to create, or one deleted) is dropped from the index with
+        ``git rm --cached`` instead: ``git add`` refuses the whole call for
+        a path that matches nothing. The ``.gitignore`` is honoured either way.
+        """
+        if paths is None:
+            specs = [".", *(f":(exclude,literal){p}" for p in await self._inside(work, exclude))]
+            out = await self._git(
+                work,
+                "add",
+                "--all",
+                "--verbose",
+                "--ignore-errors",
+                "--",
+                *specs,
+                check=False,
+                literal=False,
+            )
+            return _verbose_paths(out, ("add", "remove"))
+        inside = await self._inside(work, paths)
+        if not inside:
+            return ()
+        present = await self._blocking(_present, work, inside)
+        missing = [p for p in inside if p not in present]
+        found: list[str] = []
+        for argv, verbs, names in (
+            (("add", "--all", "--verbose", "--ignore-errors"), ("add", "remove"), present),
+            (("rm", "--cached", "--ignore-unmatch"), ("rm",), missing),
+        ):
+            if not names:
+                continue
+            try:
+                out = await self._git(work, *argv, "--", *names, check=False)
+            except SnapshotError:
+                # git refused a path (beyond a symlink, say) and with it the
+                # call: a full look still gets every change.
+                return await self._refresh(work, None)
+            listed = _verbose_paths(out, verbs)
+            if listed is None:
+                return None
+            found.extend(listed)
+        return tuple(found)
+
+    async def _inside(self, work: Path, paths: Sequence[str]) -> list[str]:
+        """``paths`` relative to ``work``, those outside it (or naming it) left out."""
+        inside: list[str] = await self._blocking(_relative_inside, work, paths)
+        return inside
+
+    async def _tree(self, work: Path) -> str:
+        """The index as a tree; the last one written while the index is unchanged.
+
+        ``write-tree`` reuses the index's cache-tree for every directory the
+        refresh did not touch; when nothing changed at all (the index file is
+        the one the tree was written from, same inode, size and mtime), no git
+        runs. Kept per store, for at most ``MAX_CACHED_TREES`` stores.
+        """
+        store = self._store(work)
+        index = await self._blocking(_index_stat, store)
+        cached = self._trees.get(store.name)
+        if cached is not None and index is not None and cached[1] == index:
+            self._trees.move_to_end(store.name)
+            return cached[0]
+        tree = (await self._git(work, "write-tree")).decode().strip()
+        index = await self._blocking(_index_stat, store)
+        if index is not None:
+            self._trees[store.name] = (tree, index)
+            self._trees.move_to_end(store.name)
+            while len(self._trees) > MAX_CACHED_TREES:
+                self._trees.popitem(last=False)
+        return tree
+
     def _store(self, work: Path) -> Path:
         key = hashlib.sha256(os.fsencode(os.path.abspath(work))).hexdigest()[:24]
         return self.root / key
 
     async def _ensure(self, work: Path) -> bool:
-        """Create the store unless it exists; whether it existed."""
+        """Create (or re-configure) the store; whether it had an index already."""
         store = self._store(work)
-        if await self._blocking((store / "index").exists):
-            return True
+        marker = store / "sessionrt-config"
+        if await self._blocking(_read_text, marker) == _CONFIG_VERSION:
+            return bool(await self._blocking((store / "index").exists))
+        existed = bool(await self._blocking((store / "index").exists))
         await self._blocking(functools.partial(os.makedirs, store, exist_ok=True))
-        await self._git(work, "init", "--quiet")
-        for key, value in (
-            ("core.autocrlf", "false"),
-            ("core.safecrlf", "false"),
-            ("core.quotepath", "false"),
-            ("core.symlinks", "true"),
-            ("core.fsmonitor", "false"),
-            ("gc.auto", "0"),
-            # Untracked-file scans skip directories whose mtime did not change,
-            # and the index is the compact v4 format: what keeps an incremental
-            # snapshot near a plain ``git status``.
-            ("core.untrackedCache", "true"),
-            ("index.version", "4"),
-            ("core.preloadIndex", "true"),
-        ):
+        if not existed:
+            await self._git(work, "init", "--quiet")
+        for key, value in _CONFIG:
             await self._git(work, "config", key, value)
         await self._blocking(self._write_exclude, work, store)
-        return False
+        await self._blocking(marker.write_text, _CONFIG_VERSION)
+        return existed
 
     def _write_exclude(self, work: Path, store: Path) -> None:
         lines = []
@@ -197,14 +357,22 @@ class Snapshots:
         info.mkdir(exist_ok=True)
         (info / "exclude").write_text("".join(f"{line}\n" for line in lines))
 
-    async def _git(self, work: Path, *args: str, check: bool = True) -> bytes:
+    async def _git(
+        self,
+        work: Path,
+        *args: str,
+        check: bool = True,
+        literal: bool = True,
+        retry: bool = True,
+    ) -> bytes:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "GIT_DIR": str(self._store(work)),
             "GIT_WORK_TREE": str(work),
             "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_CONFIG_GLOBAL": os.devnull,
-            "GIT_LITERAL_PATHSPECS": "1",
+            # Named paths are never pathspec magic (``:(exclude,literal)`` is ours).
+            "GIT_LITERAL_PATHSPECS": "1" if literal else "0",
             "GIT_TERMINAL_PROMPT": "0",
             "GIT_AUTHOR_NAME": "sessionrt",
             "GIT_AUTHOR_EMAIL": "sessionrt@localhost",
@@ -226,11 +394,68 @@ class Snapshots:
         except BaseException:
             if proc.returncode is None:
                 proc.kill()
-                await proc.wait()
+                await asyncio.shield(proc.wait())
+                # It may have died holding the index lock; we hold the store's
+                # lock, so no other git of ours is using it.
+                await self._blocking(_unlink_lock, self._store(work))
             raise
-        if check and proc.returncode != 0:
+        if proc.returncode and b"index.lock" in err and retry:
+            # A git killed by a crash left its lock: nobody else uses the store.
+            await self._blocking(_unlink_lock, self._store(work))
+            return await self._git(work, *args, check=check, literal=literal, retry=False)
+        # Without ``check`` only a fatal error (128: nothing was done) raises.
+        code = proc.returncode or 0
+        if code != 0 and (check or code >= 128):
             raise SnapshotError(f"git {args[0]} failed: {err.decode(errors='replace').strip()}")
         return out
+
+
+def _verbose_paths(out: bytes, verbs: Sequence[str]) -> tuple[str, ...] | None:
+    """The paths of git's ``<verb> '<path>'`` lines; None if a line is not one.
+
+    (A path with a newline in it, say: the caller then asks ``git diff``.)
+    """
+    found = []
+    for line in out.decode("utf-8", "surrogateescape").splitlines():
+        verb, _, rest = line.partition(" ")
+        if verb not in verbs or len(rest) < 2 or rest[0] != "'" or rest[-1] != "'":
+            return None
+        found.append(rest[1:-1])
+    return tuple(found)
+
+
+def _relative_inside(work: Path, paths: Sequence[str]) -> list[str]:
+    base = os.path.abspath(work)
+    out = []
+    for path in paths:
+        full = os.path.normpath(os.path.join(base, path))
+        if full.startswith(base + os.sep):
+            out.append(os.path.relpath(full, base))
+    return sorted(set(out))
+
+
+def _present(work: Path, paths: Sequence[str]) -> list[str]:
+    return [p for p in paths if os.path.lexists(os.path.join(work, p))]
+
+
+def _index_stat(store: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(store / "index")
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _unlink_lock(store: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(store / "index.lock")
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def _in_git_work_tree(work: Path) -> bool:
@@ -265,3 +490,65 @@ def _remove(base: str, names: Sequence[str]) -> None:
             except OSError:
                 break
             parent = os.path.dirname(parent)
+
+
+class StepWrites:
+    """One step's snapshots, taken lazily around its writing calls.
+
+    Nothing runs for a step that writes nothing. Just before each writing
+    call runs, :meth:`before_run` brings the store's index up to date for
+    what that call may change: a write/edit call's path (unless an earlier
+    call of the step already did), or for the step's first bash call the
+    whole directory but the paths earlier calls may have written. Once a
+    bash call has started, every path is covered. The index then holds each
+    path as it was before the step first touched it, so :meth:`record`
+    writes it as the "before" tree when the step ends, then refreshes and
+    writes the "after". A failing store costs the step its snapshot, never
+    the step.
+    """
+
+    def __init__(self, snapshots: Snapshots, directory: str) -> None:
+        self._snapshots = snapshots
+        self._directory = directory
+        self._lock = asyncio.Lock()
+        self._paths: set[str] = set()
+        self._whole = False
+        #: None: no writing call yet; False: no snapshot (no git work tree, a failure).
+        self._ok: bool | None = None
+
+    async def before_run(self, tool: str, input: Mapping[str, Any]) -> None:
+        if tool not in WRITING_TOOLS:
+            return
+        async with self._lock:
+            if self._ok is False or self._whole:
+                return
+            path = input.get("path")
+            if tool != "bash" and (not isinstance(path, str) or path in self._paths):
+                return
+            try:
+                if tool == "bash":
+                    ok = await self._snapshots.prepare(
+                        self._directory, None, exclude=sorted(self._paths)
+                    )
+                    self._whole = True
+                else:
+                    assert isinstance(path, str)
+                    ok = await self._snapshots.prepare(self._directory, [path])
+                    self._paths.add(path)
+            except Exception as exc:
+                log.warning("snapshot of %s failed: %s", self._directory, exc)
+                ok = False
+            self._ok = ok
+
+    async def record(self) -> Recorded | None:
+        """The step's before/after trees and changed files; None if it took none."""
+        async with self._lock:
+            if not self._ok:
+                return None
+            try:
+                return await self._snapshots.record(
+                    self._directory, None if self._whole else sorted(self._paths)
+                )
+            except Exception as exc:
+                log.warning("snapshot of %s failed: %s", self._directory, exc)
+                return None

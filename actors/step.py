@@ -80,7 +80,7 @@ from actors.llm import (
 )
 from actors.permissions import PermissionWaiters
 from actors.shells import Environments
-from actors.snapshots import Snapshots
+from actors.snapshots import WRITING_TOOLS, Recorded, Snapshots, StepWrites
 from actors.tool_calls import Blocking, ToolCalls
 from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
@@ -107,8 +107,6 @@ CONTINUE_TEXT: Final = (
     " stopped, without repeating what you already wrote."
 )
 CONTINUE_DESCRIPTION: Final = "Continuing after an incomplete response"
-#: Tools whose call makes the step take a snapshot after it (``step.ended``).
-WRITING_TOOLS: Final = frozenset({"write", "edit", "bash"})
 _ABORTED: Final = ev.ErrorInfo(type="aborted", message="Step interrupted")
 
 #: Builds the step's request again from projected history; ``native=False``
@@ -192,6 +190,8 @@ class _Attempt:
         self.output = False
         self.live = _Live(bus)
         self.calls: ToolCalls
+        #: The step's snapshots around its writing calls (None without a store).
+        self.writes: StepWrites | None = None
 
     def emit(self, event: ev.Event) -> None:
         future = self.store.submit(Command.of(event))
@@ -272,13 +272,11 @@ class StepRunner:
         rebuilt = False
         compacted = False
         started = False
-        before: str | None = None
         while True:
             physical += 1
             step = self._attempt(session, agent, assistant_id)
             if not started:
                 started = True
-                before = await self._track(session)
                 step.emit(
                     ev.StepStarted(
                         session_id=session.id,
@@ -286,7 +284,6 @@ class StepRunner:
                         agent=agent.name,
                         model=request.model,
                         started=now_ms(),
-                        snapshot=before,
                     )
                 )
             attempt = attrs.evolve(request, metadata={**request.metadata, "attempt": physical})
@@ -369,39 +366,18 @@ class StepRunner:
                 log.exception("step of %s failed unexpectedly", session.id)
                 error = ev.ErrorInfo(type="unknown", message=f"{type(exc).__name__}: {exc}")
                 return await self._failed(step, error)
-            return await self._end(step, finished, outcomes, limited, session, before)
+            return await self._end(step, finished, outcomes, limited)
 
-    async def _track(self, session: Session, paths: list[str] | None = None) -> str | None:
-        """The session directory's snapshot now; None without a store or a git work tree."""
-        if self._snapshots is None:
+    async def _recorded(self, step: _Attempt) -> Recorded | None:
+        """The attempt's file snapshots, if it ran a writing tool in a git work tree."""
+        if step.writes is None or not (step.calls.ran_tools & WRITING_TOOLS):
             return None
-        try:
-            return await self._snapshots.track(session.location.directory, paths)
-        except Exception as exc:
-            # A broken snapshot store (or a bug in it) costs revert its files,
-            # never the step.
-            log.warning("snapshot of %s failed: %s", session.id, exc)
-            return None
-
-    async def _after_writes(
-        self, step: _Attempt, session: Session, before: str | None
-    ) -> tuple[str | None, tuple[str, ...] | None]:
-        if before is None or self._snapshots is None or not (step.calls.ran_tools & WRITING_TOOLS):
-            return None, None
-        calls = step.calls
-        paths = None if "bash" in calls.ran_tools else sorted(calls.written_paths)
-        after = await self._track(session, paths)
-        if after is None:
-            return None, None
-        try:
-            files = await self._snapshots.changed(session.location.directory, before, after)
-        except Exception as exc:
-            log.warning("snapshot diff of %s failed: %s", session.id, exc)
-            return None, None
-        return after, files
+        return await step.writes.record()
 
     def _attempt(self, session: Session, agent: Agent, assistant_id: str) -> _Attempt:
         step = _Attempt(self._store, self._bus, session.id, assistant_id)
+        if self._snapshots is not None:
+            step.writes = StepWrites(self._snapshots, session.location.directory)
         step.calls = ToolCalls(
             journal=step,
             session=session,
@@ -418,6 +394,7 @@ class StepRunner:
             waiters=self._waiters,
             blocking=self._blocking,
             session_rules=functools.partial(self._store.queries.permission_rules, session.id),
+            before_run=None if step.writes is None else step.writes.before_run,
         )
         return step
 
@@ -542,12 +519,15 @@ class StepRunner:
             await self._close(step, ordinal)
         await step.calls.cancel()
         step.calls.fail_unfinished("Tool input interrupted")
+        # What its writing calls changed stays revertible after a failure too.
+        recorded = await self._recorded(step)
         step.emit(
             ev.StepFailed(
                 session_id=step.session_id,
                 assistant_message_id=step.assistant_id,
                 error=error,
                 provider_state=step.provider_state,
+                **_snapshot_fields(recorded),
             )
         )
         await step.flushed()
@@ -558,8 +538,6 @@ class StepRunner:
         finished: Finish,
         outcomes: list[ToolOutcome],
         limited: bool,
-        session: Session,
-        before: str | None,
     ) -> StepOutcome:
         sid, aid = step.session_id, step.assistant_id
         step.calls.fail_unfinished("The model never completed the tool call")
@@ -582,7 +560,7 @@ class StepRunner:
             )
             await step.flushed()
             return StepOutcome(error=error)
-        snapshot, files = await self._after_writes(step, session, before)
+        recorded = await self._recorded(step)
         step.emit(
             ev.StepEnded(
                 session_id=sid,
@@ -591,14 +569,19 @@ class StepRunner:
                 cost=finished.usage.cost,
                 tokens=step_tokens(finished.usage),
                 provider_state=step.provider_state,
-                snapshot=snapshot,
-                files=files,
+                **_snapshot_fields(recorded),
             )
         )
         await step.flushed()
         return StepOutcome(
             needs_continuation=finished.reason == "tool-calls" and bool(outcomes) and not limited
         )
+
+
+def _snapshot_fields(recorded: Recorded | None) -> dict[str, Any]:
+    if recorded is None:
+        return {}
+    return {"before": recorded.before, "snapshot": recorded.after, "files": recorded.files}
 
 
 def _overflow(error: ev.ErrorInfo, output: bool, off: bool, again: bool) -> ev.ErrorInfo:

@@ -97,6 +97,8 @@ SessionRules = Callable[[], Awaitable[Sequence[tuple[str, str]]]]
 
 #: Runs a blocking callable off the loop (the runtime's bounded BlockingExecutor).
 Blocking = Callable[[Callable[[], Any]], Awaitable[Any]]
+#: Awaited with a call's tool name and input just before the call runs.
+BeforeRun = Callable[[str, Mapping[str, Any]], Awaitable[None]]
 
 
 async def _no_rules() -> Sequence[tuple[str, str]]:
@@ -134,7 +136,10 @@ class ToolCalls:
         waiters: PermissionWaiters | None = None,
         session_rules: SessionRules = _no_rules,
         blocking: Blocking | None = None,
+        before_run: BeforeRun | None = None,
     ) -> None:
+        #: Awaited just before a call runs (the step's "before" snapshot of what it may write).
+        self._before_run = before_run
         #: Where path resolution for a file tool's permission runs (it reads symlinks).
         self._blocking: Blocking = _to_thread if blocking is None else blocking
         self._waiters = PermissionWaiters() if waiters is None else waiters
@@ -322,6 +327,8 @@ class ToolCalls:
         if call.name in ("write", "edit") and isinstance(call.input.get("path"), str):
             self.written_paths.add(call.input["path"])
         try:
+            if self._before_run is not None:
+                await self._before_run(call.name, call.input)
             outcome = await self._executor.execute(call.name, call.input, ctx, owner=self._owner)
         except SucceededThenInterrupted as late:
             # The tool's operation happened: its success is the settlement.

@@ -414,7 +414,8 @@ class StepStarted(Event):
     model: ModelRef
     #: Dispatch time, epoch ms.
     started: int
-    #: The file snapshot before the step (absent outside a git work tree).
+    #: The file snapshot before the step, in logs written before snapshots
+    #: became lazy (now on ``step.ended``/``step.failed`` as ``before``).
     snapshot: str | None = None
 
 
@@ -428,8 +429,11 @@ class StepEnded(Event):
     #: Provider-native continuation state (e.g. reasoning signatures), replayed
     #: only to the exact provider and model that produced it.
     provider_state: Mapping[str, Any] | None = None
-    #: The file snapshot after a step that ran a writing tool (a tree id of the
-    #: project's snapshot store), and the paths it changed, relative to the Location.
+    #: The file snapshots of a step that ran a writing tool (tree ids of the
+    #: project's snapshot store): ``before`` holds each path it changed as it
+    #: was before the step first touched it, ``snapshot`` the tree after it;
+    #: ``files`` the paths it changed, relative to the Location.
+    before: str | None = None
     snapshot: str | None = None
     files: tuple[str, ...] | None = None
 
@@ -443,6 +447,10 @@ class StepFailed(Event):
     cost: float | None = None
     tokens: StepTokens | None = None
     provider_state: Mapping[str, Any] | None = None
+    #: As on ``step.ended``: what the failed step's writing calls changed.
+    before: str | None = None
+    snapshot: str | None = None
+    files: tuple[str, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)

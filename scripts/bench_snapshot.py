@@ -4,11 +4,17 @@ Figures, each the median of ``--runs`` runs, all measured in this run on the
 same tree:
 
 - baseline: ``git status --porcelain`` of the project's own repository (what
-  any git-aware editor pays to look at the tree);
+  any git-aware editor pays to look at the tree), and the cost of starting one
+  git process (``git --version``): the floor of any git-based step;
 - the first snapshot of the tree (cold: every file hashed into the store);
-- the incremental snapshot after a writing step changed 1 / 10 files (the
-  cost a step pays: ``git add -A`` + ``write-tree`` in the separate store,
-  plus the list of changed files) — target ≤ 50 ms;
+- per writing step, the whole snapshot cost a step pays, for a write/edit
+  step changing 1 / 10 files and for a bash step (a full look):
+  - new: :class:`~actors.snapshots.StepWrites` as the step runs it (a
+    ``prepare`` just before each writing call, ``record`` at the end);
+  - old: the approach it replaced, replayed with the same git commands on a
+    store of its own (a full snapshot at every step start, ``git add`` of the
+    named paths + ``write-tree`` at the end, then a ``git diff`` for the files);
+  target <= 50 ms for a write/edit step;
 - the revert of 100 changed files (``restore`` to the earlier tree);
 - with dulwich installed, the same incremental snapshot through dulwich's
   ``porcelain.add`` + ``write_tree`` on a store of its own, for the choice.
@@ -32,7 +38,57 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from actors.snapshots import Snapshots
+from actors.snapshots import Snapshots, StepWrites
+
+
+def edit(touched: list[Path], r: int) -> None:
+    for p in touched:
+        p.write_text(p.read_text() + f"y = {r}\n")
+
+
+class OldApproach:
+    """The snapshot cost before lazy snapshots, replayed with the same git commands."""
+
+    def __init__(self, work: Path, store: Path) -> None:
+        self.work = work
+        self.env = {
+            **os.environ,
+            "GIT_DIR": str(store),
+            "GIT_WORK_TREE": str(work),
+            "GIT_LITERAL_PATHSPECS": "1",
+            "LC_ALL": "C",
+        }
+        subprocess.run(["git", "init", "-q"], env=self.env, check=True)
+        for key, value in (
+            ("core.untrackedCache", "true"),
+            ("index.version", "4"),
+            ("core.preloadIndex", "true"),
+            ("core.fsmonitor", "false"),
+        ):
+            subprocess.run(["git", "config", key, value], env=self.env, check=True)
+
+    async def git(self, *args: str) -> bytes:
+        proc = await asyncio.create_subprocess_exec(
+            "git",
+            *args,
+            cwd=self.work,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await proc.communicate()
+        return out
+
+    async def snapshot(self, paths: list[str] | None) -> str:
+        await self.git("add", "--all", "--ignore-errors", "--", *(paths or ["."]))
+        return (await self.git("write-tree")).decode().strip()
+
+    async def step(self, touched: list[Path], paths: list[str] | None, r: int) -> tuple[str, ...]:
+        before = await self.snapshot(None)  # at every step start
+        edit(touched, r)
+        after = await self.snapshot(paths)
+        out = await self.git("diff", "--name-only", "-z", "--no-renames", before, after)
+        return tuple(p for p in out.decode().split("\0") if p)
 
 
 def make_tree(root: Path, files: int) -> list[Path]:
@@ -86,31 +142,58 @@ async def main() -> None:
         await status()
         baseline = [await timed(status) for _ in range(args.runs)]
         print(f"baseline git status --porcelain : {ms(baseline)}")
+
+        async def spawn() -> None:
+            proc = await asyncio.create_subprocess_exec(
+                "git", "--version", stdout=asyncio.subprocess.DEVNULL
+            )
+            await proc.wait()
+
+        floor = [await timed(spawn) for _ in range(args.runs)]
+        print(f"one git process (git --version) : {ms(floor)}  (a write step runs 3)")
         cold = await timed(lambda: store.track(root))
         print(f"first snapshot (cold)           : {cold:7.1f} ms")
+        old = OldApproach(root, Path(tmp) / "old-store")
+        await old.snapshot(None)
         offset = 0
-        for known, label in ((True, "write/edit step"), (False, "bash step (full look)")):
+        for bash in (False, True):
             for changed in (1, 10):
-                runs = []
+                new_runs, old_runs = [], []
                 for r in range(args.runs):
-                    before = await store.track(root)
-                    assert before is not None
-                    touched = paths[offset : offset + changed]
-                    offset += changed
-                    for p in touched:
-                        p.write_text(p.read_text() + f"y = {r}\n")
-                    named = [str(p.relative_to(root)) for p in touched] if known else None
+                    for runs, approach in ((new_runs, "new"), (old_runs, "old")):
+                        touched = paths[offset : offset + changed]
+                        offset += changed
+                        named = [str(p.relative_to(root)) for p in touched]
 
-                    async def step(
-                        before: str = before, named: list[str] | None = named, n: int = changed
-                    ) -> None:
-                        after = await store.track(root, named)
-                        assert after is not None
-                        files = await store.changed(root, before, after)
-                        assert len(files) == n, files
+                        async def step(
+                            touched: list[Path] = touched,
+                            named: list[str] = named,
+                            approach: str = approach,
+                            r: int = r,
+                            bash: bool = bash,
+                        ) -> tuple[str, ...]:
+                            if approach == "new":
+                                writes = StepWrites(store, str(root))
+                                for name in ["(bash)"] if bash else named:
+                                    await writes.before_run(
+                                        "bash" if bash else "write", {"path": name}
+                                    )
+                                edit(touched, r)
+                                recorded = await writes.record()
+                                assert recorded is not None
+                                return recorded.files
+                            return await old.step(touched, None if bash else named, r)
 
-                    runs.append(await timed(step))
-                print(f"incremental, {label}, {changed:2d} file(s): {ms(runs)}  target <= 50 ms")
+                        start = time.perf_counter()
+                        files = await step()
+                        runs.append((time.perf_counter() - start) * 1000)
+                        assert sorted(files) == sorted(named), files
+                label = "bash step (full look)" if bash else "write/edit step"
+                print(f"per {label}, {changed:2d} file(s):")
+                print(f"    new : {ms(new_runs)}  target <= 50 ms")
+                print(f"    old : {ms(old_runs)}")
+        status_after = [await timed(status) for _ in range(args.runs)]
+        print(f"baseline git status again       : {ms(status_after)}")
         reverts = []
         for r in range(max(3, args.runs // 2)):
             before = await store.track(root)

@@ -70,7 +70,9 @@ Checks (:func:`check_database`, importable; each finding is a :class:`Violation`
 (f) user shells: each ended at most once (once after the settle), its notice enqueued
     with the end (id = shell id + ``n``), never twice; none left running after the settle;
 (g) reverts: the stored staged revert is the last revert event's; a commit left no
-    transcript row at or after its boundary.
+    transcript row at or after its boundary; after the settle no revert intent is left in
+    ``<data>/revert`` (recovery finished or dropped each one a crash interrupted, so the
+    files agree with the log).
 (h) permissions (:func:`check_permissions`): no call runs unasked: a marker whose call
     carries ``true ASK`` has a start line only if its ``session.permission.asked`` has a
     ``once``/``always`` reply committed before the line was written, or an earlier
@@ -803,6 +805,9 @@ def check_database(
         conn.execute("COMMIT")
     finally:
         conn.close()
+    if settled:
+        intents = sorted((Path(path).parent / "revert").glob("*.json"))
+        out += [Violation("revert.intent-left", f"{i.name} after the settle") for i in intents]
     out += check_rebuild(path)
     return out
 

@@ -113,8 +113,8 @@ class SessionReads(Protocol):
 
     async def step_snapshots(
         self, session_id: str, from_seq: int = 0
-    ) -> list[tuple[int, str | None, tuple[str, ...]]]:
-        """The snapshots steps recorded from ``from_seq`` on, in log order."""
+    ) -> list[tuple[int, str, str, tuple[str, ...]]]:
+        """(seq, before, after, files) of each writing step from ``from_seq`` on, in log order."""
         ...
 
     async def claims(self) -> list[Claim]:

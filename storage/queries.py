@@ -357,24 +357,36 @@ class Queries:
 
     async def step_snapshots(
         self, session_id: str, from_seq: int = 0
-    ) -> list[tuple[int, str | None, tuple[str, ...]]]:
-        """The snapshots steps recorded from ``from_seq`` on, in log order.
+    ) -> list[tuple[int, str, str, tuple[str, ...]]]:
+        """The file snapshots of writing steps from ``from_seq`` on, in log order.
 
-        Each row is (seq, snapshot, files): a ``step.started`` gives the tree
-        before the step and no files, a ``step.ended`` the tree after it and
-        the paths it changed.
+        Each row is (seq, before, after, files) of a ``step.ended`` or
+        ``step.failed``: ``before`` holds each of ``files`` as it was before
+        the step. (A log written before snapshots became lazy has the tree
+        before each step on its ``step.started``: that is its ``before``.)
         """
         rows = await self._fetch(
-            "SELECT seq, json_extract(data, '$.snapshot'), json_extract(data, '$.files')"
+            "SELECT seq, type, json_extract(data, '$.before'), json_extract(data, '$.snapshot'),"
+            " json_extract(data, '$.files')"
             " FROM event WHERE aggregate_id = ? AND seq >= ?"
-            " AND type IN ('session.step.started.1', 'session.step.ended.1')"
+            " AND type IN ('session.step.started.1', 'session.step.ended.1',"
+            " 'session.step.failed.1')"
             " AND json_extract(data, '$.snapshot') IS NOT NULL ORDER BY seq",
             (session_id, from_seq),
         )
-        return [
-            (int(r[0]), str(r[1]), tuple(orjson.loads(r[2])) if r[2] is not None else ())
-            for r in rows
-        ]
+        out: list[tuple[int, str, str, tuple[str, ...]]] = []
+        started: str | None = None
+        for seq, type_, before, after, files in rows:
+            if type_ == "session.step.started.1":
+                started = str(after)
+                continue
+            first = before if before is not None else started
+            started = None
+            if first is not None:
+                out.append(
+                    (int(seq), str(first), str(after), tuple(orjson.loads(files)) if files else ())
+                )
+        return out
 
     # -- execution ------------------------------------------------------------------------------
 

@@ -130,6 +130,17 @@ async def test_the_checker_passes_the_real_history(tmp_path: Path) -> None:
     assert crashsim.check_database(db, receipts, ledger) == []
 
 
+async def test_the_checker_catches_a_revert_intent_left_after_the_settle(tmp_path: Path) -> None:
+    db, receipts, ledger = await _history(tmp_path)
+    intents = db.parent / "revert"
+    intents.mkdir()
+    (intents / "ses_left.json").write_bytes(b"{}")
+    found = _checks(crashsim.check_database(db, receipts, ledger))
+    assert found == {"revert.intent-left"}
+    # Before the settle an intent may still be waiting for the next start's recovery.
+    assert crashsim.check_database(db, receipts, ledger, settled=False) == []
+
+
 async def test_the_checker_catches_a_lost_admission(tmp_path: Path) -> None:
     db, receipts, ledger = await _history(tmp_path)
     broken = _copy(db, tmp_path / "broken.sqlite")

@@ -241,3 +241,147 @@ async def test_replay_rebuilds_shell_and_revert_projections(tmp_path: Path, repo
     shells = [row for row in stored["session_message"] if row[2] == "shell"]
     assert len(shells) == 1
     assert "kept" in shells[0][6]
+
+
+class Crash(Exception):
+    """Stands for the process dying at the point it is raised."""
+
+
+async def test_a_crash_after_staging_before_the_files_are_restored_is_finished_at_restart(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Embedded(tmp_path / "data") as oc:
+        sid, _, second = await writing_session(oc, repo)
+        changed = tree(repo)
+        snapshots = oc.runtime.snapshots
+
+        async def half_then_crash(session: Any, restores: Any) -> None:
+            tree_id, paths = restores[0]
+            await snapshots.restore(session.location.directory, tree_id, paths[:1])
+            raise Crash
+
+        monkeypatch.setattr(oc.runtime.reverts, "_apply", half_then_crash)
+        with pytest.raises(Crash):  # the runtime's own call: over HTTP it would be a 500
+            await oc.runtime.reverts.stage(sid, second, files=True)
+        half = tree(repo)
+        assert half != changed
+        assert (tmp_path / "data" / "revert" / f"{sid}.json").exists()
+    async with Embedded(tmp_path / "data") as oc:
+        # The log says staged, so recovery finished the restore: they agree.
+        revert = (await oc.sessions.get(sid)).revert
+        assert revert is not None
+        assert revert.message_id == second
+        restored = tree(repo)
+        assert restored["a.txt"] == b"alpha\n"
+        assert restored["b.txt"] == b"bravo\n"
+        assert restored["bin.dat"] == BINARY
+        assert "new/dir/c.txt" not in restored
+        assert restored["ignored.log"] == b"noise\n"
+        assert not (tmp_path / "data" / "revert" / f"{sid}.json").exists()
+        await oc.sessions.revert_clear(sid)
+        assert tree(repo) == changed
+
+
+async def test_a_crash_before_the_stage_commits_leaves_files_and_log_untouched(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Embedded(tmp_path / "data") as oc:
+        sid, _, second = await writing_session(oc, repo)
+        changed = tree(repo)
+
+        async def crash(*args: Any) -> Any:
+            raise Crash
+
+        monkeypatch.setattr(oc.runtime.reverts, "_append", crash)
+        monkeypatch.setattr(oc.runtime.reverts, "_recorded", crash)
+        with pytest.raises(Crash):  # the runtime's own call: over HTTP it would be a 500
+            await oc.runtime.reverts.stage(sid, second, files=True)
+        assert (tmp_path / "data" / "revert" / f"{sid}.json").exists()
+        assert tree(repo) == changed
+    async with Embedded(tmp_path / "data") as oc:
+        assert (await oc.sessions.get(sid)).revert is None
+        assert tree(repo) == changed
+        assert not (tmp_path / "data" / "revert" / f"{sid}.json").exists()
+
+
+async def test_a_crash_in_the_middle_of_a_clear_is_finished_at_restart(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Embedded(tmp_path / "data") as oc:
+        sid, _, second = await writing_session(oc, repo)
+        changed = tree(repo)
+        await oc.sessions.revert_stage(sid, RevertStageInput(message_id=second, files=True))
+        staged = tree(repo)
+
+        async def crash(*args: Any) -> None:
+            raise Crash
+
+        monkeypatch.setattr(oc.runtime.reverts, "_apply", crash)
+        with pytest.raises(Crash):
+            await oc.runtime.reverts.clear(sid)
+        assert tree(repo) == staged  # the clear is recorded, its files not yet back
+    async with Embedded(tmp_path / "data") as oc:
+        assert (await oc.sessions.get(sid)).revert is None
+        assert tree(repo) == changed
+
+
+async def test_a_file_goes_back_to_how_it_was_just_before_the_agent_changed_it(
+    host: Embedded, repo: Path
+) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+    await prompt_and_wait(
+        host, s.id, tool("write", path="a.txt", content="agent 1\n") + "\n---\n#t"
+    )
+    # The user edits outside the agent: no step sees it until one writes the file.
+    (repo / "a.txt").write_text("the user's\n")
+    (repo / "keep.txt").write_text("the user's too\n")
+    msg = await prompt_and_wait(
+        host,
+        s.id,
+        tool("write", path="a.txt", content="agent 2\n")
+        + "\n"
+        + tool("bash", command="echo agent > keep.txt")
+        + "\n---\n#t",
+    )
+    (ended,) = [
+        e.data["data"]
+        async for e in host.sessions.log(s.id)
+        if e.event == "session.step.ended" and e.data["data"].get("files") == ["a.txt", "keep.txt"]
+    ]
+    assert ended["before"] != ended["snapshot"]
+    await host.sessions.revert_stage(s.id, RevertStageInput(message_id=msg, files=True))
+    assert (repo / "a.txt").read_text() == "the user's\n"
+    assert (repo / "keep.txt").read_text() == "the user's too\n"
+
+
+async def test_step_writes_name_odd_paths_and_leave_ignored_and_outside_ones(
+    tmp_path: Path, repo: Path
+) -> None:
+    from actors.snapshots import Snapshots, StepWrites
+
+    store = Snapshots(tmp_path / "store")
+    odd = ["it's.txt", "two\nlines.txt", "sp ace/é.txt"]
+    writes = StepWrites(store, str(repo))
+    for name in [*odd, "x.log", "../outside.txt", str(repo / "a.txt")]:
+        await writes.before_run("write", {"path": name})
+    for name in odd:
+        (repo / name).parent.mkdir(exist_ok=True)
+        (repo / name).write_text(name)
+    (repo / "x.log").write_text("ignored\n")
+    (repo / "a.txt").write_text("changed\n")
+    recorded = await writes.record()
+    assert recorded is not None
+    # A newline in a name makes git's verbose lines ambiguous: the diff answers then.
+    assert recorded.files == tuple(sorted([*odd, "a.txt"]))
+    assert await store.changed(repo, recorded.before, recorded.after) == recorded.files
+    await store.restore(repo, recorded.before, recorded.files)
+    assert not any((repo / name).exists() for name in odd)
+    assert (repo / "a.txt").read_text() == "alpha\n"
+    assert (repo / "x.log").read_text() == "ignored\n"
+    # Nothing changed since: no git runs for the next step's trees.
+    again = StepWrites(store, str(repo))
+    await again.before_run("edit", {"path": "a.txt"})
+    unchanged = await again.record()
+    assert unchanged is not None
+    assert unchanged.files == ()
+    assert unchanged.before == unchanged.after == recorded.before

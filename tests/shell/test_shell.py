@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -144,3 +145,27 @@ async def test_bash_tool_gets_the_session_environment(
     # A deleted session's variables are forgotten.
     await host.sessions.remove(s.id)
     assert host.runtime.environments.variables(s.id) == {}
+
+
+async def test_output_beyond_the_memory_limit_spills_whole_to_a_managed_file(
+    tmp_path: Path, repo: Path
+) -> None:
+    # The limit is lowered (to its floor, twice the tool-output bound) to keep this fast.
+    config = RuntimeConfig(data_dir=tmp_path / "data", shell_output_memory_bytes=2)
+    floor = 2 * config.tool_output_max_bytes + 2
+    async with Embedded(config=config) as oc:
+        s = await oc.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+        await oc.sessions.shell(s.id, ShellInput(command="seq 1 200000; echo the-end"))
+        (ended,) = await until(oc, s.id, "session.shell.ended")
+    expected = "".join(f"{i}\n" for i in range(1, 200_001)) + "the-end\n"
+    assert len(expected) > 5 * floor  # well past what memory keeps
+    output = ended["output"]
+    # A bounded preview with the beginning and the end, pointing at the file...
+    assert len(output.encode()) <= config.tool_output_max_bytes + 512
+    assert output.startswith("1\n2\n3\n")
+    assert output.rstrip().endswith("the-end")
+    marker = output[output.index("full content saved to ") :]
+    saved = Path(marker.removeprefix("full content saved to ").split(" ", 1)[0])
+    # ...which holds every byte the command wrote, none lost.
+    assert saved.parent == config.tool_output_dir
+    assert await asyncio.to_thread(saved.read_text) == expected
