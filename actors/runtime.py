@@ -754,7 +754,8 @@ class Runtime:
 
     async def _scan(self) -> None:
         """Recover claimed sessions whose lease expired (or that another host released)."""
-        interval = self.config.lease_ttl_ms / 2 / 1000
+        # At most a second: a dead host's sessions move within expiry + 1 s.
+        interval = min(self.config.lease_ttl_ms / 2 / 1000, 1.0)
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._rescan.wait(), interval)
