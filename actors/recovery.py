@@ -97,9 +97,8 @@ async def recover(
     keeper: LeaseKeeper,
     *,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    only: frozenset[str] | None = None,
 ) -> RecoveryReport:
-    """Recover every claimed session nobody runs (only those in ``only``, when given)."""
+    """Recover every claimed session nobody runs."""
 
     async def busy() -> set[str]:
         live = {lease.session_id for lease in await store.queries.leases(live_at=now_ms())}
@@ -107,8 +106,6 @@ async def recover(
 
     stale = await reap_stale_tools(store, blocking, running=busy)
     claims = await store.queries.claims()
-    if only is not None:
-        claims = [c for c in claims if c.session_id in only]
     if not claims:
         return RecoveryReport(stale_tools=stale)
     running = set(await execution.active())

@@ -375,7 +375,6 @@ class Runtime:
         )
         self._hooks: _DurableHooks | None = None
         self._rescan = asyncio.Event()
-        self._rescan_ids: set[str] = set()
         self._tasks: set[asyncio.Task[object]] = set()
         self._closing = False
         #: Wakes that arrived while closing (session id -> widest scope).
@@ -517,7 +516,6 @@ class Runtime:
             elif message.kind == "interrupt":
                 self._spawn(execution.interrupt(sid, "user"), f"interrupt:{sid}")
         if message.kind == "released":
-            self._rescan_ids.update(message.session_ids)
             self._rescan.set()
 
     async def _owner(self, session_id: str) -> str | None:
@@ -740,7 +738,7 @@ class Runtime:
             except Exception:
                 log.exception("handing over the wakes received while closing failed")
 
-    async def recover(self, only: frozenset[str] | None = None) -> RecoveryReport:
+    async def recover(self) -> RecoveryReport:
         """Run the recovery sweep now (it also runs at start and then periodically)."""
         return await recover(
             self.store,
@@ -749,7 +747,6 @@ class Runtime:
             self.blocking,
             self.leases,
             max_attempts=self.config.max_resume_attempts,
-            only=only,
         )
 
     async def _scan(self) -> None:
@@ -760,7 +757,6 @@ class Runtime:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._rescan.wait(), interval)
             self._rescan.clear()
-            self._rescan_ids.clear()
             try:
                 await self.recover()
             except ServiceUnavailableError:
