@@ -111,6 +111,7 @@ from storage import (
     fenced,
     is_server_url,
     now_ms,
+    redact,
 )
 from storage.follow import FollowDispatcher
 
@@ -184,7 +185,10 @@ class RuntimeConfig:
     decode_cache_bytes: int = 32 * 1024 * 1024
     #: The event log's database (``[runtime] database``): a SQLite file path, or a
     #: ``postgresql://`` URL; None is ``sessionrt.sqlite`` in the data dir.
-    database: str | None = None
+    #: Shown redacted: a password in the URL never reaches a repr or a log.
+    database: str | None = attrs.field(
+        default=None, repr=lambda value: repr(None if value is None else redact(value))
+    )
     #: Automatic compaction (``[runtime] compaction``); an agent's
     #: ``compaction`` overrides it. Manual compaction works either way.
     compaction: bool = True

@@ -152,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
         "--database",
         default=None,
         metavar="PATH_OR_URL",
-        help="the event log: a SQLite file, or postgresql://… (default: the data dir's file)",
+        help="the event log: a SQLite file, or postgresql://… (default: the data dir's file);"
+        " a password in the URL is visible to local users: prefer PGPASSWORD or ~/.pgpass",
     )
     serve.add_argument(
         "--config", type=Path, help="a TOML file of [server], [runtime] and [providers] settings"

@@ -28,6 +28,7 @@ from aiohttp import web
 from actors.runtime import RuntimeConfig
 from server._protocol import make_runner
 from server.app import RUNTIME, ServerSettings, make_app, runner_options
+from storage import redact
 
 __all__ = ["is_loopback", "serve"]
 
@@ -132,7 +133,7 @@ async def serve(
         bound = runner.addresses[0]
         shown = f"[{bound[0]}]" if ":" in str(bound[0]) else bound[0]
         print(f"sessionrt listening on http://{shown}:{bound[1]}", file=out, flush=True)
-        print(f"  data: {config.db_path}", file=out, flush=True)
+        print(f"  data: {_data(config)}", file=out, flush=True)
         _log_start(app, f"http://{shown}:{bound[1]}", config, settings)
         # Everything allocated so far lives as long as the server: keep it out of
         # the collector's generations so full collections stay short (a full
@@ -150,6 +151,11 @@ async def serve(
         log.info("server stopped", extra={"fields": {"phase": "stopped"}})
 
 
+def _data(config: RuntimeConfig) -> str:
+    """Where the log lives, fit to print (a database URL without its password)."""
+    return str(config.db_path) if config.database is None else redact(config.database)
+
+
 def _log_start(
     app: web.Application, url: str, config: RuntimeConfig, settings: ServerSettings
 ) -> None:
@@ -159,7 +165,7 @@ def _log_start(
             "fields": {
                 "phase": "start",
                 "url": url,
-                "data": str(config.db_path),
+                "data": _data(config),
                 "password": settings.password is not None,  # whether one is set; never its value
             }
         },

@@ -4,6 +4,7 @@ Above this package, name the Protocols (:class:`EventLog`, :class:`SessionReads`
 :class:`Store`) and open a store with :func:`connect`; never a backend.
 """
 
+from storage._url import redact
 from storage._writer import Synchronous
 from storage.connect import connect, is_server_url
 from storage.errors import (
@@ -76,4 +77,5 @@ __all__ = [
     "is_server_url",
     "now_ms",
     "rebuild_projections",
+    "redact",
 ]

@@ -37,7 +37,7 @@ _CREATE_OR_PATCH: Final = (
     " (session_id, epoch_start, through_seq, initial_values, current_values)"
     " VALUES (?, ?, ?, ?, ?)"
     " ON CONFLICT (session_id) DO UPDATE SET through_seq = excluded.through_seq,"
-    " current_values = json_patch(current_values, ?)"
+    " current_values = json_patch(instruction_state.current_values, ?)"
 )
 
 

@@ -178,7 +178,8 @@ def session_usage(rec: RecordedEvent, cost: float, tokens: ev.StepTokens) -> Op:
 
 
 def _message_update(rec: RecordedEvent, message_id: str, fields: dict[str, Any]) -> Op:
-    # json_set with json() keeps nested values as JSON, not as quoted strings.
+    # Every json_set value goes through json(): nested values stay JSON, not
+    # quoted strings, and the PostgreSQL twin of json_set takes JSON values only.
     paths = ", ".join(f"'$.{k}', json(?)" for k in fields)
     return Op(
         f"UPDATE session_message SET data = json_set(data, {paths}), time_updated = ?"
@@ -271,9 +272,9 @@ def _tool_input_started(rec: RecordedEvent, e: ev.ToolInputStarted) -> tuple[Op,
 def _tool_input_ended(rec: RecordedEvent, e: ev.ToolInputEnded) -> tuple[Op, ...]:
     return (
         Op(
-            "UPDATE session_part SET data = json_set(data, '$.raw', ?)"
+            "UPDATE session_part SET data = json_set(data, '$.raw', json(?))"
             " WHERE message_id = ? AND key = ?",
-            (e.text, e.assistant_message_id, f"tool:{e.id}"),
+            (orjson.dumps(e.text).decode(), e.assistant_message_id, f"tool:{e.id}"),
         ),
     )
 
@@ -295,7 +296,8 @@ def _tool_called(rec: RecordedEvent, e: ev.ToolCalled) -> tuple[Op, ...]:
             "INSERT INTO session_part (message_id, session_id, key, position, status, data)"
             " VALUES (?, ?, ?, ?, 'running', ?)"
             " ON CONFLICT (message_id, key) DO UPDATE SET status = 'running',"
-            " data = json_set(session_part.data, '$.status', 'running', '$.input', json(?))",
+            " data = json_set(session_part.data, '$.status', json('\"running\"'),"
+            " '$.input', json(?))",
             (
                 e.assistant_message_id,
                 e.session_id,
@@ -347,11 +349,11 @@ def _tool_settled(
             (message_id, call_id),
         ),
         Op(
-            f"UPDATE session_part SET status = ?, data = json_set(data, '$.status', ?{paths})"
+            f"UPDATE session_part SET status = ?, data = json_set(data, '$.status', json(?){paths})"
             " WHERE message_id = ? AND key = ? AND session_id = ?",
             (
                 status,
-                status,
+                orjson.dumps(status).decode(),
                 *(orjson.dumps(v).decode() for v in fields.values()),
                 message_id,
                 f"tool:{call_id}",

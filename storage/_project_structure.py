@@ -43,7 +43,7 @@ def _copied(e: ev.SessionForked) -> tuple[str, tuple[Any, ...]]:
     """The WHERE clause (over ``m``, the parent's messages) selecting what the fork copies."""
     message_id = e.boundary.message_id
     if message_id is None:
-        return "0", ()
+        return "1 = 0", ()
     cmp = "<" if e.boundary.type == "before" else "<="
     return (
         f"m.session_id = ? AND {_SETTLED} AND m.seq {cmp}"
@@ -61,7 +61,8 @@ def _forked(rec: RecordedEvent, e: ev.SessionForked) -> tuple[Op, ...]:
             "INSERT INTO session (id, parent_id, title, agent, model, directory, metadata,"
             " fork_session_id, fork_boundary, time_created, time_updated)"
             " SELECT ?, NULL, title, agent, model, directory, metadata, id, ?, ?, ?"
-            " FROM session WHERE id = ? AND (? IS NULL OR EXISTS (SELECT 1 FROM session_message"
+            " FROM session WHERE id = ? AND (CAST(? AS TEXT) IS NULL"
+            " OR EXISTS (SELECT 1 FROM session_message"
             " WHERE id = ? AND session_id = ?)) ON CONFLICT (id) DO NOTHING",
             (
                 e.session_id,

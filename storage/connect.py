@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Final
 
+from storage._url import redact
 from storage._writer import Synchronous
 from storage.errors import StorageError
 from storage.interfaces import Store
@@ -54,7 +55,7 @@ def connect(
             if exc.name not in ("storage.postgres", "asyncpg", "psycopg"):
                 raise
             raise StorageError(
-                f"database {_redacted(database)}: the PostgreSQL backend is not available"
+                f"database {redact(database)}: the PostgreSQL backend is not available"
                 f" in this build ({exc.name} is missing)"
             ) from None
         store: Store = PostgresStore(
@@ -70,13 +71,3 @@ def connect(
         read_only=read_only,
         decode_cache_bytes=decode_cache_bytes,
     )
-
-
-def _redacted(url: str) -> str:
-    """``url`` without its password (``scheme://user:***@host/db``)."""
-    scheme, _, rest = url.partition("://")
-    credentials, at, location = rest.rpartition("@")
-    if not at:
-        return url
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{location}" if ":" in credentials else url

@@ -130,7 +130,8 @@ _MESSAGE_COLUMNS: Final = "id, session_id, type, seq, time_created, time_updated
 _WITH_PARTS: Final = (
     f"SELECT {_MESSAGE_COLUMNS}, CASE WHEN type = 'assistant' THEN"
     " (SELECT json_group_array(json(data)) FROM"
-    " (SELECT data FROM session_part WHERE message_id = session_message.id ORDER BY position))"
+    " (SELECT data FROM session_part WHERE message_id = session_message.id ORDER BY position)"
+    " AS p)"
     " END FROM session_message"
 )
 _INBOX_COLUMNS: Final = "id, session_id, type, payload, delivery, time_created"
@@ -531,8 +532,9 @@ class Queries:
     async def admission(self, item_id: str) -> InboxItem | None:
         """The admission receipt of ``item_id``, pending or delivered, in any session."""
         rows = await self._fetch(
-            f"SELECT {_INBOX_COLUMNS}, 0 FROM session_inbox WHERE id = ?"
-            f" UNION ALL SELECT {_MESSAGE_COLUMNS.replace('seq, ', '')}, 1"
+            # Both branches give the same column types (PostgreSQL checks them).
+            f"SELECT {_INBOX_COLUMNS}, NULL, 0 FROM session_inbox WHERE id = ?"
+            " UNION ALL SELECT id, session_id, type, NULL, NULL, time_created, data, 1"
             " FROM session_message WHERE id = ?",
             (item_id, item_id),
         )
@@ -564,9 +566,9 @@ class Queries:
     ) -> tuple[InstructionState | None, list[tuple[str, str]]]:
         """:meth:`instruction_state` and :meth:`instruction_entries` in one statement."""
         rows = await self._fetch(
-            "SELECT 0, epoch_start, through_seq, initial_values, current_values"
+            "SELECT 0, NULL, NULL, epoch_start, through_seq, initial_values, current_values"
             " FROM instruction_state WHERE session_id = ?"
-            " UNION ALL SELECT 1, key, value, NULL, NULL FROM instruction_entry"
+            " UNION ALL SELECT 1, key, value, NULL, NULL, NULL, NULL FROM instruction_entry"
             " WHERE session_id = ? AND removed = 0",
             (session_id, session_id),
         )
@@ -575,10 +577,10 @@ class Queries:
         for r in rows:
             if r[0] == 0:
                 state = InstructionState(
-                    epoch_start=int(r[1]),
-                    through_seq=int(r[2]),
-                    initial=orjson.loads(r[3]),
-                    current=orjson.loads(r[4]),
+                    epoch_start=int(r[3]),
+                    through_seq=int(r[4]),
+                    initial=orjson.loads(r[5]),
+                    current=orjson.loads(r[6]),
                 )
             else:
                 entries.append((str(r[1]), str(r[2])))
@@ -702,15 +704,15 @@ def _inbox_item(r: Row) -> InboxItem:
 
 
 def _receipt_from_message(r: Row) -> InboxItem:
-    # Columns: id, session_id, type, time_created, time_updated, data, flag.
-    data: Mapping[str, Any] = orjson.loads(r[5])
+    # Columns: id, session_id, type, -, -, time_created, data, flag.
+    data: Mapping[str, Any] = orjson.loads(r[6])
     return InboxItem(
         id=r[0],
         session_id=r[1],
         type=r[2],
         payload=data.get("payload", {}),
         delivery=data.get("delivery", "steer"),
-        time_created=int(data.get("timeCreated", r[3])),
+        time_created=int(data.get("timeCreated", r[5])),
     )
 
 

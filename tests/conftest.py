@@ -1,4 +1,6 @@
-"""Shared fixtures: a real SQLite file per test, the store, and the session facade."""
+"""Shared fixtures: a real SQLite file (or PostgreSQL database) per test, the store, and
+the session facade. ``SESSIONRT_TEST_DATABASE=postgresql`` puts ``store`` on PostgreSQL
+(see tests/pgdb.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pgdb
 import pytest
 from hypothesis import settings
 
 from actors.inbox import Scope
 from actors.sessions import Sessions
-from storage import SQLiteStore
+from storage import SQLiteStore, is_server_url
 
 # Hypothesis's per-example deadline (200 ms) is a timed assertion: on CI's 2
 # cores shared by parallel xdist workers an example that takes 20 ms alone
@@ -39,9 +42,49 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
+async def pg_url() -> AsyncIterator[str]:
+    """A fresh, migrated PostgreSQL database of this test's own (skips without a server)."""
+    async with pgdb.database() as url:
+        yield url
+
+
+@pytest.fixture
+async def store(request: pytest.FixtureRequest, db_path: Path) -> AsyncIterator[Any]:
+    if pgdb.on_postgres() and not request.node.get_closest_marker("sqlite_only"):
+        from storage.postgres import PostgresStore
+
+        async with pgdb.database() as url, PostgresStore(url) as p:
+            yield p
+        return
     async with SQLiteStore(db_path) as s:
         yield s
+
+
+@pytest.fixture(autouse=True)
+def _postgres_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """On the PostgreSQL pass, every runtime a test opens keeps its log in the test's own
+    database (the backend choice is the only thing changed; the server is real)."""
+    if not pgdb.on_postgres() or request.node.get_closest_marker("sqlite_only"):
+        yield
+        return
+    from actors import runtime as runtime_module
+
+    url = asyncio.run(pgdb.new_database())
+    connect = runtime_module.connect
+
+    def to_postgres(database: str, **options: Any) -> Any:
+        return connect(database if is_server_url(database) else url, **options)
+
+    monkeypatch.setattr(runtime_module, "connect", to_postgres)
+    try:
+        yield
+    finally:
+        asyncio.run(pgdb.drop_database(url))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if pgdb.template_made():
+        asyncio.run(pgdb.drop_templates())
 
 
 @pytest.fixture

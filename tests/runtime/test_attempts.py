@@ -29,6 +29,7 @@ from llm.fake_providers import (
     openai_error,
     openai_text,
 )
+from pgdb import stored_and_rebuilt
 
 from actors.llm import (
     ModelLimits,
@@ -45,7 +46,6 @@ from actors.step import CONTINUE_TEXT
 from protocol import AssistantMessage, SyntheticMessage
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import ModelRef, ReasoningPart, TextPart, ToolPart
-from storage import rebuild_projections
 
 OPENAI = ModelRef(provider_id="oa", id="gpt-fake")
 ANTHROPIC = ModelRef(provider_id="an", id="claude-fake")
@@ -121,7 +121,7 @@ async def world(tmp_path: Path, workdir: Path) -> AsyncIterator[World]:
 
 
 async def replay_matches(rt: Runtime) -> None:
-    stored, rebuilt = await asyncio.to_thread(rebuild_projections, str(rt.config.db_path))
+    stored, rebuilt = await stored_and_rebuilt(rt.store)
     assert stored == rebuilt
 
 
@@ -519,6 +519,7 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
+@pytest.mark.sqlite_only  # its crashing child process opens the data dir's SQLite
 async def test_a_crash_during_the_backoff_is_recovered(tmp_path: Path, workdir: Path) -> None:
     async with FakeProvider() as fake:
         fake.replies.append(openai_error(503, "unavailable", type="server_error"))

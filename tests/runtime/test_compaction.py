@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import pytest
 from feed import Feed
+from pgdb import stored_and_rebuilt
 
 from actors.llm import ModelLimits, ModelRequest, ScriptedProvider, StreamPart
 from actors.runtime import Runtime, RuntimeConfig
@@ -21,7 +22,7 @@ from protocol import events as ev
 from protocol.errors import ConflictError
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import CompactionMessage, ModelRef, UserMessage
-from storage import Command, rebuild_projections
+from storage import Command
 
 MODEL = ModelRef(id="small", provider_id="rec")
 PAD = "x" * 1000  # about 250 tokens per prompt
@@ -382,9 +383,8 @@ async def test_replay_rebuilds_the_compaction_projections(
         await rt.execution.wait_idle(s.id)
         await ask(rt, s.id, "#fail context-overflow once")
         await ask(rt, s.id, "only")
-        db = str(rt.config.db_path)
         assert (await rt.sessions.context(s.id))[0].type == "compaction"
-    stored, rebuilt = await asyncio.to_thread(rebuild_projections, db)
+    stored, rebuilt = await stored_and_rebuilt(rt.store)
     assert stored == rebuilt
 
 

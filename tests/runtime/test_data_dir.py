@@ -32,6 +32,7 @@ async def test_the_embedded_host_refuses_it_too(tmp_path: Path) -> None:
             pass
 
 
+@pytest.mark.sqlite_only
 async def test_a_missing_data_dir_is_made_with_its_parents(tmp_path: Path) -> None:
     data_dir = tmp_path / "a" / "b" / "data"
     async with Runtime(RuntimeConfig(data_dir=data_dir)) as rt:

@@ -6,7 +6,6 @@ scripted model's ``#hosted`` directive drives the same path without one.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,14 @@ from llm.fake_providers import (
     anthropic_hosted,
     anthropic_text,
 )
+from pgdb import stored_and_rebuilt
 
 from actors.llm import ModelLimits, ProviderConfig
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import AssistantMessage, ModelRef, ToolPart
-from storage import Command, rebuild_projections
+from storage import Command
 
 ANTHROPIC = ModelRef(provider_id="an", id="claude-fake")
 
@@ -73,7 +73,7 @@ async def tool_parts(rt: Runtime, session_id: str) -> list[ToolPart]:
 
 
 async def replay_matches(rt: Runtime) -> None:
-    stored, rebuilt = await asyncio.to_thread(rebuild_projections, str(rt.config.db_path))
+    stored, rebuilt = await stored_and_rebuilt(rt.store)
     assert stored == rebuilt
 
 

@@ -6,20 +6,19 @@ Real SQLite file, scripted model, real bash: where a tool call ran is what
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from feed import Feed
+from pgdb import stored_and_rebuilt
 
 from actors.runtime import Runtime
 from protocol import codec
 from protocol.errors import ConflictError, InvalidRequestError, SessionNotFoundError
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import Location, SystemMessage
-from storage import rebuild_projections
 
 
 @pytest.fixture
@@ -50,7 +49,7 @@ async def tool_outputs(rt: Runtime, session_id: str) -> list[str]:
 
 
 async def replay_matches(rt: Runtime) -> None:
-    stored, rebuilt = await asyncio.to_thread(rebuild_projections, str(rt.store.path))
+    stored, rebuilt = await stored_and_rebuilt(rt.store)
     assert stored == rebuilt
 
 

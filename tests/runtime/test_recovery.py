@@ -12,7 +12,7 @@ from actors.runtime import Runtime, RuntimeConfig
 from protocol import ModelRef, SyntheticMessage
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
-from storage import Command, SQLiteStore
+from storage import Command
 
 
 def config(tmp_path: Path, **extra: object) -> RuntimeConfig:
@@ -99,8 +99,9 @@ async def test_stale_tools_are_failed_not_replayed(tmp_path: Path) -> None:
 
 async def test_the_attempt_bound_terminalizes_instead_of_crash_looping(tmp_path: Path) -> None:
     [sid] = await claimed_sessions(tmp_path, 1)
-    async with SQLiteStore(tmp_path / "data" / "sessionrt.sqlite") as store:
-        await store.append(Command.of(ev.ExecutionRecovering(session_id=sid, attempt=2)))
+    # The log as the runtime keeps it (on either backend), without its sweep.
+    async with Runtime(config(tmp_path, recover=False)) as idle:
+        await idle.store.append(Command.of(ev.ExecutionRecovering(session_id=sid, attempt=2)))
     async with Runtime(config(tmp_path, max_resume_attempts=2)) as rt:
         assert rt.recovery.exhausted == (sid,)
         assert rt.recovery.resumed == ()
@@ -115,7 +116,8 @@ async def test_every_attempt_is_counted_before_resuming(tmp_path: Path) -> None:
     [sid] = await claimed_sessions(tmp_path, 1)
     for attempt in (1, 2, 3):
         # A crash right after counting: the next boot counts again.
-        async with SQLiteStore(tmp_path / "data" / "sessionrt.sqlite") as store:
+        async with Runtime(config(tmp_path, recover=False)) as idle:
+            store = idle.store
             await store.append(Command.of(ev.ExecutionRecovering(session_id=sid, attempt=attempt)))
             claims = await store.queries.claims()
             assert [(c.session_id, c.resume_attempts) for c in claims] == [(sid, attempt)]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 from feed import Feed
+from pgdb import stored_and_rebuilt
 
 from actors.runtime import Runtime
 from protocol import AssistantMessage, UserMessage
@@ -18,7 +18,6 @@ from protocol.errors import (
 )
 from protocol.requests import PromptInput
 from protocol.shapes import ForkBoundary, SessionMessage, TextPart
-from storage import rebuild_projections
 
 
 async def transcript(rt: Runtime, session_id: str) -> list[SessionMessage]:
@@ -50,7 +49,7 @@ async def two_turns(rt: Runtime, feed: Feed) -> tuple[str, list[SessionMessage]]
 
 
 async def replay_matches(rt: Runtime) -> None:
-    stored, rebuilt = await asyncio.to_thread(rebuild_projections, str(rt.store.path))
+    stored, rebuilt = await stored_and_rebuilt(rt.store)
     assert stored == rebuilt
 
 

@@ -82,6 +82,7 @@ async def test_a_symlink_out_of_the_directory_is_refused(
     await attach(sessions, session, f"file://{project}/dir/{outside.name}")
 
 
+@pytest.mark.sqlite_only
 async def test_the_database_is_refused_even_inside_the_directory(
     sessions: Sessions, store: SQLiteStore, tmp_path: Path
 ) -> None:

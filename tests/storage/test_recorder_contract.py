@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pgdb
 import pytest
 
 from protocol import Location
@@ -68,9 +69,23 @@ async def _sqlite(tmp: Path, synchronous: Synchronous) -> AsyncIterator[StoreFac
     )
 
 
+async def _postgres_rebuild(database: str) -> tuple[Dump, Dump]:
+    from storage.postgres.rebuild import rebuild_projections as rebuild
+
+    return await rebuild(database)
+
+
+@contextlib.asynccontextmanager
+async def _postgres(tmp: Path) -> AsyncIterator[StoreFactory]:
+    # A database of this test's own on the real server (skips when there is none).
+    async with pgdb.database() as url:
+        yield StoreFactory(database=url, rebuild=_postgres_rebuild)
+
+
 BACKENDS: dict[str, Callable[[Path], AbstractAsyncContextManager[StoreFactory]]] = {
     "sqlite": lambda tmp: _sqlite(tmp, "FULL"),
     "sqlite-normal": lambda tmp: _sqlite(tmp, "NORMAL"),
+    "postgresql": _postgres,
 }
 
 

@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+import pgdb
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from actors.inbox import control_head
@@ -36,6 +37,8 @@ from storage import (
     SQLiteStore,
     rebuild_projections,
 )
+from storage.postgres import PostgresStore
+from storage.postgres.rebuild import rebuild_projections as rebuild_projections_pg
 
 pick = st.integers(min_value=0, max_value=50)
 texts = st.text(max_size=12)
@@ -77,8 +80,8 @@ operations = st.lists(
 )
 
 
-async def run(path: Path, ops: list[tuple[Any, ...]]) -> None:
-    async with SQLiteStore(path) as store:
+async def run(path: Path, ops: list[tuple[Any, ...]], url: str | None = None) -> None:
+    async with SQLiteStore(path) if url is None else PostgresStore(url) as store:
         sessions = Sessions(store, default_directory=str(path.parent))
         for name in ("a", "b"):
             (path.parent / name).mkdir(exist_ok=True)
@@ -189,7 +192,7 @@ def _epoch_event(kind: str, session: Any, args: list[Any]) -> ev.Event:
     return ev.SessionMoved(session_id=sid, location=Location(directory="/elsewhere"))
 
 
-async def compaction_fact(store: SQLiteStore, sid: str, what: str) -> None:
+async def compaction_fact(store: Any, sid: str, what: str) -> None:
     """A compaction's own facts, in or out of turn (out of turn is refused whole)."""
     event: ev.Event
     if what == "start":
@@ -234,6 +237,33 @@ def test_replay_equals_incremental_projection(ops: list[tuple[Any, ...]]) -> Non
         path = Path(tmp) / "replay.sqlite"
         asyncio.run(run(path, ops))
         check(path)
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    # No shrinking: each example costs a database, and a failure prints its example anyway.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(operations)
+def test_replay_equals_incremental_projection_on_postgresql(ops: list[tuple[Any, ...]]) -> None:
+    # Fewer examples than on SQLite: each needs a database of its own.
+    async def scenario(path: Path) -> None:
+        async with pgdb.database() as url:
+            await run(path, ops, url)
+            stored, rebuilt = await rebuild_projections_pg(url)
+            assert stored == rebuilt
+            async with PostgresStore(url) as store:
+                rows = await store.fetch(
+                    "SELECT aggregate_id, count(*), min(seq), max(seq) FROM event"
+                    " GROUP BY aggregate_id"
+                )
+            for agg, count, low, high in rows:
+                assert (low, high) == (1, count), agg
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp) / "unused.sqlite"))
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,0 +1,281 @@
+"""One batch of commands, committed on PostgreSQL: the twin of :mod:`storage._writer`.
+
+A batch is one transaction; each command runs under its own SAVEPOINT, so a
+conflicting command rolls back alone and the others commit. The semantics are
+SQLite's (read that module first); what differs is that several processes,
+on several hosts, may write one database:
+
+- Every batch takes one transaction-scoped advisory lock (:data:`LOG_LOCK`)
+  first, so batches commit one at a time across all writers. That is what
+  makes ``seq`` safe (the batch reads each touched aggregate's latest seq
+  under the lock; the ``UNIQUE (aggregate_id, seq)`` constraint is the
+  backstop) and makes ``position`` (a sequence, allocated under the lock)
+  follow commit order: once ``position = p`` is visible, every event with a
+  smaller position is either visible too or never will be. ``read_all(after)``
+  therefore never skips an event that commits later; positions may have gaps
+  (a rolled-back command's values are not reused).
+- :class:`CommandGuard` runs inside each command's SAVEPOINT, after the seq
+  checks and before anything is written: the place for a per-command check
+  against other tables (fencing a stale execution epoch). It raises an
+  :class:`~storage.errors.AppendConflictError` to refuse the command alone.
+- The batch NOTIFYs its commit in the same transaction (delivered only if it
+  commits): see :mod:`.notify`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+import asyncpg
+
+from storage._writer import Outcome, Prepared
+from storage.errors import (
+    AppendConflictError,
+    DivergedError,
+    SeqConflictError,
+    StorageBrokenError,
+)
+from storage.postgres.dialect import affected, translate
+from storage.projectors import project
+from storage.recorder import Command, RecordedEvent
+
+__all__ = ["LOG_LOCK", "BatchResult", "CommandGuard", "commit_batch"]
+
+#: Key of the advisory lock every batch holds until its COMMIT ("sesslog\0").
+LOG_LOCK: Final = 0x7365_7373_6C6F_6700
+
+CommandGuard = Callable[[asyncpg.Connection, Command], Awaitable[None]]
+
+_INSERT_EVENTS: Final = (
+    "INSERT INTO event (id, aggregate_id, seq, type, created, data)"
+    " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[],"
+    " $6::text[]) RETURNING id, position"
+)
+_HEADS: Final = (
+    "SELECT aggregate_id, max(seq) FROM event WHERE aggregate_id = ANY($1::text[])"
+    " GROUP BY aggregate_id"
+)
+_STORED: Final = (
+    "SELECT id, position, aggregate_id, seq, type, created, data FROM event"
+    " WHERE id = ANY($1::text[])"
+)
+_INSERT_BLOBS: Final = (
+    "INSERT INTO instruction_blob (hash, value) SELECT * FROM unnest($1::text[], $2::text[])"
+    " ON CONFLICT (hash) DO NOTHING"
+)
+_UPSERT_ENTRY: Final = (
+    "INSERT INTO instruction_entry (session_id, key, value, removed, time_created, time_updated)"
+    " VALUES ($1, $2, $3, 0, $4, $4)"
+    " ON CONFLICT (session_id, key) DO UPDATE SET value = excluded.value, removed = 0,"
+    " time_updated = excluded.time_updated"
+    " WHERE instruction_entry.value IS DISTINCT FROM excluded.value"
+    " OR instruction_entry.removed <> 0"
+)
+_REMOVE_ENTRY: Final = (
+    "UPDATE instruction_entry SET value = NULL, removed = 1, time_updated = $1"
+    " WHERE session_id = $2 AND key = $3 AND removed = 0"
+)
+
+#: SQLSTATE classes that fail one command (bad data, a constraint), not the batch.
+_COMMAND_CLASSES: Final = ("22", "23")
+
+
+class BatchResult:
+    """Outcomes in batch order, and the records the batch published (committed, not replays)."""
+
+    def __init__(self, outcomes: list[Outcome], published: list[RecordedEvent]) -> None:
+        self.outcomes = outcomes
+        self.published = published
+
+
+async def commit_batch(
+    conn: asyncpg.Connection,
+    batch: Sequence[Prepared],
+    *,
+    guard: CommandGuard | None,
+    before_commit: Callable[[asyncpg.Connection, list[RecordedEvent]], Awaitable[None]],
+) -> BatchResult:
+    """Commit ``batch`` in one transaction; raise only if the batch as a whole failed.
+
+    ``before_commit`` gets the records the batch will publish, inside the
+    transaction (the NOTIFY goes there).
+    """
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", LOG_LOCK)
+        aggregates = sorted(
+            {new.aggregate_id for p in batch for new in p.command.events}
+            | {agg for p in batch for agg in (p.command.expected or {})}
+        )
+        seqs = dict.fromkeys(aggregates, 0)
+        if aggregates:
+            seqs.update((r[0], int(r[1])) for r in await conn.fetch(_HEADS, aggregates))
+        outcomes = [await _apply(conn, prepared, seqs, guard) for prepared in batch]
+        published = [
+            record
+            for outcome in outcomes
+            if outcome.publish and outcome.records is not None
+            for record in outcome.records
+        ]
+        await before_commit(conn, published)
+    return BatchResult(outcomes, published)
+
+
+async def _apply(
+    conn: asyncpg.Connection,
+    prepared: Prepared,
+    seqs: dict[str, int],
+    guard: CommandGuard | None,
+) -> Outcome:
+    command = prepared.command
+    undo: list[tuple[str, int]] = []
+    savepoint = conn.transaction()
+    await savepoint.start()
+    try:
+        replay = await _check_expected(conn, prepared, seqs)
+        if replay is not None:
+            await savepoint.commit()
+            return Outcome(records=replay, publish=False)
+        if guard is not None:
+            await guard(conn, command)
+        records = await _insert(conn, prepared, seqs, undo)
+        await _write_side(conn, command)
+        await savepoint.commit()
+        return Outcome(records=records)
+    except asyncpg.PostgresError as exc:
+        if not (exc.sqlstate or "").startswith(_COMMAND_CLASSES):
+            raise  # the database failed: the whole batch fails
+        await _undo(savepoint, seqs, undo)
+        if (exc.sqlstate or "").startswith("23"):
+            return Outcome(error=AppendConflictError(f"constraint violated: {_message(exc)}"))
+        return Outcome(error=StorageBrokenError(f"the database refused the data: {_message(exc)}"))
+    except Exception as exc:
+        # A conflict, a guard's refusal, or a bug in a projector: it fails its
+        # own command instead of taking the batch down with it.
+        await _undo(savepoint, seqs, undo)
+        return Outcome(error=exc)
+
+
+def _message(exc: asyncpg.PostgresError) -> str:
+    return str(getattr(exc, "message", None) or exc)
+
+
+async def _undo(
+    savepoint: asyncpg.transaction.Transaction, seqs: dict[str, int], undo: list[tuple[str, int]]
+) -> None:
+    await savepoint.rollback()
+    for aggregate_id, seq in reversed(undo):
+        seqs[aggregate_id] = seq
+
+
+async def _check_expected(
+    conn: asyncpg.Connection, prepared: Prepared, seqs: dict[str, int]
+) -> list[RecordedEvent] | None:
+    """Raise on a seq mismatch; return stored records for an exact replay."""
+    command = prepared.command
+    if not command.expected:
+        return None
+    mismatched = {
+        agg: (want, seqs[agg]) for agg, want in command.expected.items() if seqs[agg] != want
+    }
+    if not mismatched:
+        return None
+    stored = await _stored_replay(conn, prepared)
+    if stored is not None:
+        return stored
+    agg, (want, actual) = next(iter(mismatched.items()))
+    if actual < want:
+        raise SeqConflictError(agg, want, actual)
+    raise DivergedError(agg, want + 1, "another event is stored at this seq")
+
+
+async def _stored_replay(
+    conn: asyncpg.Connection, prepared: Prepared
+) -> list[RecordedEvent] | None:
+    """The stored records if the command was already committed exactly as given."""
+    command = prepared.command
+    assert command.expected is not None
+    rows = {r[0]: r for r in await conn.fetch(_STORED, [new.id for new in command.events])}
+    next_seq = dict(command.expected)
+    records = []
+    for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
+        row = rows.get(new.id)
+        if row is None:
+            return None
+        agg = new.aggregate_id
+        want = next_seq.get(agg)
+        if (row[2], row[4], row[6]) != (agg, type_, data) or (
+            want is not None and int(row[3]) != want + 1
+        ):
+            raise DivergedError(agg, int(row[3]), "id reused with other content or seq")
+        next_seq[agg] = int(row[3])
+        records.append(
+            RecordedEvent(
+                position=int(row[1]),
+                id=new.id,
+                aggregate_id=agg,
+                seq=int(row[3]),
+                type=type_,
+                created=int(row[5]),
+                data=data,
+                event=new.event,
+            )
+        )
+    return records
+
+
+async def _insert(
+    conn: asyncpg.Connection,
+    prepared: Prepared,
+    seqs: dict[str, int],
+    undo: list[tuple[str, int]],
+) -> list[RecordedEvent]:
+    events = prepared.command.events
+    if not events:
+        return []
+    numbered = []
+    for new in events:
+        agg = new.aggregate_id
+        undo.append((agg, seqs[agg]))
+        seqs[agg] += 1
+        numbered.append(seqs[agg])
+    columns = (
+        [new.id for new in events],
+        [new.aggregate_id for new in events],
+        numbered,
+        [type_ for type_, _ in prepared.encoded],
+        [new.created for new in events],
+        [data for _, data in prepared.encoded],
+    )
+    positions = {r[0]: int(r[1]) for r in await conn.fetch(_INSERT_EVENTS, *columns)}
+    records = [
+        RecordedEvent(
+            position=positions[new.id],
+            id=new.id,
+            aggregate_id=new.aggregate_id,
+            seq=seq,
+            type=type_,
+            created=new.created,
+            data=data,
+            event=new.event,
+        )
+        for new, seq, (type_, data) in zip(events, numbered, prepared.encoded, strict=True)
+    ]
+    records.sort(key=lambda r: r.position)
+    for record in records:
+        for op in project(record):
+            status = await conn.execute(translate(op.sql), *op.params)
+            if op.expect is not None and affected(status) != op.expect:
+                raise op.conflict()
+    return records
+
+
+async def _write_side(conn: asyncpg.Connection, command: Command) -> None:
+    """The command's non-event rows: blobs (insert-or-ignore) and entries."""
+    if command.blobs:
+        await conn.execute(_INSERT_BLOBS, list(command.blobs), list(command.blobs.values()))
+    for entry in command.entries:
+        if entry.removed:
+            await conn.execute(_REMOVE_ENTRY, entry.time, entry.session_id, entry.key)
+        else:
+            await conn.execute(_UPSERT_ENTRY, entry.session_id, entry.key, entry.value, entry.time)

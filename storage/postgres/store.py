@@ -1,0 +1,411 @@
+"""The PostgreSQL store: the event log, its projections and their readers, shared by hosts.
+
+    async with PostgresStore("postgresql://user@db/sessionrt") as store:
+        records = await store.append(Command.of(event))
+        session = await store.queries.session(session_id)
+
+The same surface and semantics as :class:`~storage.sqlite.SQLiteStore`
+(group commit, one transaction per batch and a SAVEPOINT per command, seq
+from 1 without gaps, idempotent exact replay, projections in the same
+transaction, subscribers told only after COMMIT), except that any number of
+processes on any number of hosts may write one database: see
+:mod:`._writer` for how seq and position stay safe, and the ordering
+``read_all`` guarantees.
+
+Connections: one for the writer (a task of this store commits one batch at a
+time on it, and reconnects after losing it), a pool of ``readers``, and one
+that LISTENs (:mod:`.listen`). Subscribers hear this store's own commits
+right after COMMIT, and other processes' commits once the notice arrives:
+the listener reads those rows back from the table, in commit order. So each
+origin's batches reach a subscriber in position order, but a local batch may
+be heard before an earlier remote one is read back; a reader that needs one
+total order reads it from the log (``read_all``), as :mod:`storage.follow` does.
+
+``read_only=True`` opens no writer and runs no migration (an older schema
+is refused), and its readers' sessions are read-only; it still listens.
+
+Life cycle: unopened -> open -> closed, as for SQLite. The URL's password
+never appears in a log line or an error: :func:`storage._url.redact`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any, Final, Self
+
+import asyncpg
+
+from protocol import ids
+from protocol.events import encode_data, stored_type
+from storage._url import redact
+from storage._writer import Outcome, Prepared
+from storage.errors import StorageBrokenError, StoreClosedError
+from storage.postgres import schema
+from storage.postgres._errors import reason as _reason
+from storage.postgres._writer import CommandGuard, commit_batch
+from storage.postgres.dialect import translate
+from storage.postgres.listen import Listener
+from storage.postgres.notify import payloads
+from storage.postgres.remote import RemoteCommits
+from storage.queries import DECODE_CACHE_BYTES, Queries, Row
+from storage.recorder import Command, RecordedEvent, Subscriber
+from storage.schema import SCHEMA_VERSION
+from storage.sqlite import record_from_row
+
+__all__ = ["CHANNEL", "PostgresStore"]
+
+log = logging.getLogger(__name__)
+
+#: A batch never holds more commands than this (as for SQLite).
+MAX_BATCH: Final = 1024
+#: The NOTIFY channel every store of one database shares.
+CHANNEL: Final = "sessionrt_log"
+
+_EVENT_COLUMNS: Final = "position, id, aggregate_id, seq, type, created, data"
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class PostgresStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        readers: int = 4,
+        read_only: bool = False,
+        decode_cache_bytes: int = DECODE_CACHE_BYTES,
+        guard: CommandGuard | None = None,
+        channel: str = CHANNEL,
+    ) -> None:
+        self._url = url
+        #: The URL without its password: what logs and errors may show.
+        self.where = redact(url)
+        self.read_only = read_only
+        self.channel = channel
+        #: Runs inside each command's SAVEPOINT before it writes (see :mod:`._writer`).
+        self.guard = guard
+        #: Tells this store's NOTIFYs from other processes'.
+        self.origin = ids.event_id().removeprefix("evt_")
+        self._reader_count = readers
+        self._state = _State.UNOPENED
+        self._writer: asyncpg.Connection | None = None
+        self._pool: asyncpg.Pool | None = None
+        self._listener: Listener | None = None
+        self._pending: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]] = []
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._write_task: asyncio.Task[None] | None = None
+        self._deliver_task: asyncio.Task[None] | None = None
+        #: Everything up to here (other origins') has been handed to subscribers.
+        self._remote = RemoteCommits(self.fetch, self._publish)
+        self._subscribers: list[Subscriber] = []
+        #: Called after each batch with (commands, seconds from hand-off to outcome).
+        self.batch_observers: list[Callable[[int, float], None]] = []
+        self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
+
+    @property
+    def path(self) -> str | None:
+        """No local file: a server holds the database (see :class:`storage.Store`)."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.where!r}, {self._state.value})"
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _connect(self) -> asyncpg.Connection:
+        try:
+            return await asyncpg.connect(self._url)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StorageBrokenError(f"cannot connect to {self.where}: {_reason(exc)}") from None
+
+    async def open(self) -> None:
+        if self._state is not _State.UNOPENED:
+            raise StoreClosedError(f"store is {self._state.value}; a store opens once")
+        self._state = _State.OPEN
+        try:
+            if self.read_only:
+                conn = await self._connect()
+                try:
+                    found = await _schema_version(conn)
+                finally:
+                    await conn.close()
+                if found != SCHEMA_VERSION:
+                    raise StorageBrokenError(
+                        f"{self.where} is at schema version {found}, this build reads"
+                        f" {SCHEMA_VERSION}; open it for writing once to migrate"
+                    )
+            else:
+                self._writer = await self._connect()
+                await schema.migrate(self._writer)
+            settings = {"default_transaction_read_only": "on"} if self.read_only else {}
+            try:
+                self._pool = await asyncpg.create_pool(
+                    self._url, min_size=1, max_size=self._reader_count, server_settings=settings
+                )
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise StorageBrokenError(
+                    f"cannot connect to {self.where}: {_reason(exc)}"
+                ) from None
+            self._listener = Listener(
+                self._connect,
+                self.channel,
+                self.origin,
+                on_notice=self._remote.noticed,
+                on_reconnect=self._remote.lost_notices,
+            )
+            await self._listener.start()
+            # Listening first, then the cursor: a commit in between is both
+            # past the cursor and announced, and the cursor trims the overlap.
+            await self._remote.start_after(
+                int(await self._fetchval("SELECT coalesce(max(position), 0) FROM event"))
+            )
+            self._deliver_task = asyncio.create_task(
+                self._remote.deliver(), name="sessionrt-deliver"
+            )
+            if not self.read_only:
+                self._write_task = asyncio.create_task(self._write_loop(), name="sessionrt-write")
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        if self._state in (_State.CLOSING, _State.CLOSED):
+            return
+        self._state = _State.CLOSING
+        try:
+            await self._drained.wait()
+        finally:
+            for task in (self._write_task, self._deliver_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            if self._listener is not None:
+                await self._listener.stop()
+            if self._writer is not None:
+                with contextlib.suppress(Exception):
+                    await self._writer.close()
+                self._writer = None
+            if self._pool is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._pool.close(), 5.0)
+                self._pool.terminate()
+                self._pool = None
+            self._state = _State.CLOSED
+
+    @property
+    def is_open(self) -> bool:
+        return self._state is _State.OPEN
+
+    @property
+    def listener(self) -> Listener:
+        """The LISTEN side (tests drop its connection through it)."""
+        assert self._listener is not None
+        return self._listener
+
+    def _check_open(self) -> None:
+        if self._state is not _State.OPEN:
+            raise StoreClosedError(f"store is {self._state.value}")
+
+    # -- appends --------------------------------------------------------------------------------
+
+    async def append(self, command: Command) -> list[RecordedEvent]:
+        """Commit ``command``; returns its records once they are durable.
+
+        Cancelling the caller does not withdraw a submitted command.
+        """
+        return await asyncio.shield(self.submit(command))
+
+    def submit(self, command: Command) -> asyncio.Future[list[RecordedEvent]]:
+        """Queue ``command``; a future of its records. Commands commit in submission order."""
+        self._check_open()
+        if self.read_only:
+            raise StoreClosedError(f"store {self.where} is open read-only")
+        future: asyncio.Future[list[RecordedEvent]] = asyncio.get_running_loop().create_future()
+        if command.empty:
+            future.set_result([])
+            return future
+        encoded = tuple(
+            (stored_type(new.event), encode_data(new.event).decode()) for new in command.events
+        )
+        self._pending.append((Prepared(command=command, encoded=encoded), future))
+        self._drained.clear()
+        self._wake.set()
+        return future
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            # One tick for producers that are already runnable to join the batch.
+            await asyncio.sleep(0)
+            while self._pending:
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                started = time.perf_counter()
+                outcomes, published = await self._commit([p for p, _ in batch])
+                self._batch_done(batch, outcomes, published, time.perf_counter() - started)
+            self._drained.set()
+
+    async def _commit(self, batch: list[Prepared]) -> tuple[list[Outcome], list[RecordedEvent]]:
+        try:
+            if self._writer is None or self._writer.is_closed():
+                self._writer = await self._connect()
+            result = await commit_batch(
+                self._writer, batch, guard=self.guard, before_commit=self._announce
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, StorageBrokenError) as exc:
+            # The outcome of a COMMIT cut off by a lost connection is unknown;
+            # an exact replay of the command is idempotent, so retrying is safe.
+            if self._writer is not None and self._writer.is_closed():
+                self._writer = None
+            broken = StorageBrokenError(f"commit failed: {_reason(exc)}")
+            return [Outcome(error=broken) for _ in batch], []
+        return result.outcomes, result.published
+
+    async def _announce(self, conn: asyncpg.Connection, records: list[RecordedEvent]) -> None:
+        if not records:
+            return
+        # Known before COMMIT, so a catch-up racing this commit skips it too.
+        self._remote.own(records[0].position, records[-1].position)
+        for payload in payloads(self.origin, records):
+            await conn.execute("SELECT pg_notify($1, $2)", self.channel, payload)
+
+    def _batch_done(
+        self,
+        batch: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]],
+        outcomes: list[Outcome],
+        published: list[RecordedEvent],
+        elapsed: float,
+    ) -> None:
+        for observe in self.batch_observers:
+            try:
+                observe(len(batch), elapsed)
+            except Exception:
+                log.exception("batch observer failed")
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if future.done():
+                continue
+            if outcome.records is not None:
+                future.set_result(outcome.records)
+            else:
+                future.set_exception(outcome.error or StorageBrokenError("no outcome"))
+        if published:
+            self._publish(sorted(published, key=lambda r: r.position))
+
+    # -- live subscribers -----------------------------------------------------------------------
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        self._subscribers.append(subscriber)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def _publish(self, records: Sequence[RecordedEvent]) -> None:
+        for subscriber in list(self._subscribers):
+            try:
+                subscriber(records)
+            except Exception:
+                log.exception("event subscriber failed")
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def reader(self) -> AsyncIterator[asyncpg.Connection]:
+        """Borrow a connection in a read-only snapshot (several statements, one view)."""
+        self._check_open()
+        assert self._pool is not None
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            yield conn
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        self._check_open()
+        assert self._pool is not None
+        try:
+            async with self._pool.acquire() as conn:
+                rows = await conn.fetch(translate(sql), *params)
+        except (OSError, asyncpg.InterfaceError) as exc:
+            raise StorageBrokenError(f"read failed: {_reason(exc)}") from None
+        return [tuple(r) for r in rows]
+
+    async def check_writable(
+        self, timeout_s: float, blocking: Callable[..., Awaitable[None]]
+    ) -> None:
+        """Raise :class:`StorageBrokenError` unless the server answers and takes writes.
+
+        Writes nothing; nothing blocks, so ``blocking`` is not needed.
+        """
+        try:
+            async with asyncio.timeout(timeout_s):
+                [[recovering]] = await self.fetch("SELECT pg_is_in_recovery()")
+        except TimeoutError:
+            raise StorageBrokenError(f"{self.where} did not answer in {timeout_s} s") from None
+        except asyncpg.PostgresError as exc:
+            raise StorageBrokenError(f"{self.where}: {_reason(exc)}") from None
+        if recovering or self.read_only:
+            raise StorageBrokenError(f"{self.where} does not take writes")
+
+    async def _fetchval(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        rows = await self.fetch(sql, params)
+        return rows[0][0]
+
+    async def read(
+        self, aggregate_id: str, *, after: int = 0, limit: int = 512
+    ) -> list[RecordedEvent]:
+        rows = await self.fetch(
+            f"SELECT {_EVENT_COLUMNS} FROM event WHERE aggregate_id = ? AND seq > ?"
+            " ORDER BY seq LIMIT ?",
+            (aggregate_id, after, limit),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def read_all(self, *, after: int = 0, limit: int = 512) -> list[RecordedEvent]:
+        """Events with ``position > after`` in position order (= commit order, see ``_writer``)."""
+        rows = await self.fetch(
+            f"SELECT {_EVENT_COLUMNS} FROM event WHERE position > ? ORDER BY position LIMIT ?",
+            (after, limit),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def last_seq(self, aggregate_id: str) -> int:
+        rows = await self.fetch(
+            "SELECT coalesce(max(seq), 0) FROM event WHERE aggregate_id = ?", (aggregate_id,)
+        )
+        return int(rows[0][0])
+
+
+async def _schema_version(conn: asyncpg.Connection) -> int:
+    exists = await conn.fetchval("SELECT to_regclass('schema_version') IS NOT NULL")
+    if not exists:
+        return 0
+    return int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version"))

@@ -1,0 +1,250 @@
+"""What only the PostgreSQL store promises: several processes on one database.
+
+Two stores on one database stand for two hosts (each has its own origin,
+writer connection and LISTEN connection). The recorder contract and the
+replay test run on PostgreSQL too; this module is about what crosses
+between writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from pgdb import SERVER, database
+
+from protocol import Location
+from protocol import events as ev
+from storage import (
+    AppendConflictError,
+    Command,
+    RecordedEvent,
+    StorageBrokenError,
+    StoreClosedError,
+    connect,
+)
+from storage.follow import FollowDispatcher
+from storage.postgres import PostgresStore
+from storage.postgres import schema as pg_schema
+from storage.postgres.notify import MAX_PAYLOAD, parse, payloads
+from storage.schema import SCHEMA_VERSION
+
+
+def created(session_id: str) -> ev.SessionCreated:
+    return ev.SessionCreated(session_id=session_id, title="t", location=Location(directory="/"))
+
+
+def renamed(session_id: str, title: str) -> ev.SessionRenamed:
+    return ev.SessionRenamed(session_id=session_id, title=title)
+
+
+@pytest.fixture
+async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    a, b = connect(pg_url), connect(pg_url)  # what a runtime with this database opens
+    assert isinstance(a, PostgresStore)
+    assert isinstance(b, PostgresStore)
+    async with a, b:
+        yield a, b
+
+
+class Heard:
+    """A subscriber that records what it hears and wakes whoever waits for a count."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.records: list[RecordedEvent] = []
+        self._grew = asyncio.Event()
+        store.subscribe(self)
+
+    def __call__(self, records: Any) -> None:
+        self.records.extend(records)
+        self._grew.set()
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    async def reach(self, n: int) -> None:
+        async with asyncio.timeout(10):  # a guard, not the synchronisation
+            while len(self.records) < n:
+                self._grew.clear()
+                await self._grew.wait()
+
+
+async def test_a_follower_on_one_host_sees_commits_made_on_another(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    await a.append(Command.of(created("ses_a")))
+    async with FollowDispatcher(b).follow("ses_a", follow=True) as follow:
+        replayed = [r async for page in follow.replay() for r in page]
+        assert [r.seq for r in replayed] == [1]
+        changes = follow.changes(idle_s=30)
+        committed = await a.append(Command.of(renamed("ses_a", "x"), renamed("ses_a", "y")))
+        page = await anext(changes)
+        await changes.aclose()
+    assert page == committed
+
+
+async def test_subscribers_hear_other_hosts_once_and_their_own_host_directly(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    heard_by_b = Heard(b)
+    from_a = await a.append(Command.of(created("ses_a")))
+    from_b = await b.append(Command.of(created("ses_b")))
+    assert heard_by_b.records[-1:] == from_b  # its own commit, at once
+    await heard_by_b.reach(2)
+    await a.append(Command.of(renamed("ses_a", "last")))
+    await heard_by_b.reach(3)
+    assert from_a[0] in heard_by_b.records
+    assert len({r.id for r in heard_by_b.records}) == len(heard_by_b) == 3
+
+
+async def test_concurrent_appends_from_two_hosts_to_one_session_never_gap(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    await a.append(Command.of(created("ses_s")))
+    results = await asyncio.gather(
+        *((a if i % 2 else b).append(Command.of(renamed("ses_s", str(i)))) for i in range(200))
+    )
+    assert sorted(r.seq for [r] in results) == list(range(2, 202))
+    log = await b.read("ses_s", limit=1000)
+    assert [r.seq for r in log] == list(range(1, 202))
+    # Position order is commit order: the session's seqs rise along it.
+    everything = await a.read_all(limit=1000)
+    assert [r.seq for r in everything] == list(range(1, 202))
+
+
+async def test_expected_seq_is_checked_across_hosts(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    await a.append(Command.of(created("ses_s"), expected={"ses_s": 0}))
+    outcomes = await asyncio.gather(
+        a.append(Command.of(renamed("ses_s", "a"), expected={"ses_s": 1})),
+        b.append(Command.of(renamed("ses_s", "b"), expected={"ses_s": 1})),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(o, AppendConflictError) for o in outcomes) == 1
+    assert await b.last_seq("ses_s") == 2
+
+
+async def test_a_dropped_listen_connection_reconnects_and_nothing_is_missed(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    heard = Heard(b)
+    await a.append(Command.of(created("ses_a")))
+    await heard.reach(1)
+    admin = await asyncpg.connect(a._url)
+    try:
+        # The server ends B's LISTEN session, as a failover or a restart would.
+        pid = b.listener._conn.get_server_pid()
+        await admin.execute("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await admin.close()
+    # Commits while B may not be listening: announced to nobody, read back by the catch-up.
+    missed = [await a.append(Command.of(renamed("ses_a", str(i)))) for i in range(5)]
+    await heard.reach(6)
+    assert b.listener.connects == 2
+    assert [r.id for r in heard.records[1:]] == [r.id for [r] in missed]
+    await a.append(Command.of(renamed("ses_a", "after")))
+    await heard.reach(7)
+    assert len(heard) == 7
+
+
+async def test_a_batch_touching_many_sessions_is_announced_in_several_payloads(
+    two: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = two
+    heard = Heard(b)
+    ids = [f"ses_{i:04d}_{'x' * 40}" for i in range(400)]
+    committed = await asyncio.gather(*(a.append(Command.of(created(s))) for s in ids))
+    await heard.reach(400)
+    assert sorted(r.id for r in heard.records) == sorted(r.id for [r] in committed)
+    records = [r for [r] in committed]
+    chunks = payloads(a.origin, records)
+    assert len(chunks) > 1
+    assert all(len(c.encode()) < MAX_PAYLOAD for c in chunks)
+    notices = [parse(c) for c in chunks]
+    assert {agg for n in notices if n for agg, _ in n.heads} == set(ids)
+
+
+async def test_a_guard_refuses_its_command_alone_inside_the_batch(pg_url: str) -> None:
+    async def fence(conn: Any, command: Command) -> None:
+        # A real query in the batch's transaction, as a fencing check would run.
+        if await conn.fetchval("SELECT $1::text LIKE 'stale%'", command.events[0].event.title):
+            raise AppendConflictError("stale epoch")
+
+    async with PostgresStore(pg_url, guard=fence) as store:
+        await store.append(
+            Command.of(
+                ev.SessionCreated(session_id="ses_a", title="ok", location=Location(directory="/"))
+            )
+        )
+        outcomes = await asyncio.gather(
+            store.append(Command.of(renamed("ses_a", "one"))),
+            store.append(Command.of(renamed("ses_a", "stale write"))),
+            store.append(Command.of(renamed("ses_a", "two"))),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[1], AppendConflictError)
+        titles = [r.event.title for r in await store.read("ses_a")]
+        assert titles == ["ok", "one", "two"]
+
+
+async def test_an_old_schema_is_migrated_forward_and_a_reader_refuses_it_before() -> None:
+    async with database(migrated=False) as url:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("CREATE TABLE schema_version (version BIGINT NOT NULL)")
+            await conn.execute(pg_schema.MIGRATIONS[0])
+            await conn.execute("INSERT INTO schema_version VALUES (1)")
+            await conn.execute(
+                "INSERT INTO session (id, title, directory, time_created, time_updated)"
+                " VALUES ('ses_old', 'kept', '/', 1, 1)"
+            )
+        finally:
+            await conn.close()
+        with pytest.raises(StorageBrokenError, match="schema version 1"):
+            async with PostgresStore(url, read_only=True):
+                pass
+        async with PostgresStore(url) as store:
+            [[version]] = await store.fetch("SELECT version FROM schema_version")
+            assert version == SCHEMA_VERSION
+            session = await store.queries.session("ses_old")
+            assert session is not None
+            assert session.title == "kept"
+        async with PostgresStore(url, read_only=True) as reader:
+            assert (await reader.queries.session("ses_old")) is not None
+            with pytest.raises(StoreClosedError):
+                reader.submit(Command.of(renamed("ses_old", "no")))
+
+
+async def test_the_password_in_the_url_never_reaches_an_error_or_a_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    host = SERVER.removeprefix("postgresql://").split("@")[-1].split(":")[0]
+    store = PostgresStore(f"postgresql://nobody:s3cret-pw@{host}:1/none")
+    with pytest.raises(StorageBrokenError) as raised:
+        await store.open()
+    assert "s3cret" not in str(raised.value)
+    assert "s3cret" not in repr(store)
+    assert "***" in store.where
+    assert "s3cret" not in caplog.text
+
+
+async def test_check_writable_asks_the_server(pg_url: str) -> None:
+    async def no_threads(*_: Any) -> None:
+        raise AssertionError("a server check needs no blocking helper")
+
+    async with PostgresStore(pg_url) as writer:
+        await writer.check_writable(2.0, no_threads)
+    async with PostgresStore(pg_url, read_only=True) as reader:
+        with pytest.raises(StorageBrokenError, match="does not take writes"):
+            await reader.check_writable(2.0, no_threads)
