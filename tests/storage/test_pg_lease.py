@@ -142,3 +142,39 @@ async def test_fenced_events_record_their_writer(hosts: tuple[Any, Any]) -> None
     assert [r.epoch for r in fenced] == [1, None]
     rows = await a.fetch("SELECT position, session_id, host_id, epoch FROM event_fence")
     assert [tuple(r) for r in rows] == [(7, SID, "host-a", 1)]
+
+
+async def test_two_postgres_stores_fence_a_stale_host(pg_url: str) -> None:
+    """Through the store itself: two writers (two hosts) on one database."""
+    from protocol import Location
+    from protocol import events as ev
+    from storage import Command, connect
+
+    async with connect(pg_url) as a, connect(pg_url) as b:
+        await a.append(
+            Command.of(
+                ev.SessionCreated(session_id=SID, title="t", location=Location(directory="/"))
+            )
+        )
+        [started] = await a.append(
+            Command.of(ev.ExecutionStarted(session_id=SID), lease=LeaseUse.take(SID, "host-a", 50))
+        )
+        assert started.epoch == 1
+        stale = Fence(SID, "host-a", 1)
+        await asyncio.sleep(0.1)
+        [taken] = await b.append(
+            Command.of(
+                ev.ExecutionRecovering(session_id=SID, attempt=1),
+                lease=LeaseUse.take(SID, "host-b", 10_000),
+            )
+        )
+        assert taken.epoch == 2
+        before = await a.last_seq(SID)
+        with pytest.raises(FencedError):
+            await a.append(
+                Command.of(ev.SessionRenamed(session_id=SID, title="late"), lease=stale.hold())
+            )
+        assert await b.last_seq(SID) == before
+        [claim] = await b.queries.claims()
+        assert claim.lease is not None
+        assert (claim.lease.host_id, claim.lease.epoch) == ("host-b", 2)
