@@ -28,6 +28,15 @@ the synchronous/async facade the rest of the runtime calls.
 Terminal classification: success -> ``succeeded``; an interrupt with reason
 ``user`` -> ``interrupted(user)``; cancellation without a reason (teardown)
 -> ``interrupted(shutdown)``; any other exception -> ``failed {type, message}``.
+
+Several hosts (see :mod:`storage.lease`): ``started`` takes the session's
+lease. When another host holds it live (:class:`~storage.LeaseHeldError`)
+the busy period ends at once as ``elsewhere`` (naming the owner, the scope
+and whether it was forced) and nothing is written: the hooks forward the
+work to the owner. When this host loses the lease while it works (a
+:class:`~storage.FencedError` from an append, or ``lease_lost`` from the
+renewal) the drains are cancelled and the busy period ends as ``fenced``:
+the terminal belongs to whoever holds the lease now, so none is written.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from actors._ref import ActorRef
 from actors._shield import finish
 from actors.inbox import Scope
 from protocol.events import ErrorInfo, InterruptReason
-from storage import StorageBrokenError
+from storage import FencedError, LeaseHeldError, StorageBrokenError
 
 __all__ = [
     "Execution",
@@ -63,9 +72,18 @@ log = logging.getLogger(__name__)
 class Terminal:
     """How a busy period ended."""
 
-    kind: Literal["succeeded", "failed", "interrupted"]
+    kind: Literal["succeeded", "failed", "interrupted", "elsewhere", "fenced"]
     reason: InterruptReason | None = None
     error: ErrorInfo | None = None
+    #: ``elsewhere``: the host that holds the lease, and what to ask it for.
+    owner: str | None = None
+    scope: Scope = "input"
+    force: bool = False
+
+    @property
+    def written(self) -> bool:
+        """Whether this host records the terminal (it held the lease to the end)."""
+        return self.kind not in ("elsewhere", "fenced")
 
 
 SUCCEEDED = Terminal(kind="succeeded")
@@ -115,6 +133,11 @@ class Resume:
 class Interrupt:
     session_id: str
     reason: InterruptReason = "user"
+
+
+@attrs.frozen
+class LeaseLost:
+    session_id: str
 
 
 @attrs.frozen
@@ -174,6 +197,7 @@ class SessionActor(Actor):
         self._stopping = False
         self._settling = False
         self._reason: InterruptReason | None = None
+        self._fenced = False
         self._idle_waiters: list[asyncio.Future[None]] = []
 
     async def on_receive(self, message: object) -> Any:
@@ -188,6 +212,8 @@ class SessionActor(Actor):
                 return self._resume()
             case Interrupt(reason=reason):
                 return self._interrupt(reason)
+            case LeaseLost():
+                return self._lease_lost()
             case AwaitIdle():
                 waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 if self._busy is None:
@@ -233,6 +259,16 @@ class SessionActor(Actor):
         self._busy.cancel()
         return True
 
+    def _lease_lost(self) -> bool:
+        if self._busy is None or self._settling:
+            return False
+        self._pending = None
+        self._fenced = True
+        if not self._stopping:
+            self._stopping = True
+            self._busy.cancel()
+        return True
+
     def _start(
         self, scope: Scope, *, force: bool, terminal: asyncio.Future[Terminal] | None = None
     ) -> asyncio.Future[Terminal]:
@@ -245,18 +281,32 @@ class SessionActor(Actor):
     async def _run(self, scope: Scope, force: bool, terminal: asyncio.Future[Terminal]) -> None:
         outcome: Terminal
         try:
-            await finish(self._hooks.started(self.session_id))
-            while True:
-                await self._hooks.drain(self.session_id, scope, force)
-                if self._pending is None:
-                    break
-                scope, self._pending, force = self._pending, None, False
-            outcome = SUCCEEDED
+            try:
+                await finish(self._hooks.started(self.session_id))
+            except LeaseHeldError as exc:
+                # Another host runs it: hand it this wake (and any rung meanwhile).
+                wanted = scope if self._pending is None else widest(self._pending, scope)
+                self._pending = None
+                outcome = Terminal(kind="elsewhere", owner=exc.owner, scope=wanted, force=force)
+            else:
+                while True:
+                    await self._hooks.drain(self.session_id, scope, force)
+                    if self._pending is None:
+                        break
+                    scope, self._pending, force = self._pending, None, False
+                outcome = SUCCEEDED
         except asyncio.CancelledError:
-            # Only this actor cancels its busy task (interrupt, or teardown in
-            # on_stop): the cancellation is the outcome, not a reason to skip
-            # settlement, so it is not re-raised.
-            outcome = Terminal(kind="interrupted", reason=self._reason or "shutdown")
+            # Only this actor cancels its busy task (interrupt, lease loss, or
+            # teardown in on_stop): the cancellation is the outcome, not a
+            # reason to skip settlement, so it is not re-raised.
+            if self._fenced:
+                outcome = Terminal(kind="fenced")
+            else:
+                outcome = Terminal(kind="interrupted", reason=self._reason or "shutdown")
+        except FencedError as exc:
+            log.warning("execution of %s lost its lease: %s", self.session_id, exc)
+            self._pending = None
+            outcome = Terminal(kind="fenced")
         except Exception as exc:
             log.info("execution of %s failed", self.session_id, exc_info=exc)
             outcome = Terminal(kind="failed", error=error_info(exc))
@@ -280,6 +330,7 @@ class SessionActor(Actor):
         self._settling = False
         self._stopping = False
         self._reason = None
+        self._fenced = False
         if self._pending is not None or self._pending_force:
             scope: Scope = self._pending or "input"
             force, successor = self._pending_force, self._successor
@@ -313,7 +364,7 @@ class Supervisor(Actor):
                 if self._closed:
                     return _ready(Terminal(kind="interrupted", reason="shutdown"))
                 return await (await self._session(sid)).ask(message)
-            case Interrupt(session_id=sid):
+            case Interrupt(session_id=sid) | LeaseLost(session_id=sid):
                 ref = self._sessions.get(sid)
                 return False if ref is None else await ref.ask(message)
             case AwaitIdle(session_id=sid):
@@ -392,6 +443,11 @@ class Execution:
     async def interrupt(self, session_id: str, reason: InterruptReason = "user") -> bool:
         result: bool = await self._supervisor.ask(Interrupt(session_id, reason))
         return result
+
+    def lease_lost(self, session_id: str) -> None:
+        """This host lost the session's lease: stop its busy period, writing nothing more."""
+        if self._supervisor.is_alive():
+            self._supervisor.tell(LeaseLost(session_id))
 
     async def wait_idle(self, session_id: str) -> None:
         """Return once the session has no busy period (successors included)."""

@@ -17,6 +17,16 @@ process that owned the execution died or shut down mid-work. The sweep:
    {type: "aborted"}`` instead (which releases the claim); otherwise it admits
    a synthetic "Continuing after restart" notice and wakes the session.
 
+Several hosts: a claim is recovered only once no host holds its lease live
+(:mod:`storage.lease`): the lease expired with a host that died or paused, or
+a host shutting down released it. Taking the lease is part of the command
+that counts the attempt (and of an orphan's failure), with the seq read when
+the claims were, so of all the hosts scanning at once exactly one recovers a
+session; the others see the lease held, or the log moved, and leave it. The
+runtime runs the sweep at start and then periodically, and at once for the
+sessions another host announces it released. Tool calls are reaped only for
+sessions no host holds a live lease on.
+
 The sweep never clears a claim itself; only a terminal does. A crash anywhere
 during recovery therefore leaves the same claims, one attempt further, for the
 next boot. The resumed drain fails tool calls still projected as running
@@ -35,12 +45,24 @@ import attrs
 
 from actors._blocking import BlockingExecutor
 from actors.execution import Execution
+from actors.leases import LeaseKeeper
 from actors.reaper import reap_stale_tools
 from actors.sessions import Sessions
 from protocol import events as ev
 from protocol.errors import DomainError
 from protocol.requests import SyntheticInput
-from storage import Claim, Command, StorageError, Store
+from storage import (
+    Claim,
+    Command,
+    DivergedError,
+    Fence,
+    LeaseHeldError,
+    LeaseUse,
+    SeqConflictError,
+    StorageError,
+    Store,
+    now_ms,
+)
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "RESTART_NOTICE", "RecoveryReport", "recover"]
 
@@ -57,7 +79,14 @@ class RecoveryReport:
     resumed: tuple[str, ...] = ()
     exhausted: tuple[str, ...] = ()
     orphans_released: tuple[str, ...] = ()
+    #: Claimed sessions left alone: running here, or leased live by another host.
     skipped_running: tuple[str, ...] = ()
+    #: Claimed sessions another host recovered first (in this very scan).
+    taken_elsewhere: tuple[str, ...] = ()
+
+
+#: Another host took the lease, or the log moved since the claims were read.
+_LOST_RACE = (LeaseHeldError, SeqConflictError, DivergedError)
 
 
 async def recover(
@@ -65,29 +94,49 @@ async def recover(
     sessions: Sessions,
     execution: Execution,
     blocking: BlockingExecutor,
+    keeper: LeaseKeeper,
     *,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> RecoveryReport:
-    stale = await reap_stale_tools(store, blocking, running=execution.active)
+    """Recover every claimed session nobody runs."""
+
+    async def busy() -> set[str]:
+        live = {lease.session_id for lease in await store.queries.leases(live_at=now_ms())}
+        return live | set(await execution.active())
+
+    stale = await reap_stale_tools(store, blocking, running=busy)
     claims = await store.queries.claims()
     if not claims:
         return RecoveryReport(stale_tools=stale)
     running = set(await execution.active())
-    children = [c for c in claims if c.parent_id is not None and c.session_id not in running]
-    roots = [c for c in claims if c.parent_id is None]
-    skipped = tuple(c.session_id for c in roots if c.session_id in running)
-    todo = [c for c in roots if c.session_id not in running]
+    now = now_ms()
+    free = [c for c in claims if c.session_id not in running and c.orphaned(now)]
+    skipped = tuple(c.session_id for c in claims if c not in free and c.parent_id is None)
+    children = [c for c in free if c.parent_id is not None]
+    todo = [c for c in free if c.parent_id is None]
+    seqs = await asyncio.gather(*(store.last_seq(c.session_id) for c in free))
+    seq_of = {c.session_id: seq for c, seq in zip(free, seqs, strict=True)}
 
-    await asyncio.gather(*(_release_orphan(store, c) for c in children))
-    # Every claimed session starts at once; none waits for another.
-    outcomes = await asyncio.gather(
-        *(_resume(store, sessions, execution, c, max_attempts) for c in todo),
+    released = await asyncio.gather(
+        *(_release_orphan(store, keeper, c, seq_of[c.session_id]) for c in children),
         return_exceptions=True,
     )
-    resumed, exhausted = [], []
-    for claim, outcome in zip(todo, outcomes, strict=True):
-        if isinstance(outcome, BaseException):
+    # Every claimed session starts at once; none waits for another.
+    outcomes = await asyncio.gather(
+        *(
+            _resume(store, sessions, execution, keeper, c, seq_of[c.session_id], max_attempts)
+            for c in todo
+        ),
+        return_exceptions=True,
+    )
+    resumed, exhausted, elsewhere = [], [], []
+    for claim, outcome in zip([*children, *todo], [*released, *outcomes], strict=True):
+        if isinstance(outcome, _LOST_RACE):
+            elsewhere.append(claim.session_id)
+        elif isinstance(outcome, BaseException):
             log.error("recovering %s failed", claim.session_id, exc_info=outcome)
+        elif claim.parent_id is not None:
+            pass
         elif outcome:
             resumed.append(claim.session_id)
         else:
@@ -96,18 +145,26 @@ async def recover(
         stale_tools=stale,
         resumed=tuple(resumed),
         exhausted=tuple(exhausted),
-        orphans_released=tuple(c.session_id for c in children),
+        orphans_released=tuple(
+            c.session_id
+            for c, outcome in zip(children, released, strict=True)
+            if not isinstance(outcome, BaseException)
+        ),
         skipped_running=skipped,
+        taken_elsewhere=tuple(elsewhere),
     )
 
 
-async def _release_orphan(store: Store, claim: Claim) -> None:
+async def _release_orphan(store: Store, keeper: LeaseKeeper, claim: Claim, seq: int) -> None:
+    # Taken for no time at all: the take only decides who fails it.
     await store.append(
         Command.of(
             ev.ExecutionFailed(
                 session_id=claim.session_id,
                 error=ev.ErrorInfo(type="aborted", message="Child execution orphaned by a restart"),
-            )
+            ),
+            expected={claim.session_id: seq},
+            lease=LeaseUse.take(claim.session_id, keeper.host_id, 0),
         )
     )
 
@@ -116,15 +173,25 @@ async def _resume(
     store: Store,
     sessions: Sessions,
     execution: Execution,
+    keeper: LeaseKeeper,
     claim: Claim,
+    seq: int,
     max_attempts: int,
 ) -> bool:
     attempt = claim.resume_attempts + 1
     # Counted durably before anything else: a crash from here on still counts.
-    await store.append(
-        Command.of(ev.ExecutionRecovering(session_id=claim.session_id, attempt=attempt))
+    # The lease taken with it keeps every other host off until this host's own
+    # start takes it again (same host: allowed, epoch + 1).
+    [counted] = await store.append(
+        Command.of(
+            ev.ExecutionRecovering(session_id=claim.session_id, attempt=attempt),
+            expected={claim.session_id: seq},
+            lease=keeper.take(claim.session_id),
+        )
     )
     if attempt > max_attempts:
+        assert counted.epoch is not None
+        fence = Fence(claim.session_id, keeper.host_id, counted.epoch)
         await store.append(
             Command.of(
                 ev.ExecutionFailed(
@@ -133,7 +200,8 @@ async def _resume(
                         type="aborted",
                         message=f"Gave up after {max_attempts} attempts to resume after restarts",
                     ),
-                )
+                ),
+                lease=fence.release(),
             )
         )
         return False

@@ -12,6 +12,15 @@ sweeper, the tool threads and the store, in that order. The interrupt reaches
 every session at once, and each running tool kills its process group on it,
 so shutdown waits for the slowest kill, not for the sum of them.
 
+Several hosts may share one log (:mod:`storage.lease`): this runtime is one
+host, ``host_id``. An execution's start takes the session's lease, its drains
+append under its fence, the keeper renews it every ``lease_ttl_ms / 4`` and
+the terminal releases it. A wake for a session another host holds reaches
+that host over the :class:`~actors.hostbus.HostBus` (so do a resume and an
+interrupt); a periodic scan recovers claimed sessions whose lease expired;
+closing releases this host's leases (the shutdown terminal) and tells the
+other hosts, which take the sessions at once.
+
 Every process group a tool starts is recorded (``session.tool.spawned``)
 before it may run anything; the startup sweep kills what a crash left behind
 before failing those calls as stale (:mod:`actors.reaper`). Deleting a session
@@ -28,11 +37,12 @@ import asyncio
 import contextlib
 import enum
 import functools
+import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import attrs
 
@@ -40,10 +50,12 @@ from actors._blocking import BlockingExecutor
 from actors.agents import AgentCatalogs
 from actors.bus import EventBus
 from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
-from actors.execution import Execution, Terminal
+from actors.execution import Execution, Terminal, widest
 from actors.generate import Generator
+from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import InstructionEntries, Instructions
+from actors.leases import LeaseKeeper
 from actors.llm import (
     SCRIPTED_MODEL,
     HttpProvider,
@@ -87,12 +99,27 @@ from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
-from storage import Command, ProjectionConflict, Store, Synchronous, connect, redact
+from storage import (
+    Command,
+    FencedError,
+    ProjectionConflict,
+    RecordedEvent,
+    Store,
+    Synchronous,
+    connect,
+    default_host_id,
+    fenced,
+    is_server_url,
+    now_ms,
+    redact,
+)
 from storage.follow import FollowDispatcher
 
 __all__ = ["DB_NAME", "Runtime", "RuntimeConfig", "check_data_dir", "make_data_dir"]
 
 DB_NAME = "sessionrt.sqlite"
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -143,6 +170,12 @@ class RuntimeConfig:
     #: operation that would write or run fails).
     read_only: bool = False
     max_resume_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: This host's id as a lease owner (``[runtime] host_id``); None: a fresh
+    #: random one per start (a restarted process is a new host).
+    host_id: str | None = None
+    #: How long an execution lease lives unrenewed (``[runtime] lease_ttl_ms``):
+    #: the longest a dead host's sessions wait before another host takes them.
+    lease_ttl_ms: int = 10_000
     #: The first retry's backoff, doubled for each later one (jittered; reference §4.6).
     retry_base_delay_s: float = 2.0
     #: The longest a provider's retry-after may make a retry wait.
@@ -201,19 +234,45 @@ class _State(enum.Enum):
 
 
 class _DurableHooks:
-    """Execution hooks that publish the execution facts and run the runner."""
+    """Execution hooks that publish the execution facts under the lease and run the runner."""
 
-    def __init__(self, store: Store, runner: Runner) -> None:
+    def __init__(self, store: Store, runner: Runner, keeper: LeaseKeeper, bus: HostBus) -> None:
         self._store = store
         self._runner = runner
+        self._keeper = keeper
+        self._bus = bus
+        #: Sessions whose lease a shutdown terminal released (claims kept).
+        self.handed_over: list[str] = []
 
     async def started(self, session_id: str) -> None:
-        await self._store.append(Command.of(ev.ExecutionStarted(session_id=session_id)))
+        # The claim and the lease in one command; LeaseHeldError: it runs elsewhere.
+        [record] = await self._store.append(
+            Command.of(
+                ev.ExecutionStarted(session_id=session_id), lease=self._keeper.take(session_id)
+            )
+        )
+        assert record.epoch is not None
+        self._keeper.hold(session_id, record.epoch)
 
     async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
-        await self._runner.drain(session_id, scope, force)
+        with fenced(self._keeper.fence(session_id)):
+            await self._runner.drain(session_id, scope, force)
 
     async def settled(self, session_id: str, terminal: Terminal) -> None:
+        if terminal.kind == "elsewhere":
+            assert terminal.owner is not None
+            message = HostMessage(
+                kind="resume" if terminal.force else "wake",
+                origin=self._keeper.host_id,
+                session_ids=(session_id,),
+                scope=terminal.scope,
+            )
+            await self._bus.publish(terminal.owner, message)
+            return
+        fence = self._keeper.fence(session_id)
+        self._keeper.drop(session_id)
+        if not terminal.written or fence is None:
+            return  # lost the lease: the terminal is the new holder's to write
         event: ev.Event
         if terminal.kind == "succeeded":
             event = ev.ExecutionSucceeded(session_id=session_id)
@@ -223,14 +282,20 @@ class _DurableHooks:
             error = terminal.error or ev.ErrorInfo(type="unknown", message="execution failed")
             event = ev.ExecutionFailed(session_id=session_id, error=error)
         try:
-            await self._store.append(Command.of(event))
+            await self._store.append(Command.of(event, lease=fence.release()))
+        except FencedError as exc:
+            log.warning("the terminal of %s was fenced: %s", session_id, exc)
+            return
         except ProjectionConflict as exc:
             if exc.reason != "session.missing":
                 raise
             # The session was deleted while it ran: there is nothing to settle.
+            return
+        if terminal.kind == "interrupted" and terminal.reason == "shutdown":
+            self.handed_over.append(session_id)
 
 
-def _process_recorder(store: Store) -> RecordProcess:
+def _process_recorder(store: Store, keeper: LeaseKeeper) -> RecordProcess:
     async def record(ctx: ToolContext, group: ProcessGroup) -> None:
         event = ev.ToolSpawned(
             session_id=ctx.session_id,
@@ -240,8 +305,12 @@ def _process_recorder(store: Store) -> RecordProcess:
             start_ticks=group.start_ticks,
             boot_id=group.boot_id,
         )
+        fence = keeper.fence(ctx.session_id)
         try:
-            await store.append(Command.of(event))
+            # Called from the tool's thread: the drain's fence is not in force here.
+            await store.append(Command.of(event, lease=None if fence is None else fence.hold()))
+        except FencedError as exc:
+            raise ToolError(f"Tool execution aborted: {exc}", type="aborted") from None
         except ProjectionConflict as exc:
             # The session was deleted, or the call settled: the command must not run.
             raise ToolError(f"Tool execution aborted: {exc}", type="aborted") from None
@@ -278,16 +347,42 @@ def make_data_dir(path: Path) -> None:
 
 
 class Runtime:
-    def __init__(self, config: RuntimeConfig) -> None:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        *,
+        store: Store | None = None,
+        host_bus: HostBus | None = None,
+    ) -> None:
+        """``store``: an open store shared with other runtimes (hosts), owned by
+        the caller; ``host_bus``: how this host reaches the others (a private
+        in-process bus when None)."""
         self.config = config
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
-        self.store: Store = connect(
+        self._own_store = store is None
+        self.store: Store = store or connect(
             config.database_target,
             synchronous=config.synchronous,
             read_only=config.read_only,
             decode_cache_bytes=config.decode_cache_bytes,
         )
+        self.host_id = config.host_id or default_host_id()
+        #: A bus this runtime made is its own to open and close.
+        self._own_bus: NotifyHostBus | None = None
+        if host_bus is None and not config.read_only and is_server_url(config.database_target):
+            # Hosts in other processes share the server: reach them through it.
+            host_bus = self._own_bus = NotifyHostBus(config.database_target)
+        self.host_bus: HostBus = host_bus or LocalHostBus()
+        self.leases = LeaseKeeper(
+            self.store, self.host_id, ttl_ms=config.lease_ttl_ms, on_lost=self._lease_lost
+        )
+        self._hooks: _DurableHooks | None = None
+        self._rescan = asyncio.Event()
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._closing = False
+        #: Wakes that arrived while closing (session id -> widest scope).
+        self._refused: dict[str, Scope] = {}
         #: Followers of one session's durable log (SSE ``session.log``, hence the
         #: embedded host and the CLI): one subscription, rung per session.
         self.follows = FollowDispatcher(self.store)
@@ -398,8 +493,100 @@ class Runtime:
         return execution is not None and session_id in await execution.active()
 
     def _wake(self, session_id: str, scope: Scope) -> None:
-        if self._execution is not None:
+        if self._closing:
+            # Nothing new starts here any more: another host gets it at the end.
+            self._refused[session_id] = widest(self._refused.get(session_id), scope)
+        elif self._execution is not None:
             self._execution.wake(session_id, scope)
+
+    def _lease_lost(self, session_id: str) -> None:
+        if self._execution is not None:
+            self._execution.lease_lost(session_id)
+
+    def _spawn(self, work: Coroutine[Any, Any, object], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_host_message(self, message: HostMessage) -> None:
+        execution = self._execution
+        if execution is None:
+            return
+        for sid in message.session_ids:
+            if message.kind == "wake":
+                self._wake(sid, message.scope)
+            elif message.kind == "resume":
+                self._spawn(execution.resume(sid), f"resume:{sid}")
+            elif message.kind == "interrupt":
+                self._spawn(execution.interrupt(sid, "user"), f"interrupt:{sid}")
+        if message.kind == "released":
+            self._rescan.set()
+
+    async def _owner(self, session_id: str) -> str | None:
+        """The other host holding a live lease on the session, if any."""
+        for lease in await self.store.queries.leases(live_at=now_ms()):
+            if lease.session_id == session_id and lease.host_id != self.host_id:
+                return lease.host_id
+        return None
+
+    async def active(self) -> dict[str, tuple[str, int | None]]:
+        """Sessions running now on any host: session id -> (host id, lease epoch)."""
+        local = await self.execution.active()
+        out: dict[str, tuple[str, int | None]] = {}
+        claimed = {c.session_id for c in await self.store.queries.claims()}
+        mine: dict[str, int] = {}
+        for lease in await self.store.queries.leases(live_at=now_ms()):
+            if lease.host_id == self.host_id:
+                mine[lease.session_id] = lease.epoch
+            elif lease.session_id in claimed:
+                out[lease.session_id] = (lease.host_id, lease.epoch)
+        for sid in local:
+            # No epoch yet while the busy period's start is still taking the lease.
+            fence = self.leases.fence(sid)
+            out[sid] = (self.host_id, mine.get(sid) if fence is None else fence.epoch)
+        return out
+
+    async def wait_idle(self, session_id: str) -> None:
+        """Return once no host runs the session (this one's successors included)."""
+        await self.execution.wait_idle(session_id)
+        ended = asyncio.Event()
+
+        def watch(records: Sequence[RecordedEvent]) -> None:
+            if any(r.aggregate_id == session_id and _terminal_of(r.event) for r in records):
+                ended.set()
+
+        unsubscribe = self.store.subscribe(watch)
+        try:
+            # Another host's live lease ends with its terminal, or at its expiry
+            # (a host that died): re-read at least every quarter ttl.
+            while await self._owner(session_id) is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), self.config.lease_ttl_ms / 4000)
+                ended.clear()
+        finally:
+            unsubscribe()
+
+    async def resume(self, session_id: str) -> Terminal:
+        """Start or join the session's execution, here or on the host that holds it."""
+        execution = self.execution
+        done: asyncio.Future[Terminal] = asyncio.get_running_loop().create_future()
+
+        def watch(records: Sequence[RecordedEvent]) -> None:
+            for r in records:
+                if r.aggregate_id == session_id and not done.done():
+                    terminal = _terminal_of(r.event)
+                    if terminal is not None:
+                        done.set_result(terminal)
+
+        # Subscribed first: the owner's terminal may come right after the hand-off.
+        unsubscribe = self.store.subscribe(watch)
+        try:
+            terminal = await execution.resume(session_id)
+            if terminal.kind != "elsewhere":
+                return terminal
+            return await asyncio.shield(done)
+        finally:
+            unsubscribe()
 
     async def _stop_sessions(self, session_ids: Sequence[str]) -> None:
         for sid in session_ids:
@@ -422,7 +609,7 @@ class Runtime:
             await self._stack.enter_async_context(self.blocking)
             await self._stack.enter_async_context(self.tool_actors)
             if self.config.read_only:
-                await self._stack.enter_async_context(self.store)
+                await self._open_store()
                 self.bus.attach(self.store)
                 self._stack.callback(self.bus.close)
                 return self
@@ -433,7 +620,7 @@ class Runtime:
                     functools.partial(self.directories.check, field="runtime.default_directory"),
                     self.config.default_directory,
                 )
-            await self._stack.enter_async_context(self.store)
+            await self._open_store()
             self.bus.attach(self.store)
             self._stack.callback(self.bus.close)
             runner = Runner(
@@ -445,7 +632,7 @@ class Runtime:
                     self.tools,
                     self.tool_actors,
                     self.bounding,
-                    record=_process_recorder(self.store),
+                    record=_process_recorder(self.store, self.leases),
                 ),
                 blocking=self.blocking,
                 bus=self.bus,
@@ -481,8 +668,17 @@ class Runtime:
                 run_sweeper(self.bounding, self.blocking), name="tool-output-sweeper"
             )
             self._stack.push_async_callback(_cancel, sweeper)
-            self._execution = await Execution.start(_DurableHooks(self.store, runner))
+            if self._own_bus is not None:
+                # Closed last: the shutdown's hand-over notice goes out through it.
+                await self._own_bus.open()
+                self._stack.push_async_callback(self._own_bus.close)
+            # Renewal ends after execution stops (the terminals release the leases).
+            await self.leases.start()
+            self._stack.push_async_callback(self.leases.aclose)
+            self._hooks = _DurableHooks(self.store, runner, self.leases, self.host_bus)
+            self._execution = await Execution.start(self._hooks)
             self._stack.push_async_callback(self._stop_execution)
+            self._stack.callback(await self.host_bus.subscribe(self.host_id, self._on_host_message))
             # Closed before execution stops: a shutdown kills running shells,
             # whose entries stay running until the next start cancels them.
             self._stack.push_async_callback(self.shells.aclose)
@@ -490,10 +686,16 @@ class Runtime:
                 await self.shells.recover()
                 await self.reverts.recover()
                 self.recovery = await self.recover()
+                scan = asyncio.get_running_loop().create_task(self._scan(), name="lease-scan")
+                self._stack.push_async_callback(_cancel, scan)
         except BaseException:
             await self.aclose()
             raise
         return self
+
+    async def _open_store(self) -> None:
+        if self._own_store:
+            await self._stack.enter_async_context(self.store)
 
     async def __aexit__(
         self,
@@ -510,19 +712,61 @@ class Runtime:
         await self._stack.aclose()
 
     async def _stop_execution(self) -> None:
-        execution, self._execution = self._execution, None
+        self._closing = True
+        execution = self._execution
         if execution is not None:
             await execution.shutdown()
+        self._execution = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        hooks = self._hooks
+        if hooks is not None and hooks.handed_over:
+            # Released, claims kept: the other hosts need not wait for expiry.
+            message = HostMessage(
+                kind="released", origin=self.host_id, session_ids=tuple(hooks.handed_over)
+            )
+            try:
+                await self.host_bus.publish(None, message)
+            except Exception:
+                log.exception("announcing the released sessions failed")
+        for scope in ("input", "steer"):
+            # Wakes that came in while closing: the first other host to take
+            # each lease runs it (the rest hand their wake to that one).
+            ids = tuple(sid for sid, s in self._refused.items() if s == scope)
+            if not ids:
+                continue
+            wake = HostMessage(kind="wake", origin=self.host_id, session_ids=ids, scope=scope)
+            try:
+                await self.host_bus.publish(None, wake)
+            except Exception:
+                log.exception("handing over the wakes received while closing failed")
 
     async def recover(self) -> RecoveryReport:
-        """Run the recovery sweep now (it also runs once at start unless disabled)."""
+        """Run the recovery sweep now (it also runs at start and then periodically)."""
         return await recover(
             self.store,
             self.sessions,
             self.execution,
             self.blocking,
+            self.leases,
             max_attempts=self.config.max_resume_attempts,
         )
+
+    async def _scan(self) -> None:
+        """Recover claimed sessions whose lease expired (or that another host released)."""
+        # At most a second: a dead host's sessions move within expiry + 1 s.
+        interval = min(self.config.lease_ttl_ms / 2 / 1000, 1.0)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rescan.wait(), interval)
+            self._rescan.clear()
+            try:
+                await self.recover()
+            except ServiceUnavailableError:
+                return  # execution stopped: the runtime is closing
+            except Exception:
+                log.exception("the lease scan failed")
 
     async def interrupt(self, session_id: str, *, resume: bool = False) -> bool:
         """Interrupt the session's local execution as the user; never deletes input.
@@ -532,12 +776,31 @@ class Runtime:
         """
         await self.sessions.get(session_id)
         interrupted = await self.execution.interrupt(session_id, "user")
+        if not interrupted:
+            owner = await self._owner(session_id)
+            if owner is not None:
+                message = HostMessage(
+                    kind="interrupt", origin=self.host_id, session_ids=(session_id,)
+                )
+                await self.host_bus.publish(owner, message)
+                interrupted = True
         if resume:
             pending = await self.sessions.pending(session_id)
             steers = select_promotable(pending, "steer")
             if steers or control_head(pending, "steer") is not None:
                 self.execution.wake(session_id, "steer")
         return interrupted
+
+
+def _terminal_of(event: ev.Event | None) -> Terminal | None:
+    match event:
+        case ev.ExecutionSucceeded():
+            return Terminal(kind="succeeded")
+        case ev.ExecutionFailed(error=error):
+            return Terminal(kind="failed", error=error)
+        case ev.ExecutionInterrupted(reason=reason):
+            return Terminal(kind="interrupted", reason=reason)
+    return None
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

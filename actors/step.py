@@ -86,7 +86,7 @@ from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids
 from protocol.shapes import Session
-from storage import Command, RecordedEvent, Store, now_ms
+from storage import Command, FencedError, RecordedEvent, Store, now_ms
 
 __all__ = [
     "CONTINUE_DESCRIPTION",
@@ -157,6 +157,21 @@ class _Live:
             self._release()
 
 
+def _abandoned(future: asyncio.Future[list[RecordedEvent]]) -> None:
+    """Retrieve a failed emit's error, which an awaiter (if any) still gets.
+
+    A step cancelled or failed part-way leaves emits nobody awaits: after a
+    lost lease every one of them fails (fenced), which is expected; any other
+    failure reaches the step through the emit it awaits next (the log keeps
+    the rest, at debug level, so an awaited failure is not reported twice).
+    """
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None and not isinstance(exc, FencedError):
+        log.debug("an event of the step failed: %s", exc)
+
+
 class _Attempt:
     """The mutable bookkeeping of one physical attempt (one assistant message)."""
 
@@ -179,7 +194,9 @@ class _Attempt:
         self.writes: StepWrites | None = None
 
     def emit(self, event: ev.Event) -> None:
-        self.submitted.append(self.store.submit(Command.of(event)))
+        future = self.store.submit(Command.of(event))
+        future.add_done_callback(_abandoned)
+        self.submitted.append(future)
 
     async def durable(self, event: ev.Event) -> None:
         self.emit(event)
@@ -339,6 +356,10 @@ class StepRunner:
                 assistant_id, started = ids.message_id(), False
                 request = await rebuild(True)
                 continue
+            except FencedError:
+                # This host lost the session's lease: nothing more of the step
+                # may be written (its new holder fails what was left open).
+                raise
             except Exception as exc:
                 # A bug, not weather: fail the step cleanly (every call settled,
                 # the partial kept) and let the execution fail with it.

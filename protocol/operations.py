@@ -204,6 +204,10 @@ class HealthStatus:
 @attrs.frozen(kw_only=True)
 class ActiveSession:
     type: Literal["running"] = "running"
+    #: The host whose lease runs it (several hosts may share one database).
+    host: str | None = None
+    #: That lease's fencing epoch.
+    epoch: int | None = None
 
 
 # -- the table --------------------------------------------------------------------------------

@@ -625,6 +625,47 @@ def check_claims(
     return out
 
 
+def check_fences(conn: sqlite3.Connection) -> list[Violation]:
+    """(i) no two hosts wrote one session under overlapping lease epochs.
+
+    Along a session's log, the epoch of its fenced events never goes down (a
+    write under an epoch after a higher one was written means a host that had
+    lost its lease still wrote), and each epoch belongs to one host.
+    """
+    rows = conn.execute(
+        "SELECT session_id, position, host_id, epoch FROM event_fence ORDER BY session_id, position"
+    )
+    return fences_violations(rows)
+
+
+def fences_violations(rows: Iterable[Sequence[Any]]) -> list[Violation]:
+    """:func:`check_fences` over ``(session, position, host, epoch)`` rows in that order."""
+    out: list[Violation] = []
+    last: dict[str, tuple[int, int]] = {}
+    owner: dict[tuple[str, int], str] = {}
+    for session_id, position, host, epoch in rows:
+        seen = owner.setdefault((session_id, epoch), host)
+        if seen != host:
+            out.append(
+                Violation(
+                    "fence.shared-epoch",
+                    f"{session_id}: epoch {epoch} written by {seen} and {host}"
+                    f" (position {position})",
+                )
+            )
+        before = last.get(session_id)
+        if before is not None and epoch < before[1]:
+            out.append(
+                Violation(
+                    "fence.overlap",
+                    f"{session_id}: position {position} written under epoch {epoch} by {host}"
+                    f" after epoch {before[1]} wrote position {before[0]}",
+                )
+            )
+        last[session_id] = (position, max(epoch, before[1] if before else epoch))
+    return out
+
+
 def check_shells(
     conn: sqlite3.Connection, events: Sequence[Event], *, settled: bool = True
 ) -> list[Violation]:
@@ -758,6 +799,7 @@ def check_database(
         out += check_tools(conn, events, lines, boots, settled=settled)
         out += check_permissions(conn, events, lines, settled=settled)
         out += check_claims(conn, max_attempts=max_attempts, settled=settled)
+        out += check_fences(conn)
         out += check_shells(conn, events, settled=settled)
         out += check_reverts(conn, events)
         conn.execute("COMMIT")
@@ -1709,9 +1751,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the data dir, print its path")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument(
+        "--hosts", type=int, default=1, help="servers on one database (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--database", default=None, help="with --hosts > 1: the postgresql:// URL they share"
+    )
+    parser.add_argument(
+        "--duration", type=float, default=10.0, help="with --hosts > 1: seconds of workload"
+    )
+    parser.add_argument(
+        "--lease-ttl-ms", type=int, default=1500, help="with --hosts > 1: each host's lease ttl"
+    )
     args = parser.parse_args(argv)
-    if args.sessions < 1 or args.iterations < 1:
-        parser.error("--sessions and --iterations must be positive")
+    if args.sessions < 1 or args.iterations < 1 or args.hosts < 1:
+        parser.error("--sessions, --iterations and --hosts must be positive")
+    if args.hosts > 1 and not (args.database or "").startswith(("postgresql://", "postgres://")):
+        parser.error("--hosts > 1 needs --database postgresql://… (one database for every host)")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 1_000_000)
     return args
@@ -1735,6 +1791,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not exe.exists():
         print(f"crashsim: no sessionrt console script next to {sys.executable}", file=sys.stderr)
         return 2
+    if args.hosts > 1:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import _crashsim_hosts
+
+        return _crashsim_hosts.main(args, exe, sys.modules[__name__])
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="crashsim-"))
     sim = Sim(args, workdir, exe)

@@ -39,6 +39,8 @@
     compaction_buffer = 20000            # reserved headroom, tokens
     compaction_tail_tokens = 15000       # recent tail kept verbatim, tokens
     project_instructions = true          # read the project's AGENTS.md / CLAUDE.md files
+    host_id = "web-1"                    # this host's lease owner id; random per start when unset
+    lease_ttl_ms = 10000                 # an execution lease's life, renewed every ttl/4
 
     [providers.local]                    # real models: see actors/llm/_config.py
     kind = "openai"                      # or "anthropic"
@@ -99,6 +101,8 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "tool_output_max_bytes": int,
         "recover": bool,
         "max_resume_attempts": int,
+        "host_id": str,
+        "lease_ttl_ms": int,
         "default_model": str,
         "retry_base_delay_s": (int, float),
         "retry_max_delay_s": (int, float),

@@ -89,7 +89,8 @@ async def session_create(call: Call) -> Any:
 
 
 async def session_active(call: Call) -> Any:
-    return {sid: ActiveSession() for sid in await call.runtime.execution.active()}
+    active = await call.runtime.active()
+    return {sid: ActiveSession(host=host, epoch=epoch) for sid, (host, epoch) in active.items()}
 
 
 async def session_get(call: Call) -> Any:
@@ -128,14 +129,14 @@ async def session_interrupt(call: Call) -> Any:
 
 async def session_resume(call: Call) -> Any:
     await call.runtime.sessions.get(call.session_id)
-    terminal = await call.runtime.execution.resume(call.session_id)
+    terminal = await call.runtime.resume(call.session_id)
     if terminal.kind == "interrupted" and terminal.reason == "shutdown":
         raise ServiceUnavailableError("the server is shutting down", service="execution")
 
 
 async def session_wait(call: Call) -> Any:
     await call.runtime.sessions.get(call.session_id)
-    await call.runtime.execution.wait_idle(call.session_id)
+    await call.runtime.wait_idle(call.session_id)
 
 
 async def session_switch_agent(call: Call) -> Any:

@@ -10,6 +10,8 @@ from storage.connect import connect, is_server_url
 from storage.errors import (
     AppendConflictError,
     DivergedError,
+    FencedError,
+    LeaseHeldError,
     ProjectionConflict,
     SeqConflictError,
     StorageBrokenError,
@@ -19,6 +21,7 @@ from storage.errors import (
 )
 from storage.follow import FollowDispatcher, LogFollow
 from storage.interfaces import BatchObserver, EventLog, SessionReads, Store
+from storage.lease import Fence, Lease, LeaseUse, default_host_id, fenced
 from storage.queries import Claim, OpenToolCall, Queries, RunningShell, ToolProcess
 from storage.rebuild import dump_projections, rebuild_projections
 from storage.recorder import (
@@ -42,7 +45,12 @@ __all__ = [
     "DivergedError",
     "EntryWrite",
     "EventLog",
+    "Fence",
+    "FencedError",
     "FollowDispatcher",
+    "Lease",
+    "LeaseHeldError",
+    "LeaseUse",
     "LogFollow",
     "NewEvent",
     "OpenToolCall",
@@ -63,7 +71,9 @@ __all__ = [
     "Synchronous",
     "ToolProcess",
     "connect",
+    "default_host_id",
     "dump_projections",
+    "fenced",
     "is_server_url",
     "now_ms",
     "rebuild_projections",

@@ -27,6 +27,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Final, Literal
 
@@ -36,10 +37,13 @@ from storage import schema
 from storage.errors import (
     AppendConflictError,
     DivergedError,
+    FencedError,
+    LeaseHeldError,
     SeqConflictError,
     StorageBrokenError,
     StoreLockedError,
 )
+from storage.lease import LeaseUse
 from storage.projectors import project
 from storage.recorder import Command, NewEvent, RecordedEvent
 
@@ -163,6 +167,9 @@ class Writer:
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA busy_timeout = 5000")
             schema.migrate(conn)
+            # This process holds the only writer lock: every lease still live
+            # belongs to a process that is gone, so none is waited out.
+            conn.execute("UPDATE session_lease SET expires = 0 WHERE expires > 0")
             row = conn.execute("SELECT coalesce(max(position), 0) FROM event").fetchone()
             self._position = int(row[0])
         except sqlite3.Error as exc:
@@ -208,12 +215,15 @@ class Writer:
         undo: list[tuple[str, int | None]] = []
         conn.execute("SAVEPOINT command")
         try:
+            epoch = None if command.lease is None else _use_lease(conn, command.lease)
             replay = self._check_expected(conn, prepared)
             if replay is not None:
                 conn.execute("RELEASE command")
                 return Outcome(records=replay, publish=False)
             records = self._insert(conn, command.events, prepared.encoded, undo)
             _write_side(conn, command)
+            if command.lease is not None and epoch is not None:
+                records = _fence_records(conn, command.lease, epoch, records)
             conn.execute("RELEASE command")
             return Outcome(records=records)
         except sqlite3.IntegrityError as exc:
@@ -361,6 +371,67 @@ def _write_side(conn: sqlite3.Connection, command: Command) -> None:
             conn.execute(
                 _UPSERT_ENTRY, (entry.session_id, entry.key, entry.value, entry.time, entry.time)
             )
+
+
+_TAKE_LEASE: Final = (
+    "INSERT INTO session_lease (session_id, host_id, epoch, expires) VALUES (?, ?, 1, ?)"
+    " ON CONFLICT (session_id) DO UPDATE SET host_id = excluded.host_id,"
+    " epoch = session_lease.epoch + 1, expires = excluded.expires"
+    " WHERE session_lease.expires <= ? OR session_lease.host_id = excluded.host_id"
+    " RETURNING epoch"
+)
+_READ_LEASE: Final = "SELECT host_id, epoch, expires FROM session_lease WHERE session_id = ?"
+_INSERT_FENCE: Final = (
+    "INSERT INTO event_fence (position, session_id, host_id, epoch) VALUES (?, ?, ?, ?)"
+)
+
+
+def _use_lease(conn: sqlite3.Connection, use: LeaseUse) -> int:
+    """Take, check, renew or release ``use``'s lease; the epoch the command holds.
+
+    Raises :class:`LeaseHeldError` (take) or :class:`FencedError` (the others);
+    the caller's savepoint rolls the command back either way. The clock is this
+    writer's: on SQLite every host is this one process.
+    """
+    now = time.time_ns() // 1_000_000
+    if use.kind == "take":
+        row = conn.execute(
+            _TAKE_LEASE, (use.session_id, use.host_id, now + use.ttl_ms, now)
+        ).fetchone()
+        if row is not None:
+            return int(row[0])
+        held = conn.execute(_READ_LEASE, (use.session_id,)).fetchone()
+        raise LeaseHeldError(use.session_id, str(held[0]), int(held[1]))
+    held = conn.execute(_READ_LEASE, (use.session_id,)).fetchone()
+    if held is None:
+        raise FencedError(use.session_id, use.host_id, use.epoch, "no lease was taken")
+    if (str(held[0]), int(held[1])) != (use.host_id, use.epoch):
+        raise FencedError(
+            use.session_id, use.host_id, use.epoch, f"host {held[0]} holds epoch {held[1]}"
+        )
+    if int(held[2]) <= now:
+        raise FencedError(use.session_id, use.host_id, use.epoch, "the lease expired")
+    if use.kind == "renew":
+        conn.execute(
+            "UPDATE session_lease SET expires = ? WHERE session_id = ?",
+            (now + use.ttl_ms, use.session_id),
+        )
+    elif use.kind == "release":
+        conn.execute("UPDATE session_lease SET expires = 0 WHERE session_id = ?", (use.session_id,))
+    return use.epoch
+
+
+def _fence_records(
+    conn: sqlite3.Connection, use: LeaseUse, epoch: int, records: list[RecordedEvent]
+) -> list[RecordedEvent]:
+    """Record who wrote the lease's session's events; the appender's copies carry the epoch."""
+    mine = [r for r in records if r.aggregate_id == use.session_id]
+    conn.executemany(
+        _INSERT_FENCE, [(r.position, use.session_id, use.host_id, epoch) for r in mine]
+    )
+    return [
+        attrs.evolve(r, epoch=epoch) if r.aggregate_id == use.session_id else r for r in records
+    ]
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -24,6 +24,7 @@ from typing import Protocol, Self
 from protocol import events as ev
 from protocol.cursor import MessageAnchor, SessionAnchor, SessionQuery
 from protocol.shapes import CompactionMessage, InboxItem, Order, Page, Session, SessionMessage
+from storage.lease import Lease
 from storage.queries import Claim, InstructionState, OpenToolCall, Row, RunningShell, ToolProcess
 from storage.recorder import Command, RecordedEvent, Recorder, Subscriber
 
@@ -117,7 +118,11 @@ class SessionReads(Protocol):
         ...
 
     async def claims(self) -> list[Claim]:
-        """Sessions holding a write-ahead execution claim."""
+        """Sessions holding a write-ahead execution claim, with their leases."""
+        ...
+
+    async def leases(self, *, live_at: int | None = None) -> list[Lease]:
+        """Every session's lease row (only those live at ``live_at`` ms, when given)."""
         ...
 
     async def open_tool_calls(self, session_id: str) -> list[OpenToolCall]:

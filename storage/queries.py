@@ -50,6 +50,7 @@ from protocol.shapes import (
     Tokens,
     UserMessage,
 )
+from storage.lease import Lease
 
 __all__ = [
     "Claim",
@@ -70,6 +71,12 @@ class Claim:
     parent_id: str | None
     time_claimed: int
     resume_attempts: int
+    #: Who runs (or ran) it; None when no host ever took a lease on it.
+    lease: Lease | None = None
+
+    def orphaned(self, now: int) -> bool:
+        """Claimed with no live lease: nobody runs it, any host may take it."""
+        return self.lease is None or not self.lease.live(now)
 
 
 @attrs.frozen(kw_only=True)
@@ -387,14 +394,33 @@ class Queries:
     async def claims(self) -> list[Claim]:
         """Sessions holding a write-ahead execution claim."""
         rows = await self._fetch(
-            "SELECT id, parent_id, time_claimed, resume_attempts FROM session"
-            " WHERE time_claimed IS NOT NULL ORDER BY time_claimed, id",
+            "SELECT s.id, s.parent_id, s.time_claimed, s.resume_attempts,"
+            " l.host_id, l.epoch, l.expires FROM session s"
+            " LEFT JOIN session_lease l ON l.session_id = s.id"
+            " WHERE s.time_claimed IS NOT NULL ORDER BY s.time_claimed, s.id",
             (),
         )
         return [
-            Claim(session_id=r[0], parent_id=r[1], time_claimed=r[2], resume_attempts=r[3])
+            Claim(
+                session_id=r[0],
+                parent_id=r[1],
+                time_claimed=r[2],
+                resume_attempts=r[3],
+                lease=None
+                if r[4] is None
+                else Lease(session_id=r[0], host_id=r[4], epoch=r[5], expires=r[6]),
+            )
             for r in rows
         ]
+
+    async def leases(self, *, live_at: int | None = None) -> list[Lease]:
+        """Every session's lease row (only those live at ``live_at`` ms, when given)."""
+        rows = await self._fetch(
+            "SELECT session_id, host_id, epoch, expires FROM session_lease"
+            " WHERE expires > ? ORDER BY session_id",
+            (-1 if live_at is None else live_at,),
+        )
+        return [Lease(session_id=r[0], host_id=r[1], epoch=r[2], expires=r[3]) for r in rows]
 
     async def open_tool_calls(self, session_id: str) -> list[OpenToolCall]:
         """Tool parts still streaming or running (stale after a crash or restart)."""

@@ -25,6 +25,7 @@ import attrs
 
 from protocol import ids
 from protocol.events import Event
+from storage.lease import LeaseUse
 
 __all__ = [
     "Command",
@@ -83,6 +84,9 @@ class Command:
     blobs: Mapping[str, str] = attrs.field(factory=dict)
     #: Instruction entries written in the same transaction.
     entries: tuple[EntryWrite, ...] = ()
+    #: The execution lease this command takes, holds (its fence), renews or
+    #: releases; checked in the command's savepoint before its events.
+    lease: LeaseUse | None = None
 
     @classmethod
     def of(
@@ -90,16 +94,18 @@ class Command:
         *events: Event,
         expected: Mapping[str, int] | None = None,
         blobs: Mapping[str, str] | None = None,
+        lease: LeaseUse | None = None,
     ) -> Command:
         return cls(
             events=tuple(NewEvent(event=e) for e in events),
             expected=expected,
             blobs=blobs or {},
+            lease=lease,
         )
 
     @property
     def empty(self) -> bool:
-        return not (self.events or self.blobs or self.entries)
+        return not (self.events or self.blobs or self.entries or self.lease)
 
 
 @attrs.frozen(kw_only=True)
@@ -113,6 +119,9 @@ class RecordedEvent:
     data: str
     #: Decoded value; None when this build does not know ``type``.
     event: Event | None
+    #: The lease epoch it was appended under (set on the appender's copy of a
+    #: fenced command's records; None otherwise and when read back).
+    epoch: int | None = None
 
 
 Subscriber = Callable[[Sequence[RecordedEvent]], None]

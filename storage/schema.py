@@ -181,8 +181,29 @@ ALTER TABLE session ADD COLUMN time_idle INTEGER;
 ALTER TABLE session ADD COLUMN time_viewed INTEGER;
 """
 
+# v9: execution leases and fencing (see :mod:`storage.lease`). Not projections:
+# neither is derived from the log, and a rebuild keeps both. ``expires`` is in
+# ms; a released lease has ``expires = 0``.
+_V9: Final = """
+CREATE TABLE session_lease (
+    session_id TEXT PRIMARY KEY,
+    host_id    TEXT NOT NULL,
+    epoch      INTEGER NOT NULL CHECK (epoch >= 1),
+    expires    INTEGER NOT NULL
+);
+CREATE INDEX session_lease_host ON session_lease (host_id, expires);
+
+CREATE TABLE event_fence (
+    position   INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    host_id    TEXT NOT NULL,
+    epoch      INTEGER NOT NULL
+);
+CREATE INDEX event_fence_session ON event_fence (session_id, epoch);
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).

@@ -37,6 +37,7 @@ import aiosqlite
 from protocol.events import decode_event, encode_data, stored_type
 from storage._writer import Outcome, Prepared, Synchronous, Writer, shared_lock
 from storage.errors import StorageBrokenError, StoreClosedError
+from storage.lease import apply_fence, retrieve_abandoned
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
 from storage.recorder import Command, RecordedEvent, Subscriber
 
@@ -170,9 +171,16 @@ class SQLiteStore:
         """Commit ``command``; returns its records once they are durable.
 
         Cancelling the caller does not withdraw a submitted command: it commits
-        (or fails) with its batch either way.
+        (or fails) with its batch either way; a failure nobody awaits any more
+        (typically a fenced append of an execution cancelled for losing its
+        lease) is retrieved, not reported to the loop.
         """
-        return await asyncio.shield(self.submit(command))
+        future = self.submit(command)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(retrieve_abandoned)
+            raise
 
     def submit(self, command: Command) -> asyncio.Future[list[RecordedEvent]]:
         """Queue ``command`` and return a future of its records, without waiting.
@@ -185,6 +193,7 @@ class SQLiteStore:
             raise StoreClosedError(f"store {self.path} is open read-only")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[RecordedEvent]] = loop.create_future()
+        command = apply_fence(command)
         if command.empty:
             future.set_result([])
             return future

@@ -29,6 +29,7 @@ from typing import Final
 
 import asyncpg
 
+from storage._pg_lease import fence_records, use_lease
 from storage._writer import Outcome, Prepared
 from storage.errors import (
     AppendConflictError,
@@ -132,6 +133,7 @@ async def _apply(
     savepoint = conn.transaction()
     await savepoint.start()
     try:
+        epoch = None if command.lease is None else await use_lease(conn, command.lease)
         replay = await _check_expected(conn, prepared, seqs)
         if replay is not None:
             await savepoint.commit()
@@ -140,6 +142,8 @@ async def _apply(
             await guard(conn, command)
         records = await _insert(conn, prepared, seqs, undo)
         await _write_side(conn, command)
+        if command.lease is not None and epoch is not None:
+            records = await fence_records(conn, command.lease, epoch, records)
         await savepoint.commit()
         return Outcome(records=records)
     except asyncpg.PostgresError as exc:

@@ -30,6 +30,7 @@ from typing import Final
 
 import asyncpg
 
+from storage._pg_lease import LEASE_SCHEMA
 from storage.errors import StorageBrokenError
 from storage.schema import SCHEMA_VERSION
 
@@ -301,7 +302,7 @@ ALTER TABLE session ADD COLUMN time_idle BIGINT;
 ALTER TABLE session ADD COLUMN time_viewed BIGINT;
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, LEASE_SCHEMA)
 assert len(MIGRATIONS) == SCHEMA_VERSION, "a SQLite migration without its PostgreSQL twin"
 
 #: Key of the transaction-scoped advisory lock migrations take ("sessmigr").

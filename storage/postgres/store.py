@@ -46,6 +46,7 @@ from protocol.events import encode_data, stored_type
 from storage._url import redact
 from storage._writer import Outcome, Prepared
 from storage.errors import StorageBrokenError, StoreClosedError
+from storage.lease import apply_fence, retrieve_abandoned
 from storage.postgres import schema
 from storage.postgres._errors import reason as _reason
 from storage.postgres._writer import CommandGuard, commit_batch
@@ -237,9 +238,16 @@ class PostgresStore:
     async def append(self, command: Command) -> list[RecordedEvent]:
         """Commit ``command``; returns its records once they are durable.
 
-        Cancelling the caller does not withdraw a submitted command.
+        Cancelling the caller does not withdraw a submitted command; a failure
+        nobody awaits any more (a fenced append of an execution cancelled for
+        losing its lease) is retrieved, not reported to the loop.
         """
-        return await asyncio.shield(self.submit(command))
+        future = self.submit(command)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(retrieve_abandoned)
+            raise
 
     def submit(self, command: Command) -> asyncio.Future[list[RecordedEvent]]:
         """Queue ``command``; a future of its records. Commands commit in submission order."""
@@ -247,6 +255,7 @@ class PostgresStore:
         if self.read_only:
             raise StoreClosedError(f"store {self.where} is open read-only")
         future: asyncio.Future[list[RecordedEvent]] = asyncio.get_running_loop().create_future()
+        command = apply_fence(command)
         if command.empty:
             future.set_result([])
             return future

@@ -211,6 +211,28 @@ async def test_the_checker_catches_a_claim_left_and_mismatched_receipts(tmp_path
     assert "claim.unbounded" in over
 
 
+async def test_the_checker_catches_overlapping_lease_epochs(tmp_path: Path) -> None:
+    db, receipts, ledger = await _history(tmp_path)
+    broken = _copy(db, tmp_path / "broken.sqlite")
+    conn = sqlite3.connect(broken)
+    with conn:
+        rows = conn.execute(
+            "SELECT position, session_id, host_id, epoch FROM event_fence ORDER BY position"
+        ).fetchall()
+        assert rows, "the real history has fenced events"
+        epochs = {r[3] for r in rows}
+        assert len(epochs) >= 2  # the restart took the lease again
+        # A write under the first epoch after a later one: a fenced host that wrote anyway.
+        position = rows[-1][0]
+        conn.execute(
+            "UPDATE event_fence SET epoch = ?, host_id = ? WHERE position = ?",
+            (min(epochs), "host-late", position),
+        )
+    conn.close()
+    found = _checks(crashsim.check_database(broken, receipts, ledger))
+    assert found == {"fence.overlap", "fence.shared-epoch"}
+
+
 async def test_the_checker_catches_tool_calls_left_open(tmp_path: Path) -> None:
     db, receipts, ledger = await _history(tmp_path)
     broken = _copy(db, tmp_path / "broken.sqlite")

@@ -264,10 +264,11 @@ async def test_active_lists_running_sessions(client: Client) -> None:
     await client.post(f"/api/session/{sid}/prompt", json={"text": script})
     for _ in range(500):
         data = (await (await client.get("/api/session/active")).json())["data"]
-        if sid in data:
+        if "epoch" in data.get(sid, {}):  # its start took the lease
             break
         await asyncio.sleep(0.01)
-    assert data == {sid: {"type": "running"}}
+    # Which host runs it, under which lease epoch (the first take).
+    assert data == {sid: {"type": "running", "host": runtime_of(client).host_id, "epoch": 1}}
     response = await client.post(f"/api/session/{sid}/interrupt")
     assert await response.json() == {"interrupted": True}
     response = await client.post(f"/api/experimental/session/{sid}/wait")

@@ -1,0 +1,150 @@
+"""Execution leases and fencing: which host runs a session, under which epoch.
+
+The write-ahead claim (``session.time_claimed``, taken by
+``session.execution.started``) says a session has work that must finish. The
+lease says who does it: one ``session_lease`` row per session that ever ran
+(host id, fencing epoch, expiry in ms). The claim and the lease are taken in
+one command, the execution's ``started``, which carries a :class:`LeaseUse`
+of kind ``take``: in the same savepoint the row is inserted, or taken over
+when it has expired or is already this host's, with ``epoch + 1`` each time;
+a live lease of another host refuses the command (:class:`LeaseHeldError`).
+
+Every later append of that execution carries its :class:`Fence` (``hold``);
+the store accepts it only while the row still names that host and epoch and
+has not expired, and otherwise rejects the whole command in its savepoint
+(:class:`FencedError`): a host that lost its lease (a pause, a partition, an
+expiry) can write nothing more for that session. The execution's terminal
+carries ``release``: the row expires at once, so any host may take it. A
+``renew`` (no events) pushes the expiry forward while the host works.
+
+An execution does not thread its fence through every call that appends: it
+runs its drains inside :func:`fenced`, and the store applies the fence in
+force (:func:`apply_fence`) to each command that touches the session and
+names no lease of its own; tasks started from a drain inherit it.
+
+Which epoch and host wrote each fenced event is recorded (``event_fence``),
+so that "no two hosts wrote one session under overlapping epochs" can be
+checked after the fact. Neither table is a projection: the lease is not
+derived from the log and survives a rebuild of the projections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import secrets
+import socket
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+if TYPE_CHECKING:
+    from storage.recorder import Command
+
+__all__ = [
+    "Fence",
+    "Lease",
+    "LeaseUse",
+    "apply_fence",
+    "default_host_id",
+    "fenced",
+    "retrieve_abandoned",
+]
+
+LeaseKind = Literal["take", "hold", "renew", "release"]
+
+
+@attrs.frozen
+class Fence:
+    """The lease an execution holds: what each of its appends is checked against."""
+
+    session_id: str
+    host_id: str
+    epoch: int
+
+    def hold(self) -> LeaseUse:
+        return LeaseUse(
+            kind="hold", session_id=self.session_id, host_id=self.host_id, epoch=self.epoch
+        )
+
+    def renew(self, ttl_ms: int) -> LeaseUse:
+        return LeaseUse(
+            kind="renew",
+            session_id=self.session_id,
+            host_id=self.host_id,
+            epoch=self.epoch,
+            ttl_ms=ttl_ms,
+        )
+
+    def release(self) -> LeaseUse:
+        return LeaseUse(
+            kind="release", session_id=self.session_id, host_id=self.host_id, epoch=self.epoch
+        )
+
+
+@attrs.frozen(kw_only=True)
+class LeaseUse:
+    """What a command does with a session's lease before its events are stored."""
+
+    kind: LeaseKind
+    session_id: str
+    host_id: str
+    #: The epoch held (hold/renew/release); ignored by ``take``.
+    epoch: int = 0
+    #: How long from now the lease lives (take/renew).
+    ttl_ms: int = 0
+
+    @classmethod
+    def take(cls, session_id: str, host_id: str, ttl_ms: int) -> LeaseUse:
+        return cls(kind="take", session_id=session_id, host_id=host_id, ttl_ms=ttl_ms)
+
+
+@attrs.frozen(kw_only=True)
+class Lease:
+    """A ``session_lease`` row as read."""
+
+    session_id: str
+    host_id: str
+    epoch: int
+    expires: int
+
+    def live(self, now: int) -> bool:
+        return self.expires > now
+
+
+def default_host_id() -> str:
+    """A host id stable for this process: the machine's name, the pid and a random tail."""
+    name = socket.gethostname().split(".")[0][:24] or "host"
+    return f"{name}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+_FENCE: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("fence", default=None)
+
+
+@contextlib.contextmanager
+def fenced(fence: Fence | None) -> Iterator[None]:
+    """Appends made in this context (and tasks it starts) for ``fence``'s session hold it."""
+    token = _FENCE.set(fence)
+    try:
+        yield
+    finally:
+        _FENCE.reset(token)
+
+
+def apply_fence(command: Command) -> Command:
+    """``command`` with the fence in force, when it touches that session and names no lease."""
+    fence = _FENCE.get()
+    if fence is None or command.lease is not None:
+        return command
+    if not any(e.aggregate_id == fence.session_id for e in command.events):
+        return command
+    return attrs.evolve(command, lease=fence.hold())
+
+
+def retrieve_abandoned(future: asyncio.Future[Any]) -> None:
+    """Done callback: mark an append's failure seen when its awaiter was cancelled."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,59 @@
+"""``crashsim --hosts 3 --database postgresql://…``: a short real run passes.
+
+Three real server processes on one PostgreSQL database (created and dropped
+here), SIGKILL and SIGSTOP at random; the script's own checks are the
+assertions (see ``scripts/_crashsim_hosts.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import secrets
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "crashsim.py"
+SERVER = "postgresql://postgres@127.0.0.1:5432"
+
+if importlib.util.find_spec("storage.postgres") is None:
+    pytest.skip("this build has no PostgreSQL backend", allow_module_level=True)
+asyncpg = pytest.importorskip("asyncpg")
+
+
+@pytest.fixture
+async def database() -> AsyncIterator[str]:
+    name = f"crashsim_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(f"{SERVER}/postgres")
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield f"{SERVER}/{name}"
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+def test_three_hosts_with_kills_and_pauses_keep_the_invariants(database: str) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            *("--hosts", "3", "--database", database, "--duration", "5"),
+            *("--sessions", "3", "--seed", "11", "--lease-ttl-ms", "1200", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["violations"] == []
+    assert report["kills"] + report["stops"] >= 1
+    assert report["receipts"] > 0
+    assert report["followed_events"] > 0

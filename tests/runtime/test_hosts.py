@@ -1,0 +1,250 @@
+"""Several hosts on one log: placement, forwarding over the host bus, fencing, handover.
+
+Two runtimes (hosts ``host-a`` and ``host-b``) share one real SQLite store and
+one in-process :class:`~actors.hostbus.LocalHostBus`; each has its own
+execution, leases, renewal and scan, exactly as two servers on one PostgreSQL
+database would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+from feed import Feed
+
+from actors.bus import EventBus
+from actors.hostbus import HostMessage, LocalHostBus
+from actors.recovery import RESTART_NOTICE
+from actors.runtime import Runtime, RuntimeConfig
+from protocol import SyntheticMessage
+from protocol import events as ev
+from protocol.requests import PromptInput
+from storage import Command, Fence, FencedError, SQLiteStore
+
+SLEEP = '#tool bash {"command": "sleep 30"}'
+
+
+class RecordingBus(LocalHostBus):
+    """The in-process bus, keeping what was sent (to whom, what)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str | None, HostMessage]] = []
+
+    async def publish(self, host_id: str | None, message: HostMessage) -> None:
+        self.sent.append((host_id, message))
+        await super().publish(host_id, message)
+
+
+class Hosts:
+    def __init__(self, tmp_path: Path, store: SQLiteStore, bus: RecordingBus) -> None:
+        self.tmp_path = tmp_path
+        self.store = store
+        self.bus = bus
+        self.stack = AsyncExitStack()
+        self.feed = Feed()
+        self.events = EventBus()
+        self.events.attach(store)
+        self.events.subscribe(self.feed)
+
+    async def start(self, host_id: str, *, ttl_ms: int = 60_000) -> Runtime:
+        config = RuntimeConfig(
+            data_dir=self.tmp_path / "data",
+            default_directory=str(self.tmp_path),
+            host_id=host_id,
+            lease_ttl_ms=ttl_ms,
+        )
+        return await self.stack.enter_async_context(
+            Runtime(config, store=self.store, host_bus=self.bus)
+        )
+
+    async def writers(self, session_id: str) -> list[tuple[int, str, int]]:
+        """(position, host, epoch) of every fenced event of the session, in log order."""
+        rows = await self.store.fetch(
+            "SELECT position, host_id, epoch FROM event_fence WHERE session_id = ?"
+            " ORDER BY position",
+            (session_id,),
+        )
+        return [(int(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+
+@pytest.fixture
+async def hosts(tmp_path: Path) -> AsyncIterator[Hosts]:
+    async with SQLiteStore(tmp_path / "shared.sqlite") as store:
+        h = Hosts(tmp_path, store, RecordingBus())
+        async with h.stack:
+            yield h
+        h.events.close()
+
+
+async def test_a_session_nobody_runs_runs_on_the_host_that_sees_the_wake(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")
+    b = await hosts.start("host-b")
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text="one"))
+    await a.execution.wait_idle(s.id)
+    await b.sessions.prompt(s.id, PromptInput(text="two"))
+    await b.execution.wait_idle(s.id)
+    writers = await hosts.writers(s.id)
+    assert {(host, epoch) for _, host, epoch in writers} == {("host-a", 1), ("host-b", 2)}
+    assert [host for _, host, _ in writers] == sorted(host for _, host, _ in writers)
+    assert await hosts.store.queries.claims() == []
+
+
+async def test_a_wake_on_b_for_a_session_a_runs_runs_on_a(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")
+    b = await hosts.start("host-b")
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text='#tool bash {"command": "sleep 0.5"}'))
+    await hosts.feed.wait("session.tool.called", sessionID=s.id)
+    await b.sessions.prompt(s.id, PromptInput(text="#text second answer"))
+    await b.execution.wait_idle(s.id)  # B tried, found A's lease, handed the wake over
+    forwarded = [
+        (to, m) for to, m in hosts.bus.sent if m.kind == "wake" and m.session_ids == (s.id,)
+    ]
+    assert [(to, m.origin) for to, m in forwarded] == [("host-a", "host-b")]
+    assert s.id not in await b.execution.active()
+    await a.execution.wait_idle(s.id)
+    writers = await hosts.writers(s.id)
+    assert {host for _, host, _ in writers} == {"host-a"}
+    types = [r.type for r in await hosts.store.read(s.id, limit=1000)]
+    assert types.count("session.execution.started.1") == 1  # B wrote no start of its own
+    assert await hosts.store.queries.claims() == []
+
+
+async def test_an_interrupt_received_by_b_reaches_a(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")
+    b = await hosts.start("host-b")
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text=SLEEP))
+    await hosts.feed.wait("session.tool.called", sessionID=s.id)
+    assert await b.interrupt(s.id) is True
+    done = await asyncio.wait_for(
+        hosts.feed.wait("session.execution.interrupted", sessionID=s.id), 10
+    )
+    assert done["data"]["reason"] == "user"
+    await a.execution.wait_idle(s.id)
+    assert {host for _, host, _ in await hosts.writers(s.id)} == {"host-a"}
+
+
+async def test_a_resume_on_b_joins_the_execution_on_a(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")
+    b = await hosts.start("host-b")
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text='#tool bash {"command": "sleep 0.5"}'))
+    await hosts.feed.wait("session.tool.called", sessionID=s.id)
+    terminal = await asyncio.wait_for(b.resume(s.id), 10)
+    assert terminal.kind == "succeeded"
+    assert {host for _, host, _ in await hosts.writers(s.id)} == {"host-a"}
+    active = await b.active()
+    assert s.id not in active
+
+
+async def test_waiting_on_b_returns_once_a_settled(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")
+    b = await hosts.start("host-b")
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text='#tool bash {"command": "sleep 0.5"}'))
+    await hosts.feed.wait("session.tool.called", sessionID=s.id)
+    await asyncio.wait_for(b.wait_idle(s.id), 10)
+    assert hosts.feed.types(s.id)[-1] == "session.execution.succeeded"
+
+
+async def test_active_says_which_host_runs_what(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")
+    b = await hosts.start("host-b")
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text=SLEEP))
+    await hosts.feed.wait("session.tool.called", sessionID=s.id)
+    assert await b.active() == {s.id: ("host-a", 1)}
+    assert await a.active() == {s.id: ("host-a", 1)}
+    await a.interrupt(s.id)
+    await a.execution.wait_idle(s.id)
+    assert await b.active() == {}
+
+
+async def test_a_paused_host_loses_its_lease_and_cannot_write_after_resuming(
+    hosts: Hosts,
+) -> None:
+    a = await hosts.start("host-a", ttl_ms=400)
+    b = await hosts.start("host-b", ttl_ms=400)
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text=SLEEP))
+    await hosts.feed.wait("session.tool.called", sessionID=s.id)
+    stale = a.leases.fence(s.id)
+    assert stale is not None
+    a.leases.suspend()  # A stops renewing, as a SIGSTOPped process would
+    await asyncio.wait_for(hosts.feed.wait("session.execution.recovering", sessionID=s.id), 10)
+    a.leases.suspend(False)
+    with pytest.raises(FencedError):
+        await hosts.store.append(
+            Command.of(ev.SessionRenamed(session_id=s.id, title="late"), lease=stale.hold())
+        )
+    await asyncio.wait_for(a.execution.wait_idle(s.id), 10)  # A stopped on its own
+    await hosts.feed.wait("session.execution.succeeded", sessionID=s.id)
+    writers = await hosts.writers(s.id)
+    first_b = next(i for i, (_, host, _) in enumerate(writers) if host == "host-b")
+    assert all(host == "host-a" for _, host, _ in writers[:first_b])
+    assert all(host == "host-b" for _, host, _ in writers[first_b:])  # A wrote nothing after
+    assert writers[first_b][2] > stale.epoch
+    messages = (await b.sessions.messages(s.id, order="asc")).data
+    assert [m.text for m in messages if isinstance(m, SyntheticMessage)] == [RESTART_NOTICE]
+    types = [r.type for r in await hosts.store.read(s.id, limit=1000)]
+    assert types.count("session.tool.called.1") == 1  # the stale tool is failed, never rerun
+    assert await hosts.store.queries.claims() == []
+
+
+async def test_graceful_shutdown_hands_the_session_over_before_expiry(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")  # a 60 s lease: only the handover explains a quick move
+    b = await hosts.start("host-b")
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text=SLEEP))
+    await hosts.feed.wait("session.tool.called", sessionID=s.id)
+    await a.aclose()
+    released = [m for to, m in hosts.bus.sent if m.kind == "released"]
+    assert [(m.origin, m.session_ids) for m in released] == [("host-a", (s.id,))]
+    mark = len(hosts.feed.events)
+    await hosts.feed.wait("session.execution.succeeded", 5, after=mark, sessionID=s.id)
+    writers = await hosts.writers(s.id)
+    assert writers[-1][1] == b.host_id == "host-b"
+    types = [r.type for r in await hosts.store.read(s.id, limit=1000)]
+    assert "session.execution.recovering.1" in types
+    assert await hosts.store.queries.claims() == []
+
+
+async def test_a_fence_from_the_previous_epoch_is_refused(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text="one"))
+    await a.execution.wait_idle(s.id)
+    await a.sessions.prompt(s.id, PromptInput(text="two"))
+    await a.execution.wait_idle(s.id)
+    with pytest.raises(FencedError):
+        await hosts.store.append(
+            Command.of(
+                ev.SessionRenamed(session_id=s.id, title="x"),
+                lease=Fence(s.id, "host-a", 1).hold(),
+            )
+        )
+
+
+async def test_a_wake_admitted_while_a_host_closes_runs_on_another(hosts: Hosts) -> None:
+    a = await hosts.start("host-a")
+    b = await hosts.start("host-b")
+    busy, idle = await a.sessions.create(), await a.sessions.create()
+    # A call that ignores SIGTERM keeps A's shutdown going for the kill's grace.
+    stubborn = '#tool bash {"command": "trap \\"\\" TERM; sleep 30"}'
+    await a.sessions.prompt(busy.id, PromptInput(text=stubborn))
+    await hosts.feed.wait("session.tool.spawned", sessionID=busy.id)
+    closing = asyncio.create_task(a.aclose())
+    async with asyncio.timeout(5):
+        while not a._closing:  # noqa: ASYNC110 (a flag, not an event)
+            await asyncio.sleep(0.005)
+    await a.sessions.prompt(idle.id, PromptInput(text="#text late"))
+    await closing
+    await hosts.feed.wait("session.execution.succeeded", sessionID=idle.id)
+    assert {host for _, host, _ in await hosts.writers(idle.id)} == {b.host_id}

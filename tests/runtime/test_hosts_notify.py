@@ -1,0 +1,109 @@
+"""The host bus over a real PostgreSQL server's LISTEN/NOTIFY (:class:`NotifyHostBus`).
+
+Each test creates its own database (channels are per database) and drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+from feed import Feed
+
+from actors.bus import EventBus
+from actors.hostbus import HostMessage, NotifyHostBus
+from actors.runtime import Runtime, RuntimeConfig
+from protocol.requests import PromptInput
+from storage import SQLiteStore
+
+asyncpg = pytest.importorskip("asyncpg")
+
+ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture
+async def dsn() -> AsyncIterator[str]:
+    name = f"hostbus_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(ADMIN)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def _bus(stack: AsyncExitStack, dsn: str) -> NotifyHostBus:
+    bus = NotifyHostBus(dsn)
+    await bus.open()
+    stack.push_async_callback(bus.close)
+    return bus
+
+
+class Inbox(list[HostMessage]):
+    """What a host received; ``until(n)`` waits for the n-th message."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._grew = asyncio.Event()
+
+    def __call__(self, message: HostMessage) -> None:
+        self.append(message)
+        self._grew.set()
+
+    async def until(self, n: int) -> None:
+        async with asyncio.timeout(5):
+            while len(self) < n:
+                self._grew.clear()
+                await self._grew.wait()
+
+
+async def test_a_message_reaches_its_host_and_a_broadcast_every_other(dsn: str) -> None:
+    async with AsyncExitStack() as stack:
+        one, two = await _bus(stack, dsn), await _bus(stack, dsn)
+        got_a, got_b, got_c = Inbox(), Inbox(), Inbox()
+        stack.callback(await one.subscribe("host-a", got_a))
+        stack.callback(await two.subscribe("host-b", got_b))
+        stack.callback(await two.subscribe("host-c", got_c))
+        wake = HostMessage(kind="wake", origin="host-a", session_ids=("ses_1",), scope="steer")
+        await one.publish("host-b", wake)
+        await got_b.until(1)
+        assert got_b == [wake]
+        many = tuple(f"ses_{i:026d}" for i in range(250))
+        released = HostMessage(kind="released", origin="host-a", session_ids=many)
+        await one.publish(None, released)
+        await got_c.until(3)
+        await got_b.until(4)
+        # Split to stay under the payload limit, in order, nothing lost.
+        assert [i for m in got_c for i in m.session_ids] == list(many)
+        assert got_a == []  # the sender does not hear its own broadcast
+        assert got_c[0].kind == "released"
+
+
+async def test_an_interrupt_through_b_reaches_a_over_notify(tmp_path: Path, dsn: str) -> None:
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(SQLiteStore(tmp_path / "shared.sqlite"))
+        events, feed = EventBus(), Feed()
+        events.attach(store)
+        events.subscribe(feed)
+        stack.callback(events.close)
+        hosts = []
+        for host in ("host-a", "host-b"):
+            bus = await _bus(stack, dsn)
+            config = RuntimeConfig(
+                data_dir=tmp_path / "data", default_directory=str(tmp_path), host_id=host
+            )
+            hosts.append(
+                await stack.enter_async_context(Runtime(config, store=store, host_bus=bus))
+            )
+        a, b = hosts
+        s = await a.sessions.create()
+        await a.sessions.prompt(s.id, PromptInput(text='#tool bash {"command": "sleep 30"}'))
+        await feed.wait("session.tool.called", sessionID=s.id)
+        assert await b.interrupt(s.id) is True
+        done = await feed.wait("session.execution.interrupted", sessionID=s.id)
+        assert done["data"]["reason"] == "user"
