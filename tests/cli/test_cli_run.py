@@ -370,6 +370,7 @@ def db_snapshot(db: Path) -> tuple[list[Any], list[Any]]:
     return events, claims
 
 
+@pytest.mark.timeout(300)  # twelve CLI processes: slow on a loaded machine, not hung
 async def test_reading_commands_leave_a_claimed_session_and_the_log_untouched(
     tmp_path: Path,
 ) -> None:

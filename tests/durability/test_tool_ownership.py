@@ -32,7 +32,7 @@ async def test_a_tool_running_when_the_server_is_killed_never_finishes(tmp_path:
     data, project = tmp_path / "data", tmp_path / "project"
     project.mkdir()
     marker = project / "marker"
-    command = json.dumps({"command": "sleep 8; touch marker", "timeout_s": 60})
+    command = json.dumps({"command": "sleep 120; touch marker", "timeout_s": 300})
     pgid = None
     try:
         async with serving(data, stderr=DEVNULL) as served, Client(served.url) as client:
