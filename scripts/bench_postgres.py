@@ -1,0 +1,738 @@
+#!/usr/bin/env python3
+"""The PostgreSQL backend's figures (issue #15 §5), each next to a baseline from the same run.
+
+    .venv/bin/python scripts/bench_postgres.py               # table
+    .venv/bin/python scripts/bench_postgres.py --json        # one JSON object on stdout
+    .venv/bin/python scripts/bench_postgres.py --server postgresql://postgres@127.0.0.1:5432
+
+Every phase creates its own uniquely named database on ``--server`` and drops it
+(``WITH (FORCE)``) afterwards.
+
+1. **Appends.** ``storage.connect(url)`` (the ``PostgresStore``); ``--producers``
+   tasks each append ``--appends`` one-event commands (``SessionRenamed`` on its own
+   session, awaited one after another): durable events/s over the wall time.
+   Baseline: the same number of rows in the ``event`` table's shape, inserted with
+   raw asyncpg ``executemany`` in one transaction on one connection, in a fresh
+   table of the same database. Target: the store within 3x of it. Shown too, as
+   context: the same rows from as many tasks, one INSERT (one commit, one WAL
+   flush) each, on a pool of 10 connections.
+2. **Admission over HTTP.** The real app (``server.app.make_app``) on a loopback
+   ``TCPSite`` with ``[runtime] database`` the PostgreSQL URL; ``--requests``
+   sequential ``POST /api/session/{id}/prompt`` (``resume: false``) after a
+   warm-up, client on the same event loop (client cost is in the figure). Reference:
+   the same against a SQLite data dir (``synchronous=FULL``) in the same run.
+   Targets: p50 <= 3 ms, p99 <= 15 ms.
+3. **Commit on host A -> SSE frame on host B.** Two apps (host ids ``bench-a`` and
+   ``bench-b``) on one database, in this process. A follower reads
+   ``GET /api/experimental/session/{id}/log?follow=true`` from B; prompts go to A.
+   The commit is timestamped by a subscriber on A's store (the moment A's log
+   learns of its commit); the frame when its chunk reaches the client. B learns of
+   the commit only through PostgreSQL (LISTEN/NOTIFY). Baseline: a follower on A
+   itself, same prompts. Target: p50 <= 5 ms.
+4. **Failover.** Two ``sessionrt serve`` subprocesses on one database with
+   ``lease_ttl_ms = --lease-ttl-ms`` (2000 by default). A session runs a slow
+   bash call on host A (so A holds its execution lease); a follower reads its
+   log from host B; A is SIGKILLed; timed: kill -> the first new frame on B.
+   Target: <= lease ttl + 1 s. Why 2000 ms is a sane ttl here: hosts renew
+   well inside it on loopback, and a shorter ttl only shortens the wait a dead
+   host's sessions pay; the figure is meant as "expiry + takeover", so the
+   ttl is the baseline it is read against. ``--failovers`` runs, median reported.
+
+The machine's load (other processes) moves every figure; compare rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import orjson
+from _benchlib import report_main, target_lines
+from aiohttp import web
+
+from actors.runtime import RuntimeConfig
+from protocol import Location
+from protocol import events as ev
+from server.app import RUNTIME, ServerSettings, make_app
+from storage import Command, RecordedEvent, connect
+
+TARGET_RATIO: Final = 3.0
+TARGET_ADMIT_P50_MS: Final = 3.0
+TARGET_ADMIT_P99_MS: Final = 15.0
+TARGET_CROSS_HOST_P50_MS: Final = 5.0
+JSON_HEADERS: Final = {"Content-Type": "application/json"}
+FRAME_TIMEOUT_S: Final = 10.0
+#: Connections of the raw one-commit-per-row baseline's pool (asyncpg's default max).
+RAW_POOL: Final = 10
+
+clock = time.perf_counter_ns
+
+_RAW_TABLE = (
+    "CREATE TABLE raw_event (position BIGSERIAL PRIMARY KEY, id TEXT NOT NULL UNIQUE,"
+    " aggregate_id TEXT NOT NULL, seq BIGINT NOT NULL, type TEXT NOT NULL,"
+    " created BIGINT NOT NULL, data TEXT NOT NULL, UNIQUE (aggregate_id, seq))"
+)
+_RAW_INSERT = (
+    "INSERT INTO raw_event (id, aggregate_id, seq, type, created, data)"
+    " VALUES ($1, $2, $3, $4, $5, $6)"
+)
+
+
+def _log(args: argparse.Namespace, message: str) -> None:
+    if not args.quiet:
+        print(f"[bench_postgres] {message}", file=sys.stderr, flush=True)
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
+
+
+def _ms(ns: Sequence[int]) -> dict[str, float]:
+    ms = [v / 1e6 for v in ns]
+    return {
+        "count": len(ms),
+        "p50_ms": round(_pct(ms, 0.5), 3),
+        "p99_ms": round(_pct(ms, 0.99), 3),
+        "max_ms": round(max(ms, default=0.0), 3),
+    }
+
+
+@contextlib.asynccontextmanager
+async def database(server: str) -> AsyncIterator[str]:
+    """A fresh, uniquely named database on ``server``, dropped afterwards."""
+    import asyncpg
+
+    name = f"sessionrt_bench_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(f"{server}/postgres")
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        yield f"{server}/{name}"
+    finally:
+        admin = await asyncpg.connect(f"{server}/postgres")
+        try:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+# -- 1. appends ---------------------------------------------------------------------------------
+
+
+async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
+    import asyncpg
+
+    producers, per = args.producers, args.appends
+    async with database(args.server) as url:
+        store = connect(url)
+        async with store:
+            sessions = [f"ses_bench{i:05d}" for i in range(producers)]
+            loc = Location(directory="/")
+            await asyncio.gather(
+                *(
+                    store.append(
+                        Command.of(ev.SessionCreated(session_id=s, title="t", location=loc))
+                    )
+                    for s in sessions
+                )
+            )
+
+            async def producer(session_id: str) -> None:
+                for k in range(per):
+                    event = ev.SessionRenamed(session_id=session_id, title=f"renamed {k}")
+                    await store.append(Command.of(event))
+
+            commits_before = await _commits(url)
+            started = time.perf_counter()
+            await asyncio.gather(*(producer(s) for s in sessions))
+            store_s = time.perf_counter() - started
+            commits = await _commits(url) - commits_before
+            stored = await _same_rows(url, producers * per)
+        conn = await asyncpg.connect(url)
+        try:
+            settings = {
+                name: await conn.fetchval(f"SHOW {name}")
+                for name in ("synchronous_commit", "fsync", "server_version")
+            }
+            await conn.execute(_RAW_TABLE)
+            started = time.perf_counter()
+            async with conn.transaction():
+                await conn.executemany(_RAW_INSERT, stored)
+            raw_s = time.perf_counter() - started
+            await conn.execute("TRUNCATE raw_event")
+        finally:
+            await conn.close()
+        per_row_s = await _raw_per_row(url, stored, producers)
+    events = producers * per
+    store_rate = events / store_s
+    raw_rate = events / raw_s
+    return {
+        "producers": producers,
+        "events": events,
+        "store_events_per_s": round(store_rate, 1),
+        "raw_executemany_events_per_s": round(raw_rate, 1),
+        "raw_over_store": round(raw_rate / store_rate, 2),
+        "raw_per_row_txn_events_per_s": round(events / per_row_s, 1),
+        "raw_per_row_pool": RAW_POOL,
+        "store_transactions": commits,
+        "events_per_transaction": round(events / commits, 1) if commits > 0 else None,
+        "server_settings": settings,
+    }
+
+
+async def _raw_per_row(url: str, rows: Sequence[tuple[Any, ...]], producers: int) -> float:
+    """The same rows from ``producers`` tasks, one INSERT (one commit) each, on a pool."""
+    import asyncpg
+
+    pool = await asyncpg.create_pool(url, min_size=RAW_POOL, max_size=RAW_POOL)
+    try:
+        per = [rows[i::producers] for i in range(producers)]
+
+        async def producer(mine: Sequence[tuple[Any, ...]]) -> None:
+            for row in mine:
+                async with pool.acquire() as conn:
+                    await conn.execute(_RAW_INSERT, *row)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(producer(m) for m in per))
+        return time.perf_counter() - started
+    finally:
+        await pool.close()
+
+
+async def _commits(url: str) -> int:
+    """Transactions committed in this database so far (``pg_stat_database``).
+
+    The statistics reach the view when a backend goes idle (PostgreSQL 15): the
+    snapshot is cleared and read again after a short wait. Approximate (this
+    connection's own statements count too): read it as "events per commit".
+    """
+    import asyncpg
+
+    await asyncio.sleep(1.2)
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        value = await conn.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return int(value)
+    finally:
+        await conn.close()
+
+
+async def _same_rows(url: str, count: int) -> list[tuple[Any, ...]]:
+    """The rows the store committed (the renames), as the raw baseline inserts them."""
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT id, aggregate_id, seq, type, created, data FROM event"
+            " WHERE type LIKE 'session.renamed%' ORDER BY position"
+        )
+    finally:
+        await conn.close()
+    if len(rows) != count:
+        raise RuntimeError(f"the store committed {len(rows)} renames, expected {count}")
+    return [tuple(r) for r in rows]
+
+
+# -- HTTP helpers -------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    data_dir: Path, database_url: str | None, host_id: str | None = None
+) -> AsyncIterator[tuple[str, Any]]:
+    workdir = data_dir.parent / "project"
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
+    config = RuntimeConfig(
+        data_dir=data_dir,
+        synchronous="FULL",
+        default_directory=str(workdir),
+        database=database_url,
+        host_id=host_id,
+    )
+    app = make_app(config=config, settings=ServerSettings())
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}", app[RUNTIME]
+    finally:
+        await runner.cleanup()
+
+
+async def _create(http: aiohttp.ClientSession, base: str) -> str:
+    payload = orjson.dumps({"title": "bench"})
+    async with http.post(base + "/api/session", data=payload, headers=JSON_HEADERS) as resp:
+        body = await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"POST /api/session: {resp.status} {body[:200]!r}")
+    return str(orjson.loads(body)["data"]["id"])
+
+
+async def _prompt(
+    http: aiohttp.ClientSession, base: str, session_id: str, text: str, *, resume: bool = False
+) -> str:
+    payload = orjson.dumps({"text": text, "resume": resume})
+    url = f"{base}/api/session/{session_id}/prompt"
+    async with http.post(url, data=payload, headers=JSON_HEADERS) as resp:
+        body = await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"POST prompt: {resp.status} {body[:200]!r}")
+    return str(orjson.loads(body)["data"]["id"])
+
+
+Frame = tuple[int, int | None, bytes | None, bytes]
+
+
+async def _frames(resp: aiohttp.ClientResponse, on_frame: Callable[[Frame], None]) -> None:
+    """Split an SSE stream into frames: ``on_frame((t_ns, id, event, data))``."""
+    buffer = b""
+    async for chunk in resp.content.iter_any():
+        t = clock()
+        buffer += chunk
+        if b"\n\n" not in buffer:
+            continue
+        *frames, buffer = buffer.split(b"\n\n")
+        for raw in frames:
+            fid: int | None = None
+            event: bytes | None = None
+            data: bytes | None = None
+            for line in raw.split(b"\n"):
+                if line.startswith(b"data: "):
+                    data = line[6:]
+                elif line.startswith(b"id: "):
+                    fid = int(line[4:])
+                elif line.startswith(b"event: "):
+                    event = line[7:]
+            if data is not None:
+                on_frame((t, fid, event, data))
+
+
+# -- 2. admission -------------------------------------------------------------------------------
+
+
+async def _admission(base: str, requests: int, warmup: int) -> list[int]:
+    async with aiohttp.ClientSession() as http:
+        sessions = [await _create(http, base) for _ in range(10)]
+        out: list[int] = []
+        for i in range(warmup + requests):
+            t0 = clock()
+            await _prompt(http, base, sessions[i % len(sessions)], f"bench prompt {i}")
+            if i >= warmup:
+                out.append(clock() - t0)
+    return out
+
+
+async def bench_admission(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    async with database(args.server) as url, serving(tmp / "pg-admit" / "data", url) as (base, _):
+        pg = _ms(await _admission(base, args.requests, args.warmup))
+    async with serving(tmp / "sqlite-admit" / "data", None) as (base, _):
+        lite = _ms(await _admission(base, args.requests, args.warmup))
+    return {"postgres": pg, "sqlite": lite, "requests": args.requests}
+
+
+# -- 3. commit on A -> frame on B ---------------------------------------------------------------
+
+
+async def _deliveries(
+    http: aiohttp.ClientSession,
+    prompt_base: str,
+    follow_base: str,
+    session_id: str,
+    committed: dict[str, int],
+    count: int,
+) -> list[int]:
+    loop = asyncio.get_running_loop()
+    arrived: dict[str, int] = {}
+    waiting: dict[str, asyncio.Future[int]] = {}
+    synced: asyncio.Future[None] = loop.create_future()
+
+    def on_frame(frame: Frame) -> None:
+        t, _, event, data = frame
+        if event == b"log.synced" and not synced.done():
+            synced.set_result(None)
+        elif event == b"session.inbox.enqueued":
+            key = str(orjson.loads(data)["data"]["inboxID"])
+            future = waiting.pop(key, None)
+            if future is not None and not future.done():
+                future.set_result(t)
+            else:
+                arrived[key] = t
+
+    url = f"{follow_base}/api/experimental/session/{session_id}/log"
+    out: list[int] = []
+    async with http.get(url, params={"follow": "true"}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"follow: {resp.status}")
+        reader = asyncio.ensure_future(_frames(resp, on_frame))
+        try:
+            await asyncio.wait_for(synced, FRAME_TIMEOUT_S)
+            for i in range(count + 20):
+                inbox_id = await _prompt(http, prompt_base, session_id, f"delivery {i}")
+                if inbox_id in arrived:
+                    t_frame = arrived.pop(inbox_id)
+                else:
+                    future: asyncio.Future[int] = loop.create_future()
+                    waiting[inbox_id] = future
+                    t_frame = await asyncio.wait_for(future, FRAME_TIMEOUT_S)
+                if i >= 20:  # the first 20 are a warm-up
+                    out.append(t_frame - committed[inbox_id])
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+    return out
+
+
+async def bench_cross_host(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    async with (
+        database(args.server) as url,
+        serving(tmp / "host-a" / "data", url, "bench-a") as (base_a, runtime_a),
+        serving(tmp / "host-b" / "data", url, "bench-b") as (base_b, _),
+    ):
+        committed: dict[str, int] = {}
+
+        def on_commit(records: Sequence[RecordedEvent]) -> None:
+            now = clock()
+            for record in records:
+                if record.type.startswith("session.inbox.enqueued"):
+                    committed[str(orjson.loads(record.data)["inboxID"])] = now
+
+        unsubscribe = runtime_a.store.subscribe(on_commit)
+        try:
+            async with aiohttp.ClientSession() as http:
+                session_id = await _create(http, base_a)
+                other = await _create(http, base_a)
+                cross = await _deliveries(
+                    http, base_a, base_b, session_id, committed, args.deliveries
+                )
+                same = await _deliveries(http, base_a, base_a, other, committed, args.deliveries)
+        finally:
+            unsubscribe()
+    return {"cross_host": _ms(cross), "same_host": _ms(same)}
+
+
+# -- 4. failover --------------------------------------------------------------------------------
+
+
+class Host:
+    """One ``sessionrt serve`` subprocess on the shared database."""
+
+    def __init__(self, root: Path, database_url: str, ttl_ms: int, name: str) -> None:
+        data = root / name
+        data.mkdir(parents=True, exist_ok=True)
+        project = root / "project"
+        project.mkdir(exist_ok=True)
+        config = data / "config.toml"
+        config.write_text(
+            f'[runtime]\nhost_id = "{name}"\nlease_ttl_ms = {ttl_ms}\n'
+            f'database = "{database_url}"\ndefault_directory = "{project}"\n'
+        )
+        env = {k: v for k, v in os.environ.items() if k != "SESSIONRT_SERVER_PASSWORD"}
+        exe = Path(sys.executable).parent / "sessionrt"
+        self.log = (root / f"{name}.log").open("ab")
+        self.proc = subprocess.Popen(
+            [str(exe), "serve", "--port", "0", "--data-dir", str(data), "--config", str(config)],
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+        )
+
+    async def listening(self) -> str:
+        assert self.proc.stdout is not None
+        stdout = self.proc.stdout
+
+        def first_line() -> str:
+            for raw in stdout:
+                line = raw.decode(errors="replace").strip()
+                if " listening on " in line:
+                    return line.rsplit(" ", 1)[-1]
+            raise RuntimeError("a host exited before listening (see its log)")
+
+        url = await asyncio.wait_for(asyncio.to_thread(first_line), 60)
+        threading.Thread(target=lambda: [None for _ in stdout], daemon=True).start()
+        return url
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
+
+
+async def _one_failover(
+    args: argparse.Namespace, root: Path, url: str, n: int
+) -> tuple[float, str]:
+    a = Host(root, url, args.lease_ttl_ms, f"fail-a{n}")
+    b = Host(root, url, args.lease_ttl_ms, f"fail-b{n}")
+    try:
+        base_a, base_b = await asyncio.gather(a.listening(), b.listening())
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[int, int]] = []
+        after_kill: asyncio.Future[tuple[int, str]] = loop.create_future()
+        running: asyncio.Future[None] = loop.create_future()
+        killed_at: list[int] = []
+
+        def on_frame(frame: Frame) -> None:
+            t, fid, event, _ = frame
+            if fid is None:
+                return
+            seen.append((t, fid))
+            if event is not None and b"tool" in event and not running.done():
+                running.set_result(None)
+            if killed_at and not after_kill.done():
+                after_kill.set_result((t, (event or b"?").decode()))
+
+        async with aiohttp.ClientSession() as http:
+            session_id = await _create(http, base_a)
+            url_b = f"{base_b}/api/experimental/session/{session_id}/log"
+            timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+            async with http.get(url_b, params={"follow": "true"}, timeout=timeout) as resp:
+                reader = asyncio.ensure_future(_frames(resp, on_frame))
+                try:
+                    command = orjson.dumps({"command": "sleep 60"}).decode()
+                    await _prompt(http, base_a, session_id, f"#tool bash {command}", resume=True)
+                    await asyncio.wait_for(running, FRAME_TIMEOUT_S)
+                    await asyncio.sleep(0.3)  # the last frames of the start reach B
+                    killed_at.append(clock())
+                    a.kill()
+                    limit = args.lease_ttl_ms / 1000 + 30
+                    t_next, next_type = await asyncio.wait_for(after_kill, limit)
+                finally:
+                    reader.cancel()
+                    await asyncio.gather(reader, return_exceptions=True)
+        return (t_next - killed_at[0]) / 1e9, next_type
+    finally:
+        a.kill()
+        b.kill()
+
+
+async def bench_failover(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    runs: list[float] = []
+    next_types: list[str] = []
+    for n in range(args.failovers):
+        async with database(args.server) as url:
+            seconds, next_type = await _one_failover(args, tmp, url, n)
+        runs.append(seconds)
+        next_types.append(next_type)
+    return {
+        "lease_ttl_ms": args.lease_ttl_ms,
+        "next_event_types": next_types,
+        "runs_s": [round(r, 3) for r in runs],
+        "median_s": round(statistics.median(runs), 3),
+    }
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def _figure(
+    name: str,
+    value: float,
+    unit: str,
+    baseline: float | None,
+    label: str,
+    target: str | None = None,
+    passed: bool | None = None,
+) -> dict[str, Any]:
+    ratio = None if not baseline else round(value / baseline, 2)
+    return {
+        "name": name,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_label": label,
+        "ratio": ratio,
+        "target": target,
+        "pass": passed,
+    }
+
+
+def produce(args: argparse.Namespace) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="bench-postgres-") as name:
+            tmp = Path(name)
+            _log(args, f"appends: {args.producers} producers x {args.appends} …")
+            appends = await bench_appends(args)
+            _log(args, f"admission: {args.requests} sequential prompts, PostgreSQL then SQLite …")
+            admission = await bench_admission(args, tmp)
+            _log(args, f"commit on A -> frame on B: {args.deliveries} prompts …")
+            cross = await bench_cross_host(args, tmp)
+            _log(args, f"failover: {args.failovers} SIGKILLs, ttl {args.lease_ttl_ms} ms …")
+            failover = await bench_failover(args, tmp)
+        return {
+            "appends": appends,
+            "admission": admission,
+            "cross_host": cross,
+            "failover": failover,
+        }
+
+    report = asyncio.run(run())
+    ap, ad, cr, fo = (report[k] for k in ("appends", "admission", "cross_host", "failover"))
+    ttl_s = fo["lease_ttl_ms"] / 1000
+    figures = [
+        _figure(
+            f"durable appends, {ap['producers']} producers (PostgresStore)",
+            ap["store_events_per_s"],
+            "events/s",
+            ap["raw_executemany_events_per_s"],
+            "raw asyncpg executemany, same rows",
+        ),
+        _figure(
+            f"raw asyncpg, 1 commit per row, {ap['producers']} tasks,"
+            f" pool of {ap['raw_per_row_pool']}",
+            ap["raw_per_row_txn_events_per_s"],
+            "events/s",
+            None,
+            "",
+        ),
+        _figure(
+            "raw executemany / store",
+            ap["raw_over_store"],
+            "x",
+            None,
+            "",
+            "<= 3x",
+            ap["raw_over_store"] <= TARGET_RATIO,
+        ),
+        _figure(
+            "admission p50 over HTTP (PostgreSQL)",
+            ad["postgres"]["p50_ms"],
+            "ms",
+            ad["sqlite"]["p50_ms"],
+            "SQLite FULL, same run",
+            "<= 3 ms",
+            ad["postgres"]["p50_ms"] <= TARGET_ADMIT_P50_MS,
+        ),
+        _figure(
+            "admission p99 over HTTP (PostgreSQL)",
+            ad["postgres"]["p99_ms"],
+            "ms",
+            ad["sqlite"]["p99_ms"],
+            "SQLite FULL, same run",
+            "<= 15 ms",
+            ad["postgres"]["p99_ms"] <= TARGET_ADMIT_P99_MS,
+        ),
+        _figure(
+            "commit on host A -> SSE frame on host B, p50",
+            cr["cross_host"]["p50_ms"],
+            "ms",
+            cr["same_host"]["p50_ms"],
+            "follower on host A",
+            "<= 5 ms",
+            cr["cross_host"]["p50_ms"] <= TARGET_CROSS_HOST_P50_MS,
+        ),
+        _figure(
+            "commit on host A -> SSE frame on host B, p99",
+            cr["cross_host"]["p99_ms"],
+            "ms",
+            cr["same_host"]["p99_ms"],
+            "follower on host A",
+        ),
+        _figure(
+            f"failover: SIGKILL owner -> next event on B (median of {len(fo['runs_s'])})",
+            fo["median_s"],
+            "s",
+            ttl_s,
+            "lease ttl",
+            f"<= {ttl_s + 1:g} s",
+            fo["median_s"] <= ttl_s + 1,
+        ),
+    ]
+    targets = [
+        {
+            "name": f"{f['name']} {f['target']}",
+            "value": f["value"],
+            "unit": f["unit"],
+            "pass": f["pass"],
+        }
+        for f in figures
+        if f["target"]
+    ]
+    return {
+        **report,
+        "figures": figures,
+        "targets": targets,
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+    }
+
+
+def _num(value: Any, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "events/s":
+        return f"{value:,.0f} {unit}"
+    return f"{value:,.3f} {unit}"
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"{'figure':<62}{'value':>18}{'baseline (same run)':>22}{'ratio':>8}"]
+    for f in report["figures"]:
+        ratio = "-" if f["ratio"] is None else f"{f['ratio']:.2f}x"
+        lines.append(
+            f"{f['name']:<62}{_num(f['value'], f['unit']):>18}"
+            f"{_num(f['baseline'], f['unit']):>22}{ratio:>8}"
+            + (f"  ({f['baseline_label']})" if f["baseline_label"] else "")
+        )
+    fo = report["failover"]
+    lines.append(f"failover runs (s): {fo['runs_s']}, next event on B: {fo['next_event_types']}")
+    ap = report["appends"]
+    lines.append(
+        f"store appends: {ap['store_transactions']} transactions,"
+        f" ~{ap['events_per_transaction']} events per commit; server {ap['server_settings']}"
+    )
+    lines += target_lines(report["targets"], _num, heading="targets (informational):")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server", default="postgresql://postgres@127.0.0.1:5432")
+    parser.add_argument("--producers", type=int, default=100)
+    parser.add_argument("--appends", type=int, default=50, help="appends per producer")
+    parser.add_argument("--requests", type=int, default=300, help="sequential admissions")
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--deliveries", type=int, default=200)
+    parser.add_argument("--failovers", type=int, default=3)
+    parser.add_argument("--lease-ttl-ms", type=int, default=2000)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    return report_main(lambda: produce(args), render, as_json=args.json, hard_limit_s=900)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
