@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -57,12 +59,27 @@ def _log(args: argparse.Namespace, message: str) -> None:
 
 async def _reads(rt: Runtime, sid: str, messages: int) -> dict[str, Any]:
     """Where a turn's history-dependent time goes: the active history's read (SQL and
-    the decode cache's look-ups) and its conversion to model messages (a warm cache)."""
-    read, convert = [], []
+    the decode cache's look-ups; the SQL round trip timed by wrapping the queries'
+    private fetch here) and its conversion to model messages (a warm cache)."""
+    read, sql, convert = [], [], []
     cache = ChatCache()
-    for _ in range(READ_REPEATS):
+    queries: Any = rt.store.queries  # the SQLite reads (Queries), typed as the protocol
+    fetch = queries._fetch  # wrapped here only, to split the SQL from the decoding
+
+    async def timed(statement: str, params: Sequence[Any]) -> list[Any]:
         start = time.perf_counter()
-        history = await rt.store.queries.context(sid)
+        try:
+            return await fetch(statement, params)
+        finally:
+            sql.append(time.perf_counter() - start)
+
+    for _ in range(READ_REPEATS):
+        queries._fetch = timed
+        start = time.perf_counter()
+        try:
+            history = await queries.context(sid)
+        finally:
+            queries._fetch = fetch
         read.append(time.perf_counter() - start)
         start = time.perf_counter()
         to_chat(history, cache)
@@ -70,6 +87,7 @@ async def _reads(rt: Runtime, sid: str, messages: int) -> dict[str, Any]:
     return {
         "messages": messages,
         "context_read_ms": round(statistics.median(read) * 1000, 3),
+        "context_sql_ms": round(statistics.median(sql) * 1000, 3),
         "to_chat_ms": round(statistics.median(convert[1:]) * 1000, 3),
     }
 
@@ -100,6 +118,8 @@ async def run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         points.append({"messages": c, "turn_ms": round(statistics.median(window) * 1000, 3)})
     return {
         "python": platform.python_version(),
+        "sqlite_version": sqlite3.sqlite_version,
+        "cpus": os.cpu_count(),
         "window": args.window,
         "synchronous": args.synchronous,
         "points": points,
@@ -129,6 +149,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             figure["target"] = f"<= {TARGET_RATIO:g}x"
             figure["pass"] = ratio is not None and ratio <= TARGET_RATIO
         figures.append(figure)
+    reads = report["reads"]
+    for key, label in (("context_read_ms", "queries.context"), ("to_chat_ms", "to_chat")):
+        for r in reads[1:]:
+            figures.append(
+                {
+                    "name": f"{label} at {r['messages']:,} messages (outside the turns)",
+                    "value": r[key],
+                    "unit": "ms",
+                    "baseline": reads[0][key],
+                    "baseline_label": f"at {reads[0]['messages']:,} messages",
+                    "ratio": round(r[key] / reads[0][key], 3) if reads[0][key] else None,
+                }
+            )
     figures.append(
         {
             "name": "one bare-store turn (same appends, no runtime)",
@@ -170,7 +203,8 @@ def render(report: dict[str, Any]) -> str:
     lines.append("  where it grows, per read (median of 5, outside the timed turns):")
     for r in report["reads"]:
         lines.append(
-            f"    {r['messages']:>6,} messages: queries.context {r['context_read_ms']:.3f} ms,"
+            f"    {r['messages']:>6,} messages: queries.context {r['context_read_ms']:.3f} ms"
+            f" (its SQL round trip {r['context_sql_ms']:.3f} ms),"
             f" to_chat (warm cache) {r['to_chat_ms']:.3f} ms"
         )
     lines.append(f"  the last request carried {report['request_messages_at_end']:,} model messages")
