@@ -69,7 +69,8 @@ async def _reads(rt: Runtime, sid: str, messages: int) -> dict[str, Any]:
     async def timed(statement: str, params: Sequence[Any]) -> list[Any]:
         start = time.perf_counter()
         try:
-            return await fetch(statement, params)
+            rows: list[Any] = await fetch(statement, params)
+            return rows
         finally:
             sql.append(time.perf_counter() - start)
 
