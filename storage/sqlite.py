@@ -35,6 +35,7 @@ from typing import Any, Final, Self
 import aiosqlite
 
 from protocol.events import decode_event, encode_data, stored_type
+from storage._subscribers import Subscribers
 from storage._writer import Outcome, Prepared, Synchronous, Writer, shared_lock
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence, retrieve_abandoned
@@ -90,7 +91,7 @@ class SQLiteStore:
         self._drained.set()
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._all_readers: list[aiosqlite.Connection] = []
-        self._subscribers: list[Subscriber] = []
+        self._subscribers = Subscribers()
         #: Called after each batch with (commands, seconds from hand-off to outcome).
         self.batch_observers: list[Callable[[int, float], None]] = []
         self._batch_started = 0.0
@@ -253,21 +254,10 @@ class SQLiteStore:
     # -- live subscribers -----------------------------------------------------------------------
 
     def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
-        self._subscribers.append(subscriber)
-
-        def unsubscribe() -> None:
-            with contextlib.suppress(ValueError):
-                self._subscribers.remove(subscriber)
-
-        return unsubscribe
+        return self._subscribers.subscribe(subscriber)
 
     def _publish(self, records: Sequence[RecordedEvent]) -> None:
-        for subscriber in list(self._subscribers):
-            try:
-                subscriber(records)
-            except Exception:
-                # One broken subscriber must not starve the others or the writer.
-                log.exception("event subscriber failed")
+        self._subscribers.publish(records)
 
     # -- reads ----------------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ import asyncpg
 
 from protocol import ids
 from protocol.events import encode_data, stored_type
+from storage._subscribers import Subscribers
 from storage._url import redact
 from storage._writer import Outcome, Prepared
 from storage.errors import StorageBrokenError, StoreClosedError
@@ -111,7 +112,7 @@ class PostgresStore:
         self._deliver_task: asyncio.Task[None] | None = None
         #: Everything up to here (other origins') has been handed to subscribers.
         self._remote = RemoteCommits(self.fetch, self._publish)
-        self._subscribers: list[Subscriber] = []
+        self._subscribers = Subscribers()
         #: Called after each batch with (commands, seconds from hand-off to outcome).
         self.batch_observers: list[Callable[[int, float], None]] = []
         self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
@@ -329,20 +330,10 @@ class PostgresStore:
     # -- live subscribers -----------------------------------------------------------------------
 
     def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
-        self._subscribers.append(subscriber)
-
-        def unsubscribe() -> None:
-            with contextlib.suppress(ValueError):
-                self._subscribers.remove(subscriber)
-
-        return unsubscribe
+        return self._subscribers.subscribe(subscriber)
 
     def _publish(self, records: Sequence[RecordedEvent]) -> None:
-        for subscriber in list(self._subscribers):
-            try:
-                subscriber(records)
-            except Exception:
-                log.exception("event subscriber failed")
+        self._subscribers.publish(records)
 
     # -- reads ----------------------------------------------------------------------------------
 
