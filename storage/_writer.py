@@ -34,12 +34,11 @@ from typing import Final, Literal
 import attrs
 
 from storage import schema
+from storage._replay import mismatched, refusal, stored_replay
 from storage.errors import (
     AppendConflictError,
-    DivergedError,
     FencedError,
     LeaseHeldError,
-    SeqConflictError,
     StorageBrokenError,
     StoreLockedError,
 )
@@ -51,6 +50,7 @@ __all__ = ["Outcome", "Synchronous", "Writer"]
 
 Synchronous = Literal["FULL", "NORMAL"]
 
+_STORED: Final = "SELECT position, aggregate_id, seq, type, created, data FROM event WHERE id = ?"
 _INSERT_EVENT: Final = (
     "INSERT INTO event (position, id, aggregate_id, seq, type, created, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -253,63 +253,15 @@ class Writer:
         self, conn: sqlite3.Connection, prepared: Prepared
     ) -> list[RecordedEvent] | None:
         """Raise on a seq mismatch; return stored records for an exact replay."""
-        command = prepared.command
-        if not command.expected:
+        if not prepared.command.expected:
             return None
-        mismatched = {
-            agg: (want, self._seq(conn, agg))
-            for agg, want in command.expected.items()
-            if self._seq(conn, agg) != want
-        }
-        if not mismatched:
+        mismatches = mismatched(prepared, lambda agg: self._seq(conn, agg))
+        if not mismatches:
             return None
-        stored = self._stored_replay(conn, prepared)
+        stored = stored_replay(prepared, lambda id_: conn.execute(_STORED, (id_,)).fetchone())
         if stored is not None:
             return stored
-        agg, (want, actual) = next(iter(mismatched.items()))
-        if actual < want:
-            raise SeqConflictError(agg, want, actual)
-        raise DivergedError(agg, want + 1, "another event is stored at this seq")
-
-    def _stored_replay(
-        self, conn: sqlite3.Connection, prepared: Prepared
-    ) -> list[RecordedEvent] | None:
-        """The stored records if ``command`` was already committed exactly as given.
-
-        Events are found by id; a replay must match each stored event's aggregate,
-        type and data, and sit at the seqs the command expected.
-        """
-        command = prepared.command
-        assert command.expected is not None
-        next_seq = dict(command.expected)
-        records = []
-        for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
-            row = conn.execute(
-                "SELECT position, aggregate_id, seq, type, created, data FROM event WHERE id = ?",
-                (new.id,),
-            ).fetchone()
-            if row is None:
-                return None
-            agg = new.aggregate_id
-            want = next_seq.get(agg)
-            if (row[1], row[3], row[5]) != (agg, type_, data) or (
-                want is not None and int(row[2]) != want + 1
-            ):
-                raise DivergedError(agg, int(row[2]), "id reused with other content or seq")
-            next_seq[agg] = int(row[2])
-            records.append(
-                RecordedEvent(
-                    position=int(row[0]),
-                    id=new.id,
-                    aggregate_id=agg,
-                    seq=int(row[2]),
-                    type=type_,
-                    created=int(row[4]),
-                    data=data,
-                    event=new.event,
-                )
-            )
-        return records
+        raise refusal(mismatches)
 
     def _insert(
         self,

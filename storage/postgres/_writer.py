@@ -30,11 +30,10 @@ from typing import Final
 import asyncpg
 
 from storage._pg_lease import fence_records, use_lease
+from storage._replay import mismatched, refusal, stored_replay
 from storage._writer import Outcome, Prepared
 from storage.errors import (
     AppendConflictError,
-    DivergedError,
-    SeqConflictError,
     StorageBrokenError,
 )
 from storage.postgres.dialect import affected, translate
@@ -179,53 +178,17 @@ async def _check_expected(
     command = prepared.command
     if not command.expected:
         return None
-    mismatched = {
-        agg: (want, seqs[agg]) for agg, want in command.expected.items() if seqs[agg] != want
-    }
-    if not mismatched:
+    mismatches = mismatched(prepared, seqs.__getitem__)
+    if not mismatches:
         return None
-    stored = await _stored_replay(conn, prepared)
+    rows = {
+        r[0]: (r[1], r[2], r[3], r[4], r[5], r[6])
+        for r in await conn.fetch(_STORED, [e.id for e in command.events])
+    }
+    stored = stored_replay(prepared, rows.get)
     if stored is not None:
         return stored
-    agg, (want, actual) = next(iter(mismatched.items()))
-    if actual < want:
-        raise SeqConflictError(agg, want, actual)
-    raise DivergedError(agg, want + 1, "another event is stored at this seq")
-
-
-async def _stored_replay(
-    conn: asyncpg.Connection, prepared: Prepared
-) -> list[RecordedEvent] | None:
-    """The stored records if the command was already committed exactly as given."""
-    command = prepared.command
-    assert command.expected is not None
-    rows = {r[0]: r for r in await conn.fetch(_STORED, [new.id for new in command.events])}
-    next_seq = dict(command.expected)
-    records = []
-    for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
-        row = rows.get(new.id)
-        if row is None:
-            return None
-        agg = new.aggregate_id
-        want = next_seq.get(agg)
-        if (row[2], row[4], row[6]) != (agg, type_, data) or (
-            want is not None and int(row[3]) != want + 1
-        ):
-            raise DivergedError(agg, int(row[3]), "id reused with other content or seq")
-        next_seq[agg] = int(row[3])
-        records.append(
-            RecordedEvent(
-                position=int(row[1]),
-                id=new.id,
-                aggregate_id=agg,
-                seq=int(row[3]),
-                type=type_,
-                created=int(row[5]),
-                data=data,
-                event=new.event,
-            )
-        )
-    return records
+    raise refusal(mismatches)
 
 
 async def _insert(
