@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import faulthandler
 import json
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
 
 
 def report_main(

@@ -77,7 +77,6 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import math
 import multiprocessing
 import os
 import platform
@@ -92,7 +91,7 @@ from typing import Any, Final
 
 import aiohttp
 import orjson
-from _benchlib import report_main, target_lines
+from _benchlib import percentile, report_main, target_lines
 from aiohttp import web
 
 from actors.runtime import RuntimeConfig
@@ -124,21 +123,13 @@ def _log(args: argparse.Namespace, message: str) -> None:
         print(f"[bench_http] {message}", file=sys.stderr, flush=True)
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
-
-
 def _ms_stats(ns: Sequence[int]) -> dict[str, float]:
     ms = [v / 1e6 for v in ns]
     return {
         "count": len(ms),
-        "p50_ms": round(_pct(ms, 0.50), 3),
-        "p90_ms": round(_pct(ms, 0.90), 3),
-        "p99_ms": round(_pct(ms, 0.99), 3),
+        "p50_ms": round(percentile(ms, 0.50), 3),
+        "p90_ms": round(percentile(ms, 0.90), 3),
+        "p99_ms": round(percentile(ms, 0.99), 3),
         "max_ms": round(max(ms, default=0.0), 3),
         "mean_ms": round(sum(ms) / len(ms), 3) if ms else 0.0,
     }

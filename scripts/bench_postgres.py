@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import signal
 import statistics
@@ -62,7 +61,7 @@ from typing import Any, Final
 
 import aiohttp
 import orjson
-from _benchlib import report_main, target_lines
+from _benchlib import percentile, report_main, target_lines
 from aiohttp import web
 
 from actors.runtime import RuntimeConfig
@@ -98,19 +97,12 @@ def _log(args: argparse.Namespace, message: str) -> None:
         print(f"[bench_postgres] {message}", file=sys.stderr, flush=True)
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])
-
-
 def _ms(ns: Sequence[int]) -> dict[str, float]:
     ms = [v / 1e6 for v in ns]
     return {
         "count": len(ms),
-        "p50_ms": round(_pct(ms, 0.5), 3),
-        "p99_ms": round(_pct(ms, 0.99), 3),
+        "p50_ms": round(percentile(ms, 0.5), 3),
+        "p99_ms": round(percentile(ms, 0.99), 3),
         "max_ms": round(max(ms, default=0.0), 3),
     }
 
