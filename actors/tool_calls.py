@@ -182,15 +182,7 @@ class ToolCalls:
         self._unfinished.setdefault(call.id, call.name)
         # Durable before any side effect: after a crash the call is known, and
         # is failed as stale rather than silently run twice.
-        await self._journal.durable(
-            ev.ToolCalled(
-                session_id=self._session.id,
-                assistant_message_id=self._assistant_id,
-                id=call.id,
-                name=call.name,
-                input=dict(call.input),
-            )
-        )
+        await self._journal.durable(self._called_event(call))
         refusal: ToolOutcome | None = None
         if limited:
             refusal = ToolOutcome.failure("tool.disabled", TOOLS_DISABLED_ERROR)
@@ -203,17 +195,20 @@ class ToolCalls:
         """Record the provider-executed ``call`` durably; it is never run here."""
         self._unfinished.pop(call.id, None)
         self._hosted[call.id] = call.name
-        await self._journal.durable(
-            ev.ToolCalled(
-                session_id=self._session.id,
-                assistant_message_id=self._assistant_id,
-                id=call.id,
-                name=call.name,
-                input=dict(call.input),
-                provider_executed=True,
-            )
-        )
+        await self._journal.durable(self._called_event(call, provider_executed=True))
         self._open[call.id] = call.name
+
+    def _called_event(
+        self, call: ToolCall, *, provider_executed: bool | None = None
+    ) -> ev.ToolCalled:
+        return ev.ToolCalled(
+            session_id=self._session.id,
+            assistant_message_id=self._assistant_id,
+            id=call.id,
+            name=call.name,
+            input=dict(call.input),
+            provider_executed=provider_executed,
+        )
 
     async def hosted_result(self, result: HostedResult) -> None:
         """Settle the hosted call ``result.id`` with what the provider returned.
