@@ -138,6 +138,9 @@ class Snapshots:
         #: Store name -> the tree's watch (None: it cannot be watched), for at most
         #: ``MAX_WATCHED_TREES`` trees; the least recently used is closed beyond it.
         self._watches: OrderedDict[str, TreeWatch | None] = OrderedDict()
+        #: Work trees known to be in a git work tree and stores known to have
+        #: their index (at most ``MAX_CACHED_TREES`` keys): no stat for them.
+        self._known: OrderedDict[str, None] = OrderedDict()
 
     # -- the public operations ------------------------------------------------------------------
 
@@ -149,7 +152,7 @@ class Snapshots:
         None) costs about a ``git status``.
         """
         work = Path(directory)
-        if not await self._blocking(_in_git_work_tree, work):
+        if not await self._in_git(work):
             return None
         async with self._locks.hold(self._store(work).name):
             if not await self._ensure(work):
@@ -169,7 +172,7 @@ class Snapshots:
         False outside a git work tree.
         """
         work = Path(directory)
-        if not await self._blocking(_in_git_work_tree, work):
+        if not await self._in_git(work):
             return False
         async with self._locks.hold(self._store(work).name):
             if not await self._ensure(work):
@@ -185,7 +188,7 @@ class Snapshots:
         """
         work = Path(directory)
         async with self._locks.hold(self._store(work).name):
-            if not await self._blocking((self._store(work) / "index").exists):
+            if not await self._has_index(work):
                 return None
             before = await self._tree(work)
             changed = await self._refresh(work, paths)
@@ -453,9 +456,36 @@ class Snapshots:
                 watch.close()
 
     async def _inside(self, work: Path, paths: Sequence[str]) -> list[str]:
-        """``paths`` relative to ``work``, those outside it (or naming it) left out."""
-        inside: list[str] = await self._blocking(_relative_inside, work, paths)
-        return inside
+        """``paths`` relative to ``work``, those outside it (or naming it) left out.
+
+        Only string arithmetic (``work`` is absolute: no ``getcwd``), so on the loop.
+        """
+        if not paths:
+            return []
+        return _relative_inside(work, paths)
+
+    async def _in_git(self, work: Path) -> bool:
+        """Whether ``work`` is in a git work tree; a yes is remembered (bounded)."""
+        key = str(work)
+        if key in self._known:
+            self._known.move_to_end(key)
+            return True
+        if not await self._blocking(_in_git_work_tree, work):
+            return False
+        self._remember(key)
+        return True
+
+    async def _has_index(self, work: Path) -> bool:
+        store = self._store(work)
+        if store.name in self._known:
+            return True
+        return bool(await self._blocking((store / "index").exists))
+
+    def _remember(self, key: str) -> None:
+        self._known[key] = None
+        self._known.move_to_end(key)
+        while len(self._known) > MAX_CACHED_TREES:
+            self._known.popitem(last=False)
 
     async def _tree(self, work: Path) -> str:
         """The index as a tree; the last one written while the index is unchanged.
@@ -485,8 +515,21 @@ class Snapshots:
         return self.root / key
 
     async def _ensure(self, work: Path) -> bool:
-        """Create (or re-configure) the store; whether it had an index already."""
+        """Create (or re-configure) the store; whether it had an index already.
+
+        A store seen with its index in this process is taken as still there
+        (``_known``): two file reads fewer for each of a step's calls.
+        """
         store = self._store(work)
+        if store.name in self._known:
+            self._known.move_to_end(store.name)
+            return True
+        existed = await self._ensure_store(work, store)
+        if await self._blocking((store / "index").exists):
+            self._remember(store.name)
+        return existed
+
+    async def _ensure_store(self, work: Path, store: Path) -> bool:
         marker = store / "sessionrt-config"
         if await self._blocking(_read_text, marker) == _CONFIG_VERSION:
             return bool(await self._blocking((store / "index").exists))
