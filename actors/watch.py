@@ -304,10 +304,13 @@ class TreeWatch:
             if len(self._paths) >= self._max_watches:
                 self.broken = f"more than {self._max_watches} directories"
                 return False
-            wd = _lib().add_watch(self._fd, os.fsencode(full), _MASK)
+            # The root may itself be a symlink (the session's directory named
+            # through one): followed. Below it a symlink is a file to git.
+            mask = _MASK & ~IN_DONT_FOLLOW if rel == "" else _MASK
+            wd = _lib().add_watch(self._fd, os.fsencode(full), mask)
             if wd < 0:
                 err = ctypes.get_errno()
-                if err in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                if rel != "" and err in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                     return False
                 self.broken = f"inotify_add_watch: {os.strerror(err)}"
                 return False

@@ -184,6 +184,21 @@ async def test_write_calls_then_bash_in_one_step_keep_the_before(pair: Pair) -> 
     assert recorded.after == await pair.full.track(repo)
 
 
+async def test_a_work_tree_named_through_a_symlink_is_watched(tmp_path: Path, repo: Path) -> None:
+    link = tmp_path / "link-to-project"
+    link.symlink_to(repo, target_is_directory=True)
+    pair = Pair(tmp_path, link)
+    await pair.start()
+    try:
+        r = await pair.bash_step("echo more >> a.txt && mkdir -p x/y && echo 1 > x/y/z")
+        assert r.files == ("a.txt", "x/y/z")
+        r = await pair.bash_step("echo 2 >> x/y/z")
+        assert r.files == ("x/y/z",)
+        assert pair.watched.full_scans == 0
+    finally:
+        await pair.close()
+
+
 async def test_too_many_changes_fall_back_to_a_full_scan(tmp_path: Path, repo: Path) -> None:
     pair = Pair(tmp_path, repo, max_dirty=5)
     await pair.start()
