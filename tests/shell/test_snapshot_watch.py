@@ -276,3 +276,30 @@ async def test_aclose_closes_every_watch(tmp_path: Path, repo: Path) -> None:
     assert fds() == start + 1  # one inotify descriptor for the tree
     await store.aclose()
     assert fds() == start
+
+
+def inotify_fds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify":
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+async def test_the_host_closes_its_watches_at_shutdown(tmp_path: Path, repo: Path) -> None:
+    from protocol.requests import CreateSessionInput, PromptInput
+    from protocol.shapes import Location
+    from server.embedded import Embedded
+
+    start = inotify_fds()
+    async with Embedded(tmp_path / "data") as oc:
+        s = await oc.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+        await oc.sessions.prompt(
+            s.id, PromptInput(text='#tool bash {"command": "echo x > made.txt"}\n---\n#text ok')
+        )
+        await oc.sessions.wait(s.id)
+        assert inotify_fds() == start + 1  # the step's directory is watched
+    assert inotify_fds() == start
