@@ -668,6 +668,8 @@ class Runtime:
                 run_sweeper(self.bounding, self.blocking), name="tool-output-sweeper"
             )
             self._stack.push_async_callback(_cancel, sweeper)
+            # Closed after execution stops (pushed first): the steps use the watches.
+            self._stack.push_async_callback(self.snapshots.aclose)
             if self._own_bus is not None:
                 # Closed last: the shutdown's hand-over notice goes out through it.
                 await self._own_bus.open()

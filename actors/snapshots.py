@@ -10,6 +10,16 @@ then ``git write-tree``. The index git keeps in the store caches file stat
 data, so a snapshot after a step that changed a few files re-hashes only
 those; ``scripts/bench_snapshot.py`` measures it.
 
+A full ``git add --all`` still stats every file (about a ``git status``), and
+a bash step would need two. So each tree also has a :class:`~actors.watch.TreeWatch`
+(inotify) that lists the paths changed since the index was last brought up to
+date; git is then told only those (``git add --all -- <paths>``), and a step
+that changed nothing runs no git at all. The watch is a shortcut, never the
+truth: whenever it cannot vouch for its list (overflow, limits, a changed
+``.gitignore``, no inotify) the snapshot is the full scan, and it is trusted
+only after a full scan that started once all its watches were in place. Up
+to ``MAX_WATCHED_TREES`` trees are watched; :meth:`Snapshots.aclose` closes them.
+
 Why the git CLI rather than dulwich: dulwich's ``add`` re-hashes in Python
 and ships no stat-cache fast path comparable to git's index refresh; on the
 10,000-file tree of the benchmark the CLI's incremental snapshot is what
@@ -41,6 +51,7 @@ from typing import Any, Final, Literal
 import attrs
 
 from actors._keyed_lock import KeyedLock
+from actors.watch import MAX_DIRTY, MAX_WATCHES, TreeWatch, collapse, open_watch
 from protocol.shapes import FileDiff
 
 __all__ = ["WRITING_TOOLS", "Blocking", "Recorded", "SnapshotError", "Snapshots", "StepWrites"]
@@ -57,6 +68,8 @@ MAX_PATCH_BYTES: Final = 256 * 1024
 MAX_DIFF_FILES: Final = 1000
 #: Stores whose last written tree is remembered (to skip a ``write-tree``).
 MAX_CACHED_TREES: Final = 1024
+#: Work trees watched at once (each one inotify descriptor, up to ``MAX_WATCHES`` watches).
+MAX_WATCHED_TREES: Final = 16
 #: Bumped when the store's configuration changes: older stores get the new one.
 _CONFIG_VERSION: Final = "3"
 _CONFIG: Final = (
@@ -99,7 +112,14 @@ class SnapshotError(Exception):
 
 class Snapshots:
     def __init__(
-        self, root: Path, *, exclude: Sequence[Path] = (), blocking: Blocking = asyncio.to_thread
+        self,
+        root: Path,
+        *,
+        exclude: Sequence[Path] = (),
+        blocking: Blocking = asyncio.to_thread,
+        watch: bool = True,
+        max_watches: int = MAX_WATCHES,
+        max_dirty: int = MAX_DIRTY,
     ) -> None:
         #: Where the stores live: ``<data dir>/snapshot``.
         self.root = root
@@ -111,6 +131,16 @@ class Snapshots:
         self._locks = KeyedLock()
         #: Store name -> (the tree last written from its index, that index's stat).
         self._trees: OrderedDict[str, tuple[str, tuple[int, int, int]]] = OrderedDict()
+        #: Whether change tracking (inotify) is tried at all; off, every bash step scans.
+        self._watching = watch
+        self._max_watches = max_watches
+        self._max_dirty = max_dirty
+        #: Store name -> the tree's watch (None: it cannot be watched), for at most
+        #: ``MAX_WATCHED_TREES`` trees; the least recently used is closed beyond it.
+        self._watches: OrderedDict[str, TreeWatch | None] = OrderedDict()
+        #: Work trees known to be in a git work tree and stores known to have
+        #: their index (at most ``MAX_CACHED_TREES`` keys): no stat for them.
+        self._known: OrderedDict[str, None] = OrderedDict()
 
     # -- the public operations ------------------------------------------------------------------
 
@@ -122,7 +152,7 @@ class Snapshots:
         None) costs about a ``git status``.
         """
         work = Path(directory)
-        if not await self._blocking(_in_git_work_tree, work):
+        if not await self._in_git(work):
             return None
         async with self._locks.hold(self._store(work).name):
             if not await self._ensure(work):
@@ -142,12 +172,12 @@ class Snapshots:
         False outside a git work tree.
         """
         work = Path(directory)
-        if not await self._blocking(_in_git_work_tree, work):
+        if not await self._in_git(work):
             return False
         async with self._locks.hold(self._store(work).name):
             if not await self._ensure(work):
                 paths, exclude = None, ()  # a new store has no index to build on
-            await self._refresh(work, paths, exclude)
+            await self._refresh(work, paths, exclude, establish=True)
         return True
 
     async def record(self, directory: str | Path, paths: Sequence[str] | None) -> Recorded | None:
@@ -158,7 +188,7 @@ class Snapshots:
         """
         work = Path(directory)
         async with self._locks.hold(self._store(work).name):
-            if not await self._blocking((self._store(work) / "index").exists):
+            if not await self._has_index(work):
                 return None
             before = await self._tree(work)
             changed = await self._refresh(work, paths)
@@ -250,58 +280,212 @@ class Snapshots:
         return tuple(sorted(p for p in out.decode("utf-8", "surrogateescape").split("\0") if p))
 
     async def _refresh(
-        self, work: Path, paths: Sequence[str] | None, exclude: Sequence[str] = ()
+        self,
+        work: Path,
+        paths: Sequence[str] | None,
+        exclude: Sequence[str] = (),
+        *,
+        establish: bool = False,
     ) -> tuple[str, ...] | None:
         """Update the index from the files; the paths whose entry changed (None: unknown).
 
+        With the tree's watch trusted, git is told only what the watch saw
+        change (for ``paths``: those of them it saw change; nothing changed,
+        no git at all). Otherwise ``paths`` None is a full scan (which makes
+        the watch trusted), and named ``paths`` are refreshed as named; with
+        ``establish`` (a step's ``prepare``) an untrusted watch gets its full
+        scan now, ``exclude`` left as it is, so the step's later calls are cheap.
+        """
+        watch = await self._watch_for(work)
+        if watch is not None:
+            changed = await watch.changes(self._blocking)
+            if changed is not None:
+                return await self._refresh_listed(work, watch, changed, paths, exclude)
+        if paths is None or (establish and watch is not None):
+            return await self._refresh_full(work, watch, exclude)
+        return await self._refresh_paths(work, await self._inside(work, paths), ())
+
+    async def _refresh_listed(
+        self,
+        work: Path,
+        watch: TreeWatch,
+        changed: frozenset[str],
+        paths: Sequence[str] | None,
+        exclude: Sequence[str],
+    ) -> tuple[str, ...] | None:
+        """Refresh what the watch saw change (of ``paths``, if named), ``exclude`` kept."""
+        kept = set(await self._inside(work, exclude))
+        if paths is None:
+            take = [p for p in collapse(changed) if p not in kept]
+        else:
+            take = [p for p in await self._inside(work, paths) if _covered(p, changed)]
+        if not take:
+            return ()
+        tops = set(take)
+        # Everything under what git is told now is covered by it but ``kept``,
+        # which stays (or becomes: the watch may never have seen it) changed.
+        held = [k for k in kept if _covered(k, tops)]
+        watch.discard([p for p in changed if p not in kept and _covered(p, tops)])
+        watch.mark(held)
+        try:
+            return await self._refresh_paths(work, take, held, watch=watch)
+        except BaseException:
+            watch.distrust("a listed refresh did not finish")
+            raise
+
+    async def _refresh_full(
+        self, work: Path, watch: TreeWatch | None, exclude: Sequence[str]
+    ) -> tuple[str, ...] | None:
+        """``git add --all`` of the whole tree (but ``exclude``); the watch trusted after it."""
+        if watch is not None and not watch.reusable:
+            watch = await self._rewatch(work, watch)
+        excluded = await self._inside(work, exclude)
+        if watch is not None:
+            watch.begin_full(keep=excluded)
+        specs = [".", *(f":(exclude,literal){p}" for p in excluded)]
+        out = await self._git(
+            work,
+            "add",
+            "--all",
+            "--verbose",
+            "--ignore-errors",
+            "--",
+            *specs,
+            check=False,
+            literal=False,
+        )
+        if watch is not None:
+            watch.end_full()
+        return _verbose_paths(out, ("add", "remove"))
+
+    async def _refresh_paths(
+        self,
+        work: Path,
+        inside: Sequence[str],
+        exclude: Sequence[str],
+        *,
+        watch: TreeWatch | None = None,
+    ) -> tuple[str, ...] | None:
+        """Refresh the named paths (files or whole directories), ``exclude`` kept.
+
         ``git add --all --verbose`` names each entry it changes, so no diff
         is needed after it. A named path that does not exist (a file a write
-        is about to create, or one deleted) is dropped from the index with
-        ``git rm --cached`` instead: ``git add`` refuses the whole call for
-        a path that matches nothing. The ``.gitignore`` is honoured either way.
+        is about to create, or one deleted) is dropped from the index, with
+        what was under it, by ``git rm --cached -r`` instead: ``git add``
+        refuses the whole call for a path that matches nothing. The
+        ``.gitignore`` is honoured either way.
         """
-        if paths is None:
-            specs = [".", *(f":(exclude,literal){p}" for p in await self._inside(work, exclude))]
-            out = await self._git(
-                work,
-                "add",
-                "--all",
-                "--verbose",
-                "--ignore-errors",
-                "--",
-                *specs,
-                check=False,
-                literal=False,
-            )
-            return _verbose_paths(out, ("add", "remove"))
-        inside = await self._inside(work, paths)
         if not inside:
             return ()
         present = await self._blocking(_present, work, inside)
         missing = [p for p in inside if p not in present]
         found: list[str] = []
+        skip = [f":(exclude,literal){p}" for p in exclude]
         for argv, verbs, names in (
             (("add", "--all", "--verbose", "--ignore-errors"), ("add", "remove"), present),
-            (("rm", "--cached", "--ignore-unmatch"), ("rm",), missing),
+            (("rm", "--cached", "-r", "--ignore-unmatch"), ("rm",), missing),
         ):
             if not names:
                 continue
+            specs = [*(f":(literal){p}" for p in names), *skip] if skip else list(names)
             try:
-                out = await self._git(work, *argv, "--", *names, check=False)
+                out = await self._git(work, *argv, "--", *specs, check=False, literal=not skip)
             except SnapshotError:
-                # git refused a path (beyond a symlink, say) and with it the
-                # call: a full look still gets every change.
-                return await self._refresh(work, None)
+                # git refused a path (beyond a symlink, inside a nested
+                # repository) and with it the call: a full look still gets
+                # every change.
+                return await self._refresh_full(work, watch, exclude)
             listed = _verbose_paths(out, verbs)
             if listed is None:
                 return None
             found.extend(listed)
         return tuple(found)
 
+    async def _watch_for(self, work: Path) -> TreeWatch | None:
+        """The tree's watch (opened on first use); None if it cannot be watched."""
+        if not self._watching:
+            return None
+        name = self._store(work).name
+        if name in self._watches:
+            self._watches.move_to_end(name)
+            watch = self._watches[name]
+            if watch is not None and (watch.closed or watch.broken is not None):
+                log.info("watch of %s lost (%s): full scans", work, watch.broken)
+                watch.close()
+                self._watches[name] = watch = None
+            return watch
+        return await self._rewatch(work, None)
+
+    async def _rewatch(self, work: Path, old: TreeWatch | None) -> TreeWatch | None:
+        """A fresh watch for ``work`` in place of ``old`` (closed); None if none can be had."""
+        name = self._store(work).name
+        if old is not None:
+            log.info("re-watching %s: %s", work, old.doubt)
+            old.close()
+        root, skip = await self._blocking(self._watch_spec, work)
+        watch = await open_watch(
+            root,
+            self._blocking,
+            skip=skip,
+            max_watches=self._max_watches,
+            max_dirty=self._max_dirty,
+        )
+        self._watches[name] = watch
+        self._watches.move_to_end(name)
+        while len(self._watches) > MAX_WATCHED_TREES:
+            _, evicted = self._watches.popitem(last=False)
+            if evicted is not None:
+                evicted.close()
+        return watch
+
+    def _watch_spec(self, work: Path) -> tuple[str, list[str]]:
+        """``work`` absolute, and the server's directories inside it (relative): never watched."""
+        real = os.path.realpath(work)
+        out = []
+        for path in (*self._exclude, self.root):
+            rel = os.path.relpath(os.path.realpath(path), real)
+            if rel != "." and not rel.startswith(".."):
+                out.append(rel.replace(os.sep, "/"))
+        return os.path.abspath(work), out
+
+    async def aclose(self) -> None:
+        """Close every watch (their descriptors and readers): the host is shutting down."""
+        watches, self._watches = list(self._watches.values()), OrderedDict()
+        for watch in watches:
+            if watch is not None:
+                watch.close()
+
     async def _inside(self, work: Path, paths: Sequence[str]) -> list[str]:
-        """``paths`` relative to ``work``, those outside it (or naming it) left out."""
-        inside: list[str] = await self._blocking(_relative_inside, work, paths)
-        return inside
+        """``paths`` relative to ``work``, those outside it (or naming it) left out.
+
+        Only string arithmetic (``work`` is absolute: no ``getcwd``), so on the loop.
+        """
+        if not paths:
+            return []
+        return _relative_inside(work, paths)
+
+    async def _in_git(self, work: Path) -> bool:
+        """Whether ``work`` is in a git work tree; a yes is remembered (bounded)."""
+        key = str(work)
+        if key in self._known:
+            self._known.move_to_end(key)
+            return True
+        if not await self._blocking(_in_git_work_tree, work):
+            return False
+        self._remember(key)
+        return True
+
+    async def _has_index(self, work: Path) -> bool:
+        store = self._store(work)
+        if store.name in self._known:
+            return True
+        return bool(await self._blocking((store / "index").exists))
+
+    def _remember(self, key: str) -> None:
+        self._known[key] = None
+        self._known.move_to_end(key)
+        while len(self._known) > MAX_CACHED_TREES:
+            self._known.popitem(last=False)
 
     async def _tree(self, work: Path) -> str:
         """The index as a tree; the last one written while the index is unchanged.
@@ -331,8 +515,21 @@ class Snapshots:
         return self.root / key
 
     async def _ensure(self, work: Path) -> bool:
-        """Create (or re-configure) the store; whether it had an index already."""
+        """Create (or re-configure) the store; whether it had an index already.
+
+        A store seen with its index in this process is taken as still there
+        (``_known``): two file reads fewer for each of a step's calls.
+        """
         store = self._store(work)
+        if store.name in self._known:
+            self._known.move_to_end(store.name)
+            return True
+        existed = await self._ensure_store(work, store)
+        if await self._blocking((store / "index").exists):
+            self._remember(store.name)
+        return existed
+
+    async def _ensure_store(self, work: Path, store: Path) -> bool:
         marker = store / "sessionrt-config"
         if await self._blocking(_read_text, marker) == _CONFIG_VERSION:
             return bool(await self._blocking((store / "index").exists))
@@ -424,13 +621,25 @@ def _verbose_paths(out: bytes, verbs: Sequence[str]) -> tuple[str, ...] | None:
     return tuple(found)
 
 
+def _covered(path: str, tops: frozenset[str] | set[str]) -> bool:
+    """Whether ``path`` is one of ``tops`` or lies under one ("" covers all)."""
+    if path in tops or "" in tops:
+        return True
+    cut = path.rfind("/")
+    while cut > 0:
+        if path[:cut] in tops:
+            return True
+        cut = path.rfind("/", 0, cut)
+    return False
+
+
 def _relative_inside(work: Path, paths: Sequence[str]) -> list[str]:
     base = os.path.abspath(work)
     out = []
     for path in paths:
         full = os.path.normpath(os.path.join(base, path))
         if full.startswith(base + os.sep):
-            out.append(os.path.relpath(full, base))
+            out.append(os.path.relpath(full, base).replace(os.sep, "/"))
     return sorted(set(out))
 
 
@@ -533,7 +742,9 @@ class StepWrites:
                     self._whole = True
                 else:
                     assert isinstance(path, str)
-                    ok = await self._snapshots.prepare(self._directory, [path])
+                    ok = await self._snapshots.prepare(
+                        self._directory, [path], exclude=sorted(self._paths)
+                    )
                     self._paths.add(path)
             except Exception as exc:
                 log.warning("snapshot of %s failed: %s", self._directory, exc)

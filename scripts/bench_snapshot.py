@@ -1,94 +1,68 @@
-"""Snapshot and revert cost on a 10,000-file git work tree (issue #13).
+#!/usr/bin/env python3
+"""Snapshot cost per writing step on a 10,000-file git work tree, and revert (issue #13).
 
-Figures, each the median of ``--runs`` runs, all measured in this run on the
-same tree:
+    .venv/bin/python scripts/bench_snapshot.py            # table
+    .venv/bin/python scripts/bench_snapshot.py --json     # one JSON object on stdout
+    .venv/bin/python scripts/bench_snapshot.py --files 10000 --runs 7
 
-- baseline: ``git status --porcelain`` of the project's own repository (what
-  any git-aware editor pays to look at the tree), and the cost of starting one
-  git process (``git --version``): the floor of any git-based step;
-- the first snapshot of the tree (cold: every file hashed into the store);
-- per writing step, the whole snapshot cost a step pays, for a write/edit
-  step changing 1 / 10 files and for a bash step (a full look):
-  - new: :class:`~actors.snapshots.StepWrites` as the step runs it (a
-    ``prepare`` just before each writing call, ``record`` at the end);
-  - old: the approach it replaced, replayed with the same git commands on a
-    store of its own (a full snapshot at every step start, ``git add`` of the
-    named paths + ``write-tree`` at the end, then a ``git diff`` for the files);
-  target <= 50 ms for a write/edit step;
-- the revert of 100 changed files (``restore`` to the earlier tree);
-- with dulwich installed, the same incremental snapshot through dulwich's
-  ``porcelain.add`` + ``write_tree`` on a store of its own, for the choice.
+One tree (``--files`` files in 1,100 directories, committed, with a
+``.gitignore``), real git processes, three things measured in the same run
+and alternated run by run so they see the same machine and load:
 
-    .venv/bin/python scripts/bench_snapshot.py [--files 10000] [--runs 7]
+- **new**: :class:`~actors.snapshots.StepWrites` as a step runs it (a
+  ``prepare`` just before each writing call, ``record`` at the end) on a
+  :class:`~actors.snapshots.Snapshots` with its inotify watch: git is told
+  only the paths the watch saw change;
+- **previous** (the baseline): the same ``StepWrites`` on a store with the
+  watch off (``watch=False``), which is what a step paid before change
+  tracking: a full ``git add --all`` before and after a bash step, one git
+  process per write call;
+- ``git status --porcelain`` of the project's own repository, at the start
+  and at the end (what any git-aware editor pays to look at the tree).
+
+Steps: write/edit changing 1 file and 10 files (10 calls in one step), bash
+changing 1 and 10 files, and a bash step that makes a new nested directory
+with 10 files, deletes one file and renames another. Before each timed step
+both stores are brought up to date untimed (so one approach's edits are not
+billed to the other), and after each new step its "after" tree is checked to
+be the very tree id a full scan gives (trees are content-addressed), so the
+figure is of a correct snapshot. The time is that of the snapshot calls
+alone (the tool's own file work between them is not counted). Also shown:
+git processes per step, the cold first snapshot, and the revert of 100
+changed files. Target: <= 50 ms per writing step (median).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import os
+import platform
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _benchlib import report_main, target_lines
 
 from actors.snapshots import Snapshots, StepWrites
 
-
-def edit(touched: list[Path], r: int) -> None:
-    for p in touched:
-        p.write_text(p.read_text() + f"y = {r}\n")
+TARGET_STEP_MS = 50.0
 
 
-class OldApproach:
-    """The snapshot cost before lazy snapshots, replayed with the same git commands."""
+class Counting(Snapshots):
+    """A store that counts the git processes it starts (for the per-step figure)."""
 
-    def __init__(self, work: Path, store: Path) -> None:
-        self.work = work
-        self.env = {
-            **os.environ,
-            "GIT_DIR": str(store),
-            "GIT_WORK_TREE": str(work),
-            "GIT_LITERAL_PATHSPECS": "1",
-            "LC_ALL": "C",
-        }
-        subprocess.run(["git", "init", "-q"], env=self.env, check=True)
-        for key, value in (
-            ("core.untrackedCache", "true"),
-            ("index.version", "4"),
-            ("core.preloadIndex", "true"),
-            ("core.fsmonitor", "false"),
-        ):
-            subprocess.run(["git", "config", key, value], env=self.env, check=True)
+    gits = 0
 
-    async def git(self, *args: str) -> bytes:
-        proc = await asyncio.create_subprocess_exec(
-            "git",
-            *args,
-            cwd=self.work,
-            env=self.env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        out, _ = await proc.communicate()
-        return out
-
-    async def snapshot(self, paths: list[str] | None) -> str:
-        await self.git("add", "--all", "--ignore-errors", "--", *(paths or ["."]))
-        return (await self.git("write-tree")).decode().strip()
-
-    async def step(self, touched: list[Path], paths: list[str] | None, r: int) -> tuple[str, ...]:
-        before = await self.snapshot(None)  # at every step start
-        edit(touched, r)
-        after = await self.snapshot(paths)
-        out = await self.git("diff", "--name-only", "-z", "--no-renames", before, after)
-        return tuple(p for p in out.decode().split("\0") if p)
+    async def _git(self, work: Path, *args: str, **kw: Any) -> bytes:
+        self.gits += 1
+        return await super()._git(work, *args, **kw)
 
 
 def make_tree(root: Path, files: int) -> list[Path]:
@@ -110,143 +84,236 @@ def make_tree(root: Path, files: int) -> list[Path]:
     return paths
 
 
-async def timed(fn: Callable[[], Awaitable[object]]) -> float:
-    start = time.perf_counter()
-    await fn()
-    return (time.perf_counter() - start) * 1000
+def med(values: list[float]) -> float:
+    return round(statistics.median(values), 2)
 
 
-def ms(values: list[float]) -> str:
-    low, high = min(values), max(values)
-    return f"median {statistics.median(values):7.1f} ms  (min {low:.1f}, max {high:.1f})"
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    say: Callable[[str], None] = (
+        (lambda _: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="bench-snapshot-"))
+    try:
+        return await _measure(args, tmp, say)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
+async def _measure(
+    args: argparse.Namespace, tmp: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
+    root = tmp / "project"
+    root.mkdir()
+    paths = make_tree(root, args.files)
+    say(f"tree: {args.files} files")
+    new = Counting(tmp / "new")
+    previous = Counting(tmp / "previous", watch=False)
+
+    async def status() -> float:
+        start = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            "git", "status", "--porcelain", cwd=root, stdout=asyncio.subprocess.DEVNULL
+        )
+        await proc.wait()
+        return (time.perf_counter() - start) * 1000
+
+    await status()
+    status_before = [await status() for _ in range(args.runs)]
+    cold: dict[str, float] = {}
+    for name, store in (("new", new), ("previous", previous)):
+        start = time.perf_counter()
+        await store.track(root)
+        cold[name] = (time.perf_counter() - start) * 1000
+    say(f"cold first snapshot: new {cold['new']:.0f} ms, previous {cold['previous']:.0f} ms")
+
+    offset = 0
+    serial = 0
+
+    def bash_tree(touched: list[Path]) -> None:
+        """A bash step's changes: a new nested directory, a delete, a rename."""
+        nonlocal serial
+        serial += 1
+        nest = root / f"gen{serial}" / "a" / "b"
+        nest.mkdir(parents=True)
+        for i in range(10):
+            (nest / f"n{i}.txt").write_text(f"{serial} {i}\n")
+        touched[0].unlink()
+        touched[1].rename(touched[1].with_name(f"moved{serial}.py"))
+
+    def edit(touched: list[Path], r: int) -> None:
+        for p in touched:
+            p.write_text(p.read_text() + f"y = {r}\n")
+
+    steps = (
+        ("write/edit step, 1 file", "write", 1),
+        ("write/edit step, 10 files (10 calls)", "write", 10),
+        ("bash step, 1 file changed", "bash", 1),
+        ("bash step, 10 files changed", "bash", 10),
+        ("bash step, new nested dir + delete + rename", "tree", 2),
+    )
+    results: dict[str, dict[str, list[float]]] = {}
+    for label, kind, count in steps:
+        times: dict[str, list[float]] = {"new": [], "previous": [], "gits_new": [], "gits_prev": []}
+        for r in range(args.runs):
+            for name, store in (("new", new), ("previous", previous)):
+                touched = paths[offset : offset + count]
+                offset += count
+                await new.track(root)  # untimed: absorb the other approach's edits
+                await previous.track(root)
+                gits = store.gits
+                writes = StepWrites(store, str(root))
+                spent = 0.0  # the snapshot calls' time, not the tool's own work
+                if kind == "write":
+                    for p in touched:
+                        start = time.perf_counter()
+                        await writes.before_run("write", {"path": str(p.relative_to(root))})
+                        spent += time.perf_counter() - start
+                        edit([p], r)
+                else:
+                    start = time.perf_counter()
+                    await writes.before_run("bash", {"command": "(bench)"})
+                    spent += time.perf_counter() - start
+                    if kind == "bash":
+                        edit(touched, r)
+                    else:
+                        bash_tree(touched)
+                start = time.perf_counter()
+                recorded = await writes.record()
+                spent += time.perf_counter() - start
+                times[name].append(spent * 1000)
+                times["gits_new" if name == "new" else "gits_prev"].append(store.gits - gits)
+                assert recorded is not None
+                assert recorded.files, label
+                if name == "new":
+                    full = await previous.track(root)
+                    assert recorded.after == full, (label, "not what a full scan gives")
+        results[label] = times
+        say(f"{label}: new {med(times['new']):.1f} ms, previous {med(times['previous']):.1f} ms")
+    status_after = [await status() for _ in range(args.runs)]
+
+    reverts = []
+    for r in range(max(3, args.runs // 2)):
+        before = await new.track(root)
+        assert before is not None
+        victims = paths[5000 + r * 100 : 5100 + r * 100]
+        originals = {p: p.read_bytes() for p in victims if p.exists()}
+        for p in originals:
+            p.write_text("changed\n")
+        after = await new.track(root)
+        assert after is not None
+        files = await new.changed(root, before, after)
+        start = time.perf_counter()
+        await new.restore(root, before, files)
+        reverts.append((time.perf_counter() - start) * 1000)
+        assert all(p.read_bytes() == b for p, b in originals.items())
+    say(f"revert of 100 files: {med(reverts):.1f} ms")
+    await new.aclose()
+    await previous.aclose()
+
+    figures = []
+    targets = []
+    for label, times in results.items():
+        value, base = med(times["new"]), med(times["previous"])
+        passed = value <= TARGET_STEP_MS
+        figures.append(
+            {
+                "name": f"{label}, median",
+                "value": value,
+                "unit": "ms",
+                "baseline": base,
+                "baseline_label": "previous: no watch",
+                "ratio": round(value / base, 2) if base else None,
+                "target": f"<= {TARGET_STEP_MS:g} ms",
+                "pass": passed,
+                "max": round(max(times["new"]), 2),
+                "git_processes": statistics.median(times["gits_new"]),
+                "git_processes_baseline": statistics.median(times["gits_prev"]),
+            }
+        )
+        targets.append(
+            {
+                "name": f"{label} <= {TARGET_STEP_MS:g} ms",
+                "value": value,
+                "unit": "ms",
+                "pass": passed,
+            }
+        )
+    status_all = status_before + status_after
+    figures += [
+        {
+            "name": "git status --porcelain of the tree, median (start / end)",
+            "value": med(status_all),
+            "unit": "ms",
+            "baseline": None,
+            "start": med(status_before),
+            "end": med(status_after),
+        },
+        {
+            "name": "first snapshot (cold, with the watch set up)",
+            "value": round(cold["new"], 2),
+            "unit": "ms",
+            "baseline": round(cold["previous"], 2),
+            "baseline_label": "previous: no watch",
+            "ratio": round(cold["new"] / cold["previous"], 2) if cold["previous"] else None,
+        },
+        {
+            "name": "revert of 100 changed files, median",
+            "value": med(reverts),
+            "unit": "ms",
+            "baseline": None,
+        },
+    ]
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load": os.getloadavg(),
+        "files": args.files,
+        "runs": args.runs,
+        "figures": figures,
+        "targets": targets,
+    }
+
+
+def _num(value: float, unit: str) -> str:
+    return f"{value:,.1f} {unit}"
+
+
+def render(report: dict[str, Any]) -> str:
+    load = ", ".join(f"{x:.2f}" for x in report["load"])
+    lines = [
+        f"sessionrt snapshot benchmark: {report['files']} files, {report['runs']} runs,"
+        f" Python {report['python']}, {report['cpus']} CPUs, load {load}",
+        "",
+    ]
+    for f in report["figures"]:
+        text = f"  {f['name']}: {_num(f['value'], f['unit'])}"
+        if f.get("baseline") is not None:
+            text += f" (baseline {_num(f['baseline'], f['unit'])}, {f['baseline_label']};"
+            text += f" {f['ratio']:.2f}x)"
+        if "git_processes" in f:
+            text += f"; git processes {f['git_processes']:g} vs {f['git_processes_baseline']:g}"
+        lines.append(text)
+    lines.append("")
+    lines += target_lines(report["targets"], _num, heading="targets (informational):")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=7)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "project"
-        root.mkdir()
-        paths = make_tree(root, args.files)
-        store = Snapshots(Path(tmp) / "data" / "snapshot")
-        print(f"tree: {args.files} files")
-
-        async def status() -> None:
-            proc = await asyncio.create_subprocess_exec(
-                "git", "status", "--porcelain", cwd=root, stdout=asyncio.subprocess.DEVNULL
-            )
-            await proc.wait()
-
-        await status()
-        baseline = [await timed(status) for _ in range(args.runs)]
-        print(f"baseline git status --porcelain : {ms(baseline)}")
-
-        async def spawn() -> None:
-            proc = await asyncio.create_subprocess_exec(
-                "git", "--version", stdout=asyncio.subprocess.DEVNULL
-            )
-            await proc.wait()
-
-        floor = [await timed(spawn) for _ in range(args.runs)]
-        print(f"one git process (git --version) : {ms(floor)}  (a write step runs 3)")
-        cold = await timed(lambda: store.track(root))
-        print(f"first snapshot (cold)           : {cold:7.1f} ms")
-        old = OldApproach(root, Path(tmp) / "old-store")
-        await old.snapshot(None)
-        offset = 0
-        for bash in (False, True):
-            for changed in (1, 10):
-                new_runs, old_runs = [], []
-                for r in range(args.runs):
-                    for runs, approach in ((new_runs, "new"), (old_runs, "old")):
-                        touched = paths[offset : offset + changed]
-                        offset += changed
-                        named = [str(p.relative_to(root)) for p in touched]
-
-                        async def step(
-                            touched: list[Path] = touched,
-                            named: list[str] = named,
-                            approach: str = approach,
-                            r: int = r,
-                            bash: bool = bash,
-                        ) -> tuple[str, ...]:
-                            if approach == "new":
-                                writes = StepWrites(store, str(root))
-                                for name in ["(bash)"] if bash else named:
-                                    await writes.before_run(
-                                        "bash" if bash else "write", {"path": name}
-                                    )
-                                edit(touched, r)
-                                recorded = await writes.record()
-                                assert recorded is not None
-                                return recorded.files
-                            return await old.step(touched, None if bash else named, r)
-
-                        start = time.perf_counter()
-                        files = await step()
-                        runs.append((time.perf_counter() - start) * 1000)
-                        assert sorted(files) == sorted(named), files
-                label = "bash step (full look)" if bash else "write/edit step"
-                print(f"per {label}, {changed:2d} file(s):")
-                print(f"    new : {ms(new_runs)}  target <= 50 ms")
-                print(f"    old : {ms(old_runs)}")
-        status_after = [await timed(status) for _ in range(args.runs)]
-        print(f"baseline git status again       : {ms(status_after)}")
-        reverts = []
-        for r in range(max(3, args.runs // 2)):
-            before = await store.track(root)
-            assert before is not None
-            victims = paths[5000 + r * 100 : 5100 + r * 100]
-            originals = {p: p.read_bytes() for p in victims}
-            for p in victims:
-                p.write_text("changed\n")
-            after = await store.track(root)
-            assert after is not None
-            files = await store.changed(root, before, after)
-            assert len(files) == 100
-            reverts.append(await timed(functools.partial(store.restore, root, before, files)))
-            assert all(p.read_bytes() == b for p, b in originals.items())
-        print(f"revert of 100 changed files     : {ms(reverts)}")
-        await dulwich_figures(root, paths, args.runs)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return parser.parse_args(argv)
 
 
-async def dulwich_figures(root: Path, paths: list[Path], runs: int) -> None:
-    try:
-        from dulwich import porcelain
-        from dulwich.repo import Repo
-    except ImportError:
-        print("dulwich: not installed (pip install dulwich to compare)")
-        return
-    # dulwich cannot point a repository at a foreign work tree and store in
-    # one call; a copy of the tree with its own .git stands in for it.
-    target = root.parent / "dulwich"
-    for argv in (["cp", "-a", str(root), str(target)], ["rm", "-rf", str(target / ".git")]):
-        proc = await asyncio.create_subprocess_exec(*argv)
-        assert await proc.wait() == 0
-    repo = Repo.init(str(target))
-
-    def snapshot() -> bytes:
-        porcelain.add(repo, paths=None)
-        return repo.open_index().commit(repo.object_store)
-
-    start = time.perf_counter()
-    snapshot()
-    cold = (time.perf_counter() - start) * 1000
-    print(f"dulwich first snapshot (cold)   : {cold:7.1f} ms")
-    copies = [target / p.relative_to(root) for p in paths]
-    timings = []
-    for r in range(runs):
-        p = copies[9000 + r]
-        p.write_text(p.read_text() + "z\n")
-        start = time.perf_counter()
-        snapshot()
-        timings.append((time.perf_counter() - start) * 1000)
-    print(f"dulwich incremental, 1 file     : {ms(timings)}")
-    repo.close()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("GIT_CONFIG_NOSYSTEM", "1")
+    return report_main(
+        lambda: asyncio.run(measure(args)), render, as_json=args.json, hard_limit_s=900
+    )
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("GIT_CONFIG_NOSYSTEM", "1")
-    asyncio.run(main())
+    sys.exit(main())

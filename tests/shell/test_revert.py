@@ -385,3 +385,4 @@ async def test_step_writes_name_odd_paths_and_leave_ignored_and_outside_ones(
     assert unchanged is not None
     assert unchanged.files == ()
     assert unchanged.before == unchanged.after == recorded.before
+    await store.aclose()
