@@ -50,7 +50,7 @@ from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence, retrieve_abandoned
 from storage.postgres import schema
 from storage.postgres._errors import reason as _reason
-from storage.postgres._writer import CommandGuard, commit_batch
+from storage.postgres._writer import CommandGuard, Plans, commit_batch
 from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener
 from storage.postgres.notify import payloads
@@ -116,6 +116,12 @@ class PostgresStore:
         #: Called after each batch with (commands, seconds from hand-off to outcome).
         self.batch_observers: list[Callable[[int, float], None]] = []
         self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
+        #: The optimistic path's statement plans (see :mod:`._fast`).
+        self._plans = Plans()
+        #: False: every batch takes the savepoint path (tests compare the two).
+        self.fast_path = True
+        #: Batches committed by the optimistic path, and by the savepoint path.
+        self.batch_paths = {"fast": 0, "savepoints": 0}
 
     @property
     def path(self) -> str | None:
@@ -286,7 +292,13 @@ class PostgresStore:
             if self._writer is None or self._writer.is_closed():
                 self._writer = await self._connect()
             result = await commit_batch(
-                self._writer, batch, guard=self.guard, before_commit=self._announce
+                self._writer,
+                batch,
+                guard=self.guard,
+                plans=self._plans,
+                channel=self.channel,
+                announce=self._announce,
+                fast=self.fast_path,
             )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, StorageBrokenError) as exc:
             # The outcome of a COMMIT cut off by a lost connection is unknown;
@@ -295,15 +307,16 @@ class PostgresStore:
                 self._writer = None
             broken = StorageBrokenError(f"commit failed: {_reason(exc)}")
             return [Outcome(error=broken) for _ in batch], []
+        self.batch_paths["fast" if result.fast else "savepoints"] += 1
         return result.outcomes, result.published
 
-    async def _announce(self, conn: asyncpg.Connection, records: list[RecordedEvent]) -> None:
+    def _announce(self, records: list[RecordedEvent]) -> list[str]:
+        """The NOTIFY payloads of a batch about to commit ``records``."""
         if not records:
-            return
+            return []
         # Known before COMMIT, so a catch-up racing this commit skips it too.
         self._remote.own(records[0].position, records[-1].position)
-        for payload in payloads(self.origin, records):
-            await conn.execute("SELECT pg_notify($1, $2)", self.channel, payload)
+        return payloads(self.origin, records)
 
     def _batch_done(
         self,

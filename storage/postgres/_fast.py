@@ -1,0 +1,366 @@
+"""The optimistic path of a PostgreSQL batch: the whole batch in four round trips.
+
+The savepoint path in :mod:`._writer` pays one network round trip per
+statement (a SAVEPOINT per command, its insert, each projector op, the
+release): tens per batch, each costing a scheduling of the server process,
+which on a loaded machine is milliseconds. Nearly every batch commits whole,
+so this path bets on that:
+
+1. ``BEGIN`` and the batch lock (:data:`LOG_LOCK`), one simple query;
+2. the touched aggregates' heads and one position per event, one query
+   (positions allocated under the lock, so they still follow commit order);
+3. seqs, records and projector ops computed here, then every event, every op
+   (projections, instruction blobs and entries) and the NOTIFYs sent as
+   arrays to one server-side function (:data:`FUNCTIONS`) that runs them in
+   order, command after command, and raises when an op touches other than
+   its ``expect`` rows;
+4. ``COMMIT``.
+
+Anything this path does not handle exactly as the savepoint path would makes
+it step aside before it writes (:class:`Fallback`): a command carrying a
+lease, a seq mismatch (a conflict or an exact replay), a guard, a parameter
+of a type outside :data:`_KINDS`, a string holding U+0000. Anything that fails
+while it runs (a constraint, an ``expect`` count, a projector's bug, data the
+server refuses) rolls the whole batch back, and the caller redoes it on the
+savepoint path, which isolates the failing command with its usual error. The
+outcomes are therefore the savepoint path's; only the positions a rolled
+back attempt took are skipped (positions may have gaps anyway).
+
+No value is ever spliced into SQL text. Each op's statement keeps its
+placeholders; its parameters travel as one ``text[]`` (bound, not quoted),
+and the function hands them to ``EXECUTE … USING``. So that a parameter keeps
+the type the server gives it in the savepoint path, the statement is
+prepared once (:class:`Plans`) and each placeholder is written
+``$n::<inferred type>``; a Python value becomes that type's text form
+(:func:`_as_text`) only for the few types whose text form is exact.
+
+The function lives in ``pg_temp``, created on each writer connection: it is
+always this build's, whatever build another host runs on the same database,
+and it needs no schema migration.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import asyncpg
+import attrs
+
+from storage._replay import mismatched
+from storage._writer import Outcome, Prepared
+from storage.postgres.dialect import translate, translate_cast
+from storage.projectors import project
+from storage.recorder import Command, RecordedEvent
+
+__all__ = ["MAX_PLANS", "Fallback", "Plans", "commit_fast", "eligible"]
+
+#: Distinct op statements the function holds; past that, a new one takes the savepoint path.
+MAX_PLANS: Final = 1024
+#: SQLSTATE the function raises when an op touched other than its ``expect`` rows.
+EXPECT_FAILED: Final = "SRX01"
+
+#: Parameter types whose text form round-trips exactly, by the Python values they take.
+_KINDS: Final = {
+    "text": "text",
+    "varchar": "text",
+    "json": "text",
+    "jsonb": "text",
+    "int2": "int",
+    "int4": "int",
+    "int8": "int",
+    "float4": "float",
+    "float8": "float",
+    "bool": "bool",
+}
+#: Statements the function may hold as they are: one DML statement, nothing that
+#: could end it or the function body early (a ``;``, a dollar quote, a comment).
+_STATEMENT: Final = re.compile(r"\s*(INSERT|UPDATE|DELETE)\s", re.IGNORECASE)
+_UNSAFE: Final = (";", "$", "--", "/*")
+
+_HEAD: Final = """
+CREATE OR REPLACE FUNCTION pg_temp.sessionrt_apply(
+    _srt_ev_pos bigint[], _srt_ev_id text[], _srt_ev_agg text[], _srt_ev_seq bigint[],
+    _srt_ev_type text[], _srt_ev_created bigint[], _srt_ev_data text[],
+    _srt_op bigint[], _srt_expect bigint[], _srt_argc int[], _srt_args text[],
+    _srt_channel text, _srt_payloads text[]
+) RETURNS void LANGUAGE plpgsql VOLATILE AS $_srt_fn$
+#variable_conflict use_column
+DECLARE
+    _srt_i int;
+    _srt_o int := 0;
+    _srt_id bigint;
+    _srt_n bigint;
+BEGIN
+    INSERT INTO event (position, id, aggregate_id, seq, type, created, data)
+    SELECT * FROM unnest(_srt_ev_pos, _srt_ev_id, _srt_ev_agg, _srt_ev_seq, _srt_ev_type,
+        _srt_ev_created, _srt_ev_data);
+    FOR _srt_i IN 1 .. coalesce(array_length(_srt_op, 1), 0) LOOP
+        _srt_id := _srt_op[_srt_i];
+        _srt_n := NULL;
+"""
+_TAIL: Final = f"""
+        IF _srt_expect[_srt_i] IS NOT NULL AND _srt_n IS DISTINCT FROM _srt_expect[_srt_i] THEN
+            RAISE EXCEPTION 'op % touched % rows, not %', _srt_i, _srt_n, _srt_expect[_srt_i]
+                USING ERRCODE = '{EXPECT_FAILED}';
+        END IF;
+        _srt_o := _srt_o + _srt_argc[_srt_i];
+    END LOOP;
+    FOR _srt_i IN 1 .. coalesce(array_length(_srt_payloads, 1), 0) LOOP
+        PERFORM pg_notify(_srt_channel, _srt_payloads[_srt_i]);
+    END LOOP;
+END
+$_srt_fn$;
+"""
+
+_CALL: Final = "SELECT pg_temp.sessionrt_apply(" + ", ".join(f"${i}" for i in range(1, 14)) + ")"
+_HEADS_AND_POSITIONS: Final = (
+    "SELECT ARRAY(SELECT (SELECT max(seq) FROM event WHERE aggregate_id = a)"
+    " FROM unnest($1::text[]) WITH ORDINALITY AS u(a, o) ORDER BY o),"
+    " ARRAY(SELECT nextval('event_position') FROM generate_series(1, $2::int))"
+)
+
+# The instruction rows a command writes besides its events, as ops (the
+# savepoint path's statements, in placeholder form).
+_INSERT_BLOB: Final = (
+    "INSERT INTO instruction_blob (hash, value) VALUES (?, ?) ON CONFLICT (hash) DO NOTHING"
+)
+_UPSERT_ENTRY: Final = (
+    "INSERT INTO instruction_entry (session_id, key, value, removed, time_created, time_updated)"
+    " VALUES (?, ?, ?, 0, ?, ?)"
+    " ON CONFLICT (session_id, key) DO UPDATE SET value = excluded.value, removed = 0,"
+    " time_updated = excluded.time_updated"
+    " WHERE instruction_entry.value IS DISTINCT FROM excluded.value"
+    " OR instruction_entry.removed <> 0"
+)
+_REMOVE_ENTRY: Final = (
+    "UPDATE instruction_entry SET value = NULL, removed = 1, time_updated = ?"
+    " WHERE session_id = ? AND key = ? AND removed = 0"
+)
+
+
+class Fallback(Exception):
+    """This batch is not for the fast path; nothing of it was written."""
+
+
+@attrs.frozen
+class Plan:
+    """An op statement as the function holds it, and how its parameters become text."""
+
+    id: int
+    #: The statement with its n-th placeholder written ``(_srt_args[_srt_o + n])::type``.
+    body: str
+    kinds: tuple[str, ...]
+
+
+class Plans:
+    """Per store: each op statement's plan (None: not for this path), and which
+    version of the function each writer connection holds.
+
+    The function runs every statement it knows as static SQL, so PL/pgSQL
+    keeps a plan for each (a dynamic ``EXECUTE`` is planned anew every time,
+    at about 2.5 times the cost). A statement seen for the first time is
+    prepared once, for the types the server infers for its parameters, and
+    the function is replaced, inside the batch's transaction, to hold it.
+    Bounded: at most :data:`MAX_PLANS` statements.
+    """
+
+    def __init__(self) -> None:
+        self._plans: dict[str, Plan | None] = {}
+        self._held: list[Plan] = []
+        self._installed: weakref.WeakKeyDictionary[asyncpg.Connection, int] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def plan(self, conn: asyncpg.Connection, sql: str) -> Plan | None:
+        try:
+            return self._plans[sql]
+        except KeyError:
+            pass
+        plan: Plan | None = None
+        if (
+            len(self._held) < MAX_PLANS
+            and _STATEMENT.match(sql)
+            and not any(mark in sql for mark in _UNSAFE)
+        ):
+            types = (await conn.prepare(translate(sql))).get_parameters()
+            if all(t.schema == "pg_catalog" and t.name in _KINDS for t in types):
+                casts = tuple(f"pg_catalog.{t.name}" for t in types)
+                plan = Plan(
+                    id=len(self._held) + 1,
+                    body=translate_cast(sql, casts, "(_srt_args[_srt_o + {n}])::{type}"),
+                    kinds=tuple(_KINDS[t.name] for t in types),
+                )
+                self._held.append(plan)
+        self._plans[sql] = plan
+        return plan
+
+    async def install(self, conn: asyncpg.Connection) -> int | None:
+        """Make ``conn``'s function hold every plan; the version to record once
+        the transaction commits (None: it held them already)."""
+        version = len(self._held)
+        if self._installed.get(conn) == version:
+            return None
+        await conn.execute(_HEAD + _dispatch(self._held[:version], 1, version) + _TAIL)
+        return version
+
+    def installed(self, conn: asyncpg.Connection, version: int) -> None:
+        self._installed[conn] = version
+
+
+def _dispatch(plans: Sequence[Plan], lo: int, hi: int) -> str:
+    """A binary tree of IFs over plan ids ``lo..hi``, each leaf a statement and its count."""
+    if lo > hi:
+        return ""
+    if lo == hi:
+        return f"{plans[lo - 1].body}\n;\nGET DIAGNOSTICS _srt_n = ROW_COUNT;\n"
+    mid = (lo + hi) // 2
+    return (
+        f"IF _srt_id <= {mid} THEN\n{_dispatch(plans, lo, mid)}"
+        f"ELSE\n{_dispatch(plans, mid + 1, hi)}END IF;\n"
+    )
+
+
+def _as_text(kind: str, value: Any) -> str | None:
+    """``value`` in the text form of a parameter of ``kind``; Fallback if not exact."""
+    if value is None:
+        return None
+    if kind == "text":
+        if isinstance(value, str) and "\x00" not in value:
+            return str.__str__(value)
+    elif isinstance(value, bool):
+        if kind == "bool":
+            return "true" if value else "false"
+    elif kind == "int":
+        if isinstance(value, int):
+            return int.__repr__(value)
+    elif kind == "float" and isinstance(value, int | float):
+        return float.__repr__(float(value))
+    raise Fallback(f"a {type(value).__name__} parameter for a {kind} placeholder")
+
+
+def _extra_ops(command: Command) -> list[tuple[str, tuple[Any, ...], int | None]]:
+    ops: list[tuple[str, tuple[Any, ...], int | None]] = [
+        (_INSERT_BLOB, (h, v), None) for h, v in command.blobs.items()
+    ]
+    for entry in command.entries:
+        if entry.removed:
+            ops.append((_REMOVE_ENTRY, (entry.time, entry.session_id, entry.key), None))
+        else:
+            ops.append(
+                (
+                    _UPSERT_ENTRY,
+                    (entry.session_id, entry.key, entry.value, entry.time, entry.time),
+                    None,
+                )
+            )
+    return ops
+
+
+def eligible(batch: Sequence[Prepared]) -> bool:
+    """Whether the batch can try this path at all (decided before any round trip)."""
+    return all(p.command.lease is None for p in batch)
+
+
+async def commit_fast(
+    conn: asyncpg.Connection,
+    batch: Sequence[Prepared],
+    plans: Plans,
+    *,
+    lock: int,
+    channel: str,
+    announce: Callable[[list[RecordedEvent]], list[str]],
+) -> tuple[list[Outcome], list[RecordedEvent]]:
+    """Commit the whole batch under advisory lock ``lock``, or raise
+    :class:`Fallback` with nothing written.
+
+    ``announce`` gets the records the batch will publish and returns the
+    NOTIFY payloads. Any other exception is the connection's or the
+    server's: a cancelled attempt closes the connection (it may be inside
+    the transaction still).
+    """
+    await conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({int(lock)})")
+    try:
+        result, version = await _apply(conn, batch, plans, channel, announce)
+    except BaseException as exc:
+        if isinstance(exc, Exception) and not conn.is_closed():
+            try:
+                await conn.execute("ROLLBACK")
+            except BaseException:
+                conn.terminate()
+                raise
+            if isinstance(exc, Fallback):
+                raise
+            raise Fallback(f"{type(exc).__name__}: {exc}") from exc
+        conn.terminate()  # cancelled mid-transaction: never reuse it
+        raise
+    await conn.execute("COMMIT")
+    if version is not None:
+        plans.installed(conn, version)
+    return result
+
+
+async def _apply(
+    conn: asyncpg.Connection,
+    batch: Sequence[Prepared],
+    plans: Plans,
+    channel: str,
+    announce: Callable[[list[RecordedEvent]], list[str]],
+) -> tuple[tuple[list[Outcome], list[RecordedEvent]], int | None]:
+    aggregates = sorted(
+        {new.aggregate_id for p in batch for new in p.command.events}
+        | {agg for p in batch for agg in (p.command.expected or {})}
+    )
+    count = sum(len(p.command.events) for p in batch)
+    heads, positions = await conn.fetchrow(_HEADS_AND_POSITIONS, aggregates, count)
+    seqs = {agg: int(head or 0) for agg, head in zip(aggregates, heads, strict=True)}
+    positions = sorted(int(p) for p in positions)
+
+    ev_cols: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
+    op_ids: list[int] = []
+    op_expect: list[int | None] = []
+    op_argc: list[int] = []
+    args: list[str | None] = []
+    outcomes: list[Outcome] = []
+    published: list[RecordedEvent] = []
+    for prepared in batch:
+        command = prepared.command
+        if command.expected and mismatched(prepared, seqs.__getitem__):
+            raise Fallback("a seq mismatch: a conflict or a replay")
+        records = []
+        for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
+            seqs[new.aggregate_id] += 1
+            record = RecordedEvent(
+                position=positions[len(published)],
+                id=new.id,
+                aggregate_id=new.aggregate_id,
+                seq=seqs[new.aggregate_id],
+                type=type_,
+                created=new.created,
+                data=data,
+                event=new.event,
+            )
+            records.append(record)
+            published.append(record)
+            for col, value in zip(
+                ev_cols,
+                (record.position, new.id, new.aggregate_id, record.seq, type_, new.created, data),
+                strict=True,
+            ):
+                col.append(value)
+        ops = [(op.sql, op.params, op.expect) for r in records for op in project(r)]
+        for sql, params, expect in ops + _extra_ops(command):
+            plan = await plans.plan(conn, sql)
+            if plan is None or len(params) != len(plan.kinds):
+                raise Fallback("an op this path cannot hold")
+            op_ids.append(plan.id)
+            op_expect.append(expect)
+            op_argc.append(len(params))
+            args.extend(_as_text(k, v) for k, v in zip(plan.kinds, params, strict=True))
+        outcomes.append(Outcome(records=records))
+    version = await plans.install(conn)
+    payloads = announce(published)
+    await conn.execute(_CALL, *ev_cols, op_ids, op_expect, op_argc, args, channel, payloads)
+    return (outcomes, published), version
