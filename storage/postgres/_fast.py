@@ -41,9 +41,10 @@ and it needs no schema migration.
 
 from __future__ import annotations
 
+import collections
 import re
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import asyncpg
@@ -52,15 +53,20 @@ import attrs
 from storage._replay import mismatched
 from storage._writer import Outcome, Prepared
 from storage.postgres.dialect import translate, translate_cast
+from storage.postgres.notify import parts
 from storage.projectors import project
 from storage.recorder import Command, RecordedEvent
 
-__all__ = ["MAX_PLANS", "Fallback", "Plans", "commit_fast", "eligible"]
+__all__ = ["MAX_HEADS", "MAX_PLANS", "Fallback", "Heads", "Plans", "commit_fast", "eligible"]
 
 #: Distinct op statements the function holds; past that, a new one takes the savepoint path.
 MAX_PLANS: Final = 1024
 #: SQLSTATE the function raises when an op touched other than its ``expect`` rows.
 EXPECT_FAILED: Final = "SRX01"
+#: SQLSTATE the function raises when an aggregate's head is not the one the batch assumed.
+HEAD_MOVED: Final = "SRX02"
+#: Aggregates whose head the store remembers between batches (least recently used out).
+MAX_HEADS: Final = 16384
 
 #: Parameter types whose text form round-trips exactly, by the Python values they take.
 _KINDS: Final = {
@@ -82,25 +88,39 @@ _UNSAFE: Final = (";", "$", "--", "/*")
 
 _HEAD: Final = """
 CREATE OR REPLACE FUNCTION pg_temp.sessionrt_apply(
-    _srt_ev_pos bigint[], _srt_ev_id text[], _srt_ev_agg text[], _srt_ev_seq bigint[],
+    _srt_lock bigint, _srt_aggs text[], _srt_heads bigint[],
+    _srt_ev_id text[], _srt_ev_agg text[], _srt_ev_seq bigint[],
     _srt_ev_type text[], _srt_ev_created bigint[], _srt_ev_data text[],
     _srt_op bigint[], _srt_expect bigint[], _srt_argc int[], _srt_args text[],
-    _srt_channel text, _srt_payloads text[]
-) RETURNS void LANGUAGE plpgsql VOLATILE AS $_srt_fn$
+    _srt_channel text, _srt_prefix text, _srt_bodies text[]
+) RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $_srt_fn$
 #variable_conflict use_column
 DECLARE
     _srt_i int;
     _srt_o int := 0;
     _srt_id bigint;
     _srt_n bigint;
+    _srt_pos bigint[];
 BEGIN
+    PERFORM pg_advisory_xact_lock(_srt_lock);
+    -- A new statement, so a new snapshot: every batch committed before the lock.
+    IF EXISTS (
+        SELECT 1 FROM unnest(_srt_aggs, _srt_heads) AS h(a, s)
+        WHERE coalesce((SELECT max(seq) FROM event WHERE aggregate_id = h.a), 0) <> h.s
+    ) THEN
+        RAISE EXCEPTION 'a head moved' USING ERRCODE = '{HEAD_MOVED}';
+    END IF;
+    SELECT array_agg(p ORDER BY p) INTO _srt_pos FROM (
+        SELECT nextval('event_position') AS p
+        FROM generate_series(1, coalesce(array_length(_srt_ev_id, 1), 0))
+    ) AS allocated;
     INSERT INTO event (position, id, aggregate_id, seq, type, created, data)
-    SELECT * FROM unnest(_srt_ev_pos, _srt_ev_id, _srt_ev_agg, _srt_ev_seq, _srt_ev_type,
+    SELECT * FROM unnest(_srt_pos, _srt_ev_id, _srt_ev_agg, _srt_ev_seq, _srt_ev_type,
         _srt_ev_created, _srt_ev_data);
     FOR _srt_i IN 1 .. coalesce(array_length(_srt_op, 1), 0) LOOP
         _srt_id := _srt_op[_srt_i];
         _srt_n := NULL;
-"""
+""".replace("{HEAD_MOVED}", HEAD_MOVED)
 _TAIL: Final = f"""
         IF _srt_expect[_srt_i] IS NOT NULL AND _srt_n IS DISTINCT FROM _srt_expect[_srt_i] THEN
             RAISE EXCEPTION 'op % touched % rows, not %', _srt_i, _srt_n, _srt_expect[_srt_i]
@@ -108,19 +128,23 @@ _TAIL: Final = f"""
         END IF;
         _srt_o := _srt_o + _srt_argc[_srt_i];
     END LOOP;
-    FOR _srt_i IN 1 .. coalesce(array_length(_srt_payloads, 1), 0) LOOP
-        PERFORM pg_notify(_srt_channel, _srt_payloads[_srt_i]);
-    END LOOP;
+    IF _srt_pos IS NOT NULL THEN
+        FOR _srt_i IN 1 .. coalesce(array_length(_srt_bodies, 1), 0) LOOP
+            PERFORM pg_notify(_srt_channel, _srt_prefix || ' ' || _srt_pos[1] || ' '
+                || _srt_pos[array_length(_srt_pos, 1)] || _srt_bodies[_srt_i]);
+        END LOOP;
+    END IF;
+    RETURN _srt_pos;
 END
 $_srt_fn$;
 """
 
-_CALL: Final = "SELECT pg_temp.sessionrt_apply(" + ", ".join(f"${i}" for i in range(1, 14)) + ")"
-_HEADS_AND_POSITIONS: Final = (
-    "SELECT ARRAY(SELECT (SELECT max(seq) FROM event WHERE aggregate_id = a)"
-    " FROM unnest($1::text[]) WITH ORDINALITY AS u(a, o) ORDER BY o),"
-    " ARRAY(SELECT nextval('event_position') FROM generate_series(1, $2::int))"
+_CALL: Final = "SELECT pg_temp.sessionrt_apply(" + ", ".join(f"${i}" for i in range(1, 17)) + ")"
+_HEADS: Final = (
+    "SELECT a, coalesce((SELECT max(seq) FROM event WHERE aggregate_id = a), 0)"
+    " FROM unnest($1::text[]) AS u(a)"
 )
+
 
 # The instruction rows a command writes besides its events, as ops (the
 # savepoint path's statements, in placeholder form).
@@ -197,17 +221,51 @@ class Plans:
         self._plans[sql] = plan
         return plan
 
-    async def install(self, conn: asyncpg.Connection) -> int | None:
-        """Make ``conn``'s function hold every plan; the version to record once
-        the transaction commits (None: it held them already)."""
+    async def install(self, conn: asyncpg.Connection) -> None:
+        """Make ``conn``'s function hold every plan (outside any transaction)."""
         version = len(self._held)
-        if self._installed.get(conn) == version:
-            return None
-        await conn.execute(_HEAD + _dispatch(self._held[:version], 1, version) + _TAIL)
-        return version
+        if self._installed.get(conn) != version:
+            await conn.execute(_HEAD + _dispatch(self._held, 1, version) + _TAIL)
+            self._installed[conn] = version
 
-    def installed(self, conn: asyncpg.Connection, version: int) -> None:
-        self._installed[conn] = version
+
+class Heads:
+    """The latest seq this store knows of each aggregate it wrote recently.
+
+    Only a guess: another host may have written since. The function checks
+    every guess under the batch lock and refuses the batch when one is off;
+    the savepoint path then redoes it, reading the heads under the lock.
+    Bounded: :data:`MAX_HEADS` aggregates, least recently used first out.
+    """
+
+    def __init__(self) -> None:
+        self._seqs: collections.OrderedDict[str, int] = collections.OrderedDict()
+
+    async def of(self, conn: asyncpg.Connection, aggregates: Sequence[str]) -> dict[str, int]:
+        known = self._seqs
+        out: dict[str, int] = {}
+        missing = []
+        for agg in aggregates:
+            seq = known.get(agg)
+            if seq is None:
+                missing.append(agg)
+            else:
+                known.move_to_end(agg)
+                out[agg] = seq
+        if missing:
+            out.update((r[0], int(r[1])) for r in await conn.fetch(_HEADS, missing))
+        return out
+
+    def moved(self, seqs: dict[str, int]) -> None:
+        for agg, seq in seqs.items():
+            self._seqs[agg] = seq
+            self._seqs.move_to_end(agg)
+        while len(self._seqs) > MAX_HEADS:
+            self._seqs.popitem(last=False)
+
+    def forget(self, aggregates: Iterable[str]) -> None:
+        for agg in aggregates:
+            self._seqs.pop(agg, None)
 
 
 def _dispatch(plans: Sequence[Plan], lo: int, hi: int) -> str:
@@ -268,99 +326,118 @@ async def commit_fast(
     conn: asyncpg.Connection,
     batch: Sequence[Prepared],
     plans: Plans,
+    heads: Heads,
     *,
     lock: int,
     channel: str,
-    announce: Callable[[list[RecordedEvent]], list[str]],
+    origin: str,
+    own: Callable[[int, int], None],
 ) -> tuple[list[Outcome], list[RecordedEvent]]:
     """Commit the whole batch under advisory lock ``lock``, or raise
     :class:`Fallback` with nothing written.
 
-    ``announce`` gets the records the batch will publish and returns the
-    NOTIFY payloads. Any other exception is the connection's or the
-    server's: a cancelled attempt closes the connection (it may be inside
-    the transaction still).
+    One statement, in its own implicit transaction: it commits before it
+    answers, so ``own`` (the positions the batch took) is told after COMMIT;
+    the store keeps a catch-up read from running meanwhile. Any exception but
+    Fallback is the connection's: a cancelled attempt closes it.
     """
-    await conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({int(lock)})")
-    try:
-        result, version = await _apply(conn, batch, plans, channel, announce)
-    except BaseException as exc:
-        if isinstance(exc, Exception) and not conn.is_closed():
-            try:
-                await conn.execute("ROLLBACK")
-            except BaseException:
-                conn.terminate()
-                raise
-            if isinstance(exc, Fallback):
-                raise
-            raise Fallback(f"{type(exc).__name__}: {exc}") from exc
-        conn.terminate()  # cancelled mid-transaction: never reuse it
-        raise
-    await conn.execute("COMMIT")
-    if version is not None:
-        plans.installed(conn, version)
-    return result
-
-
-async def _apply(
-    conn: asyncpg.Connection,
-    batch: Sequence[Prepared],
-    plans: Plans,
-    channel: str,
-    announce: Callable[[list[RecordedEvent]], list[str]],
-) -> tuple[tuple[list[Outcome], list[RecordedEvent]], int | None]:
     aggregates = sorted(
         {new.aggregate_id for p in batch for new in p.command.events}
         | {agg for p in batch for agg in (p.command.expected or {})}
     )
-    count = sum(len(p.command.events) for p in batch)
-    heads, positions = await conn.fetchrow(_HEADS_AND_POSITIONS, aggregates, count)
-    seqs = {agg: int(head or 0) for agg, head in zip(aggregates, heads, strict=True)}
-    positions = sorted(int(p) for p in positions)
-
-    ev_cols: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
-    op_ids: list[int] = []
-    op_expect: list[int | None] = []
-    op_argc: list[int] = []
-    args: list[str | None] = []
-    outcomes: list[Outcome] = []
-    published: list[RecordedEvent] = []
-    for prepared in batch:
-        command = prepared.command
-        if command.expected and mismatched(prepared, seqs.__getitem__):
-            raise Fallback("a seq mismatch: a conflict or a replay")
-        records = []
-        for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
-            seqs[new.aggregate_id] += 1
-            record = RecordedEvent(
-                position=positions[len(published)],
-                id=new.id,
-                aggregate_id=new.aggregate_id,
-                seq=seqs[new.aggregate_id],
-                type=type_,
-                created=new.created,
-                data=data,
-                event=new.event,
+    try:
+        assumed = await heads.of(conn, aggregates)
+        seqs = dict(assumed)
+        op_ids: list[int] = []
+        op_expect: list[int | None] = []
+        op_argc: list[int] = []
+        args: list[str | None] = []
+        unplaced: list[list[RecordedEvent]] = []
+        for prepared in batch:
+            command = prepared.command
+            if command.expected and mismatched(prepared, seqs.__getitem__):
+                raise Fallback("a seq mismatch: a conflict, a replay or a stale head")
+            records = []
+            for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
+                seqs[new.aggregate_id] += 1
+                # Projectors never read the position (a test holds them to it):
+                # it is allocated under the lock, in the function.
+                records.append(
+                    RecordedEvent(
+                        position=0,
+                        id=new.id,
+                        aggregate_id=new.aggregate_id,
+                        seq=seqs[new.aggregate_id],
+                        type=type_,
+                        created=new.created,
+                        data=data,
+                        event=new.event,
+                    )
+                )
+            ops = [(op.sql, op.params, op.expect) for r in records for op in project(r)]
+            for sql, params, expect in ops + _extra_ops(command):
+                plan = await plans.plan(conn, sql)
+                if plan is None or len(params) != len(plan.kinds):
+                    raise Fallback("an op this path cannot hold")
+                op_ids.append(plan.id)
+                op_expect.append(expect)
+                op_argc.append(len(params))
+                args.extend(_as_text(k, v) for k, v in zip(plan.kinds, params, strict=True))
+            unplaced.append(records)
+        await plans.install(conn)
+        flat = [r for records in unplaced for r in records]
+        prefix, bodies = parts(origin, flat)
+        positions = await conn.fetchval(
+            _CALL,
+            lock,
+            aggregates,
+            [assumed[agg] for agg in aggregates],
+            [r.id for r in flat],
+            [r.aggregate_id for r in flat],
+            [r.seq for r in flat],
+            [r.type for r in flat],
+            [r.created for r in flat],
+            [r.data for r in flat],
+            op_ids,
+            op_expect,
+            op_argc,
+            args,
+            channel,
+            prefix,
+            bodies if flat else [],
+        )
+    except Fallback:
+        heads.forget(aggregates)
+        raise
+    except Exception as exc:
+        heads.forget(aggregates)
+        if conn.is_closed() or isinstance(exc, OSError | asyncpg.ConnectionDoesNotExistError):
+            raise
+        raise Fallback(f"{type(exc).__name__}: {exc}") from exc
+    except BaseException:
+        heads.forget(aggregates)
+        conn.terminate()  # cancelled: whether it committed is unknown
+        raise
+    heads.moved(seqs)
+    placed = iter(positions or ())
+    outcomes = []
+    published = []
+    for records in unplaced:
+        records = [
+            RecordedEvent(
+                position=next(placed),
+                id=r.id,
+                aggregate_id=r.aggregate_id,
+                seq=r.seq,
+                type=r.type,
+                created=r.created,
+                data=r.data,
+                event=r.event,
             )
-            records.append(record)
-            published.append(record)
-            for col, value in zip(
-                ev_cols,
-                (record.position, new.id, new.aggregate_id, record.seq, type_, new.created, data),
-                strict=True,
-            ):
-                col.append(value)
-        ops = [(op.sql, op.params, op.expect) for r in records for op in project(r)]
-        for sql, params, expect in ops + _extra_ops(command):
-            plan = await plans.plan(conn, sql)
-            if plan is None or len(params) != len(plan.kinds):
-                raise Fallback("an op this path cannot hold")
-            op_ids.append(plan.id)
-            op_expect.append(expect)
-            op_argc.append(len(params))
-            args.extend(_as_text(k, v) for k, v in zip(plan.kinds, params, strict=True))
+            for r in records
+        ]
         outcomes.append(Outcome(records=records))
-    version = await plans.install(conn)
-    payloads = announce(published)
-    await conn.execute(_CALL, *ev_cols, op_ids, op_expect, op_argc, args, channel, payloads)
-    return (outcomes, published), version
+        published.extend(records)
+    if published:
+        own(published[0].position, published[-1].position)
+    return outcomes, published

@@ -22,7 +22,7 @@ on several hosts, may write one database:
   commits): see :mod:`.notify`.
 
 Each batch first tries the optimistic path of :mod:`._fast` (the whole batch
-in four round trips, no savepoints); a batch it cannot take, or that fails on
+in one round trip, no savepoints); a batch it cannot take, or that fails on
 it, is rolled back and redone here, where the failing command is isolated.
 """
 
@@ -40,12 +40,13 @@ from storage.errors import (
     AppendConflictError,
     StorageBrokenError,
 )
-from storage.postgres._fast import Fallback, Plans, commit_fast, eligible
+from storage.postgres._fast import Fallback, Heads, Plans, commit_fast, eligible
 from storage.postgres.dialect import affected, translate
+from storage.postgres.notify import payloads
 from storage.projectors import project
 from storage.recorder import Command, RecordedEvent
 
-__all__ = ["LOG_LOCK", "BatchResult", "CommandGuard", "Plans", "commit_batch"]
+__all__ = ["LOG_LOCK", "BatchResult", "CommandGuard", "Heads", "Plans", "commit_batch"]
 
 #: Key of the advisory lock every batch holds until its COMMIT ("sesslog\0").
 LOG_LOCK: Final = 0x7365_7373_6C6F_6700
@@ -104,25 +105,34 @@ async def commit_batch(
     *,
     guard: CommandGuard | None,
     plans: Plans,
+    heads: Heads,
     channel: str,
-    announce: Callable[[list[RecordedEvent]], list[str]],
+    origin: str,
+    own: Callable[[int, int], None],
     fast: bool = True,
 ) -> BatchResult:
     """Commit ``batch`` in one transaction; raise only if the batch as a whole failed.
 
-    ``announce`` gets the records the batch will publish, before COMMIT, and
-    returns the payloads NOTIFYd on ``channel`` in the transaction. ``fast``
-    False skips the optimistic path (tests compare the two).
+    The batch NOTIFYs ``channel`` with ``origin``'s payloads; ``own`` is told
+    the positions it took (before COMMIT here, right after it on the fast
+    path: the caller keeps catch-up reads out meanwhile). ``fast`` False skips
+    the optimistic path (tests compare the two).
     """
     if fast and guard is None and eligible(batch):
         try:
             outcomes, published = await commit_fast(
-                conn, batch, plans, lock=LOG_LOCK, channel=channel, announce=announce
+                conn, batch, plans, heads, lock=LOG_LOCK, channel=channel, origin=origin, own=own
             )
             return BatchResult(outcomes, published, fast=True)
         except Fallback:
             pass
-    return await _commit_savepoints(conn, batch, guard, channel, announce)
+    try:
+        result, seqs = await _commit_savepoints(conn, batch, guard, channel, origin, own)
+    except BaseException:
+        heads.forget({new.aggregate_id for p in batch for new in p.command.events})
+        raise
+    heads.moved(seqs)  # read under the lock and committed: exact
+    return result
 
 
 async def _commit_savepoints(
@@ -130,8 +140,9 @@ async def _commit_savepoints(
     batch: Sequence[Prepared],
     guard: CommandGuard | None,
     channel: str,
-    announce: Callable[[list[RecordedEvent]], list[str]],
-) -> BatchResult:
+    origin: str,
+    own: Callable[[int, int], None],
+) -> tuple[BatchResult, dict[str, int]]:
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", LOG_LOCK)
         aggregates = sorted(
@@ -148,9 +159,12 @@ async def _commit_savepoints(
             if outcome.publish and outcome.records is not None
             for record in outcome.records
         ]
-        for payload in announce(published):
+        if published:
+            # Known before COMMIT, so a catch-up racing this commit skips it too.
+            own(published[0].position, published[-1].position)
+        for payload in payloads(origin, published):
             await conn.execute("SELECT pg_notify($1, $2)", channel, payload)
-    return BatchResult(outcomes, published)
+    return BatchResult(outcomes, published), seqs
 
 
 async def _apply(

@@ -50,10 +50,9 @@ from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence, retrieve_abandoned
 from storage.postgres import schema
 from storage.postgres._errors import reason as _reason
-from storage.postgres._writer import CommandGuard, Plans, commit_batch
+from storage.postgres._writer import CommandGuard, Heads, Plans, commit_batch
 from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener
-from storage.postgres.notify import payloads
 from storage.postgres.remote import RemoteCommits
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
 from storage.recorder import Command, RecordedEvent, Subscriber
@@ -118,6 +117,7 @@ class PostgresStore:
         self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
         #: The optimistic path's statement plans (see :mod:`._fast`).
         self._plans = Plans()
+        self._heads = Heads()
         #: False: every batch takes the savepoint path (tests compare the two).
         self.fast_path = True
         #: Batches committed by the optimistic path, and by the savepoint path.
@@ -291,15 +291,18 @@ class PostgresStore:
         try:
             if self._writer is None or self._writer.is_closed():
                 self._writer = await self._connect()
-            result = await commit_batch(
-                self._writer,
-                batch,
-                guard=self.guard,
-                plans=self._plans,
-                channel=self.channel,
-                announce=self._announce,
-                fast=self.fast_path,
-            )
+            async with self._remote.committing:
+                result = await commit_batch(
+                    self._writer,
+                    batch,
+                    guard=self.guard,
+                    plans=self._plans,
+                    heads=self._heads,
+                    channel=self.channel,
+                    origin=self.origin,
+                    own=self._remote.own,
+                    fast=self.fast_path,
+                )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, StorageBrokenError) as exc:
             # The outcome of a COMMIT cut off by a lost connection is unknown;
             # an exact replay of the command is idempotent, so retrying is safe.
@@ -309,14 +312,6 @@ class PostgresStore:
             return [Outcome(error=broken) for _ in batch], []
         self.batch_paths["fast" if result.fast else "savepoints"] += 1
         return result.outcomes, result.published
-
-    def _announce(self, records: list[RecordedEvent]) -> list[str]:
-        """The NOTIFY payloads of a batch about to commit ``records``."""
-        if not records:
-            return []
-        # Known before COMMIT, so a catch-up racing this commit skips it too.
-        self._remote.own(records[0].position, records[-1].position)
-        return payloads(self.origin, records)
 
     def _batch_done(
         self,
