@@ -1,38 +1,42 @@
-"""The optimistic path of a PostgreSQL batch: the whole batch in four round trips.
+"""The optimistic path of a PostgreSQL batch: the whole batch in one round trip.
 
 The savepoint path in :mod:`._writer` pays one network round trip per
 statement (a SAVEPOINT per command, its insert, each projector op, the
-release): tens per batch, each costing a scheduling of the server process,
-which on a loaded machine is milliseconds. Nearly every batch commits whole,
-so this path bets on that:
+release): tens per batch, each a scheduling of the server process, which on
+a loaded machine costs milliseconds. Nearly every batch commits whole, so
+this path bets on that. Here, in Python: the seqs, from the heads this store
+remembers (:class:`Heads`; read once for an aggregate it does not know), the
+records and their projector ops. Then one statement, in its own implicit
+transaction, calls a server-side function (:data:`_HEAD`) that
 
-1. ``BEGIN`` and the batch lock (:data:`LOG_LOCK`), one simple query;
-2. the touched aggregates' heads and one position per event, one query
-   (positions allocated under the lock, so they still follow commit order);
-3. seqs, records and projector ops computed here, then every event, every op
-   (projections, instruction blobs and entries) and the NOTIFYs sent as
-   arrays to one server-side function (:data:`FUNCTIONS`) that runs them in
-   order, command after command, and raises when an op touches other than
-   its ``expect`` rows;
-4. ``COMMIT``.
+1. takes the batch lock (:data:`~._writer.LOG_LOCK`), then, in statements
+   that see every batch committed before it, checks each remembered head
+   and each held lease (``hold``: that host, that epoch, not expired);
+2. allocates the positions (under the lock: they follow commit order),
+   inserts the events, runs every op in order (projections, instruction
+   blobs and entries) and raises when one touches other than its ``expect``
+   rows; records the fences; NOTIFYs with the positions filled in;
+3. returns the positions, once committed.
 
 Anything this path does not handle exactly as the savepoint path would makes
-it step aside before it writes (:class:`Fallback`): a command carrying a
-lease, a seq mismatch (a conflict or an exact replay), a guard, a parameter
-of a type outside :data:`_KINDS`, a string holding U+0000. Anything that fails
-while it runs (a constraint, an ``expect`` count, a projector's bug, data the
-server refuses) rolls the whole batch back, and the caller redoes it on the
-savepoint path, which isolates the failing command with its usual error. The
-outcomes are therefore the savepoint path's; only the positions a rolled
-back attempt took are skipped (positions may have gaps anyway).
+it step aside before it writes (:class:`Fallback`): a lease ``take``,
+``renew`` or ``release``, a seq mismatch (a conflict or an exact replay), a
+guard, an op statement or parameter type outside what :class:`Plans` holds,
+a string holding U+0000. Anything that fails while it runs (a moved head, a
+lease not held, a constraint, an ``expect`` count, a projector's bug, data
+the server refuses) rolls the whole batch back, and the caller redoes it on
+the savepoint path, which isolates the failing command with its usual error.
+The outcomes are therefore the savepoint path's; only the positions a rolled
+back attempt took are skipped (positions may have gaps anyway). It relies on
+projectors never reading an event's position (a test holds them to it) nor
+the ``event`` table (they read nothing: see :mod:`storage.projectors`).
 
 No value is ever spliced into SQL text. Each op's statement keeps its
-placeholders; its parameters travel as one ``text[]`` (bound, not quoted),
-and the function hands them to ``EXECUTE … USING``. So that a parameter keeps
-the type the server gives it in the savepoint path, the statement is
-prepared once (:class:`Plans`) and each placeholder is written
-``$n::<inferred type>``; a Python value becomes that type's text form
-(:func:`_as_text`) only for the few types whose text form is exact.
+placeholders; its parameters travel as one ``text[]`` (bound, not quoted)
+and each placeholder reads its element cast to the type the server inferred
+for it when the statement was prepared (:class:`Plans`); a Python value
+becomes that type's text form (:func:`_as_text`) only for the few types
+whose text form is exact.
 
 The function lives in ``pg_temp``, created on each writer connection: it is
 always this build's, whatever build another host runs on the same database,
@@ -52,6 +56,7 @@ import attrs
 
 from storage._replay import mismatched
 from storage._writer import Outcome, Prepared
+from storage.lease import LeaseUse
 from storage.postgres.dialect import translate, translate_cast
 from storage.postgres.notify import parts
 from storage.projectors import project
@@ -65,6 +70,8 @@ MAX_PLANS: Final = 1024
 EXPECT_FAILED: Final = "SRX01"
 #: SQLSTATE the function raises when an aggregate's head is not the one the batch assumed.
 HEAD_MOVED: Final = "SRX02"
+#: SQLSTATE the function raises when a ``hold`` command's lease is not held.
+LEASE_NOT_HELD: Final = "SRX03"
 #: Aggregates whose head the store remembers between batches (least recently used out).
 MAX_HEADS: Final = 16384
 
@@ -92,7 +99,9 @@ CREATE OR REPLACE FUNCTION pg_temp.sessionrt_apply(
     _srt_ev_id text[], _srt_ev_agg text[], _srt_ev_seq bigint[],
     _srt_ev_type text[], _srt_ev_created bigint[], _srt_ev_data text[],
     _srt_op bigint[], _srt_expect bigint[], _srt_argc int[], _srt_args text[],
-    _srt_channel text, _srt_prefix text, _srt_bodies text[]
+    _srt_channel text, _srt_prefix text, _srt_bodies text[],
+    _srt_hold_session text[], _srt_hold_host text[], _srt_hold_epoch bigint[],
+    _srt_fence_host text[], _srt_fence_epoch bigint[]
 ) RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $_srt_fn$
 #variable_conflict use_column
 DECLARE
@@ -110,6 +119,20 @@ BEGIN
     ) THEN
         RAISE EXCEPTION 'a head moved' USING ERRCODE = '{HEAD_MOVED}';
     END IF;
+    -- Commands holding a lease: the row names that host and epoch and is live
+    -- (the rules of storage._pg_lease.use_lease, whose refusal the savepoint
+    -- path then gives the command).
+    IF _srt_hold_session IS NOT NULL THEN
+        PERFORM 1 FROM session_lease WHERE session_id = ANY(_srt_hold_session) FOR UPDATE;
+        IF EXISTS (
+            SELECT 1 FROM unnest(_srt_hold_session, _srt_hold_host, _srt_hold_epoch) AS h(s, o, e)
+            LEFT JOIN session_lease l ON l.session_id = h.s
+            WHERE l.session_id IS NULL OR l.host_id <> h.o OR l.epoch <> h.e
+               OR l.expires <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        ) THEN
+            RAISE EXCEPTION 'a lease is not held' USING ERRCODE = '{LEASE_NOT_HELD}';
+        END IF;
+    END IF;
     SELECT array_agg(p ORDER BY p) INTO _srt_pos FROM (
         SELECT nextval('event_position') AS p
         FROM generate_series(1, coalesce(array_length(_srt_ev_id, 1), 0))
@@ -120,7 +143,7 @@ BEGIN
     FOR _srt_i IN 1 .. coalesce(array_length(_srt_op, 1), 0) LOOP
         _srt_id := _srt_op[_srt_i];
         _srt_n := NULL;
-""".replace("{HEAD_MOVED}", HEAD_MOVED)
+""".replace("{HEAD_MOVED}", HEAD_MOVED).replace("{LEASE_NOT_HELD}", LEASE_NOT_HELD)
 _TAIL: Final = f"""
         IF _srt_expect[_srt_i] IS NOT NULL AND _srt_n IS DISTINCT FROM _srt_expect[_srt_i] THEN
             RAISE EXCEPTION 'op % touched % rows, not %', _srt_i, _srt_n, _srt_expect[_srt_i]
@@ -134,12 +157,18 @@ _TAIL: Final = f"""
                 || _srt_pos[array_length(_srt_pos, 1)] || _srt_bodies[_srt_i]);
         END LOOP;
     END IF;
+    IF _srt_hold_session IS NOT NULL THEN
+        INSERT INTO event_fence (position, session_id, host_id, epoch)
+        SELECT p, a, o, e FROM unnest(_srt_pos, _srt_ev_agg, _srt_fence_host, _srt_fence_epoch)
+            AS f(p, a, o, e)
+        WHERE o IS NOT NULL;
+    END IF;
     RETURN _srt_pos;
 END
 $_srt_fn$;
 """
 
-_CALL: Final = "SELECT pg_temp.sessionrt_apply(" + ", ".join(f"${i}" for i in range(1, 17)) + ")"
+_CALL: Final = "SELECT pg_temp.sessionrt_apply(" + ", ".join(f"${i}" for i in range(1, 22)) + ")"
 _HEADS: Final = (
     "SELECT a, coalesce((SELECT max(seq) FROM event WHERE aggregate_id = a), 0)"
     " FROM unnest($1::text[]) AS u(a)"
@@ -319,7 +348,7 @@ def _extra_ops(command: Command) -> list[tuple[str, tuple[Any, ...], int | None]
 
 def eligible(batch: Sequence[Prepared]) -> bool:
     """Whether the batch can try this path at all (decided before any round trip)."""
-    return all(p.command.lease is None for p in batch)
+    return all(p.command.lease is None or p.command.lease.kind == "hold" for p in batch)
 
 
 async def commit_fast(
@@ -353,10 +382,20 @@ async def commit_fast(
         op_argc: list[int] = []
         args: list[str | None] = []
         unplaced: list[list[RecordedEvent]] = []
+        holds: list[LeaseUse] = []
+        fence_host: list[str | None] = []
+        fence_epoch: list[int | None] = []
         for prepared in batch:
             command = prepared.command
             if command.expected and mismatched(prepared, seqs.__getitem__):
                 raise Fallback("a seq mismatch: a conflict, a replay or a stale head")
+            lease = command.lease
+            if lease is not None:
+                holds.append(lease)
+            for new in command.events:
+                fenced = lease is not None and new.aggregate_id == lease.session_id
+                fence_host.append(lease.host_id if fenced and lease else None)
+                fence_epoch.append(lease.epoch if fenced and lease else None)
             records = []
             for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
                 seqs[new.aggregate_id] += 1
@@ -405,6 +444,11 @@ async def commit_fast(
             channel,
             prefix,
             bodies if flat else [],
+            [h.session_id for h in holds] if holds else None,
+            [h.host_id for h in holds],
+            [h.epoch for h in holds],
+            fence_host,
+            fence_epoch,
         )
     except Fallback:
         heads.forget(aggregates)
@@ -420,6 +464,7 @@ async def commit_fast(
         raise
     heads.moved(seqs)
     placed = iter(positions or ())
+    epochs = iter(fence_epoch)
     outcomes = []
     published = []
     for records in unplaced:
@@ -433,6 +478,7 @@ async def commit_fast(
                 created=r.created,
                 data=r.data,
                 event=r.event,
+                epoch=next(epochs),
             )
             for r in records
         ]

@@ -25,6 +25,9 @@ from protocol import REGISTRY, Location, encode_data, stored_type
 from protocol import events as ev
 from storage import (
     Command,
+    Fence,
+    FencedError,
+    LeaseUse,
     ProjectionConflict,
     RecordedEvent,
     SeqConflictError,
@@ -226,3 +229,39 @@ def test_projectors_never_read_the_position(stored: str, data: st.DataObject) ->
     except Exception:
         return  # an event a projector refuses is refused whatever its position
     assert project(attrs.evolve(record, position=987_654_321)) == ops
+
+
+async def test_held_leases_commit_on_the_fast_path_and_a_stale_one_is_fenced_alone(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    fast, slow = pair
+    await _both(pair, [Command.of(created("ses_l")), Command.of(created("ses_m"))])
+    take = Command.of(
+        ev.ExecutionStarted(session_id="ses_l"), lease=LeaseUse.take("ses_l", "host-a", 60_000)
+    )
+    [[started]] = await _both(pair, [take])
+    fence = Fence("ses_l", "host-a", 1)
+    stale = Fence("ses_l", "host-a", 7)
+    commands = [
+        Command.of(renamed("ses_l", "held"), renamed("ses_m", "other"), lease=fence.hold()),
+        Command.of(renamed("ses_l", "stale"), lease=stale.hold()),
+        Command.of(renamed("ses_l", "held again"), lease=fence.hold()),
+    ]
+    outcomes = await _both(pair, commands)
+    assert outcomes[1] is FencedError
+    assert fast.batch_paths["savepoints"] == 2  # the take, then the fallback
+    held = [Command.of(renamed("ses_l", f"fast {i}"), lease=fence.hold()) for i in range(3)]
+    futures = [fast.submit(c) for c in held]
+    records = [r for f in futures for r in await f]
+    assert [(r.seq, r.epoch) for r in records] == [(5, 1), (6, 1), (7, 1)]
+    assert fast.batch_paths["fast"] >= 2
+    for c in held:
+        await slow.append(c)
+    assert await _state(fast) == await _state(slow)
+    for store in (fast, slow):
+        fences = await store.fetch(
+            "SELECT e.seq, f.host_id, f.epoch FROM event_fence f"
+            " JOIN event e ON e.position = f.position ORDER BY e.seq"
+        )
+        assert fences == [(s, "host-a", 1) for s in (2, 3, 4, 5, 6, 7)], store
+    assert started[2] == 2
