@@ -62,10 +62,21 @@ from storage.postgres.notify import parts
 from storage.projectors import project
 from storage.recorder import Command, RecordedEvent
 
-__all__ = ["MAX_HEADS", "MAX_PLANS", "Fallback", "Heads", "Plans", "commit_fast", "eligible"]
+__all__ = [
+    "MAX_HEADS",
+    "MAX_PLANS",
+    "MAX_STATEMENTS",
+    "Fallback",
+    "Heads",
+    "Plans",
+    "commit_fast",
+    "eligible",
+]
 
 #: Distinct op statements the function holds; past that, a new one takes the savepoint path.
 MAX_PLANS: Final = 1024
+#: Distinct op statements remembered (held or refused); past that, not looked at.
+MAX_STATEMENTS: Final = 4096
 #: SQLSTATE the function raises when an op touched other than its ``expect`` rows.
 EXPECT_FAILED: Final = "SRX01"
 #: SQLSTATE the function raises when an aggregate's head is not the one the batch assumed.
@@ -203,6 +214,7 @@ class Plan:
     """An op statement as the function holds it, and how its parameters become text."""
 
     id: int
+    sql: str
     #: The statement with its n-th placeholder written ``(_srt_args[_srt_o + n])::type``.
     body: str
     kinds: tuple[str, ...]
@@ -216,13 +228,18 @@ class Plans:
     keeps a plan for each (a dynamic ``EXECUTE`` is planned anew every time,
     at about 2.5 times the cost). A statement seen for the first time is
     prepared once, for the types the server infers for its parameters, and
-    the function is replaced, inside the batch's transaction, to hold it.
-    Bounded: at most :data:`MAX_PLANS` statements.
+    the function is replaced (before the batch's statement) to hold it. A
+    statement the server refuses to prepare, or a function it refuses to
+    create with the new statements, leaves those statements to the savepoint
+    path for good. Bounded: at most :data:`MAX_PLANS` statements held, and
+    :data:`MAX_STATEMENTS` remembered.
     """
 
     def __init__(self) -> None:
         self._plans: dict[str, Plan | None] = {}
         self._held: list[Plan] = []
+        #: Plans a function was created with (the server accepted them).
+        self._compiled = 0
         self._installed: weakref.WeakKeyDictionary[asyncpg.Connection, int] = (
             weakref.WeakKeyDictionary()
         )
@@ -232,17 +249,25 @@ class Plans:
             return self._plans[sql]
         except KeyError:
             pass
+        if len(self._plans) >= MAX_STATEMENTS:
+            return None
         plan: Plan | None = None
         if (
             len(self._held) < MAX_PLANS
             and _STATEMENT.match(sql)
             and not any(mark in sql for mark in _UNSAFE)
         ):
-            types = (await conn.prepare(translate(sql))).get_parameters()
-            if all(t.schema == "pg_catalog" and t.name in _KINDS for t in types):
+            try:
+                types = (await conn.prepare(translate(sql))).get_parameters()
+            except asyncpg.PostgresError:
+                types = None  # the savepoint path reports it, command by command
+            if types is not None and all(
+                t.schema == "pg_catalog" and t.name in _KINDS for t in types
+            ):
                 casts = tuple(f"pg_catalog.{t.name}" for t in types)
                 plan = Plan(
                     id=len(self._held) + 1,
+                    sql=sql,
                     body=translate_cast(sql, casts, "(_srt_args[_srt_o + {n}])::{type}"),
                     kinds=tuple(_KINDS[t.name] for t in types),
                 )
@@ -253,9 +278,18 @@ class Plans:
     async def install(self, conn: asyncpg.Connection) -> None:
         """Make ``conn``'s function hold every plan (outside any transaction)."""
         version = len(self._held)
-        if self._installed.get(conn) != version:
+        if self._installed.get(conn) == version:
+            return
+        try:
             await conn.execute(_HEAD + _dispatch(self._held, 1, version) + _TAIL)
-            self._installed[conn] = version
+        except asyncpg.PostgresError:
+            good = self._compiled
+            for plan in self._held[good:]:
+                self._plans[plan.sql] = None
+            del self._held[good:]
+            raise
+        self._installed[conn] = version
+        self._compiled = max(self._compiled, version)
 
 
 class Heads:

@@ -10,7 +10,9 @@ from 1 without gaps, idempotent exact replay, projections in the same
 transaction, subscribers told only after COMMIT), except that any number of
 processes on any number of hosts may write one database: see
 :mod:`._writer` for how seq and position stay safe, and the ordering
-``read_all`` guarantees.
+``read_all`` guarantees. Most batches commit in one round trip without
+savepoints, with the same outcomes (:mod:`._fast`); ``batch_paths`` counts
+which path each batch took.
 
 Connections: one for the writer (a task of this store commits one batch at a
 time on it, and reconnects after losing it), a pool of ``readers``, and one
