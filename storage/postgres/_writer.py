@@ -20,6 +20,10 @@ on several hosts, may write one database:
   :class:`~storage.errors.AppendConflictError` to refuse the command alone.
 - The batch NOTIFYs its commit in the same transaction (delivered only if it
   commits): see :mod:`.notify`.
+
+Each batch first tries the optimistic path of :mod:`._fast` (the whole batch
+in one round trip, no savepoints); a batch it cannot take, or that fails on
+it, is rolled back and redone here, where the failing command is isolated.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ from storage.errors import (
     AppendConflictError,
     StorageBrokenError,
 )
+from storage.postgres._fast import Fallback, Heads, Plans, commit_fast, eligible
 from storage.postgres.dialect import affected, translate
+from storage.postgres.notify import payloads
 from storage.projectors import project
 from storage.recorder import Command, RecordedEvent
 
-__all__ = ["LOG_LOCK", "BatchResult", "CommandGuard", "commit_batch"]
+__all__ = ["LOG_LOCK", "BatchResult", "CommandGuard", "Heads", "Plans", "commit_batch"]
 
 #: Key of the advisory lock every batch holds until its COMMIT ("sesslog\0").
 LOG_LOCK: Final = 0x7365_7373_6C6F_6700
@@ -84,9 +90,13 @@ _COMMAND_CLASSES: Final = ("22", "23")
 class BatchResult:
     """Outcomes in batch order, and the records the batch published (committed, not replays)."""
 
-    def __init__(self, outcomes: list[Outcome], published: list[RecordedEvent]) -> None:
+    def __init__(
+        self, outcomes: list[Outcome], published: list[RecordedEvent], *, fast: bool = False
+    ) -> None:
         self.outcomes = outcomes
         self.published = published
+        #: Committed by the optimistic path (no savepoints).
+        self.fast = fast
 
 
 async def commit_batch(
@@ -94,13 +104,45 @@ async def commit_batch(
     batch: Sequence[Prepared],
     *,
     guard: CommandGuard | None,
-    before_commit: Callable[[asyncpg.Connection, list[RecordedEvent]], Awaitable[None]],
+    plans: Plans,
+    heads: Heads,
+    channel: str,
+    origin: str,
+    own: Callable[[int, int], None],
+    fast: bool = True,
 ) -> BatchResult:
     """Commit ``batch`` in one transaction; raise only if the batch as a whole failed.
 
-    ``before_commit`` gets the records the batch will publish, inside the
-    transaction (the NOTIFY goes there).
+    The batch NOTIFYs ``channel`` with ``origin``'s payloads; ``own`` is told
+    the positions it took (before COMMIT here, right after it on the fast
+    path: the caller keeps catch-up reads out meanwhile). ``fast`` False skips
+    the optimistic path (tests compare the two).
     """
+    if fast and guard is None and eligible(batch):
+        try:
+            outcomes, published = await commit_fast(
+                conn, batch, plans, heads, lock=LOG_LOCK, channel=channel, origin=origin, own=own
+            )
+            return BatchResult(outcomes, published, fast=True)
+        except Fallback:
+            pass
+    try:
+        result, seqs = await _commit_savepoints(conn, batch, guard, channel, origin, own)
+    except BaseException:
+        heads.forget({new.aggregate_id for p in batch for new in p.command.events})
+        raise
+    heads.moved(seqs)  # read under the lock and committed: exact
+    return result
+
+
+async def _commit_savepoints(
+    conn: asyncpg.Connection,
+    batch: Sequence[Prepared],
+    guard: CommandGuard | None,
+    channel: str,
+    origin: str,
+    own: Callable[[int, int], None],
+) -> tuple[BatchResult, dict[str, int]]:
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", LOG_LOCK)
         aggregates = sorted(
@@ -117,8 +159,12 @@ async def commit_batch(
             if outcome.publish and outcome.records is not None
             for record in outcome.records
         ]
-        await before_commit(conn, published)
-    return BatchResult(outcomes, published)
+        if published:
+            # Known before COMMIT, so a catch-up racing this commit skips it too.
+            own(published[0].position, published[-1].position)
+        for payload in payloads(origin, published):
+            await conn.execute("SELECT pg_notify($1, $2)", channel, payload)
+    return BatchResult(outcomes, published), seqs
 
 
 async def _apply(

@@ -16,7 +16,7 @@ import functools
 import re
 from typing import Final
 
-__all__ = ["CACHE_STATEMENTS", "affected", "translate"]
+__all__ = ["CACHE_STATEMENTS", "affected", "translate", "translate_cast"]
 
 #: Statements whose translation is kept (least recently used evicted first).
 CACHE_STATEMENTS: Final = 1024
@@ -27,6 +27,21 @@ _WORD: Final = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 
 @functools.lru_cache(maxsize=CACHE_STATEMENTS)
 def translate(sql: str) -> str:
+    return _rewrite(sql)
+
+
+@functools.lru_cache(maxsize=CACHE_STATEMENTS)
+def translate_cast(sql: str, types: tuple[str, ...], form: str) -> str:
+    """``translate``, with the n-th placeholder written ``form.format(n=n, type=types[n-1])``.
+
+    For a statement whose parameters arrive as text and must keep the types
+    the server inferred for them (see :mod:`._fast`). ``types`` and ``form``
+    are the caller's own text (type names from a fixed list), never input.
+    """
+    return _rewrite(sql, types, form)
+
+
+def _rewrite(sql: str, types: tuple[str, ...] = (), form: str = "") -> str:
     out: list[str] = []
     n = 0
     i = 0
@@ -45,7 +60,7 @@ def translate(sql: str) -> str:
             i = end + 1
         elif c == "?":
             n += 1
-            out.append(f"${n}")
+            out.append(form.format(n=n, type=types[n - 1]) if form else f"${n}")
             i += 1
         elif c.isalpha() or c == "_":
             word = _WORD.match(sql, i)

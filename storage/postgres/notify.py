@@ -25,7 +25,7 @@ import attrs
 
 from storage.recorder import RecordedEvent
 
-__all__ = ["MAX_PAYLOAD", "Notice", "parse", "payloads"]
+__all__ = ["MAX_PAYLOAD", "Notice", "parse", "parts", "payloads"]
 
 #: Bytes per payload; PostgreSQL refuses 8000 and more.
 MAX_PAYLOAD: Final = 7900
@@ -43,21 +43,45 @@ def payloads(origin: str, records: Sequence[RecordedEvent]) -> list[str]:
     """The NOTIFY payloads announcing ``records`` (one committed batch)."""
     if not records:
         return []
+    header = f"v1 {origin} {min(r.position for r in records)} {max(r.position for r in records)}"
+    return [header + body for body in _bodies(_heads(records), len(header))]
+
+
+def parts(origin: str, records: Sequence[RecordedEvent]) -> tuple[str, list[str]]:
+    """The payloads of ``records`` before their positions are known.
+
+    Payload ``i`` is ``f"{prefix} {first} {last}{bodies[i]}"``, the positions
+    filled in by whoever learns them (the fast path's server-side function);
+    the split leaves room for the longest positions.
+    """
+    prefix = f"v1 {origin}"
+    return prefix, _bodies(_heads(records), len(prefix) + 2 + 2 * _POSITION_DIGITS)
+
+
+#: Digits of the largest position (a BIGINT).
+_POSITION_DIGITS: Final = 19
+
+
+def _heads(records: Sequence[RecordedEvent]) -> dict[str, int]:
     heads: dict[str, int] = {}
     for r in records:
         heads[r.aggregate_id] = max(r.seq, heads.get(r.aggregate_id, 0))
-    header = f"v1 {origin} {min(r.position for r in records)} {max(r.position for r in records)}"
+    return heads
+
+
+def _bodies(heads: dict[str, int], header: int) -> list[str]:
+    """The ``"\\n<aggregate> <seq>"`` lines, in chunks that fit after a ``header``-long line."""
     out: list[str] = []
-    lines = [header]
-    size = len(header)
+    body: list[str] = []
+    size = header
     for agg, seq in heads.items():
-        line = f"{agg} {seq}"
-        if size + 1 + len(line) > MAX_PAYLOAD and len(lines) > 1:
-            out.append("\n".join(lines))
-            lines, size = [header], len(header)
-        lines.append(line)
-        size += 1 + len(line)
-    out.append("\n".join(lines))
+        line = f"\n{agg} {seq}"
+        if size + len(line) > MAX_PAYLOAD and body:
+            out.append("".join(body))
+            body, size = [], header
+        body.append(line)
+        size += len(line)
+    out.append("".join(body))
     return out
 
 

@@ -7,7 +7,8 @@ them in commit order. ``cursor`` is the last position handed out this way.
 After a lost listen connection (or a notice queue past its bound) nothing
 is known about what was missed, so a catch-up reads everything after the
 cursor instead, skipping this store's own recent batches (published at
-their COMMIT already; their ranges are recorded before COMMIT).
+their COMMIT already; a catch-up never reads while one of them commits, so
+their ranges are known by then).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ class RemoteCommits:
         self._queue: deque[Notice | None] = deque()
         self._bell = asyncio.Event()
         self._own_ranges: deque[tuple[int, int]] = deque(maxlen=MAX_OWN_RANGES)
+        #: Held by the store's writer while a batch commits, until its range is
+        #: owned; a catch-up reads under it, so it never sees an unowned batch
+        #: of this store (the fast path learns its range only after COMMIT).
+        self.committing = asyncio.Lock()
         self._cursor = 0
 
     async def start_after(self, position: int) -> None:
@@ -103,6 +108,10 @@ class RemoteCommits:
                     await asyncio.sleep(0.1)
 
     async def _catch_up(self) -> None:
+        async with self.committing:
+            await self._catch_up_owned()
+
+    async def _catch_up_owned(self) -> None:
         while True:
             rows = await self._fetch(
                 f"SELECT {_EVENT_COLUMNS} FROM event WHERE position > ? ORDER BY position LIMIT ?",

@@ -10,7 +10,9 @@ from 1 without gaps, idempotent exact replay, projections in the same
 transaction, subscribers told only after COMMIT), except that any number of
 processes on any number of hosts may write one database: see
 :mod:`._writer` for how seq and position stay safe, and the ordering
-``read_all`` guarantees.
+``read_all`` guarantees. Most batches commit in one round trip without
+savepoints, with the same outcomes (:mod:`._fast`); ``batch_paths`` counts
+which path each batch took.
 
 Connections: one for the writer (a task of this store commits one batch at a
 time on it, and reconnects after losing it), a pool of ``readers``, and one
@@ -50,10 +52,9 @@ from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence, retrieve_abandoned
 from storage.postgres import schema
 from storage.postgres._errors import reason as _reason
-from storage.postgres._writer import CommandGuard, commit_batch
+from storage.postgres._writer import CommandGuard, Heads, Plans, commit_batch
 from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener
-from storage.postgres.notify import payloads
 from storage.postgres.remote import RemoteCommits
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
 from storage.recorder import Command, RecordedEvent, Subscriber
@@ -116,6 +117,13 @@ class PostgresStore:
         #: Called after each batch with (commands, seconds from hand-off to outcome).
         self.batch_observers: list[Callable[[int, float], None]] = []
         self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
+        #: The optimistic path's statement plans (see :mod:`._fast`).
+        self._plans = Plans()
+        self._heads = Heads()
+        #: False: every batch takes the savepoint path (tests compare the two).
+        self.fast_path = True
+        #: Batches committed by the optimistic path, and by the savepoint path.
+        self.batch_paths = {"fast": 0, "savepoints": 0}
 
     @property
     def path(self) -> str | None:
@@ -285,9 +293,18 @@ class PostgresStore:
         try:
             if self._writer is None or self._writer.is_closed():
                 self._writer = await self._connect()
-            result = await commit_batch(
-                self._writer, batch, guard=self.guard, before_commit=self._announce
-            )
+            async with self._remote.committing:
+                result = await commit_batch(
+                    self._writer,
+                    batch,
+                    guard=self.guard,
+                    plans=self._plans,
+                    heads=self._heads,
+                    channel=self.channel,
+                    origin=self.origin,
+                    own=self._remote.own,
+                    fast=self.fast_path,
+                )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, StorageBrokenError) as exc:
             # The outcome of a COMMIT cut off by a lost connection is unknown;
             # an exact replay of the command is idempotent, so retrying is safe.
@@ -295,15 +312,8 @@ class PostgresStore:
                 self._writer = None
             broken = StorageBrokenError(f"commit failed: {_reason(exc)}")
             return [Outcome(error=broken) for _ in batch], []
+        self.batch_paths["fast" if result.fast else "savepoints"] += 1
         return result.outcomes, result.published
-
-    async def _announce(self, conn: asyncpg.Connection, records: list[RecordedEvent]) -> None:
-        if not records:
-            return
-        # Known before COMMIT, so a catch-up racing this commit skips it too.
-        self._remote.own(records[0].position, records[-1].position)
-        for payload in payloads(self.origin, records):
-            await conn.execute("SELECT pg_notify($1, $2)", self.channel, payload)
 
     def _batch_done(
         self,

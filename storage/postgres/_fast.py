@@ -1,0 +1,523 @@
+"""The optimistic path of a PostgreSQL batch: the whole batch in one round trip.
+
+The savepoint path in :mod:`._writer` pays one network round trip per
+statement (a SAVEPOINT per command, its insert, each projector op, the
+release): tens per batch, each a scheduling of the server process, which on
+a loaded machine costs milliseconds. Nearly every batch commits whole, so
+this path bets on that. Here, in Python: the seqs, from the heads this store
+remembers (:class:`Heads`; read once for an aggregate it does not know), the
+records and their projector ops. Then one statement, in its own implicit
+transaction, calls a server-side function (:data:`_HEAD`) that
+
+1. takes the batch lock (:data:`~._writer.LOG_LOCK`), then, in statements
+   that see every batch committed before it, checks each remembered head
+   and each held lease (``hold``: that host, that epoch, not expired);
+2. allocates the positions (under the lock: they follow commit order),
+   inserts the events, runs every op in order (projections, instruction
+   blobs and entries) and raises when one touches other than its ``expect``
+   rows; records the fences; NOTIFYs with the positions filled in;
+3. returns the positions, once committed.
+
+Anything this path does not handle exactly as the savepoint path would makes
+it step aside before it writes (:class:`Fallback`): a lease ``take``,
+``renew`` or ``release``, a seq mismatch (a conflict or an exact replay), a
+guard, an op statement or parameter type outside what :class:`Plans` holds,
+a string holding U+0000. Anything that fails while it runs (a moved head, a
+lease not held, a constraint, an ``expect`` count, a projector's bug, data
+the server refuses) rolls the whole batch back, and the caller redoes it on
+the savepoint path, which isolates the failing command with its usual error.
+The outcomes are therefore the savepoint path's; only the positions a rolled
+back attempt took are skipped (positions may have gaps anyway). It relies on
+projectors never reading an event's position (a test holds them to it) nor
+the ``event`` table (they read nothing: see :mod:`storage.projectors`).
+
+No value is ever spliced into SQL text. Each op's statement keeps its
+placeholders; its parameters travel as one ``text[]`` (bound, not quoted)
+and each placeholder reads its element cast to the type the server inferred
+for it when the statement was prepared (:class:`Plans`); a Python value
+becomes that type's text form (:func:`_as_text`) only for the few types
+whose text form is exact.
+
+The function lives in ``pg_temp``, created on each writer connection: it is
+always this build's, whatever build another host runs on the same database,
+and it needs no schema migration.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final
+
+import asyncpg
+import attrs
+
+from storage._replay import mismatched
+from storage._writer import Outcome, Prepared
+from storage.lease import LeaseUse
+from storage.postgres.dialect import translate, translate_cast
+from storage.postgres.notify import parts
+from storage.projectors import project
+from storage.recorder import Command, RecordedEvent
+
+__all__ = [
+    "MAX_HEADS",
+    "MAX_PLANS",
+    "MAX_STATEMENTS",
+    "Fallback",
+    "Heads",
+    "Plans",
+    "commit_fast",
+    "eligible",
+]
+
+#: Distinct op statements the function holds; past that, a new one takes the savepoint path.
+MAX_PLANS: Final = 1024
+#: Distinct op statements remembered (held or refused); past that, not looked at.
+MAX_STATEMENTS: Final = 4096
+#: SQLSTATE the function raises when an op touched other than its ``expect`` rows.
+EXPECT_FAILED: Final = "SRX01"
+#: SQLSTATE the function raises when an aggregate's head is not the one the batch assumed.
+HEAD_MOVED: Final = "SRX02"
+#: SQLSTATE the function raises when a ``hold`` command's lease is not held.
+LEASE_NOT_HELD: Final = "SRX03"
+#: Aggregates whose head the store remembers between batches (least recently used out).
+MAX_HEADS: Final = 16384
+
+#: Parameter types whose text form round-trips exactly, by the Python values they take.
+_KINDS: Final = {
+    "text": "text",
+    "varchar": "text",
+    "json": "text",
+    "jsonb": "text",
+    "int2": "int",
+    "int4": "int",
+    "int8": "int",
+    "float4": "float",
+    "float8": "float",
+    "bool": "bool",
+}
+#: Statements the function may hold as they are: one DML statement, nothing that
+#: could end it or the function body early (a ``;``, a dollar quote, a comment).
+_STATEMENT: Final = re.compile(r"\s*(INSERT|UPDATE|DELETE)\s", re.IGNORECASE)
+_UNSAFE: Final = (";", "$", "--", "/*")
+
+_HEAD: Final = """
+CREATE OR REPLACE FUNCTION pg_temp.sessionrt_apply(
+    _srt_lock bigint, _srt_aggs text[], _srt_heads bigint[],
+    _srt_ev_id text[], _srt_ev_agg text[], _srt_ev_seq bigint[],
+    _srt_ev_type text[], _srt_ev_created bigint[], _srt_ev_data text[],
+    _srt_op bigint[], _srt_expect bigint[], _srt_argc int[], _srt_args text[],
+    _srt_channel text, _srt_prefix text, _srt_bodies text[],
+    _srt_hold_session text[], _srt_hold_host text[], _srt_hold_epoch bigint[],
+    _srt_fence_host text[], _srt_fence_epoch bigint[]
+) RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $_srt_fn$
+#variable_conflict use_column
+DECLARE
+    _srt_i int;
+    _srt_o int := 0;
+    _srt_id bigint;
+    _srt_n bigint;
+    _srt_pos bigint[];
+BEGIN
+    PERFORM pg_advisory_xact_lock(_srt_lock);
+    -- A new statement, so a new snapshot: every batch committed before the lock.
+    IF EXISTS (
+        SELECT 1 FROM unnest(_srt_aggs, _srt_heads) AS h(a, s)
+        WHERE coalesce((SELECT max(seq) FROM event WHERE aggregate_id = h.a), 0) <> h.s
+    ) THEN
+        RAISE EXCEPTION 'a head moved' USING ERRCODE = '{HEAD_MOVED}';
+    END IF;
+    -- Commands holding a lease: the row names that host and epoch and is live
+    -- (the rules of storage._pg_lease.use_lease, whose refusal the savepoint
+    -- path then gives the command).
+    IF _srt_hold_session IS NOT NULL THEN
+        PERFORM 1 FROM session_lease WHERE session_id = ANY(_srt_hold_session) FOR UPDATE;
+        IF EXISTS (
+            SELECT 1 FROM unnest(_srt_hold_session, _srt_hold_host, _srt_hold_epoch) AS h(s, o, e)
+            LEFT JOIN session_lease l ON l.session_id = h.s
+            WHERE l.session_id IS NULL OR l.host_id <> h.o OR l.epoch <> h.e
+               OR l.expires <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        ) THEN
+            RAISE EXCEPTION 'a lease is not held' USING ERRCODE = '{LEASE_NOT_HELD}';
+        END IF;
+    END IF;
+    SELECT array_agg(p ORDER BY p) INTO _srt_pos FROM (
+        SELECT nextval('event_position') AS p
+        FROM generate_series(1, coalesce(array_length(_srt_ev_id, 1), 0))
+    ) AS allocated;
+    INSERT INTO event (position, id, aggregate_id, seq, type, created, data)
+    SELECT * FROM unnest(_srt_pos, _srt_ev_id, _srt_ev_agg, _srt_ev_seq, _srt_ev_type,
+        _srt_ev_created, _srt_ev_data);
+    FOR _srt_i IN 1 .. coalesce(array_length(_srt_op, 1), 0) LOOP
+        _srt_id := _srt_op[_srt_i];
+        _srt_n := NULL;
+""".replace("{HEAD_MOVED}", HEAD_MOVED).replace("{LEASE_NOT_HELD}", LEASE_NOT_HELD)
+_TAIL: Final = f"""
+        IF _srt_expect[_srt_i] IS NOT NULL AND _srt_n IS DISTINCT FROM _srt_expect[_srt_i] THEN
+            RAISE EXCEPTION 'op % touched % rows, not %', _srt_i, _srt_n, _srt_expect[_srt_i]
+                USING ERRCODE = '{EXPECT_FAILED}';
+        END IF;
+        _srt_o := _srt_o + _srt_argc[_srt_i];
+    END LOOP;
+    IF _srt_pos IS NOT NULL THEN
+        FOR _srt_i IN 1 .. coalesce(array_length(_srt_bodies, 1), 0) LOOP
+            PERFORM pg_notify(_srt_channel, _srt_prefix || ' ' || _srt_pos[1] || ' '
+                || _srt_pos[array_length(_srt_pos, 1)] || _srt_bodies[_srt_i]);
+        END LOOP;
+    END IF;
+    IF _srt_hold_session IS NOT NULL THEN
+        INSERT INTO event_fence (position, session_id, host_id, epoch)
+        SELECT p, a, o, e FROM unnest(_srt_pos, _srt_ev_agg, _srt_fence_host, _srt_fence_epoch)
+            AS f(p, a, o, e)
+        WHERE o IS NOT NULL;
+    END IF;
+    RETURN _srt_pos;
+END
+$_srt_fn$;
+"""
+
+_CALL: Final = "SELECT pg_temp.sessionrt_apply(" + ", ".join(f"${i}" for i in range(1, 22)) + ")"
+_HEADS: Final = (
+    "SELECT a, coalesce((SELECT max(seq) FROM event WHERE aggregate_id = a), 0)"
+    " FROM unnest($1::text[]) AS u(a)"
+)
+
+
+# The instruction rows a command writes besides its events, as ops (the
+# savepoint path's statements, in placeholder form).
+_INSERT_BLOB: Final = (
+    "INSERT INTO instruction_blob (hash, value) VALUES (?, ?) ON CONFLICT (hash) DO NOTHING"
+)
+_UPSERT_ENTRY: Final = (
+    "INSERT INTO instruction_entry (session_id, key, value, removed, time_created, time_updated)"
+    " VALUES (?, ?, ?, 0, ?, ?)"
+    " ON CONFLICT (session_id, key) DO UPDATE SET value = excluded.value, removed = 0,"
+    " time_updated = excluded.time_updated"
+    " WHERE instruction_entry.value IS DISTINCT FROM excluded.value"
+    " OR instruction_entry.removed <> 0"
+)
+_REMOVE_ENTRY: Final = (
+    "UPDATE instruction_entry SET value = NULL, removed = 1, time_updated = ?"
+    " WHERE session_id = ? AND key = ? AND removed = 0"
+)
+
+
+class Fallback(Exception):
+    """This batch is not for the fast path; nothing of it was written."""
+
+
+@attrs.frozen
+class Plan:
+    """An op statement as the function holds it, and how its parameters become text."""
+
+    id: int
+    sql: str
+    #: The statement with its n-th placeholder written ``(_srt_args[_srt_o + n])::type``.
+    body: str
+    kinds: tuple[str, ...]
+
+
+class Plans:
+    """Per store: each op statement's plan (None: not for this path), and which
+    version of the function each writer connection holds.
+
+    The function runs every statement it knows as static SQL, so PL/pgSQL
+    keeps a plan for each (a dynamic ``EXECUTE`` is planned anew every time,
+    at about 2.5 times the cost). A statement seen for the first time is
+    prepared once, for the types the server infers for its parameters, and
+    the function is replaced (before the batch's statement) to hold it. A
+    statement the server refuses to prepare, or a function it refuses to
+    create with the new statements, leaves those statements to the savepoint
+    path for good. Bounded: at most :data:`MAX_PLANS` statements held, and
+    :data:`MAX_STATEMENTS` remembered.
+    """
+
+    def __init__(self) -> None:
+        self._plans: dict[str, Plan | None] = {}
+        self._held: list[Plan] = []
+        #: Plans a function was created with (the server accepted them).
+        self._compiled = 0
+        self._installed: weakref.WeakKeyDictionary[asyncpg.Connection, int] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def plan(self, conn: asyncpg.Connection, sql: str) -> Plan | None:
+        try:
+            return self._plans[sql]
+        except KeyError:
+            pass
+        if len(self._plans) >= MAX_STATEMENTS:
+            return None
+        plan: Plan | None = None
+        if (
+            len(self._held) < MAX_PLANS
+            and _STATEMENT.match(sql)
+            and not any(mark in sql for mark in _UNSAFE)
+        ):
+            try:
+                types = (await conn.prepare(translate(sql))).get_parameters()
+            except asyncpg.PostgresError:
+                types = None  # the savepoint path reports it, command by command
+            if types is not None and all(
+                t.schema == "pg_catalog" and t.name in _KINDS for t in types
+            ):
+                casts = tuple(f"pg_catalog.{t.name}" for t in types)
+                plan = Plan(
+                    id=len(self._held) + 1,
+                    sql=sql,
+                    body=translate_cast(sql, casts, "(_srt_args[_srt_o + {n}])::{type}"),
+                    kinds=tuple(_KINDS[t.name] for t in types),
+                )
+                self._held.append(plan)
+        self._plans[sql] = plan
+        return plan
+
+    async def install(self, conn: asyncpg.Connection) -> None:
+        """Make ``conn``'s function hold every plan (outside any transaction)."""
+        version = len(self._held)
+        if self._installed.get(conn) == version:
+            return
+        try:
+            await conn.execute(_HEAD + _dispatch(self._held, 1, version) + _TAIL)
+        except asyncpg.PostgresError:
+            good = self._compiled
+            for plan in self._held[good:]:
+                self._plans[plan.sql] = None
+            del self._held[good:]
+            raise
+        self._installed[conn] = version
+        self._compiled = max(self._compiled, version)
+
+
+class Heads:
+    """The latest seq this store knows of each aggregate it wrote recently.
+
+    Only a guess: another host may have written since. The function checks
+    every guess under the batch lock and refuses the batch when one is off;
+    the savepoint path then redoes it, reading the heads under the lock.
+    Bounded: :data:`MAX_HEADS` aggregates, least recently used first out.
+    """
+
+    def __init__(self) -> None:
+        self._seqs: collections.OrderedDict[str, int] = collections.OrderedDict()
+
+    async def of(self, conn: asyncpg.Connection, aggregates: Sequence[str]) -> dict[str, int]:
+        known = self._seqs
+        out: dict[str, int] = {}
+        missing = []
+        for agg in aggregates:
+            seq = known.get(agg)
+            if seq is None:
+                missing.append(agg)
+            else:
+                known.move_to_end(agg)
+                out[agg] = seq
+        if missing:
+            out.update((r[0], int(r[1])) for r in await conn.fetch(_HEADS, missing))
+        return out
+
+    def moved(self, seqs: dict[str, int]) -> None:
+        for agg, seq in seqs.items():
+            self._seqs[agg] = seq
+            self._seqs.move_to_end(agg)
+        while len(self._seqs) > MAX_HEADS:
+            self._seqs.popitem(last=False)
+
+    def forget(self, aggregates: Iterable[str]) -> None:
+        for agg in aggregates:
+            self._seqs.pop(agg, None)
+
+
+def _dispatch(plans: Sequence[Plan], lo: int, hi: int) -> str:
+    """A binary tree of IFs over plan ids ``lo..hi``, each leaf a statement and its count."""
+    if lo > hi:
+        return ""
+    if lo == hi:
+        return f"{plans[lo - 1].body}\n;\nGET DIAGNOSTICS _srt_n = ROW_COUNT;\n"
+    mid = (lo + hi) // 2
+    return (
+        f"IF _srt_id <= {mid} THEN\n{_dispatch(plans, lo, mid)}"
+        f"ELSE\n{_dispatch(plans, mid + 1, hi)}END IF;\n"
+    )
+
+
+def _as_text(kind: str, value: Any) -> str | None:
+    """``value`` in the text form of a parameter of ``kind``; Fallback if not exact."""
+    if value is None:
+        return None
+    if kind == "text":
+        if isinstance(value, str) and "\x00" not in value:
+            return str.__str__(value)
+    elif isinstance(value, bool):
+        if kind == "bool":
+            return "true" if value else "false"
+    elif kind == "int":
+        if isinstance(value, int):
+            return int.__repr__(value)
+    elif kind == "float" and isinstance(value, int | float):
+        return float.__repr__(float(value))
+    raise Fallback(f"a {type(value).__name__} parameter for a {kind} placeholder")
+
+
+def _extra_ops(command: Command) -> list[tuple[str, tuple[Any, ...], int | None]]:
+    ops: list[tuple[str, tuple[Any, ...], int | None]] = [
+        (_INSERT_BLOB, (h, v), None) for h, v in command.blobs.items()
+    ]
+    for entry in command.entries:
+        if entry.removed:
+            ops.append((_REMOVE_ENTRY, (entry.time, entry.session_id, entry.key), None))
+        else:
+            ops.append(
+                (
+                    _UPSERT_ENTRY,
+                    (entry.session_id, entry.key, entry.value, entry.time, entry.time),
+                    None,
+                )
+            )
+    return ops
+
+
+def eligible(batch: Sequence[Prepared]) -> bool:
+    """Whether the batch can try this path at all (decided before any round trip)."""
+    return all(p.command.lease is None or p.command.lease.kind == "hold" for p in batch)
+
+
+async def commit_fast(
+    conn: asyncpg.Connection,
+    batch: Sequence[Prepared],
+    plans: Plans,
+    heads: Heads,
+    *,
+    lock: int,
+    channel: str,
+    origin: str,
+    own: Callable[[int, int], None],
+) -> tuple[list[Outcome], list[RecordedEvent]]:
+    """Commit the whole batch under advisory lock ``lock``, or raise
+    :class:`Fallback` with nothing written.
+
+    One statement, in its own implicit transaction: it commits before it
+    answers, so ``own`` (the positions the batch took) is told after COMMIT;
+    the store keeps a catch-up read from running meanwhile. Any exception but
+    Fallback is the connection's: a cancelled attempt closes it.
+    """
+    aggregates = sorted(
+        {new.aggregate_id for p in batch for new in p.command.events}
+        | {agg for p in batch for agg in (p.command.expected or {})}
+    )
+    try:
+        assumed = await heads.of(conn, aggregates)
+        seqs = dict(assumed)
+        op_ids: list[int] = []
+        op_expect: list[int | None] = []
+        op_argc: list[int] = []
+        args: list[str | None] = []
+        unplaced: list[list[RecordedEvent]] = []
+        holds: list[LeaseUse] = []
+        fence_host: list[str | None] = []
+        fence_epoch: list[int | None] = []
+        for prepared in batch:
+            command = prepared.command
+            if command.expected and mismatched(prepared, seqs.__getitem__):
+                raise Fallback("a seq mismatch: a conflict, a replay or a stale head")
+            lease = command.lease
+            if lease is not None:
+                holds.append(lease)
+            for new in command.events:
+                fenced = lease is not None and new.aggregate_id == lease.session_id
+                fence_host.append(lease.host_id if fenced and lease else None)
+                fence_epoch.append(lease.epoch if fenced and lease else None)
+            records = []
+            for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
+                seqs[new.aggregate_id] += 1
+                # Projectors never read the position (a test holds them to it):
+                # it is allocated under the lock, in the function.
+                records.append(
+                    RecordedEvent(
+                        position=0,
+                        id=new.id,
+                        aggregate_id=new.aggregate_id,
+                        seq=seqs[new.aggregate_id],
+                        type=type_,
+                        created=new.created,
+                        data=data,
+                        event=new.event,
+                    )
+                )
+            ops = [(op.sql, op.params, op.expect) for r in records for op in project(r)]
+            for sql, params, expect in ops + _extra_ops(command):
+                plan = await plans.plan(conn, sql)
+                if plan is None or len(params) != len(plan.kinds):
+                    raise Fallback("an op this path cannot hold")
+                op_ids.append(plan.id)
+                op_expect.append(expect)
+                op_argc.append(len(params))
+                args.extend(_as_text(k, v) for k, v in zip(plan.kinds, params, strict=True))
+            unplaced.append(records)
+        await plans.install(conn)
+        flat = [r for records in unplaced for r in records]
+        prefix, bodies = parts(origin, flat)
+        positions = await conn.fetchval(
+            _CALL,
+            lock,
+            aggregates,
+            [assumed[agg] for agg in aggregates],
+            [r.id for r in flat],
+            [r.aggregate_id for r in flat],
+            [r.seq for r in flat],
+            [r.type for r in flat],
+            [r.created for r in flat],
+            [r.data for r in flat],
+            op_ids,
+            op_expect,
+            op_argc,
+            args,
+            channel,
+            prefix,
+            bodies if flat else [],
+            [h.session_id for h in holds] if holds else None,
+            [h.host_id for h in holds],
+            [h.epoch for h in holds],
+            fence_host,
+            fence_epoch,
+        )
+    except Fallback:
+        heads.forget(aggregates)
+        raise
+    except Exception as exc:
+        heads.forget(aggregates)
+        if conn.is_closed() or isinstance(exc, OSError | asyncpg.ConnectionDoesNotExistError):
+            raise
+        raise Fallback(f"{type(exc).__name__}: {exc}") from exc
+    except BaseException:
+        heads.forget(aggregates)
+        conn.terminate()  # cancelled: whether it committed is unknown
+        raise
+    heads.moved(seqs)
+    placed = iter(positions or ())
+    epochs = iter(fence_epoch)
+    outcomes = []
+    published = []
+    for records in unplaced:
+        records = [
+            RecordedEvent(
+                position=next(placed),
+                id=r.id,
+                aggregate_id=r.aggregate_id,
+                seq=r.seq,
+                type=r.type,
+                created=r.created,
+                data=r.data,
+                event=r.event,
+                epoch=next(epochs),
+            )
+            for r in records
+        ]
+        outcomes.append(Outcome(records=records))
+        published.extend(records)
+    if published:
+        own(published[0].position, published[-1].position)
+    return outcomes, published

@@ -1,0 +1,267 @@
+"""The PostgreSQL writer's one-round-trip path gives what the savepoint path gives.
+
+Each test feeds the same commands (same ids, same timestamps) to a store on
+the fast path and to one with ``fast_path = False``, each on its own
+database, and compares outcomes, the event rows and every projection table;
+``batch_paths`` says which path each batch took, so a test that means to
+exercise the fast path or its fallback checks that it did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import asyncpg
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pgdb import database
+from strategies import values_of
+
+from protocol import REGISTRY, Location, encode_data, stored_type
+from protocol import events as ev
+from storage import (
+    Command,
+    Fence,
+    FencedError,
+    LeaseUse,
+    ProjectionConflict,
+    RecordedEvent,
+    SeqConflictError,
+    StorageBrokenError,
+)
+from storage._ops import json_text
+from storage.postgres import PostgresStore
+from storage.postgres.rebuild import dump_projections
+from storage.projectors import project
+
+HOSTILE = (
+    "it's",
+    "''",
+    "back\\slash \\' \\\\",
+    "$$",
+    "$_srt_fn$ END; $_srt_fn$",
+    "'); DROP TABLE event; --",
+    "/* unclosed",
+    "? $1 $2::int8",
+    "%L %s %I %%",
+    "line\nbreak\r\ttab",
+    "\u2028\u2029 é 漢字 🎉 \ufeff",
+    "\\x00 (the text, not the byte)",
+    "",
+)
+
+
+def created(session_id: str) -> ev.SessionCreated:
+    return ev.SessionCreated(session_id=session_id, title="t", location=Location(directory="/"))
+
+
+def renamed(session_id: str, title: str) -> ev.SessionRenamed:
+    return ev.SessionRenamed(session_id=session_id, title=title)
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    """(fast path, savepoint path only), each on a database of its own."""
+    async with database() as url_fast, database() as url_slow:
+        fast, slow = PostgresStore(url_fast), PostgresStore(url_slow)
+        slow.fast_path = False
+        async with fast, slow:
+            yield fast, slow
+
+
+async def _outcomes(store: PostgresStore, commands: Sequence[Command]) -> list[Any]:
+    """Submit ``commands`` as one batch; each one's records, or its error's type."""
+    futures = [store.submit(c) for c in commands]
+    done = await asyncio.gather(*futures, return_exceptions=True)
+    return [type(d) if isinstance(d, BaseException) else _comparable(d) for d in done]
+
+
+def _comparable(records: list[RecordedEvent]) -> list[tuple[Any, ...]]:
+    # Positions differ between databases (a rolled-back attempt skips some).
+    return [(r.id, r.aggregate_id, r.seq, r.type, r.created, r.data) for r in records]
+
+
+async def _state(store: PostgresStore) -> tuple[Any, ...]:
+    conn = await asyncpg.connect(store._url)
+    try:
+        events = await conn.fetch(
+            "SELECT id, aggregate_id, seq, type, created, data FROM event ORDER BY position"
+        )
+        return [tuple(r) for r in events], await dump_projections(conn)
+    finally:
+        await conn.close()
+
+
+async def _both(
+    pair: tuple[PostgresStore, PostgresStore], commands: Sequence[Command]
+) -> list[Any]:
+    fast, slow = pair
+    got, want = await _outcomes(fast, commands), await _outcomes(slow, commands)
+    assert got == want
+    return got
+
+
+async def test_a_batch_that_commits_whole_takes_one_path_and_matches(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    fast, slow = pair
+    setup = [Command.of(created(f"ses_{i}")) for i in range(5)]
+    await _both(pair, setup)
+    commands = [
+        Command.of(
+            renamed(f"ses_{i % 5}", f"title {i}"),
+            ev.AgentSelected(session_id=f"ses_{i % 5}", agent="build"),
+        )
+        for i in range(40)
+    ]
+    outcomes = await _both(pair, commands)
+    assert [records[0][2] for records in outcomes[:5]] == [2, 2, 2, 2, 2]
+    assert fast.batch_paths == {"fast": 2, "savepoints": 0}
+    assert slow.batch_paths == {"fast": 0, "savepoints": 2}
+    assert await _state(fast) == await _state(slow)
+
+
+async def test_one_conflicting_command_falls_back_and_the_good_ones_commit(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    fast, _ = pair
+    await _both(pair, [Command.of(created("ses_a")), Command.of(created("ses_b"))])
+    commands = [
+        Command.of(renamed("ses_a", "one")),
+        Command.of(renamed("ses_missing", "nobody")),  # projection: session.missing
+        Command.of(renamed("ses_b", "two")),
+        Command.of(created("ses_a")),  # projection: session.exists
+        Command.of(renamed("ses_a", "three")),
+        Command.of(renamed("ses_b", "late"), expected={"ses_b": 7}),  # behind
+    ]
+    outcomes = await _both(pair, commands)
+    assert outcomes[1] is ProjectionConflict
+    assert outcomes[3] is ProjectionConflict
+    assert outcomes[5] is SeqConflictError
+    assert [o[0][2] for o in (outcomes[0], outcomes[2], outcomes[4])] == [2, 2, 3]
+    assert fast.batch_paths["savepoints"] == 1
+    assert await _state(fast) == await _state(pair[1])
+    # The next batch is back on the fast path, with the heads the fallback left.
+    after = await _both(pair, [Command.of(renamed("ses_a", "four"))])
+    assert after[0][0][2] == 4
+    assert fast.batch_paths == {"fast": 2, "savepoints": 1}
+
+
+async def test_hostile_strings_round_trip_byte_for_byte_on_the_fast_path(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    fast, slow = pair
+    await _both(pair, [Command.of(created("ses_h"))])
+    for text in HOSTILE:
+        commands = [
+            Command.of(renamed("ses_h", text)),
+            Command.of(ev.MetadataUpdated(session_id="ses_h", metadata={text: text})),
+        ]
+        await _both(pair, commands)
+        for store in (fast, slow):
+            [[title, metadata]] = await store.fetch(
+                "SELECT title, metadata FROM session WHERE id = ?", ("ses_h",)
+            )
+            assert title == text
+            assert metadata == json_text({text: text})
+    assert fast.batch_paths == {"fast": 1 + len(HOSTILE), "savepoints": 0}
+    assert await _state(fast) == await _state(slow)
+    [[tables]] = await fast.fetch("SELECT count(*) FROM pg_tables WHERE tablename = 'event'")
+    assert tables == 1
+
+
+async def test_a_nul_is_refused_for_its_command_alone_as_on_the_savepoint_path(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    fast, _ = pair
+    await _both(pair, [Command.of(created("ses_n"))])
+    outcomes = await _both(
+        pair,
+        [
+            Command.of(renamed("ses_n", "before")),
+            Command.of(renamed("ses_n", "a\x00b")),
+            Command.of(renamed("ses_n", "after")),
+        ],
+    )
+    assert outcomes[1] is StorageBrokenError
+    assert [outcomes[0][0][2], outcomes[2][0][2]] == [2, 3]
+    assert fast.batch_paths["savepoints"] == 1
+    assert await _state(fast) == await _state(pair[1])
+
+
+async def test_a_head_moved_by_another_host_sends_the_batch_to_the_savepoint_path() -> None:
+    async with database() as url:
+        a, b = PostgresStore(url), PostgresStore(url)
+        async with a, b:
+            await a.append(Command.of(created("ses_x")))
+            await a.append(Command.of(renamed("ses_x", "a1")))  # a remembers head 2
+            await b.append(Command.of(renamed("ses_x", "b1")))  # head 3, a does not know
+            [record] = await a.append(Command.of(renamed("ses_x", "a2")))
+            assert record.seq == 4
+            assert a.batch_paths["savepoints"] == 1
+            [record] = await a.append(Command.of(renamed("ses_x", "a3")))
+            assert record.seq == 5
+            assert [r.seq for r in await a.read("ses_x")] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("stored", sorted(REGISTRY))
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_projectors_never_read_the_position(stored: str, data: st.DataObject) -> None:
+    """The fast path projects before positions exist (they are allocated under the lock)."""
+    event = data.draw(values_of(REGISTRY[stored]))
+    record = RecordedEvent(
+        position=1,
+        id="evt_1",
+        aggregate_id=str(getattr(event, "session_id", "ses_1")),
+        seq=3,
+        type=stored_type(event),
+        created=1000,
+        data=encode_data(event).decode(),
+        event=event,
+    )
+    try:
+        ops = project(record)
+    except Exception:
+        return  # an event a projector refuses is refused whatever its position
+    assert project(attrs.evolve(record, position=987_654_321)) == ops
+
+
+async def test_held_leases_commit_on_the_fast_path_and_a_stale_one_is_fenced_alone(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    fast, slow = pair
+    await _both(pair, [Command.of(created("ses_l")), Command.of(created("ses_m"))])
+    take = Command.of(
+        ev.ExecutionStarted(session_id="ses_l"), lease=LeaseUse.take("ses_l", "host-a", 60_000)
+    )
+    [[started]] = await _both(pair, [take])
+    fence = Fence("ses_l", "host-a", 1)
+    stale = Fence("ses_l", "host-a", 7)
+    commands = [
+        Command.of(renamed("ses_l", "held"), renamed("ses_m", "other"), lease=fence.hold()),
+        Command.of(renamed("ses_l", "stale"), lease=stale.hold()),
+        Command.of(renamed("ses_l", "held again"), lease=fence.hold()),
+    ]
+    outcomes = await _both(pair, commands)
+    assert outcomes[1] is FencedError
+    assert fast.batch_paths["savepoints"] == 2  # the take, then the fallback
+    held = [Command.of(renamed("ses_l", f"fast {i}"), lease=fence.hold()) for i in range(3)]
+    futures = [fast.submit(c) for c in held]
+    records = [r for f in futures for r in await f]
+    assert [(r.seq, r.epoch) for r in records] == [(5, 1), (6, 1), (7, 1)]
+    assert fast.batch_paths["fast"] >= 2
+    for c in held:
+        await slow.append(c)
+    assert await _state(fast) == await _state(slow)
+    for store in (fast, slow):
+        fences = await store.fetch(
+            "SELECT e.seq, f.host_id, f.epoch FROM event_fence f"
+            " JOIN event e ON e.position = f.position ORDER BY e.seq"
+        )
+        assert fences == [(s, "host-a", 1) for s in (2, 3, 4, 5, 6, 7)], store
+    assert started[2] == 2
