@@ -41,7 +41,10 @@ from storage.postgres import PostgresStore
 from storage.postgres.rebuild import rebuild_projections as rebuild_projections_pg
 
 pick = st.integers(min_value=0, max_value=50)
-texts = st.text(max_size=12)
+# PostgreSQL refuses NUL in text (tests/storage/test_pg_fast_path.py shows the
+# command refused alone); the replay property is about everything else, so its
+# PostgreSQL run draws text without it.
+_NO_NUL = st.characters(blacklist_characters="\x00")
 delivery = st.sampled_from(["steer", "queue"])
 fixed_ids = st.sampled_from(["msg_a", "msg_b", "msg_c", None, None])
 
@@ -50,34 +53,40 @@ _hashes = st.sampled_from(["0" * 64, "1" * 64, "2" * 64])
 _keys = st.sampled_from(["builtin/environment", "discovery/agents", "api/a", "api/b"])
 deltas = st.dictionaries(_keys, _hashes | st.just(ev.REMOVED), min_size=1, max_size=4)
 
-operations = st.lists(
-    st.one_of(
-        st.tuples(
-            st.just("create"), st.sampled_from([None, "ses_x", "ses_y"]), pick, st.booleans()
+
+def _operations(texts: st.SearchStrategy[str], keys: st.SearchStrategy[str]) -> Any:
+    return st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("create"), st.sampled_from([None, "ses_x", "ses_y"]), pick, st.booleans()
+            ),
+            st.tuples(st.just("prompt"), pick, fixed_ids, texts, delivery),
+            st.tuples(st.just("synthetic"), pick, fixed_ids, texts, delivery),
+            st.tuples(st.just("cancel"), pick, pick),
+            st.tuples(st.just("redirect"), pick, pick, delivery),
+            st.tuples(st.just("promote"), pick, st.sampled_from(["input", "steer"])),
+            st.tuples(st.just("rename"), pick, texts),
+            st.tuples(st.just("metadata"), pick, st.dictionaries(keys, st.integers())),
+            st.tuples(st.just("agent"), pick, st.sampled_from(["build", "plan"])),
+            st.tuples(st.just("model"), pick, st.sampled_from(["m1", "m2"])),
+            st.tuples(st.just("remove"), pick),
+            st.tuples(st.just("fork"), pick, st.one_of(st.none(), pick)),
+            st.tuples(st.just("view"), pick, st.integers(min_value=0, max_value=2**40)),
+            st.tuples(st.just("compact"), pick, fixed_ids, delivery),
+            st.tuples(st.just("move"), pick, st.sampled_from(["a", "b"]), delivery),
+            st.tuples(st.just("control"), pick),
+            st.tuples(st.just("compaction"), pick, st.sampled_from(["start", "end", "fail"])),
+            st.tuples(st.just("instructions"), pick, deltas, st.none() | texts),
+            st.tuples(st.just("compacted"), pick),
+            st.tuples(st.just("reverted"), pick),
+            st.tuples(st.just("moved"), pick),
         ),
-        st.tuples(st.just("prompt"), pick, fixed_ids, texts, delivery),
-        st.tuples(st.just("synthetic"), pick, fixed_ids, texts, delivery),
-        st.tuples(st.just("cancel"), pick, pick),
-        st.tuples(st.just("redirect"), pick, pick, delivery),
-        st.tuples(st.just("promote"), pick, st.sampled_from(["input", "steer"])),
-        st.tuples(st.just("rename"), pick, texts),
-        st.tuples(st.just("metadata"), pick, st.dictionaries(st.text(max_size=4), st.integers())),
-        st.tuples(st.just("agent"), pick, st.sampled_from(["build", "plan"])),
-        st.tuples(st.just("model"), pick, st.sampled_from(["m1", "m2"])),
-        st.tuples(st.just("remove"), pick),
-        st.tuples(st.just("fork"), pick, st.one_of(st.none(), pick)),
-        st.tuples(st.just("view"), pick, st.integers(min_value=0, max_value=2**40)),
-        st.tuples(st.just("compact"), pick, fixed_ids, delivery),
-        st.tuples(st.just("move"), pick, st.sampled_from(["a", "b"]), delivery),
-        st.tuples(st.just("control"), pick),
-        st.tuples(st.just("compaction"), pick, st.sampled_from(["start", "end", "fail"])),
-        st.tuples(st.just("instructions"), pick, deltas, st.none() | texts),
-        st.tuples(st.just("compacted"), pick),
-        st.tuples(st.just("reverted"), pick),
-        st.tuples(st.just("moved"), pick),
-    ),
-    max_size=40,
-)
+        max_size=40,
+    )
+
+
+operations = _operations(st.text(max_size=12), st.text(max_size=4))
+operations_pg = _operations(st.text(_NO_NUL, max_size=12), st.text(_NO_NUL, max_size=4))
 
 
 async def run(path: Path, ops: list[tuple[Any, ...]], url: str | None = None) -> None:
@@ -246,7 +255,7 @@ def test_replay_equals_incremental_projection(ops: list[tuple[Any, ...]]) -> Non
     # No shrinking: each example costs a database, and a failure prints its example anyway.
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
-@given(operations)
+@given(operations_pg)
 def test_replay_equals_incremental_projection_on_postgresql(ops: list[tuple[Any, ...]]) -> None:
     # Fewer examples than on SQLite: each needs a database of its own.
     async def scenario(path: Path) -> None:
