@@ -206,11 +206,15 @@ _HISTORY_STATE: Final = (
     " (SELECT count(*) FROM session_message WHERE session_id = ?),"
     " (SELECT count(*) FROM session_part WHERE session_id = ?)"
 )
-# A session's messages written after a position, or whose parts were.
+# A session's messages written after a position, or whose parts were. The
+# second branch is driven by the parts' index and finds its messages by id
+# (``changed + 0`` keeps SQLite from scanning the session's messages by the
+# marker index instead); a part's session is its message's.
 _HISTORY_CHANGED: Final = (
     f"{_WITH_PARTS} WHERE session_id = ? AND changed > ?"
-    f" UNION ALL {_WITH_PARTS} WHERE session_id = ? AND changed <= ? AND id IN"
+    f" UNION ALL {_WITH_PARTS} WHERE id IN"
     " (SELECT message_id FROM session_part WHERE session_id = ? AND changed > ?)"
+    " AND changed + 0 <= ?"
 )
 
 
@@ -440,20 +444,19 @@ class Queries:
             [
                 (_SESSION_BY_ID, (session_id,)),
                 (_HISTORY_STATE, (session_id, session_id)),
-                (
-                    _HISTORY_CHANGED,
-                    (session_id, marker, session_id, marker, session_id, marker),
-                ),
+                (_HISTORY_CHANGED, (session_id, marker, session_id, marker, marker)),
             ]
         )
         session = _session(session_rows[0]) if session_rows else None
         position, messages, parts = (int(v) for v in state[0])
-        history = self._merged(base, rows, position)
+        history = self._merged(session_id, base, rows, position)
         if len(history.by_id) != messages or history.parts != parts:
             return session, None  # rows were removed since ``base``: read in full
         return session, history
 
-    def _merged(self, base: _History | None, rows: Sequence[Row], marker: int) -> _History:
+    def _merged(
+        self, session_id: str, base: _History | None, rows: Sequence[Row], marker: int
+    ) -> _History:
         by_id: dict[str, tuple[SessionMessage, int]] = {} if base is None else dict(base.by_id)
         order = [] if base is None else list(base.order)
         seqs = [] if base is None else list(base.seqs)
@@ -462,6 +465,8 @@ class Queries:
         weight = 0 if base is None else base.weight
         resort = False
         for row in rows:
+            if row[1] != session_id:
+                continue  # never, by construction (a part's session is its message's)
             message = self._decoded(row)
             size = sys.getsizeof(row[6]) + (0 if row[7] is None else sys.getsizeof(row[7]))
             old = by_id.get(message.id)
