@@ -155,20 +155,21 @@ class AgentCatalogs:
     ) -> None:
         self._files = tuple(files)
         self._blocking = blocking
-        self._cache: dict[Path, tuple[float, AgentCatalog]] = {}
+        # By the Location's directory as given (a step asks once or twice; a
+        # path built for each ask was most of the cost of a cache hit).
+        self._cache: dict[str, tuple[float, AgentCatalog]] = {}
 
     async def load(self, directory: str, *, fresh: bool = False) -> AgentCatalog:
-        project = project_file(directory)
         now = time.monotonic()
-        cached = self._cache.get(project)
+        cached = self._cache.get(directory)
         if not fresh and cached is not None and now - cached[0] < CATALOG_TTL_S:
             return cached[1]
         catalog = await self._blocking(
-            functools.partial(load_catalog, *self._files, project=project)
+            functools.partial(load_catalog, *self._files, project=project_file(directory))
         )
         if len(self._cache) >= 256:
             self._cache.clear()  # many Locations: keep the cache bounded
-        self._cache[project] = (now, catalog)
+        self._cache[directory] = (now, catalog)
         return catalog
 
     async def agent(self, directory: str, name: str | None) -> Agent:

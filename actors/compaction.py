@@ -433,18 +433,22 @@ class Compactor:
         """Fail a compaction a crash or restart left running (before any model work)."""
         stale = await self._store.queries.running_compaction(session_id)
         if stale is not None:
-            await self._store.append(
-                Command.of(
-                    ev.CompactionFailed(
-                        session_id=session_id,
-                        reason=stale.reason,
-                        input_id=stale.input_id,
-                        error=ev.ErrorInfo(
-                            type="compaction.interrupted", message="Compaction interrupted"
-                        ),
-                    )
+            await self.settle(session_id, stale)
+
+    async def settle(self, session_id: str, stale: CompactionMessage) -> None:
+        """Fail ``stale``, a compaction read as still running at a drain's start."""
+        await self._store.append(
+            Command.of(
+                ev.CompactionFailed(
+                    session_id=session_id,
+                    reason=stale.reason,
+                    input_id=stale.input_id,
+                    error=ev.ErrorInfo(
+                        type="compaction.interrupted", message="Compaction interrupted"
+                    ),
                 )
             )
+        )
 
     async def run(
         self,

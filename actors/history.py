@@ -51,6 +51,24 @@ __all__ = ["CHAT_CACHE_BYTES", "ChatCache", "to_chat"]
 
 #: Bytes of converted messages kept, least recently used evicted first.
 CHAT_CACHE_BYTES: Final = 32 * 1024 * 1024
+#: How many trailing messages a history may differ in from the session's last
+#: one and still reuse its conversion (a step appends one or two, and updates
+#: the newest assistant message).
+_TAIL_TRIES: Final = 8
+
+
+@attrs.frozen
+class _Converted:
+    """A session's last converted history: each message's output, flattened.
+
+    ``counts[i]`` and ``weights[i]`` are the model messages and bytes that
+    ``history[:i]`` converts to, so a prefix of it is reused by slicing.
+    """
+
+    history: tuple[SessionMessage, ...]
+    chat: tuple[ChatMessage, ...]
+    counts: tuple[int, ...]
+    weights: tuple[int, ...]
 
 
 class ChatCache:
@@ -67,6 +85,9 @@ class ChatCache:
         self._entries: ByteLRU[int, tuple[SessionMessage, tuple[ChatMessage, ...]]] = ByteLRU(
             max_bytes
         )
+        # By session: its last whole conversion, bounded by the bytes it
+        # holds (the same bound again: it may keep alive what the entries let go).
+        self._sessions: ByteLRU[str, _Converted] = ByteLRU(max_bytes)
 
     @property
     def bytes(self) -> int:
@@ -83,6 +104,42 @@ class ChatCache:
         converted = _convert(message)
         self._entries.put(id(message), (message, converted), _weight(converted))
         return converted
+
+    def history(self, history: Sequence[SessionMessage]) -> tuple[ChatMessage, ...]:
+        """The conversion of a whole history, reusing the session's last one.
+
+        Looking every message up again made the conversion grow with the
+        session; a step's history is the last one with a few messages added or
+        changed at its end, so the longest prefix equal to the last one's
+        (compared in C: the unchanged messages are the same objects) keeps
+        its converted messages, and only the rest is converted.
+        """
+        current = tuple(history)
+        if not current:
+            return ()
+        session_id = current[0].session_id
+        last = self._sessions.get(session_id)
+        keep = 0
+        if last is not None:
+            n = min(len(last.history), len(current))
+            for k in range(n, max(n - _TAIL_TRIES, 0) - 1, -1):
+                if current[:k] == last.history[:k]:
+                    keep = k
+                    break
+        chat = list(last.chat[: last.counts[keep]]) if last is not None and keep else []
+        counts = list(last.counts[: keep + 1]) if last is not None and keep else [0]
+        weights = list(last.weights[: keep + 1]) if last is not None and keep else [0]
+        for message in current[keep:]:
+            converted = self.get(message)
+            chat.extend(converted)
+            counts.append(counts[-1] + len(converted))
+            weights.append(weights[-1] + _weight(converted))
+        result = tuple(chat)
+        entry = _Converted(
+            history=current, chat=result, counts=tuple(counts), weights=tuple(weights)
+        )
+        self._sessions.put(session_id, entry, weights[-1] + 16 * len(current))
+        return result
 
 
 def _weight(messages: tuple[ChatMessage, ...]) -> int:
@@ -118,8 +175,10 @@ def to_chat(
     history: Sequence[SessionMessage], cache: ChatCache | None = None, *, native: bool = True
 ) -> tuple[ChatMessage, ...]:
     """The model's view of ``history``; ``native=False`` drops provider-native state."""
-    convert = _convert if cache is None else cache.get
-    chat = tuple(chat for message in history for chat in convert(message))
+    if cache is None:
+        chat = tuple(chat for message in history for chat in _convert(message))
+    else:
+        chat = cache.history(history)
     return chat if native else tuple(_without_native(m) for m in chat)
 
 

@@ -63,7 +63,7 @@ from protocol.shapes import (
     Session,
     SessionMessage,
 )
-from storage import Command, Store
+from storage import Command, DrainStart, Store
 
 __all__ = [
     "AgentUnavailableError",
@@ -196,23 +196,32 @@ class Runner:
         return self._chat
 
     async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
-        try:
-            session = await self._sessions.get(session_id)
-        except SessionNotFoundError:
+        # Everything the drain needs before its first boundary, in one read:
+        # the session, anything a crash left open, the pending input.
+        start = await self._store.queries.drain_start(session_id)
+        if start.session is None:
             return  # deleted meanwhile: nothing to run
-        await self.fail_stale_tools(session_id)
-        await self._compactor.settle_stale(session_id)
+        session = start.session
+        pending: list[InboxItem] | None = start.inbox
+        if await self._settle_stale(session_id, start):
+            pending = None  # settling appended: read the boundary afresh
         continuing = False
         first = True
         step = 0
         while True:
             promote_scope: Scope = "steer" if continuing else scope
-            if await self._control(session, promote_scope):
+            # One read of the inbox serves both questions at this boundary
+            # (a control item due, something promotable); promotion reads it
+            # again under the inbox lock, so nothing decided here is stale there.
+            if pending is None:
+                pending = await self._store.queries.inbox(session_id)
+            boundary, pending = pending, None
+            if await self._control(session, promote_scope, boundary):
                 first = False  # handled: the loop goes on from what follows it
                 session = await self._sessions.get(session_id)
                 continue
             resumed = False
-            if not continuing and not await self._promotable(session_id, promote_scope):
+            if not continuing and not select_promotable(boundary, promote_scope):
                 resumed = first and force and await self._awaits_reply(session_id)
                 if not resumed:
                     return
@@ -229,12 +238,15 @@ class Runner:
             elif not continuing and not resumed:
                 return  # what was promotable was cancelled meanwhile
             # The agent and model this step runs with: read after admission
-            # and promotion, never a read from before them.
-            session = await self._sessions.get(session_id)
+            # and promotion, never a read from before them (with the history,
+            # in one round trip).
+            current, history = await self._store.queries.step_inputs(session_id)
+            if current is None:
+                raise SessionNotFoundError(session_id)
+            session = current
             agent = await self._agent(session)
             step += 1
             limited = agent.steps is not None and step >= agent.steps
-            history = await self._store.queries.context(session.id)
             request = await self._request(session, agent, step, limited, system, history=history)
             auto = self._compactor.enabled(agent.compaction)
             if self._compactor.due(history, request, auto) is not None:
@@ -262,13 +274,13 @@ class Runner:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
 
-    async def _control(self, session: Session, scope: Scope) -> bool:
+    async def _control(self, session: Session, scope: Scope, pending: list[InboxItem]) -> bool:
         """Handle the control item due at this boundary, if any; True when one was.
 
         Promotion never delivers control items and stops before them, so one
         at the head of the inbox would otherwise stall every later input.
+        ``pending`` is the inbox as read at this boundary.
         """
-        pending = await self._store.queries.inbox(session.id)
         item = control_head(pending, scope)
         if item is None:
             return False
@@ -316,10 +328,6 @@ class Runner:
             session.id, model, history, "auto", script=_script(agent, session.metadata)
         )
 
-    async def _promotable(self, session_id: str, scope: Scope) -> bool:
-        """Whether a promotion at ``scope`` would deliver something now."""
-        return bool(select_promotable(await self._store.queries.inbox(session_id), scope))
-
     async def _agent(self, session: Session) -> Agent:
         """The session's agent, sampled before every step like the session itself.
 
@@ -331,15 +339,32 @@ class Runner:
         except InvalidRequestError as exc:
             raise AgentUnavailableError(exc.message) from None
 
-    async def fail_stale_tools(self, session_id: str) -> int:
+    async def _settle_stale(self, session_id: str, start: DrainStart) -> bool:
+        """Settle what a crash or restart left open, from the drain's first read.
+
+        True when anything was appended. Nothing runs before this: stale
+        tools fail (never replayed), then the step that owned them, then a
+        compaction cut off while running.
+        """
+        failed = await self.fail_stale_tools(session_id, start)
+        compaction = start.running_compaction
+        if compaction is not None:
+            await self._compactor.settle(session_id, compaction)
+        return bool(failed) or start.open_step is not None or compaction is not None
+
+    async def fail_stale_tools(self, session_id: str, start: DrainStart | None = None) -> int:
         """Fail every tool call still open in the projection (never replay it).
 
         Any process group such a call recorded is killed first: it was started
         by a process that is gone (this session's own tools have all settled
         before a drain starts), and may still be about to do its side effect.
+        ``start`` is the drain's first read, when the caller has it. Returns
+        how many calls were failed.
         """
-        await kill_recorded(self._blocking, await self._store.queries.tool_processes(session_id))
-        stale = await self._store.queries.open_tool_calls(session_id)
+        if start is None:
+            start = await self._store.queries.drain_start(session_id)
+        await kill_recorded(self._blocking, start.tool_processes)
+        stale = start.open_tool_calls
         for call in stale:
             await self._store.append(
                 Command.of(stale_failure(session_id, call.assistant_message_id, call.id, call.name))
@@ -347,7 +372,11 @@ class Runner:
         # The step that owned them (or one cut off while streaming or waiting
         # out a retry) gets its terminal too, after its calls: a message
         # without one would read as still running forever.
-        open_step = await self._store.queries.open_step(session_id)
+        # Read again after failing calls (the rare path): the step's state
+        # is taken from after its calls settled, as it always was.
+        open_step = start.open_step
+        if stale:
+            open_step = await self._store.queries.open_step(session_id)
         if open_step is not None:
             await self._store.append(
                 Command.of(

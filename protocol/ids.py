@@ -55,24 +55,46 @@ def pattern(kind: IdKind) -> str:
     return f"^{_PREFIXES[kind]}{_BODY.pattern}$"
 
 
+_TAIL: Final = 14
+#: Random bytes drawn from the OS at once, sliced 14 per id. One ``urandom``
+#: call per id released and retook the GIL each time: with the store's threads
+#: busy, the loop waited for the GIL on every id (several per step).
+_POOL_BYTES: Final = _TAIL * 256
+
 _lock = threading.Lock()
 _last = 0
+_pool = b""
+_offset = 0
 
 
-def _next_stamp() -> int:
-    global _last
+def _reset_pool() -> None:
+    """A forked child draws its own bytes: sharing the parent's would repeat tails."""
+    global _pool, _offset
+    _pool, _offset = b"", 0
+
+
+os.register_at_fork(after_in_child=_reset_pool)
+
+
+def _next() -> tuple[int, bytes]:
+    """The next stamp and 14 random bytes, under one lock."""
+    global _last, _pool, _offset
     now = time.time_ns() // 1_000_000 << _COUNTER_BITS
     with _lock:
         # max() keeps the sequence strictly increasing across clock steps
         # backwards as well as inside one millisecond.
         _last = max(now, _last + 1)
-        return _last
+        if _offset + _TAIL > len(_pool):
+            _pool, _offset = os.urandom(_POOL_BYTES), 0
+        start = _offset
+        _offset += _TAIL
+        return _last, _pool[start:_offset]
 
 
 def ascending(kind: IdKind) -> str:
     """Mint a new id of ``kind``; later calls in this process sort after it."""
-    stamp = _next_stamp()
-    tail = os.urandom(14).translate(_TO_BASE62).decode("ascii")
+    stamp, random = _next()
+    tail = random.translate(_TO_BASE62).decode("ascii")
     return f"{_PREFIXES[kind]}{stamp:012x}{tail}"
 
 

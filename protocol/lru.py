@@ -45,6 +45,12 @@ class ByteLRU(Generic[K, V]):
         self._entries.move_to_end(key)
         return entry[0]
 
+    def discard(self, key: K) -> None:
+        """Forget ``key`` (nothing happens when it is not held)."""
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= old[1]
+
     def put(self, key: K, value: V, weight: int) -> None:
         weight += ENTRY_OVERHEAD
         old = self._entries.pop(key, None)

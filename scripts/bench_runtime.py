@@ -21,7 +21,7 @@ figure is measured next to a baseline from the same run:
    and awaited; execution.succeeded: five COMMITs, eight events). Runtime and
    baseline steps alternate, so both see the same disk. "overhead" is runtime ms/step
    minus baseline ms/step: reads, actor messages, the agent catalog, history
-   reloads, bus publishing. It runs at ``synchronous=FULL`` (the default, the one
+   reads, bus publishing. It runs at ``synchronous=FULL`` (the default, the one
    the target is judged on) and again at ``NORMAL`` to show how much of a step is
    fsync. COMMITs per step are counted for both by wrapping the store writer's
    private ``submit`` in this script (library code is not modified).
@@ -770,7 +770,7 @@ def render(report: dict[str, Any]) -> str:
     last = report["steps"][-1]
     lines.append(
         f"  the model request of the last step carried {last['history_messages_at_end']:,}"
-        " messages; the runtime reloads and decodes the whole history every step"
+        " messages; each step reads only the history rows changed since the last one"
     )
     if any(r["budget_hit"] for r in report["steps"]):
         lines.append("* stopped by the time budget")

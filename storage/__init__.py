@@ -22,7 +22,14 @@ from storage.errors import (
 from storage.follow import FollowDispatcher, LogFollow
 from storage.interfaces import BatchObserver, EventLog, SessionReads, Store
 from storage.lease import Fence, Lease, LeaseUse, default_host_id, fenced
-from storage.queries import Claim, OpenToolCall, Queries, RunningShell, ToolProcess
+from storage.queries import (
+    Claim,
+    DrainStart,
+    OpenToolCall,
+    Queries,
+    RunningShell,
+    ToolProcess,
+)
 from storage.rebuild import dump_projections, rebuild_projections
 from storage.recorder import (
     Command,
@@ -43,6 +50,7 @@ __all__ = [
     "Claim",
     "Command",
     "DivergedError",
+    "DrainStart",
     "EntryWrite",
     "EventLog",
     "Fence",

@@ -42,8 +42,8 @@ def _started(rec: RecordedEvent, e: ev.CompactionStarted) -> tuple[Op, ...]:
         touch(rec),
         Op(
             "INSERT INTO session_message"
-            " (id, session_id, type, seq, time_created, time_updated, data)"
-            " VALUES (?, ?, 'compaction', ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            " (id, session_id, type, seq, time_created, time_updated, data, changed)"
+            " VALUES (?, ?, 'compaction', ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
             (
                 compaction_message_id(rec, e),
                 e.session_id,
@@ -51,6 +51,7 @@ def _started(rec: RecordedEvent, e: ev.CompactionStarted) -> tuple[Op, ...]:
                 rec.created,
                 rec.created,
                 orjson.dumps(data).decode(),
+                rec.position,
             ),
             expect=1,
             reason="message.id-taken",
@@ -60,7 +61,7 @@ def _started(rec: RecordedEvent, e: ev.CompactionStarted) -> tuple[Op, ...]:
 
 
 _SETTLE: Final = (
-    "UPDATE session_message SET time_updated = ?, data = json_patch(data, ?)"
+    "UPDATE session_message SET time_updated = ?, data = json_patch(data, ?), changed = ?"
     " WHERE session_id = ? AND type = 'compaction'"
     " AND json_extract(data, '$.status') = 'running'"
 )
@@ -69,7 +70,7 @@ _SETTLE: Final = (
 def _settle(rec: RecordedEvent, patch: dict[str, Any]) -> Op:
     return Op(
         _SETTLE,
-        (rec.created, orjson.dumps(patch).decode(), rec.aggregate_id),
+        (rec.created, orjson.dumps(patch).decode(), rec.position, rec.aggregate_id),
         expect=1,
         reason="compaction.not-running",
         subject=rec.aggregate_id,

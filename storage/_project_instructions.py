@@ -64,9 +64,17 @@ def _updated(rec: RecordedEvent, e: ev.InstructionsUpdated) -> tuple[Op, ...]:
         ops.append(
             Op(
                 "INSERT INTO session_message"
-                " (id, session_id, type, seq, time_created, time_updated, data)"
-                " VALUES (?, ?, 'system', ?, ?, ?, ?)",
-                (system_message_id(rec.id), e.session_id, rec.seq, rec.created, rec.created, data),
+                " (id, session_id, type, seq, time_created, time_updated, data, changed)"
+                " VALUES (?, ?, 'system', ?, ?, ?, ?, ?)",
+                (
+                    system_message_id(rec.id),
+                    e.session_id,
+                    rec.seq,
+                    rec.created,
+                    rec.created,
+                    data,
+                    rec.position,
+                ),
             )
         )
     return tuple(ops)

@@ -141,8 +141,8 @@ def _step_started(rec: RecordedEvent, e: ev.StepStarted) -> tuple[Op, ...]:
         # A later physical attempt of the same step keeps its assistant message.
         Op(
             "INSERT INTO session_message"
-            " (id, session_id, type, seq, time_created, time_updated, data)"
-            " VALUES (?, ?, 'assistant', ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            " (id, session_id, type, seq, time_created, time_updated, data, changed)"
+            " VALUES (?, ?, 'assistant', ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
             (
                 e.assistant_message_id,
                 e.session_id,
@@ -150,6 +150,7 @@ def _step_started(rec: RecordedEvent, e: ev.StepStarted) -> tuple[Op, ...]:
                 rec.created,
                 rec.created,
                 orjson.dumps(data).decode(),
+                rec.position,
             ),
         ),
     )
@@ -182,11 +183,12 @@ def _message_update(rec: RecordedEvent, message_id: str, fields: dict[str, Any])
     # quoted strings, and the PostgreSQL twin of json_set takes JSON values only.
     paths = ", ".join(f"'$.{k}', json(?)" for k in fields)
     return Op(
-        f"UPDATE session_message SET data = json_set(data, {paths}), time_updated = ?"
-        " WHERE id = ? AND session_id = ?",
+        f"UPDATE session_message SET data = json_set(data, {paths}), time_updated = ?,"
+        " changed = ? WHERE id = ? AND session_id = ?",
         (
             *(orjson.dumps(v).decode() for v in fields.values()),
             rec.created,
+            rec.position,
             message_id,
             rec.aggregate_id,
         ),
@@ -221,8 +223,8 @@ def _step_failed(rec: RecordedEvent, e: ev.StepFailed) -> tuple[Op, ...]:
 
 
 _PART_INSERT: Final = (
-    "INSERT INTO session_part (message_id, session_id, key, position, status, data)"
-    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (message_id, key) DO NOTHING"
+    "INSERT INTO session_part (message_id, session_id, key, position, status, data, changed)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (message_id, key) DO NOTHING"
 )
 
 
@@ -231,7 +233,15 @@ def _part(
 ) -> Op:
     return Op(
         sql,
-        (message_id, rec.aggregate_id, key, rec.seq, status, orjson.dumps(data).decode()),
+        (
+            message_id,
+            rec.aggregate_id,
+            key,
+            rec.seq,
+            status,
+            orjson.dumps(data).decode(),
+            rec.position,
+        ),
     )
 
 
@@ -257,10 +267,11 @@ def _block_ended(kind: str) -> Callable[..., tuple[Op, ...]]:
 def _part_fill(rec: RecordedEvent, message_id: str, key: str, data: Any) -> Op:
     # Keeps the position of the started part; creates it if no start was recorded.
     return Op(
-        "INSERT INTO session_part (message_id, session_id, key, position, status, data)"
-        " VALUES (?, ?, ?, ?, NULL, ?)"
-        " ON CONFLICT (message_id, key) DO UPDATE SET data = excluded.data",
-        (message_id, rec.aggregate_id, key, rec.seq, orjson.dumps(data).decode()),
+        "INSERT INTO session_part (message_id, session_id, key, position, status, data, changed)"
+        " VALUES (?, ?, ?, ?, NULL, ?, ?)"
+        " ON CONFLICT (message_id, key) DO UPDATE SET data = excluded.data,"
+        " changed = excluded.changed",
+        (message_id, rec.aggregate_id, key, rec.seq, orjson.dumps(data).decode(), rec.position),
     )
 
 
@@ -272,9 +283,9 @@ def _tool_input_started(rec: RecordedEvent, e: ev.ToolInputStarted) -> tuple[Op,
 def _tool_input_ended(rec: RecordedEvent, e: ev.ToolInputEnded) -> tuple[Op, ...]:
     return (
         Op(
-            "UPDATE session_part SET data = json_set(data, '$.raw', json(?))"
+            "UPDATE session_part SET data = json_set(data, '$.raw', json(?)), changed = ?"
             " WHERE message_id = ? AND key = ?",
-            (orjson.dumps(e.text).decode(), e.assistant_message_id, f"tool:{e.id}"),
+            (orjson.dumps(e.text).decode(), rec.position, e.assistant_message_id, f"tool:{e.id}"),
         ),
     )
 
@@ -293,17 +304,19 @@ def _tool_called(rec: RecordedEvent, e: ev.ToolCalled) -> tuple[Op, ...]:
         data["metadata"] = {"providerExecuted": True}
     return (
         Op(
-            "INSERT INTO session_part (message_id, session_id, key, position, status, data)"
-            " VALUES (?, ?, ?, ?, 'running', ?)"
+            "INSERT INTO session_part"
+            " (message_id, session_id, key, position, status, data, changed)"
+            " VALUES (?, ?, ?, ?, 'running', ?, ?)"
             " ON CONFLICT (message_id, key) DO UPDATE SET status = 'running',"
             " data = json_set(session_part.data, '$.status', json('\"running\"'),"
-            " '$.input', json(?))",
+            " '$.input', json(?)), changed = excluded.changed",
             (
                 e.assistant_message_id,
                 e.session_id,
                 f"tool:{e.id}",
                 rec.seq,
                 orjson.dumps(data).decode(),
+                rec.position,
                 orjson.dumps(dict(e.input)).decode(),
             ),
         ),
@@ -349,12 +362,14 @@ def _tool_settled(
             (message_id, call_id),
         ),
         Op(
-            f"UPDATE session_part SET status = ?, data = json_set(data, '$.status', json(?){paths})"
+            "UPDATE session_part SET status = ?,"
+            f" data = json_set(data, '$.status', json(?){paths}), changed = ?"
             " WHERE message_id = ? AND key = ? AND session_id = ?",
             (
                 status,
                 orjson.dumps(status).decode(),
                 *(orjson.dumps(v).decode() for v in fields.values()),
+                rec.position,
                 message_id,
                 f"tool:{call_id}",
                 rec.aggregate_id,

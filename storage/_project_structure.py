@@ -80,17 +80,18 @@ def _forked(rec: RecordedEvent, e: ev.SessionForked) -> tuple[Op, ...]:
         ),
         Op(
             "INSERT INTO session_message"
-            " (id, session_id, type, seq, time_created, time_updated, data)"
+            " (id, session_id, type, seq, time_created, time_updated, data, changed)"
             " SELECT 'msg_' || ? || '_' || m.seq, ?, m.type,"
             " m.seq - (SELECT max(seq) FROM session_message WHERE session_id = ?) - 1,"
-            f" m.time_created, m.time_updated, m.data FROM session_message m WHERE {where}",
-            (evt, e.session_id, e.parent_id, *params),
+            f" m.time_created, m.time_updated, m.data, ? FROM session_message m WHERE {where}",
+            (evt, e.session_id, e.parent_id, rec.position, *params),
         ),
         Op(
-            "INSERT INTO session_part (message_id, session_id, key, position, status, data)"
-            " SELECT 'msg_' || ? || '_' || m.seq, ?, p.key, p.position, p.status, p.data"
+            "INSERT INTO session_part"
+            " (message_id, session_id, key, position, status, data, changed)"
+            " SELECT 'msg_' || ? || '_' || m.seq, ?, p.key, p.position, p.status, p.data, ?"
             f" FROM session_part p JOIN session_message m ON m.id = p.message_id WHERE {where}",
-            (evt, e.session_id, *params),
+            (evt, e.session_id, rec.position, *params),
         ),
     )
 
@@ -172,8 +173,8 @@ def _message_imported(rec: RecordedEvent, e: ev.MessageImported) -> tuple[Op, ..
         touch(rec),
         Op(
             "INSERT INTO session_message"
-            " (id, session_id, type, seq, time_created, time_updated, data)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+            " (id, session_id, type, seq, time_created, time_updated, data, changed)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
             (
                 message_id,
                 e.session_id,
@@ -182,6 +183,7 @@ def _message_imported(rec: RecordedEvent, e: ev.MessageImported) -> tuple[Op, ..
                 created,
                 int(time.get("updated", created)),
                 orjson.dumps(data).decode(),
+                rec.position,
             ),
             expect=1,
             reason="message.id-taken",
@@ -192,8 +194,9 @@ def _message_imported(rec: RecordedEvent, e: ev.MessageImported) -> tuple[Op, ..
         status = part.get("status") if part.get("type") == "tool" else None
         ops.append(
             Op(
-                "INSERT INTO session_part (message_id, session_id, key, position, status, data)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO session_part"
+                " (message_id, session_id, key, position, status, data, changed)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     message_id,
                     e.session_id,
@@ -201,6 +204,7 @@ def _message_imported(rec: RecordedEvent, e: ev.MessageImported) -> tuple[Op, ..
                     position,
                     status,
                     orjson.dumps(part).decode(),
+                    rec.position,
                 ),
             )
         )

@@ -25,7 +25,15 @@ from protocol import events as ev
 from protocol.cursor import MessageAnchor, SessionAnchor, SessionQuery
 from protocol.shapes import CompactionMessage, InboxItem, Order, Page, Session, SessionMessage
 from storage.lease import Lease
-from storage.queries import Claim, InstructionState, OpenToolCall, Row, RunningShell, ToolProcess
+from storage.queries import (
+    Claim,
+    DrainStart,
+    InstructionState,
+    OpenToolCall,
+    Row,
+    RunningShell,
+    ToolProcess,
+)
 from storage.recorder import Command, RecordedEvent, Recorder, Subscriber
 
 __all__ = ["BatchObserver", "EventLog", "SessionReads", "Store"]
@@ -87,6 +95,18 @@ class SessionReads(Protocol):
 
     async def context(self, session_id: str) -> list[SessionMessage]:
         """The active history: from the last completed compaction on (all without one)."""
+        ...
+
+    async def full_context(self, session_id: str) -> list[SessionMessage]:
+        """:meth:`context` read in full, past any cache (what the cached read must equal)."""
+        ...
+
+    async def step_inputs(self, session_id: str) -> tuple[Session | None, list[SessionMessage]]:
+        """:meth:`session` and :meth:`context` in one round trip (one snapshot)."""
+        ...
+
+    async def drain_start(self, session_id: str) -> DrainStart:
+        """The session, what a crash left open in it, and its inbox, in one round trip."""
         ...
 
     async def newest_message(self, session_id: str) -> str | None: ...

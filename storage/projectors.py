@@ -134,9 +134,10 @@ def _enqueued(rec: RecordedEvent, e: ev.InboxEnqueued) -> tuple[Op, ...]:
 # receipt after the inbox row is gone: the payload, the delivery mode and the
 # admission time.
 _DELIVER_MESSAGE: Final = (
-    "INSERT INTO session_message (id, session_id, type, seq, time_created, time_updated, data)"
+    "INSERT INTO session_message"
+    " (id, session_id, type, seq, time_created, time_updated, data, changed)"
     " SELECT id, session_id, type, ?, ?, ?,"
-    " json_object('payload', json(payload), 'delivery', delivery, 'timeCreated', time_created)"
+    " json_object('payload', json(payload), 'delivery', delivery, 'timeCreated', time_created), ?"
     " FROM session_inbox WHERE id = ? AND session_id = ? AND type IN ('user', 'synthetic')"
 )
 
@@ -155,7 +156,10 @@ def _consume_pending(session_id: str, inbox_id: str) -> Op:
 def _delivered(rec: RecordedEvent, e: ev.InboxDelivered) -> tuple[Op, ...]:
     return (
         touch(rec),
-        Op(_DELIVER_MESSAGE, (rec.seq, rec.created, rec.created, e.inbox_id, e.session_id)),
+        Op(
+            _DELIVER_MESSAGE,
+            (rec.seq, rec.created, rec.created, rec.position, e.inbox_id, e.session_id),
+        ),
         _consume_pending(e.session_id, e.inbox_id),
     )
 
@@ -188,8 +192,8 @@ def _synthetic(rec: RecordedEvent, e: ev.SyntheticRecorded) -> tuple[Op, ...]:
         touch(rec),
         Op(
             "INSERT INTO session_message"
-            " (id, session_id, type, seq, time_created, time_updated, data)"
-            " SELECT ?, ?, 'synthetic', ?, ?, ?, ?"
+            " (id, session_id, type, seq, time_created, time_updated, data, changed)"
+            " SELECT ?, ?, 'synthetic', ?, ?, ?, ?, ?"
             " WHERE NOT EXISTS (SELECT 1 FROM session_inbox WHERE id = ?)"
             " ON CONFLICT (id) DO NOTHING",
             (
@@ -199,6 +203,7 @@ def _synthetic(rec: RecordedEvent, e: ev.SyntheticRecorded) -> tuple[Op, ...]:
                 rec.created,
                 rec.created,
                 orjson.dumps(data).decode(),
+                rec.position,
                 e.message_id,
             ),
             expect=1,
@@ -220,8 +225,8 @@ def _shell_started(rec: RecordedEvent, e: ev.ShellStarted) -> tuple[Op, ...]:
         touch(rec),
         Op(
             "INSERT INTO session_message"
-            " (id, session_id, type, seq, time_created, time_updated, data)"
-            " SELECT ?, ?, 'shell', ?, ?, ?, ?"
+            " (id, session_id, type, seq, time_created, time_updated, data, changed)"
+            " SELECT ?, ?, 'shell', ?, ?, ?, ?, ?"
             " WHERE NOT EXISTS (SELECT 1 FROM session_inbox WHERE id = ?)"
             " ON CONFLICT (id) DO NOTHING",
             (
@@ -231,6 +236,7 @@ def _shell_started(rec: RecordedEvent, e: ev.ShellStarted) -> tuple[Op, ...]:
                 rec.created,
                 rec.created,
                 _shell_data(e.shell, None),
+                rec.position,
                 e.shell.id,
             ),
             expect=1,
@@ -244,10 +250,10 @@ def _shell_spawned(rec: RecordedEvent, e: ev.ShellSpawned) -> tuple[Op, ...]:
     process = {"pgid": e.pgid, "startTicks": e.start_ticks, "bootID": e.boot_id}
     return (
         Op(
-            "UPDATE session_message SET data = json_set(data, '$.process', json(?))"
+            "UPDATE session_message SET data = json_set(data, '$.process', json(?)), changed = ?"
             " WHERE id = ? AND session_id = ? AND type = 'shell'"
             " AND json_extract(data, '$.shell.state') = 'running'",
-            (orjson.dumps(process).decode(), e.shell_id, e.session_id),
+            (orjson.dumps(process).decode(), rec.position, e.shell_id, e.session_id),
             expect=1,
             reason="shell.not-running",
             subject=e.shell_id,
@@ -259,10 +265,10 @@ def _shell_ended(rec: RecordedEvent, e: ev.ShellEnded) -> tuple[Op, ...]:
     return (
         touch(rec),
         Op(
-            "UPDATE session_message SET data = ?, time_updated = ?"
+            "UPDATE session_message SET data = ?, time_updated = ?, changed = ?"
             " WHERE id = ? AND session_id = ? AND type = 'shell'"
             " AND json_extract(data, '$.shell.state') = 'running'",
-            (_shell_data(e.shell, e.output), rec.created, e.shell.id, e.session_id),
+            (_shell_data(e.shell, e.output), rec.created, rec.position, e.shell.id, e.session_id),
             expect=1,
             reason="shell.not-running",
             subject=e.shell.id,

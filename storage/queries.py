@@ -7,6 +7,7 @@ nothing writes. ``fetch`` runs one statement on a read-only connection.
 from __future__ import annotations
 
 import sys
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -54,7 +55,9 @@ from storage.lease import Lease
 
 __all__ = [
     "Claim",
+    "DrainStart",
     "Fetch",
+    "FetchMany",
     "InstructionState",
     "OpenToolCall",
     "Queries",
@@ -111,6 +114,26 @@ class RunningShell:
 
 
 Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Row]]]
+#: Several statements in one round trip (one reader hop, one snapshot): their rows.
+FetchMany = Callable[[Sequence[tuple[str, Sequence[Any]]]], Awaitable[list[list[Row]]]]
+
+
+@attrs.frozen(kw_only=True)
+class DrainStart:
+    """What a drain reads before its first step, read together in one round trip.
+
+    A drain used to make six reads before it knew there was nothing stale to
+    settle; under 100 concurrent sessions each read's hand-off cost more
+    than its statement.
+    """
+
+    session: Session | None
+    tool_processes: list[ToolProcess]
+    open_tool_calls: list[OpenToolCall]
+    open_step: str | None
+    running_compaction: CompactionMessage | None
+    inbox: list[InboxItem]
+
 
 _SESSION_COLUMNS: Final = (
     "id, parent_id, title, agent, model, directory, metadata, cost, tokens_input,"
@@ -135,9 +158,64 @@ _WITH_PARTS: Final = (
     " END FROM session_message"
 )
 _INBOX_COLUMNS: Final = "id, session_id, type, payload, delivery, time_created"
+_SESSION_BY_ID: Final = f"SELECT {_SESSION_COLUMNS} FROM session WHERE id = ?"
+_CONTEXT: Final = (
+    f"{_WITH_PARTS} WHERE session_id = ? AND {_VISIBLE} AND seq >= coalesce((SELECT"
+    " max(seq) FROM session_message WHERE session_id = ? AND type = 'compaction'"
+    f" AND json_extract(data, '$.status') = 'completed' AND {_VISIBLE}), 0)"
+    " ORDER BY seq"
+)
+_INBOX: Final = (
+    f"SELECT {_INBOX_COLUMNS} FROM session_inbox WHERE session_id = ? ORDER BY enqueued_seq"
+)
+_OPEN_TOOL_CALLS: Final = (
+    "SELECT message_id, data FROM session_part"
+    " WHERE session_id = ? AND status IN ('streaming', 'running') ORDER BY position"
+)
+_TOOL_PROCESSES: Final = (
+    "SELECT p.session_id, p.message_id, p.call_id,"
+    " coalesce(json_extract(t.data, '$.name'), ''), p.pgid, p.start_ticks, p.boot_id"
+    " FROM tool_process p LEFT JOIN session_part t"
+    " ON t.message_id = p.message_id AND t.key = 'tool:' || p.call_id"
+    " {where} ORDER BY p.session_id, p.message_id, p.call_id"
+)
+_ONE_SESSION: Final = "WHERE p.session_id = ?"
+_RUNNING_COMPACTION: Final = (
+    f"SELECT {_MESSAGE_COLUMNS} FROM session_message WHERE session_id = ?"
+    " AND type = 'compaction' AND json_extract(data, '$.status') = 'running'"
+    " ORDER BY seq DESC LIMIT 1"
+)
+_OPEN_STEP: Final = (
+    "SELECT id, json_extract(data, '$.finish') IS NULL"
+    " AND json_extract(data, '$.error') IS NULL FROM session_message"
+    " WHERE session_id = ? AND type = 'assistant' ORDER BY seq DESC LIMIT 1"
+)
 #: Bytes of decoded messages kept, least recently used evicted first (values are
 #: immutable). An entry weighs its stored text: the decoded value holds about as much.
 DECODE_CACHE_BYTES: Final = 32 * 1024 * 1024
+#: Bytes of sessions' histories kept (:class:`HistoryCache`), least recently used
+#: session evicted first; a session weighs the stored text of its rows. A history
+#: heavier than the whole bound is not kept (every read of it is a full one).
+HISTORY_CACHE_BYTES: Final = 64 * 1024 * 1024
+
+# The state a history read checks its cached rows against, in the read's own
+# snapshot: the newest position (every later change is marked above it) and
+# how many message and part rows the session has (a removal shows as fewer).
+_HISTORY_STATE: Final = (
+    "SELECT (SELECT coalesce(max(position), 0) FROM event),"
+    " (SELECT count(*) FROM session_message WHERE session_id = ?),"
+    " (SELECT count(*) FROM session_part WHERE session_id = ?)"
+)
+# A session's messages written after a position, or whose parts were. The
+# second branch is driven by the parts' index and finds its messages by id
+# (``changed + 0`` keeps SQLite from scanning the session's messages by the
+# marker index instead); a part's session is its message's.
+_HISTORY_CHANGED: Final = (
+    f"{_WITH_PARTS} WHERE session_id = ? AND changed > ?"
+    f" UNION ALL {_WITH_PARTS} WHERE id IN"
+    " (SELECT message_id FROM session_part WHERE session_id = ? AND changed > ?)"
+    " AND changed + 0 <= ?"
+)
 
 
 #: Hashes per blob read statement (reference §4.11).
@@ -154,9 +232,92 @@ class InstructionState:
     current: Mapping[str, str]
 
 
+@attrs.frozen
+class _History:
+    """One session's message rows as of ``marker`` (a log position), in seq order.
+
+    Never changed once built: a read derives a new one from it and the rows
+    changed since, so two reads of one session racing each other cannot mix
+    their snapshots.
+    """
+
+    marker: int
+    order: tuple[SessionMessage, ...]
+    seqs: tuple[int, ...]
+    #: id -> (message, its weight in bytes)
+    by_id: Mapping[str, tuple[SessionMessage, int]]
+    #: Seqs of completed compactions (the candidates for the active boundary).
+    completed: frozenset[int]
+    parts: int
+    weight: int
+
+    def active(self, revert: SessionRevert | None) -> list[SessionMessage]:
+        """The active history: visible rows from the last visible completed compaction on.
+
+        The same rows as the full read (``_CONTEXT``): a staged revert hides
+        its boundary message and everything after it.
+        """
+        end = len(self.order)
+        hidden = None if revert is None else self.by_id.get(revert.message_id)
+        if hidden is not None:
+            end = bisect_left(self.seqs, hidden[0].seq)
+        limit = self.seqs[end] if end < len(self.seqs) else None
+        boundary = max((s for s in self.completed if limit is None or s < limit), default=None)
+        start = 0 if boundary is None else bisect_left(self.seqs, boundary)
+        return list(self.order[start:end])
+
+
+class HistoryCache:
+    """Sessions' message rows by session, bounded by bytes (:data:`HISTORY_CACHE_BYTES`).
+
+    A step used to re-read and re-decode its session's whole history: the cost
+    of a turn grew with the session. Each read now fetches only the rows
+    written (``changed``) after the position its cached copy was read at, and
+    checks the row counts of its own snapshot: a removal (a revert's commit,
+    a deletion) leaves fewer rows than the copy holds, and the read starts
+    over from a full one. Visibility (a staged revert) and the compaction
+    boundary are worked out from the session row of the same snapshot.
+    """
+
+    def __init__(self, max_bytes: int = HISTORY_CACHE_BYTES) -> None:
+        self._entries: ByteLRU[str, _History] = ByteLRU(max_bytes)
+
+    @property
+    def bytes(self) -> int:
+        return self._entries.bytes
+
+    @property
+    def max_bytes(self) -> int:
+        return self._entries.max_bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, session_id: str) -> _History | None:
+        return self._entries.get(session_id)
+
+    def keep(self, session_id: str, history: _History) -> None:
+        """Keep ``history`` unless a read of a newer snapshot got there first."""
+        current = self._entries.get(session_id)
+        if current is None or current.marker < history.marker:
+            self._entries.put(session_id, history, history.weight)
+
+    def forget(self, session_id: str) -> None:
+        self._entries.discard(session_id)
+
+
 class Queries:
-    def __init__(self, fetch: Fetch, *, cache_bytes: int = DECODE_CACHE_BYTES) -> None:
+    def __init__(
+        self,
+        fetch: Fetch,
+        *,
+        cache_bytes: int = DECODE_CACHE_BYTES,
+        fetch_many: FetchMany | None = None,
+        history_bytes: int = HISTORY_CACHE_BYTES,
+    ) -> None:
         self._fetch = fetch
+        self._fetch_many = fetch_many or self._fetch_each
+        self.histories = HistoryCache(history_bytes)
         # By message id: (fingerprint of the stored text, decoded message).
         self._cache: ByteLRU[str, tuple[tuple[Any, ...], SessionMessage]] = ByteLRU(cache_bytes)
 
@@ -165,12 +326,13 @@ class Queries:
         """The decode cache (its ``bytes`` and ``max_bytes`` are what tests and tools read)."""
         return self._cache
 
+    async def _fetch_each(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Row]]:
+        return [await self._fetch(sql, params) for sql, params in statements]
+
     # -- sessions -------------------------------------------------------------------------------
 
     async def session(self, session_id: str) -> Session | None:
-        rows = await self._fetch(
-            f"SELECT {_SESSION_COLUMNS} FROM session WHERE id = ?", (session_id,)
-        )
+        rows = await self._fetch(_SESSION_BY_ID, (session_id,))
         return _session(rows[0]) if rows else None
 
     async def children(self, session_id: str) -> list[str]:
@@ -248,14 +410,97 @@ class Queries:
 
     async def context(self, session_id: str) -> list[SessionMessage]:
         """The active history: from the last completed compaction on (all without one)."""
-        rows = await self._fetch(
-            f"{_WITH_PARTS} WHERE session_id = ? AND {_VISIBLE} AND seq >= coalesce((SELECT"
-            " max(seq) FROM session_message WHERE session_id = ? AND type = 'compaction'"
-            f" AND json_extract(data, '$.status') = 'completed' AND {_VISIBLE}), 0)"
-            " ORDER BY seq",
-            (session_id, session_id),
-        )
+        return (await self.step_inputs(session_id))[1]
+
+    async def full_context(self, session_id: str) -> list[SessionMessage]:
+        """:meth:`context` read in full, past the history cache (what it must equal)."""
+        rows = await self._fetch(_CONTEXT, (session_id, session_id))
         return [self._decoded(r) for r in rows]
+
+    async def step_inputs(self, session_id: str) -> tuple[Session | None, list[SessionMessage]]:
+        """:meth:`session` and :meth:`context` in one round trip (one snapshot).
+
+        The history comes from :attr:`histories` brought up to date with the
+        rows changed since it was read; a removal seen in the snapshot costs
+        one more round trip, a full read.
+        """
+        base = self.histories.get(session_id)
+        session, history = await self._read_history(session_id, base)
+        if history is None:
+            session, history = await self._read_history(session_id, None)
+            assert history is not None  # a full read always adds up
+        if session is None:
+            self.histories.forget(session_id)
+            return None, []
+        self.histories.keep(session_id, history)
+        return session, history.active(session.revert)
+
+    async def _read_history(
+        self, session_id: str, base: _History | None
+    ) -> tuple[Session | None, _History | None]:
+        """The session and its rows from ``base`` on; None rows when they do not add up."""
+        marker = -1 if base is None else base.marker
+        session_rows, state, rows = await self._fetch_many(
+            [
+                (_SESSION_BY_ID, (session_id,)),
+                (_HISTORY_STATE, (session_id, session_id)),
+                (_HISTORY_CHANGED, (session_id, marker, session_id, marker, marker)),
+            ]
+        )
+        session = _session(session_rows[0]) if session_rows else None
+        position, messages, parts = (int(v) for v in state[0])
+        history = self._merged(session_id, base, rows, position)
+        if len(history.by_id) != messages or history.parts != parts:
+            return session, None  # rows were removed since ``base``: read in full
+        return session, history
+
+    def _merged(
+        self, session_id: str, base: _History | None, rows: Sequence[Row], marker: int
+    ) -> _History:
+        by_id: dict[str, tuple[SessionMessage, int]] = {} if base is None else dict(base.by_id)
+        order = [] if base is None else list(base.order)
+        seqs = [] if base is None else list(base.seqs)
+        completed = set() if base is None else set(base.completed)
+        parts = 0 if base is None else base.parts
+        weight = 0 if base is None else base.weight
+        resort = False
+        for row in rows:
+            if row[1] != session_id:
+                continue  # never, by construction (a part's session is its message's)
+            message = self._decoded(row)
+            size = sys.getsizeof(row[6]) + (0 if row[7] is None else sys.getsizeof(row[7]))
+            old = by_id.get(message.id)
+            by_id[message.id] = (message, size)
+            weight += size
+            parts += _parts(message)
+            if old is not None:
+                weight -= old[1]
+                parts -= _parts(old[0])
+                completed.discard(old[0].seq)
+                i = bisect_left(seqs, old[0].seq)
+                if old[0].seq == message.seq and i < len(seqs) and seqs[i] == message.seq:
+                    order[i] = message
+                else:
+                    resort = True
+            elif not seqs or message.seq > seqs[-1]:
+                order.append(message)
+                seqs.append(message.seq)
+            else:
+                resort = True
+            if isinstance(message, CompactionMessage) and message.status == "completed":
+                completed.add(message.seq)
+        if resort:
+            order = sorted((m for m, _ in by_id.values()), key=_seq)
+            seqs = [m.seq for m in order]
+        return _History(
+            marker=marker,
+            order=tuple(order),
+            seqs=tuple(seqs),
+            by_id=by_id,
+            completed=frozenset(completed),
+            parts=parts,
+            weight=weight,
+        )
 
     def _decoded(self, row: Row) -> SessionMessage:
         # Steps reload the whole history; decoding it again each time was the
@@ -424,61 +669,41 @@ class Queries:
 
     async def open_tool_calls(self, session_id: str) -> list[OpenToolCall]:
         """Tool parts still streaming or running (stale after a crash or restart)."""
-        rows = await self._fetch(
-            "SELECT message_id, data FROM session_part"
-            " WHERE session_id = ? AND status IN ('streaming', 'running') ORDER BY position",
-            (session_id,),
-        )
-        calls = []
-        for message_id, data in rows:
-            part = orjson.loads(data)
-            calls.append(
-                OpenToolCall(
-                    assistant_message_id=message_id,
-                    id=part["id"],
-                    name=part.get("name", ""),
-                    status=part["status"],
-                )
-            )
-        return calls
+        return _open_tool_calls(await self._fetch(_OPEN_TOOL_CALLS, (session_id,)))
 
     async def tool_processes(self, session_id: str | None = None) -> list[ToolProcess]:
         """Process groups of tool calls without a terminal: all, or one session's."""
-        where, params = ("WHERE p.session_id = ?", (session_id,)) if session_id else ("", ())
-        rows = await self._fetch(
-            "SELECT p.session_id, p.message_id, p.call_id,"
-            " coalesce(json_extract(t.data, '$.name'), ''), p.pgid, p.start_ticks, p.boot_id"
-            " FROM tool_process p LEFT JOIN session_part t"
-            " ON t.message_id = p.message_id AND t.key = 'tool:' || p.call_id"
-            f" {where} ORDER BY p.session_id, p.message_id, p.call_id",
-            params,
-        )
-        return [
-            ToolProcess(
-                session_id=r[0],
-                assistant_message_id=r[1],
-                call_id=r[2],
-                name=r[3],
-                pgid=r[4],
-                start_ticks=r[5],
-                boot_id=r[6],
-            )
-            for r in rows
-        ]
+        if session_id:
+            rows = await self._fetch(_TOOL_PROCESSES.format(where=_ONE_SESSION), (session_id,))
+        else:
+            rows = await self._fetch(_TOOL_PROCESSES.format(where=""), ())
+        return _tool_processes(rows)
 
     async def running_compaction(self, session_id: str) -> CompactionMessage | None:
         """The session's compaction still ``running`` (a crash or restart cut it off)."""
-        rows = await self._fetch(
-            f"SELECT {_MESSAGE_COLUMNS} FROM session_message WHERE session_id = ?"
-            " AND type = 'compaction' AND json_extract(data, '$.status') = 'running'"
-            " ORDER BY seq DESC LIMIT 1",
-            (session_id,),
+        return _running_compaction(await self._fetch(_RUNNING_COMPACTION, (session_id,)))
+
+    async def drain_start(self, session_id: str) -> DrainStart:
+        """The session, what a crash or restart left open in it, and its pending input."""
+        one = (session_id,)
+        session, processes, calls, step, compaction, inbox = await self._fetch_many(
+            [
+                (_SESSION_BY_ID, one),
+                (_TOOL_PROCESSES.format(where=_ONE_SESSION), one),
+                (_OPEN_TOOL_CALLS, one),
+                (_OPEN_STEP, one),
+                (_RUNNING_COMPACTION, one),
+                (_INBOX, one),
+            ]
         )
-        if not rows:
-            return None
-        message = message_from_row(rows[0])
-        assert isinstance(message, CompactionMessage)
-        return message
+        return DrainStart(
+            session=_session(session[0]) if session else None,
+            tool_processes=_tool_processes(processes),
+            open_tool_calls=_open_tool_calls(calls),
+            open_step=_open_step(step),
+            running_compaction=_running_compaction(compaction),
+            inbox=[_inbox_item(r) for r in inbox],
+        )
 
     async def permission_requests(self, session_id: str) -> list[ev.PermissionAsked]:
         """The session's unanswered permission requests, oldest first (at most 1,000)."""
@@ -511,22 +736,12 @@ class Queries:
 
         Only the newest can be open: a step settles before the next one starts.
         """
-        rows = await self._fetch(
-            "SELECT id, json_extract(data, '$.finish') IS NULL"
-            " AND json_extract(data, '$.error') IS NULL FROM session_message"
-            " WHERE session_id = ? AND type = 'assistant' ORDER BY seq DESC LIMIT 1",
-            (session_id,),
-        )
-        return rows[0][0] if rows and rows[0][1] else None
+        return _open_step(await self._fetch(_OPEN_STEP, (session_id,)))
 
     # -- inbox ----------------------------------------------------------------------------------
 
     async def inbox(self, session_id: str) -> list[InboxItem]:
-        rows = await self._fetch(
-            f"SELECT {_INBOX_COLUMNS} FROM session_inbox WHERE session_id = ?"
-            " ORDER BY enqueued_seq",
-            (session_id,),
-        )
+        rows = await self._fetch(_INBOX, (session_id,))
         return [_inbox_item(r) for r in rows]
 
     async def admission(self, item_id: str) -> InboxItem | None:
@@ -690,6 +905,56 @@ def _session(r: Row) -> Session:
         fork_session_id=r[17],
         fork_boundary=None if r[18] is None else codec.from_json(ForkBoundary, orjson.loads(r[18])),
     )
+
+
+def _parts(message: SessionMessage) -> int:
+    return len(message.parts) if isinstance(message, AssistantMessage) else 0
+
+
+def _seq(message: SessionMessage) -> int:
+    return message.seq
+
+
+def _open_tool_calls(rows: Sequence[Row]) -> list[OpenToolCall]:
+    calls = []
+    for message_id, data in rows:
+        part = orjson.loads(data)
+        calls.append(
+            OpenToolCall(
+                assistant_message_id=message_id,
+                id=part["id"],
+                name=part.get("name", ""),
+                status=part["status"],
+            )
+        )
+    return calls
+
+
+def _tool_processes(rows: Sequence[Row]) -> list[ToolProcess]:
+    return [
+        ToolProcess(
+            session_id=r[0],
+            assistant_message_id=r[1],
+            call_id=r[2],
+            name=r[3],
+            pgid=r[4],
+            start_ticks=r[5],
+            boot_id=r[6],
+        )
+        for r in rows
+    ]
+
+
+def _running_compaction(rows: Sequence[Row]) -> CompactionMessage | None:
+    if not rows:
+        return None
+    message = message_from_row(rows[0])
+    assert isinstance(message, CompactionMessage)
+    return message
+
+
+def _open_step(rows: Sequence[Row]) -> str | None:
+    return str(rows[0][0]) if rows and rows[0][1] else None
 
 
 def _inbox_item(r: Row) -> InboxItem:

@@ -202,8 +202,20 @@ CREATE TABLE event_fence (
 CREATE INDEX event_fence_session ON event_fence (session_id, epoch);
 """
 
+# v10: a change marker on transcript rows: the position of the last event
+# that wrote the row (set by every projector that inserts or updates one), so
+# a reader holding a session's history re-reads only the rows changed since
+# (see ``storage.queries.HistoryCache``). Rows from before v10 keep 0: a
+# reader's first read of a session is always a full one.
+_V10: Final = """
+ALTER TABLE session_message ADD COLUMN changed INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE session_part ADD COLUMN changed INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX session_message_changed ON session_message (session_id, changed);
+CREATE INDEX session_part_changed ON session_part (session_id, changed);
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).

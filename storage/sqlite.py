@@ -50,6 +50,19 @@ def _fetch_boxed(conn: aiosqlite.Connection, sql: str, params: Sequence[Any]) ->
     return [conn._conn.execute(sql, params).fetchall()]
 
 
+def _fetch_many_boxed(
+    conn: aiosqlite.Connection, statements: Sequence[tuple[str, Sequence[Any]]]
+) -> list[list[list[Row]]]:
+    """On the reader's thread: each statement's rows, all from one read snapshot."""
+    raw = conn._conn
+    raw.execute("BEGIN")
+    try:
+        out = [raw.execute(sql, params).fetchall() for sql, params in statements]
+    finally:
+        raw.execute("COMMIT")
+    return [out]
+
+
 log = logging.getLogger(__name__)
 
 #: A batch handed to the writer never holds more commands than this, so one
@@ -95,7 +108,9 @@ class SQLiteStore:
         #: Called after each batch with (commands, seconds from hand-off to outcome).
         self.batch_observers: list[Callable[[int, float], None]] = []
         self._batch_started = 0.0
-        self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
+        self.queries = Queries(
+            self.fetch, cache_bytes=decode_cache_bytes, fetch_many=self.fetch_many
+        )
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -280,6 +295,19 @@ class SQLiteStore:
             # keeps only the empty box.
             box: list[list[Row]] = await conn._execute(  # type: ignore[no-untyped-call]
                 _fetch_boxed, conn, sql, params
+            )
+            return box.pop()
+
+    async def fetch_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Row]]:
+        """Several statements in one hop to a reader thread, in one read snapshot.
+
+        Each hop costs the loop a thread hand-off and a wake-up, which under
+        load (100 sessions stepping) weighed more than the statements: the
+        reads a drain makes together go together.
+        """
+        async with self.reader() as conn:
+            box: list[list[list[Row]]] = await conn._execute(  # type: ignore[no-untyped-call]
+                _fetch_many_boxed, conn, statements
             )
             return box.pop()
 

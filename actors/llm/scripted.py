@@ -178,6 +178,7 @@ from actors.llm._stream import (
 )
 from actors.llm.max_steps import is_max_steps_message
 from protocol import codec
+from protocol.lru import ByteLRU
 
 __all__ = [
     "PARTIAL_TEXT",
@@ -287,13 +288,18 @@ def _default_summary(request: ModelRequest) -> str:
 
 
 def step_index(messages: Sequence[ChatMessage]) -> int:
-    """Assistant messages after the last user message, the max-steps directive aside."""
-    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
-    return sum(
-        1
-        for m in messages[last_user + 1 :]
-        if m.role == "assistant" and not is_max_steps_message(m)
-    )
+    """Assistant messages after the last user message, the max-steps directive aside.
+
+    Walks back from the end only as far as that user message: a scan of the
+    whole request made the scripted model's cost grow with the history.
+    """
+    count = 0
+    for m in reversed(messages):
+        if m.role == "user":
+            break
+        if m.role == "assistant" and not is_max_steps_message(m):
+            count += 1
+    return count
 
 
 def _attempt(request: ModelRequest) -> int:
@@ -391,16 +397,57 @@ def _tokens(chars: int) -> int:
     return math.ceil(chars / _CHARS_PER_TOKEN)
 
 
+#: Characters each request message was counted at, by identity (the runtime
+#: hands the same message objects back step after step), bounded by the text
+#: bytes the entries keep alive.
+_SEEN: Final[ByteLRU[int, tuple[ChatMessage, int]]] = ByteLRU(16 * 1024 * 1024)
+
+
+def _chars(message: ChatMessage) -> int:
+    entry = _SEEN.get(id(message))
+    if entry is not None and entry[0] is message:
+        return entry[1]
+    chars = 0
+    for part in message.parts:
+        if isinstance(part, TextContent | ReasoningContent | HostedContent):
+            chars += len(part.text)
+        elif isinstance(part, ToolCallContent):
+            chars += len(part.name) + len(_json(part.input))
+        elif isinstance(part, ToolResultContent):
+            chars += len(part.output)
+    _SEEN.put(id(message), (message, chars), chars)
+    return chars
+
+
+#: By session: the last request's messages and their running character counts,
+#: so the next request (the same messages and a few more) counts only its tail.
+#: Bounded by 16 bytes a message (a reference and a count; the messages are the
+#: runtime's own objects).
+_COUNTED: Final[ByteLRU[str, tuple[tuple[ChatMessage, ...], tuple[int, ...]]]] = ByteLRU(
+    4096 * 1024
+)
+_TAIL_TRIES: Final = 8
+
+
+def _request_chars(request: ModelRequest) -> int:
+    messages = request.messages
+    last = _COUNTED.get(request.session_id)
+    keep = 0
+    if last is not None:
+        n = min(len(last[0]), len(messages))
+        for k in range(n, max(n - _TAIL_TRIES, 0) - 1, -1):
+            if messages[:k] == last[0][:k]:
+                keep = k
+                break
+    sums = list(last[1][: keep + 1]) if last is not None and keep else [0]
+    for message in messages[keep:]:
+        sums.append(sums[-1] + _chars(message))
+    _COUNTED.put(request.session_id, (tuple(messages), tuple(sums)), 16 * len(sums))
+    return sums[-1]
+
+
 def _derived_usage(request: ModelRequest, blocks: Sequence[Block]) -> Usage:
-    seen = sum(map(len, request.system))
-    for message in request.messages:
-        for part in message.parts:
-            if isinstance(part, TextContent | ReasoningContent | HostedContent):
-                seen += len(part.text)
-            elif isinstance(part, ToolCallContent):
-                seen += len(part.name) + len(_json(part.input))
-            elif isinstance(part, ToolResultContent):
-                seen += len(part.output)
+    seen = sum(map(len, request.system)) + _request_chars(request)
     output = reasoning = 0
     for block in blocks:
         if isinstance(block, HostedResultBlock):

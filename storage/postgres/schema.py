@@ -302,7 +302,26 @@ ALTER TABLE session ADD COLUMN time_idle BIGINT;
 ALTER TABLE session ADD COLUMN time_viewed BIGINT;
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, LEASE_SCHEMA)
+# v10: the change marker of transcript rows (see storage.schema._V10).
+_V10: Final = """
+ALTER TABLE session_message ADD COLUMN changed BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE session_part ADD COLUMN changed BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX session_message_changed ON session_message (session_id, changed);
+CREATE INDEX session_part_changed ON session_part (session_id, changed);
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (
+    _V1,
+    _V2,
+    _V3,
+    _V4,
+    _V5,
+    _V6,
+    _V7,
+    _V8,
+    LEASE_SCHEMA,
+    _V10,
+)
 assert len(MIGRATIONS) == SCHEMA_VERSION, "a SQLite migration without its PostgreSQL twin"
 
 #: Key of the transaction-scoped advisory lock migrations take ("sessmigr").

@@ -116,7 +116,9 @@ class PostgresStore:
         self._subscribers = Subscribers()
         #: Called after each batch with (commands, seconds from hand-off to outcome).
         self.batch_observers: list[Callable[[int, float], None]] = []
-        self.queries = Queries(self.fetch, cache_bytes=decode_cache_bytes)
+        self.queries = Queries(
+            self.fetch, cache_bytes=decode_cache_bytes, fetch_many=self.fetch_many
+        )
         #: The optimistic path's statement plans (see :mod:`._fast`).
         self._plans = Plans()
         self._heads = Heads()
@@ -367,6 +369,23 @@ class PostgresStore:
         except (OSError, asyncpg.InterfaceError) as exc:
             raise StorageBrokenError(f"read failed: {_reason(exc)}") from None
         return [tuple(r) for r in rows]
+
+    async def fetch_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Row]]:
+        """Several statements on one connection, in one read-only snapshot."""
+        self._check_open()
+        assert self._pool is not None
+        try:
+            async with (
+                self._pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                out: list[list[Row]] = []
+                for sql, params in statements:
+                    rows = await conn.fetch(translate(sql), *params)
+                    out.append([tuple(r) for r in rows])
+        except (OSError, asyncpg.InterfaceError) as exc:
+            raise StorageBrokenError(f"read failed: {_reason(exc)}") from None
+        return out
 
     async def check_writable(
         self, timeout_s: float, blocking: Callable[..., Awaitable[None]]

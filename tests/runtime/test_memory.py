@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actors.history import ChatCache
+import attrs
+
+from actors.history import ChatCache, to_chat
 from actors.runtime import Runtime, RuntimeConfig
 from protocol.lru import ENTRY_OVERHEAD, ByteLRU
 from protocol.requests import PromptInput
-from protocol.shapes import MessageTime, UserMessage
+from protocol.shapes import AssistantMessage, MessageTime, TextPart, UserMessage
 
 BOUND = 3 * 1024 * 1024
 PROMPT = 1_000_000
@@ -30,6 +32,8 @@ async def test_large_prompts_keep_both_caches_within_their_byte_bound(
             chat = rt.runner.chat_cache
             assert queries.bytes <= queries.max_bytes == BOUND
             assert chat.bytes <= chat.max_bytes == BOUND
+            histories = rt.store.queries.histories
+            assert histories.bytes <= histories.max_bytes
         # Eight megabytes went through caches of three: most of it was let go,
         # and the transcript still reads back whole.
         assert rt.store.queries.cache.bytes > 0
@@ -60,3 +64,38 @@ def test_the_chat_cache_weighs_the_text_it_keeps_alive() -> None:
         )
         assert cache.get(message)[0].parts[0].text == message.text  # type: ignore[union-attr]
         assert cache.bytes <= cache.max_bytes
+
+
+def test_a_history_converted_through_the_cache_equals_one_converted_afresh() -> None:
+    """The per-session reuse of the last conversion never serves a stale prefix:
+    appended, changed, removed and re-windowed histories convert as without a cache."""
+    cache = ChatCache()
+    time = MessageTime(created=0, updated=0)
+
+    def user(i: int) -> UserMessage:
+        return UserMessage(id=f"msg_u{i}", session_id="ses_x", seq=2 * i, time=time, text=f"u{i}")
+
+    def assistant(i: int, text: str) -> AssistantMessage:
+        return AssistantMessage(
+            id=f"msg_a{i}",
+            session_id="ses_x",
+            seq=2 * i + 1,
+            time=time,
+            parts=(TextPart(ordinal=0, text=text),),
+        )
+
+    history: list[UserMessage | AssistantMessage] = []
+    steps = []
+    for i in range(30):
+        history = [*history, user(i), assistant(i, f"a{i}")]
+        steps.append(list(history))
+    # The newest answer changes (a later attempt), a middle one is edited, the
+    # tail is removed (a revert), the window starts later (a compaction).
+    steps.append([*history[:-1], assistant(29, "rewritten")])
+    steps.append([*history[:10], attrs.evolve(history[10], text="edited"), *history[11:]])
+    steps.append(history[:20])
+    steps.append(history[40:])
+    steps.append(history)
+    for h in steps:
+        assert to_chat(h, cache) == to_chat(h)
+        assert to_chat(h, cache, native=False) == to_chat(h, native=False)

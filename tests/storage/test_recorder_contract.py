@@ -400,3 +400,66 @@ async def test_replaying_the_log_rebuilds_every_projection_exactly(
     assert len(stored["session"]) == 2
     for table in ("session_message", "session_part", "session_inbox", "instruction_state"):
         assert stored[table], table
+
+
+async def test_the_cached_history_equals_a_full_read_after_every_change(
+    store_factory: StoreFactory, tmp_path: Path
+) -> None:
+    """The history cache (rows changed since its last read) never drifts from a full read:
+    through turns with tools, instruction updates, a staged revert (hidden rows), its
+    clear, its commit (deleted rows), a compaction (the boundary moves) and a fork."""
+    from protocol.requests import CreateSessionInput, PromptInput
+
+    async with runtime_on(store_factory, tmp_path) as rt:
+        q = rt.store.queries
+
+        async def same(session_id: str) -> list[Any]:
+            cached = await q.context(session_id)
+            assert q.histories.get(session_id) is not None  # the incremental path was taken
+            again = await q.context(session_id)  # nothing changed: all from the cache
+            full = await q.full_context(session_id)
+            assert cached == full
+            assert again == full
+            return full
+
+        s = await rt.sessions.create(CreateSessionInput(title="cached"))
+        assert await same(s.id) == []
+        await turn(rt, s.id, TOOL_TURN)
+        await turn(rt, s.id, "#text second answer")
+        await rt.instructions.put(s.id, "style", "terse")
+        await turn(rt, s.id, "#text third, with instructions")
+        before = await same(s.id)
+        users = [m for m in before if m.type == "user"]
+        assert len(users) == 3
+
+        await rt.reverts.stage(s.id, users[1].id, False)
+        hidden = await same(s.id)
+        assert [m.id for m in hidden] == [m.id for m in before if m.seq < users[1].seq]
+        await rt.reverts.clear(s.id)
+        assert await same(s.id) == before
+
+        await rt.reverts.stage(s.id, users[2].id, False)
+        await same(s.id)
+        await rt.reverts.commit(s.id)
+        committed = await same(s.id)
+        assert [m.id for m in committed] == [m.id for m in before if m.seq < users[2].seq]
+
+        await turn(rt, s.id, "#text after the revert")
+        await rt.sessions.compact(s.id)
+        await rt.execution.wait_idle(s.id)
+        compacted = await same(s.id)
+        assert compacted[0].type == "compaction"
+        assert len(compacted) < len(committed)
+        await turn(rt, s.id, "#text after the compaction")
+        assert len(await same(s.id)) == len(compacted) + 2
+
+        fork = await rt.sessions.fork(s.id)
+        await same(fork.id)
+        await turn(rt, fork.id, "#text in the fork")
+        await same(fork.id)
+        pending = await rt.sessions.prompt(s.id, PromptInput(text="not yet", resume=False))
+        await rt.sessions.cancel(s.id, pending.id)
+        await same(s.id)
+        await rt.sessions.remove(fork.id)
+        assert await q.context(fork.id) == []
+        assert q.histories.get(fork.id) is None
