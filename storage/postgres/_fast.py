@@ -27,9 +27,16 @@ lease not held, a constraint, an ``expect`` count, a projector's bug, data
 the server refuses) rolls the whole batch back, and the caller redoes it on
 the savepoint path, which isolates the failing command with its usual error.
 The outcomes are therefore the savepoint path's; only the positions a rolled
-back attempt took are skipped (positions may have gaps anyway). It relies on
-projectors never reading an event's position (a test holds them to it) nor
-the ``event`` table (they read nothing: see :mod:`storage.projectors`).
+back attempt took are skipped (positions may have gaps anyway).
+
+Positions exist only inside the function, yet projectors write them (the
+``changed`` marker on transcript rows). Python projects each record with a
+:class:`_PositionRef` as its position; a parameter that is one travels as a
+reference (argument index, record index) and the function fills in the
+allocated position before running the ops. That relies on projectors passing
+the position through untouched, never computing with it (a test holds them
+to it), and never reading the ``event`` table (they read nothing: see
+:mod:`storage.projectors`).
 
 No value is ever spliced into SQL text. Each op's statement keeps its
 placeholders; its parameters travel as one ``text[]`` (bound, not quoted)
@@ -112,7 +119,8 @@ CREATE OR REPLACE FUNCTION pg_temp.sessionrt_apply(
     _srt_op bigint[], _srt_expect bigint[], _srt_argc int[], _srt_args text[],
     _srt_channel text, _srt_prefix text, _srt_bodies text[],
     _srt_hold_session text[], _srt_hold_host text[], _srt_hold_epoch bigint[],
-    _srt_fence_host text[], _srt_fence_epoch bigint[]
+    _srt_fence_host text[], _srt_fence_epoch bigint[],
+    _srt_ref_at int[], _srt_ref_rec int[]
 ) RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $_srt_fn$
 #variable_conflict use_column
 DECLARE
@@ -151,6 +159,10 @@ BEGIN
     INSERT INTO event (position, id, aggregate_id, seq, type, created, data)
     SELECT * FROM unnest(_srt_pos, _srt_ev_id, _srt_ev_agg, _srt_ev_seq, _srt_ev_type,
         _srt_ev_created, _srt_ev_data);
+    -- Parameters that are a record's position get it now that it exists.
+    FOR _srt_i IN 1 .. coalesce(array_length(_srt_ref_at, 1), 0) LOOP
+        _srt_args[_srt_ref_at[_srt_i]] := _srt_pos[_srt_ref_rec[_srt_i]]::text;
+    END LOOP;
     FOR _srt_i IN 1 .. coalesce(array_length(_srt_op, 1), 0) LOOP
         _srt_id := _srt_op[_srt_i];
         _srt_n := NULL;
@@ -179,7 +191,7 @@ END
 $_srt_fn$;
 """
 
-_CALL: Final = "SELECT pg_temp.sessionrt_apply(" + ", ".join(f"${i}" for i in range(1, 22)) + ")"
+_CALL: Final = "SELECT pg_temp.sessionrt_apply(" + ", ".join(f"${i}" for i in range(1, 24)) + ")"
 _HEADS: Final = (
     "SELECT a, coalesce((SELECT max(seq) FROM event WHERE aggregate_id = a), 0)"
     " FROM unnest($1::text[]) AS u(a)"
@@ -344,6 +356,22 @@ def _dispatch(plans: Sequence[Plan], lo: int, hi: int) -> str:
     )
 
 
+class _PositionRef(int):
+    """A record's position before it exists: the ``index``-th record of the batch (from 1).
+
+    Its value is far outside any real position, so a projector that computed
+    with it instead of passing it through would write something absurd, and
+    the test that holds projectors to pass-through catches that.
+    """
+
+    index: int
+
+    def __new__(cls, index: int) -> _PositionRef:
+        ref = super().__new__(cls, -(1 << 62) - index)
+        ref.index = index
+        return ref
+
+
 def _as_text(kind: str, value: Any) -> str | None:
     """``value`` in the text form of a parameter of ``kind``; Fallback if not exact."""
     if value is None:
@@ -419,6 +447,9 @@ async def commit_fast(
         holds: list[LeaseUse] = []
         fence_host: list[str | None] = []
         fence_epoch: list[int | None] = []
+        ref_at: list[int] = []
+        ref_rec: list[int] = []
+        placed_so_far = 0
         for prepared in batch:
             command = prepared.command
             if command.expected and mismatched(prepared, seqs.__getitem__):
@@ -433,11 +464,12 @@ async def commit_fast(
             records = []
             for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
                 seqs[new.aggregate_id] += 1
-                # Projectors never read the position (a test holds them to it):
-                # it is allocated under the lock, in the function.
+                placed_so_far += 1
+                # The position is allocated under the lock, in the function:
+                # projectors get a reference to it (see _PositionRef).
                 records.append(
                     RecordedEvent(
-                        position=0,
+                        position=_PositionRef(placed_so_far),
                         id=new.id,
                         aggregate_id=new.aggregate_id,
                         seq=seqs[new.aggregate_id],
@@ -455,7 +487,15 @@ async def commit_fast(
                 op_ids.append(plan.id)
                 op_expect.append(expect)
                 op_argc.append(len(params))
-                args.extend(_as_text(k, v) for k, v in zip(plan.kinds, params, strict=True))
+                for kind, value in zip(plan.kinds, params, strict=True):
+                    if isinstance(value, _PositionRef):
+                        if kind != "int":
+                            raise Fallback("a position bound to a parameter that is not an integer")
+                        ref_at.append(len(args) + 1)
+                        ref_rec.append(value.index)
+                        args.append(None)
+                    else:
+                        args.append(_as_text(kind, value))
             unplaced.append(records)
         await plans.install(conn)
         flat = [r for records in unplaced for r in records]
@@ -483,6 +523,8 @@ async def commit_fast(
             [h.epoch for h in holds],
             fence_host,
             fence_epoch,
+            ref_at,
+            ref_rec,
         )
     except Fallback:
         heads.forget(aggregates)
