@@ -27,6 +27,17 @@ recorded; only then are files restored, and last the intent is removed.
 is in the log (restoring is idempotent: the same trees, the same paths) and
 drops the others (their event never committed, so no file was touched).
 Staging over a staged revert first clears it, as its own durable step.
+
+A test hook stops a revert at a chosen point so a test can SIGKILL the real
+server there (tests/durability/test_revert_crash.py). It is inert unless the
+server's own environment holds ``SESSIONRT_TEST_REVERT_PAUSE=<point>:<marker>``
+(nothing over HTTP sets it): at ``<point>`` the revert creates the file
+``<marker>`` and waits forever, holding the session's lock. Points: ``stage.intent``
+and ``clear.intent`` (the intent is durable, the event not yet appended),
+``stage.event`` and ``clear.event`` (the event is committed, no file restored yet),
+``stage.restore`` and ``clear.restore`` (the first path restored, the others not),
+and ``commit`` (the commit's events committed, the call not yet answered). A
+start's recovery never pauses.
 """
 
 from __future__ import annotations
@@ -56,9 +67,15 @@ from protocol.errors import (
 from protocol.shapes import FileDiff, Session, SessionRevert
 from storage import Command, ProjectionConflict, Store
 
-__all__ = ["Reverts"]
+__all__ = ["PAUSE_ENV", "Reverts"]
 
 log = logging.getLogger(__name__)
+
+#: The test hook's variable (see the module docstring); unset in every real deployment.
+PAUSE_ENV = "SESSIONRT_TEST_REVERT_PAUSE"
+_POINTS = frozenset(
+    f"{op}.{where}" for op in ("stage", "clear") for where in ("intent", "event", "restore")
+) | {"commit"}
 
 Busy = Callable[[str], Awaitable[bool]]
 #: The restores of one stage or clear: (tree, the paths made what they are in it).
@@ -87,6 +104,8 @@ class Reverts:
         #: Where the intents of stages and clears in progress are kept.
         self._intents = intents
         self._blocking = blocking
+        #: The test hook's point and marker file, or None (always, outside tests).
+        self._pause = _pause_from(os.environ.get(PAUSE_ENV))
 
     async def stage(self, session_id: str, message_id: str, files: bool = False) -> SessionRevert:
         ids.validate("msg", message_id, field="messageID")
@@ -144,6 +163,7 @@ class Reverts:
             events = await self.commit_events(session)
             if events:
                 await self._append(session_id, *events)
+                await self._paused("commit")
 
     async def commit_events(self, session: Session) -> builtins.list[ev.Event]:
         """The events that commit ``session``'s staged revert (none if none is staged).
@@ -254,6 +274,7 @@ class Reverts:
             "restores": restores,
         }
         await self._blocking(_write_durably, path, orjson.dumps(intent))
+        await self._paused(f"{op}.intent")
         try:
             await self._append(session.id, event)
         except BaseException:
@@ -264,11 +285,15 @@ class Reverts:
             if recorded is not None:
                 await asyncio.shield(self._finish(session, restores, path, recorded))
             raise
-        await asyncio.shield(self._finish(session, restores, path, True))
+        await self._paused(f"{op}.event")
+        await asyncio.shield(self._finish(session, restores, path, True, op))
 
-    async def _finish(self, session: Session, restores: Restores, path: Path, apply: bool) -> None:
+    async def _finish(
+        self, session: Session, restores: Restores, path: Path, apply: bool, op: str = ""
+    ) -> None:
         if apply:
-            await self._apply(session, restores)  # on failure the intent stays for recovery
+            # On failure the intent stays for recovery.
+            await self._apply(session, restores, pause=f"{op}.restore")
         await self._blocking(_unlink, path)
 
     async def _recorded(self, session_id: str, op: str, revert: SessionRevert) -> bool:
@@ -276,12 +301,25 @@ class Reverts:
         current = None if session is None else session.revert
         return current == revert if op == "stage" else current != revert
 
-    async def _apply(self, session: Session, restores: Restores) -> None:
+    async def _apply(self, session: Session, restores: Restores, pause: str = "") -> None:
+        directory = session.location.directory
         try:
+            if restores and self._pause is not None and self._pause[0] == pause:
+                tree, paths = restores[0]
+                await self._snapshots.restore(directory, tree, paths[:1])
+                await self._paused(pause)
             for tree, paths in restores:
-                await self._snapshots.restore(session.location.directory, tree, paths)
+                await self._snapshots.restore(directory, tree, paths)
         except SnapshotError as exc:
             raise UnknownError(f"snapshot store: {exc}") from None
+
+    async def _paused(self, point: str) -> None:
+        """The test hook: at its point, say so in the marker file and never go on."""
+        if self._pause is None or self._pause[0] != point:
+            return
+        await self._blocking(_write_durably, self._pause[1], point.encode())
+        log.warning("revert paused at %s (%s is set)", point, PAUSE_ENV)
+        await asyncio.Event().wait()  # until the test kills the process
 
     async def _session(self, session_id: str) -> Session:
         ids.validate("ses", session_id, field="sessionID")
@@ -303,6 +341,17 @@ class Reverts:
             if exc.reason == "session.missing":
                 raise SessionNotFoundError(session_id) from None
             raise ConflictError(str(exc), resource="session") from None
+
+
+def _pause_from(value: str | None) -> tuple[str, Path] | None:
+    if not value:
+        return None
+    point, sep, marker = value.partition(":")
+    if not sep or point not in _POINTS or not marker:
+        raise ValueError(
+            f"{PAUSE_ENV} must be <point>:<marker file>, point one of {sorted(_POINTS)}"
+        )
+    return point, Path(marker)
 
 
 def _intent_files(directory: Path) -> list[Path]:
