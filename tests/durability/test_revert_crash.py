@@ -300,8 +300,39 @@ async def test_a_revert_killed_at_any_point_leaves_files_and_log_agreeing(
         # What was shown stays; what a staged revert hid is gone for good.
         assert [u for u in run.users if u in ids] == visible
         assert receipt.id in ids
+        # Its snapshot names the one file it wrote (the store's index agrees with the
+        # files the recovery left), and reverting it removes exactly that file.
+        assert (await _step_files(client, run.session))[-1] == ["after.txt"]
+        new = RevertStageInput(message_id=receipt.id, files=True)
+        await client.sessions.revert_stage(run.session, new)
+        assert _tree(run.project) == expected
+        await client.sessions.revert_clear(run.session)
+        assert _tree(run.project) == expected | {"after.txt": b"after the crash\n"}
+
+
+async def _step_files(client: Client, session_id: str) -> list[list[str]]:
+    """The ``files`` of every step that recorded a snapshot, in order."""
+    return [
+        e.data["data"]["files"]
+        async for e in client.sessions.log(session_id, LogQuery())
+        if e.event == "session.step.ended" and e.data["data"].get("snapshot")
+    ]
 
 
 async def _stop(served: Any) -> None:
     served.proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(served.proc.wait(), GUARD) == 0
+
+
+async def test_an_intent_torn_by_a_kill_while_written_is_removed_at_start(tmp_path: Path) -> None:
+    """A kill inside the intent's write leaves its temporary file: never an intent."""
+    run = Run(tmp_path)
+    async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
+        await _stop(served)
+    folder = run.data / "revert"
+    folder.mkdir(exist_ok=True)
+    # As _write_durably leaves it when killed before its rename: the event never came.
+    (folder / "ses_torn0000000000000000000000.tmp").write_bytes(b'{"op": "stage", "sess')
+    async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
+        assert run.intents() == []
+        await _stop(served)
