@@ -71,8 +71,10 @@ Checks (:func:`check_database`, importable; each finding is a :class:`Violation`
     with the end (id = shell id + ``n``), never twice; none left running after the settle;
 (g) reverts: the stored staged revert is the last revert event's; a commit left no
     transcript row at or after its boundary; after the settle no revert intent is left in
-    ``<data>/revert`` (recovery finished or dropped each one a crash interrupted, so the
-    files agree with the log).
+    ``<data>/revert`` (recovery finished or dropped each one a crash interrupted), not even
+    a torn ``.tmp``; and the files agree with the log (:func:`check_revert_files`): each
+    file the last revert restored is byte for byte as in the tree it was restored from,
+    unless a later write call names it.
 (h) permissions (:func:`check_permissions`): no call runs unasked: a marker whose call
     carries ``true ASK`` has a start line only if its ``session.permission.asked`` has a
     ``once``/``always`` reply committed before the line was written, or an earlier
@@ -149,6 +151,7 @@ __all__ = [
     "check_database",
     "check_permissions",
     "check_rebuild",
+    "check_revert_files",
     "check_reverts",
     "check_sequences",
     "check_shells",
@@ -755,6 +758,121 @@ def check_reverts(conn: sqlite3.Connection, events: Sequence[Event]) -> list[Vio
     return out
 
 
+#: Tool calls that change files: a path one of them named after a revert is its, not the revert's.
+_WRITERS: Final = frozenset({"write", "edit"})
+
+
+def check_revert_files(
+    conn: sqlite3.Connection, events: Sequence[Event], snapshots: Path
+) -> list[Violation]:
+    """(g) files, after the settle: each file the session's last revert restored is as
+    it left it, byte for byte, unless a later write call names it.
+
+    Staged (or then committed): as in the ``before`` tree of the first writing step
+    after the boundary that changed it; cleared: as in the tree the revert recorded at
+    staging. A bash call after the revert could change anything: its session is
+    skipped. Trees are read with the ``git`` program from the stores in ``snapshots``.
+    """
+    out: list[Violation] = []
+    last: dict[str, Event] = {}
+    staged: dict[str, Event] = {}
+    for e in events:
+        if e.type == "session.revert.staged":
+            last[e.aggregate_id] = staged[e.aggregate_id] = e
+        elif e.type == "session.revert.cleared":
+            last[e.aggregate_id] = e
+    for sid, e in last.items():
+        revert = staged[sid].data["revert"] if sid in staged else {}
+        files = revert.get("files") or []
+        if not files:
+            continue
+        later = [
+            x
+            for x in events
+            if x.aggregate_id == sid and x.seq > e.seq and x.type == "session.tool.called"
+        ]
+        if any(x.data.get("name") not in _WRITERS for x in later):
+            continue
+        touched = {str(x.data.get("input", {}).get("path", "")) for x in later}
+        row = conn.execute("SELECT directory FROM session WHERE id = ?", (sid,)).fetchone()
+        if row is None:
+            continue
+        if e.type == "session.revert.cleared":
+            trees = dict.fromkeys(files, revert.get("snapshot"))
+        else:
+            trees = _first_before(events, sid, revert["messageID"], e.seq)
+        for path in files:
+            tree = trees.get(path)
+            if path in touched or tree is None:
+                continue
+            want = _blob(snapshots, tree, path)
+            try:
+                have: bytes | None = (Path(row[0]) / path).read_bytes()
+            except FileNotFoundError:
+                have = None
+            if have != want:
+                out.append(
+                    Violation(
+                        "revert.files",
+                        f"{sid}: {path} is {_short(have, 60)} after {e.type} "
+                        f"(seq {e.seq}), not {_short(want, 60)}",
+                    )
+                )
+    return out
+
+
+def _first_before(events: Sequence[Event], sid: str, message_id: str, until: int) -> dict[str, str]:
+    """Per path: the tree before the first writing step after ``message_id`` that changed it.
+
+    The message's position is its delivery's seq (a committed revert removed its row).
+    """
+    at = next(
+        (
+            e.seq
+            for e in events
+            if e.aggregate_id == sid
+            and e.type == "session.inbox.delivered"
+            and e.data.get("inboxID") == message_id
+        ),
+        None,
+    )
+    if at is None:
+        return {}
+    out: dict[str, str] = {}
+    started: str | None = None
+    for e in events:
+        if e.aggregate_id != sid or not at <= e.seq < until:
+            continue
+        if e.type == "session.step.started":
+            started = e.data.get("snapshot")
+        elif e.type in ("session.step.ended", "session.step.failed") and e.data.get("snapshot"):
+            before = e.data.get("before") or started
+            started = None
+            for path in e.data.get("files") or ():
+                if before is not None:
+                    out.setdefault(path, before)
+    return out
+
+
+def _blob(snapshots: Path, tree: str, path: str) -> bytes | None:
+    """``path`` in ``tree`` of whichever store in ``snapshots`` has it; None if absent."""
+    for store in sorted(snapshots.iterdir()) if snapshots.is_dir() else ():
+        git = ["git", "--git-dir", str(store)]
+        if subprocess.run(
+            [*git, "cat-file", "-e", f"{tree}^{{tree}}"], capture_output=True
+        ).returncode:
+            continue
+        found = subprocess.run(
+            [*git, "ls-tree", "-z", "--name-only", tree, "--", path], capture_output=True
+        ).stdout
+        if not found:
+            return None
+        return subprocess.run(
+            [*git, "cat-file", "blob", f"{tree}:{path}"], capture_output=True, check=True
+        ).stdout
+    return None
+
+
 def check_rebuild(path: str | Path) -> list[Violation]:
     """(e) replaying the log gives the stored projections."""
     try:
@@ -806,8 +924,14 @@ def check_database(
     finally:
         conn.close()
     if settled:
-        intents = sorted((Path(path).parent / "revert").glob("*.json"))
+        # A torn intent (``.tmp``, killed while written) is left over too.
+        intents = sorted((Path(path).parent / "revert").glob("*"))
         out += [Violation("revert.intent-left", f"{i.name} after the settle") for i in intents]
+        conn = _open_ro(path)
+        try:
+            out += check_revert_files(conn, load_events(conn), Path(path).parent / "snapshot")
+        finally:
+            conn.close()
     out += check_rebuild(path)
     return out
 

@@ -21,6 +21,7 @@ from actors.runtime import Runtime, RuntimeConfig
 from protocol import ModelRef
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
+from protocol.shapes import Location
 from storage import Command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,6 +140,38 @@ async def test_the_checker_catches_a_revert_intent_left_after_the_settle(tmp_pat
     assert found == {"revert.intent-left"}
     # Before the settle an intent may still be waiting for the next start's recovery.
     assert crashsim.check_database(db, receipts, ledger, settled=False) == []
+
+
+async def test_the_checker_compares_the_files_a_revert_restored(tmp_path: Path) -> None:
+    """(g) files: staged then cleared, the project passes; a file left unrestored does not."""
+    project, ledger = tmp_path / "project", tmp_path / "none.txt"
+    ledger.write_text("")
+    await asyncio.to_thread(crashsim._git_project, project)
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+
+    def write(**files: str) -> str:
+        calls = [f"#tool write {json.dumps({'path': p, 'content': c})}" for p, c in files.items()]
+        return "\n".join([*calls, "---", "#text ok"])
+
+    async with Runtime(config) as rt:
+        s = await rt.sessions.create(CreateSessionInput(location=Location(directory=str(project))))
+        await rt.sessions.prompt(s.id, PromptInput(text=write(f0="one")))
+        await rt.execution.wait_idle(s.id)
+        second = await rt.sessions.prompt(s.id, PromptInput(text=write(f0="two", f1="new")))
+        await rt.execution.wait_idle(s.id)
+        await rt.reverts.stage(s.id, second.id, files=True)
+        assert (project / "f0").read_text() == "one"
+        assert crashsim.check_database(config.db_path, [], ledger) == []
+        # As if a kill mid-restore had left the rest undone and nobody finished it.
+        (project / "f1").write_text("new")
+        found = crashsim.check_database(config.db_path, [], ledger)
+        assert _checks(found) == {"revert.files"}
+        assert "f1" in found[0].detail
+        (project / "f1").unlink()
+        await rt.reverts.clear(s.id)
+        assert crashsim.check_database(config.db_path, [], ledger) == []
+        (project / "f0").write_text("one")  # the clear's restore of f0 undone
+        assert _checks(crashsim.check_database(config.db_path, [], ledger)) == {"revert.files"}
 
 
 async def test_the_checker_catches_a_lost_admission(tmp_path: Path) -> None:
