@@ -70,11 +70,11 @@ Checks (:func:`check_database`, importable; each finding is a :class:`Violation`
 (f) user shells: each ended at most once (once after the settle), its notice enqueued
     with the end (id = shell id + ``n``), never twice; none left running after the settle;
 (g) reverts: the stored staged revert is the last revert event's; a commit left no
-    transcript row at or after its boundary; after the settle no revert intent is left in
-    ``<data>/revert`` (recovery finished or dropped each one a crash interrupted), not even
-    a torn ``.tmp``; and the files agree with the log (:func:`check_revert_files`): each
-    file the last revert restored is byte for byte as in the tree it was restored from,
-    unless a later write call names it.
+    transcript row at or after its boundary but a user shell running at the commit; after
+    the settle no revert intent is left in ``<data>/revert`` (recovery finished or dropped
+    each one a crash interrupted), not even a torn ``.tmp``; and the files agree with the
+    log (:func:`check_revert_files`): each file the last revert restored is byte for byte
+    as in the tree it was restored from, unless a later write call names it.
 (h) permissions (:func:`check_permissions`): no call runs unasked: a marker whose call
     carries ``true ASK`` has a start line only if its ``session.permission.asked`` has a
     ``once``/``always`` reply committed before the line was written, or an earlier
@@ -748,11 +748,18 @@ def check_reverts(conn: sqlite3.Connection, events: Sequence[Event]) -> list[Vio
         want = e.data["revert"] if e.type == "session.revert.staged" else None
         if staged != want:
             out.append(Violation("revert.state", f"{sid}: stored {staged} after {e.type}"))
+    # A user shell running at the commit stays (a revert cannot undo live work).
+    shell_ended = {e.data["shell"]["id"]: e.seq for e in events if e.type == "session.shell.ended"}
     for sid, (at, commit) in boundary.items():
-        left = conn.execute(
-            "SELECT id FROM session_message WHERE session_id = ? AND seq >= ? AND seq < ?",
+        rows = conn.execute(
+            "SELECT id, type FROM session_message WHERE session_id = ? AND seq >= ? AND seq < ?",
             (sid, at, commit),
         ).fetchall()
+        left = [
+            (i,)
+            for i, kind in rows
+            if not (kind == "shell" and shell_ended.get(i, commit + 1) > commit)
+        ]
         if left:
             out.append(Violation("revert.leftover", f"{sid}: {left[:5]} survived the commit"))
     return out

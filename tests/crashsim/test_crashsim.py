@@ -174,6 +174,37 @@ async def test_the_checker_compares_the_files_a_revert_restored(tmp_path: Path) 
         assert _checks(crashsim.check_database(config.db_path, [], ledger)) == {"revert.files"}
 
 
+async def test_the_checker_keeps_a_shell_running_at_a_commit_and_catches_other_leftovers(
+    tmp_path: Path,
+) -> None:
+    """(g): a commit keeps a user shell still running (by design); any other row is a leftover."""
+    ledger = tmp_path / "none.txt"
+    ledger.write_text("")
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+    async with Runtime(config) as rt:
+        s = await rt.sessions.create(CreateSessionInput())
+        first = await rt.sessions.prompt(s.id, PromptInput(text="#text one"))
+        await rt.execution.wait_idle(s.id)
+        await rt.sessions.prompt(s.id, PromptInput(text="#text two"))
+        await rt.execution.wait_idle(s.id)
+        gate = tmp_path / "go"
+        await rt.shells.start(s, f"while [ ! -e {gate} ]; do sleep 0.02; done", "msg_csLive1")
+        await rt.reverts.stage(s.id, first.id)
+        await rt.reverts.commit(s.id)
+        gate.write_text("")
+        while not await rt.sessions.pending(s.id):
+            await rt.sessions.get(s.id)  # the shell's notice arrives with its end
+    db = config.db_path
+    assert crashsim.check_database(db, [], ledger) == []
+    broken = _copy(db, tmp_path / "broken.sqlite")
+    conn = sqlite3.connect(broken)
+    with conn:
+        # As if the commit had kept a finished shell: ended before the commit.
+        conn.execute("UPDATE event SET seq = seq + 1000 WHERE type = 'session.revert.committed.1'")
+    conn.close()
+    assert "revert.leftover" in _checks(crashsim.check_database(broken, [], ledger))
+
+
 async def test_the_checker_catches_a_lost_admission(tmp_path: Path) -> None:
     db, receipts, ledger = await _history(tmp_path)
     broken = _copy(db, tmp_path / "broken.sqlite")
