@@ -49,10 +49,12 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Final
 
 import orjson
 
 from actors._keyed_lock import KeyedLock
+from actors._shield import finish
 from actors.snapshots import Blocking, SnapshotError, Snapshots
 from protocol import codec, ids
 from protocol import events as ev
@@ -67,13 +69,14 @@ from protocol.errors import (
 from protocol.shapes import FileDiff, Session, SessionRevert
 from storage import Command, ProjectionConflict, Store
 
-__all__ = ["PAUSE_ENV", "Reverts"]
+__all__ = ["PAUSE_ENV", "PAUSE_POINTS", "Reverts"]
 
 log = logging.getLogger(__name__)
 
 #: The test hook's variable (see the module docstring); unset in every real deployment.
 PAUSE_ENV = "SESSIONRT_TEST_REVERT_PAUSE"
-_POINTS = frozenset(
+#: Where the test hook can stop a revert.
+PAUSE_POINTS: Final = frozenset(
     f"{op}.{where}" for op in ("stage", "clear") for where in ("intent", "event", "restore")
 ) | {"commit"}
 
@@ -286,17 +289,24 @@ class Reverts:
             with contextlib.suppress(Exception):
                 recorded = await self._recorded(session.id, op, revert)
             if recorded is not None:
-                await asyncio.shield(self._finish(session, restores, path, recorded))
+                await finish(self._finish(session, restores, path, recorded))
             raise
         await self._paused(f"{op}.event")
-        await asyncio.shield(self._finish(session, restores, path, True, op))
+        # Held to the end even if the caller is cancelled (its client went away): the
+        # lock must outlive the restore, or a prompt could commit the revert (or a step
+        # write) while files are half restored, and recovery would then drop the intent.
+        await finish(self._finish(session, restores, path, True, op))
 
     async def _finish(
         self, session: Session, restores: Restores, path: Path, apply: bool, op: str = ""
     ) -> None:
         if apply:
-            # On failure the intent stays for recovery.
-            await self._apply(session, restores, pause=f"{op}.restore")
+            if restores and self._pause is not None and self._pause[0] == f"{op}.restore":
+                # The test hook: the first path back, the others not yet.
+                tree, paths = restores[0]
+                await self._apply(session, [(tree, paths[:1])])
+                await self._paused(f"{op}.restore")
+            await self._apply(session, restores)  # on failure the intent stays for recovery
         await self._blocking(_unlink, path)
 
     async def _recorded(self, session_id: str, op: str, revert: SessionRevert) -> bool:
@@ -304,15 +314,10 @@ class Reverts:
         current = None if session is None else session.revert
         return current == revert if op == "stage" else current != revert
 
-    async def _apply(self, session: Session, restores: Restores, pause: str = "") -> None:
-        directory = session.location.directory
+    async def _apply(self, session: Session, restores: Restores) -> None:
         try:
-            if restores and self._pause is not None and self._pause[0] == pause:
-                tree, paths = restores[0]
-                await self._snapshots.restore(directory, tree, paths[:1])
-                await self._paused(pause)
             for tree, paths in restores:
-                await self._snapshots.restore(directory, tree, paths)
+                await self._snapshots.restore(session.location.directory, tree, paths)
         except SnapshotError as exc:
             raise UnknownError(f"snapshot store: {exc}") from None
 
@@ -350,9 +355,9 @@ def _pause_from(value: str | None) -> tuple[str, Path] | None:
     if not value:
         return None
     point, sep, marker = value.partition(":")
-    if not sep or point not in _POINTS or not marker:
+    if not sep or point not in PAUSE_POINTS or not marker:
         raise ValueError(
-            f"{PAUSE_ENV} must be <point>:<marker file>, point one of {sorted(_POINTS)}"
+            f"{PAUSE_ENV} must be <point>:<marker file>, point one of {sorted(PAUSE_POINTS)}"
         )
     return point, Path(marker)
 

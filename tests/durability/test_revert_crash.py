@@ -336,3 +336,52 @@ async def test_an_intent_torn_by_a_kill_while_written_is_removed_at_start(tmp_pa
     async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
         assert run.intents() == []
         await _stop(served)
+
+
+async def test_a_client_gone_mid_restore_keeps_the_session_until_the_files_are_back(
+    tmp_path: Path,
+) -> None:
+    """The restore outlives a cancelled call, and so must the session's lock.
+
+    Found by crashsim: a stage whose client went away (a timeout, a disconnect)
+    mid-restore let go of the lock while its restore went on, so a prompt
+    committed the revert with the files half restored; killed then, the
+    restart dropped the intent (no revert staged any more) and half the files
+    stayed as they were.
+    """
+    run = Run(tmp_path)
+    async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
+        async with Client(served.url) as client:
+            await _write_three_prompts(run, client)
+        await _stop(served)
+    _, t1, _, t3 = run.trees
+    second = RevertStageInput(message_id=run.users[1], files=True)
+    text = _script(_tool("write", path="after.txt", content="too early\n"))
+    async with (
+        serving(run.data, env=run.env("stage.restore"), stderr=DEVNULL) as served,
+        Client(served.url) as client,
+    ):
+        stage = asyncio.ensure_future(client.sessions.revert_stage(run.session, second))
+        assert await _until_paused(run, stage) == "stage.restore"
+        stage.cancel()  # the client goes: its connection closes, the handler is cancelled
+        with contextlib.suppress(asyncio.CancelledError):
+            await stage
+        prompt = asyncio.ensure_future(client.sessions.prompt(run.session, PromptInput(text=text)))
+        # A released lock admits it at once (and commits the half-done revert); a
+        # loaded machine only makes this miss the bug, never report a false one.
+        await asyncio.sleep(1)
+        served.proc.send_signal(signal.SIGKILL)
+        await served.proc.wait()
+        with contextlib.suppress(ClientError, asyncio.CancelledError):
+            prompt.cancel()
+            await prompt
+    async with (
+        serving(run.data, env=run.env(None), stderr=DEVNULL) as served,
+        Client(served.url) as client,
+    ):
+        assert _tree(run.project) == _reverted(t1, t3)
+        assert run.intents() == []
+        revert, _ = await _state(client, run.session)
+        assert revert is not None
+        assert revert.message_id == run.users[1]
+        await _stop(served)
