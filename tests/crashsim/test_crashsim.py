@@ -66,6 +66,28 @@ def test_a_short_run_passes_with_kills_and_admissions(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("crashsim-*"))
 
 
+def test_a_short_run_of_mid_revert_kills_passes(tmp_path: Path) -> None:
+    """Each boot is killed with a revert stopped at a hook point; the next checks the files."""
+    python = VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable)
+    args = ["--modes", "mid-revert", "--sessions", "2", "--iterations", "3", "--seed", "4"]
+    done = subprocess.run(
+        [str(python), str(SCRIPT), *args, "--json", "--quiet"],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert report["violations"] == []
+    assert report["kill_modes"] == {"mid-revert": 3}
+    # Every boot's revert reached its point before the kill (none gave up).
+    assert sum(report["retries"]["revert_kills"].values()) == 3
+    assert report["notes"] == []
+
+
 # -- the checker on a real database, then on corrupted copies ----------------------------------
 
 
