@@ -327,7 +327,11 @@ class Reverts:
             return
         await self._blocking(_write_durably, self._pause[1], point.encode())
         log.warning("revert paused at %s (%s is set)", point, PAUSE_ENV)
-        await asyncio.Event().wait()  # until the test kills the process
+        # Until the test kills the process, even if the call is cancelled meanwhile: at
+        # these points the real code has no await a cancellation could land on, so one
+        # here must not let go of the lock (a prompt could then commit a revert whose
+        # files were never restored, a state no real run reaches).
+        await finish(asyncio.Event().wait())
 
     async def _session(self, session_id: str) -> Session:
         ids.validate("ses", session_id, field="sessionID")
