@@ -27,6 +27,17 @@ recorded; only then are files restored, and last the intent is removed.
 is in the log (restoring is idempotent: the same trees, the same paths) and
 drops the others (their event never committed, so no file was touched).
 Staging over a staged revert first clears it, as its own durable step.
+
+A test hook stops a revert at a chosen point so a test can SIGKILL the real
+server there (tests/durability/test_revert_crash.py). It is inert unless the
+server's own environment holds ``SESSIONRT_TEST_REVERT_PAUSE=<point>:<marker>``
+(nothing over HTTP sets it): at ``<point>`` the revert creates the file
+``<marker>`` and waits forever, holding the session's lock. Points: ``stage.intent``
+and ``clear.intent`` (the intent is durable, the event not yet appended),
+``stage.event`` and ``clear.event`` (the event is committed, no file restored yet),
+``stage.restore`` and ``clear.restore`` (the first path restored, the others not),
+and ``commit`` (the commit's events committed, the call not yet answered). A
+start's recovery never pauses.
 """
 
 from __future__ import annotations
@@ -38,10 +49,12 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Final
 
 import orjson
 
 from actors._keyed_lock import KeyedLock
+from actors._shield import finish
 from actors.snapshots import Blocking, SnapshotError, Snapshots
 from protocol import codec, ids
 from protocol import events as ev
@@ -56,9 +69,16 @@ from protocol.errors import (
 from protocol.shapes import FileDiff, Session, SessionRevert
 from storage import Command, ProjectionConflict, Store
 
-__all__ = ["Reverts"]
+__all__ = ["PAUSE_ENV", "PAUSE_POINTS", "Reverts"]
 
 log = logging.getLogger(__name__)
+
+#: The test hook's variable (see the module docstring); unset in every real deployment.
+PAUSE_ENV = "SESSIONRT_TEST_REVERT_PAUSE"
+#: Where the test hook can stop a revert.
+PAUSE_POINTS: Final = frozenset(
+    f"{op}.{where}" for op in ("stage", "clear") for where in ("intent", "event", "restore")
+) | {"commit"}
 
 Busy = Callable[[str], Awaitable[bool]]
 #: The restores of one stage or clear: (tree, the paths made what they are in it).
@@ -87,6 +107,8 @@ class Reverts:
         #: Where the intents of stages and clears in progress are kept.
         self._intents = intents
         self._blocking = blocking
+        #: The test hook's point and marker file, or None (always, outside tests).
+        self._pause = _pause_from(os.environ.get(PAUSE_ENV))
 
     async def stage(self, session_id: str, message_id: str, files: bool = False) -> SessionRevert:
         ids.validate("msg", message_id, field="messageID")
@@ -113,6 +135,9 @@ class Reverts:
     async def recover(self) -> int:
         """Finish (or drop) every stage or clear a crash interrupted; how many were finished."""
         finished = 0
+        # A kill inside an intent's write leaves only its temporary file; the event
+        # comes after the rename, so it never committed and no file was touched.
+        await self._blocking(_drop_torn, self._intents)
         for path in await self._blocking(_intent_files, self._intents):
             try:
                 intent = orjson.loads(await self._blocking(path.read_bytes))
@@ -144,6 +169,7 @@ class Reverts:
             events = await self.commit_events(session)
             if events:
                 await self._append(session_id, *events)
+                await self._paused("commit")
 
     async def commit_events(self, session: Session) -> builtins.list[ev.Event]:
         """The events that commit ``session``'s staged revert (none if none is staged).
@@ -254,6 +280,7 @@ class Reverts:
             "restores": restores,
         }
         await self._blocking(_write_durably, path, orjson.dumps(intent))
+        await self._paused(f"{op}.intent")
         try:
             await self._append(session.id, event)
         except BaseException:
@@ -262,12 +289,23 @@ class Reverts:
             with contextlib.suppress(Exception):
                 recorded = await self._recorded(session.id, op, revert)
             if recorded is not None:
-                await asyncio.shield(self._finish(session, restores, path, recorded))
+                await finish(self._finish(session, restores, path, recorded))
             raise
-        await asyncio.shield(self._finish(session, restores, path, True))
+        await self._paused(f"{op}.event")
+        # Held to the end even if the caller is cancelled (its client went away): the
+        # lock must outlive the restore, or a prompt could commit the revert (or a step
+        # write) while files are half restored, and recovery would then drop the intent.
+        await finish(self._finish(session, restores, path, True, op))
 
-    async def _finish(self, session: Session, restores: Restores, path: Path, apply: bool) -> None:
+    async def _finish(
+        self, session: Session, restores: Restores, path: Path, apply: bool, op: str = ""
+    ) -> None:
         if apply:
+            if restores and self._pause is not None and self._pause[0] == f"{op}.restore":
+                # The test hook: the first path back, the others not yet.
+                tree, paths = restores[0]
+                await self._apply(session, [(tree, paths[:1])])
+                await self._paused(f"{op}.restore")
             await self._apply(session, restores)  # on failure the intent stays for recovery
         await self._blocking(_unlink, path)
 
@@ -282,6 +320,18 @@ class Reverts:
                 await self._snapshots.restore(session.location.directory, tree, paths)
         except SnapshotError as exc:
             raise UnknownError(f"snapshot store: {exc}") from None
+
+    async def _paused(self, point: str) -> None:
+        """The test hook: at its point, say so in the marker file and never go on."""
+        if self._pause is None or self._pause[0] != point:
+            return
+        await self._blocking(_write_durably, self._pause[1], point.encode())
+        log.warning("revert paused at %s (%s is set)", point, PAUSE_ENV)
+        # Until the test kills the process, even if the call is cancelled meanwhile: at
+        # these points the real code has no await a cancellation could land on, so one
+        # here must not let go of the lock (a prompt could then commit a revert whose
+        # files were never restored, a state no real run reaches).
+        await finish(asyncio.Event().wait())
 
     async def _session(self, session_id: str) -> Session:
         ids.validate("ses", session_id, field="sessionID")
@@ -305,11 +355,32 @@ class Reverts:
             raise ConflictError(str(exc), resource="session") from None
 
 
+def _pause_from(value: str | None) -> tuple[str, Path] | None:
+    if not value:
+        return None
+    point, sep, marker = value.partition(":")
+    if not sep or point not in PAUSE_POINTS or not marker:
+        raise ValueError(
+            f"{PAUSE_ENV} must be <point>:<marker file>, point one of {sorted(PAUSE_POINTS)}"
+        )
+    return point, Path(marker)
+
+
 def _intent_files(directory: Path) -> list[Path]:
     try:
         return sorted(p for p in directory.iterdir() if p.suffix == ".json")
     except FileNotFoundError:
         return []
+
+
+def _drop_torn(directory: Path) -> None:
+    try:
+        torn = [p for p in directory.iterdir() if p.suffix == ".tmp"]
+    except FileNotFoundError:
+        return
+    for path in torn:
+        log.warning("dropping torn revert intent %s", path.name)
+        _unlink(path)
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -28,7 +28,14 @@ The run, on a fresh temporary directory (``--keep`` keeps it and prints its path
      spawn, so late in start-up (the recovery sweep) or in the executions it resumed;
    * ``mid-ask``: 1-2 prompts whose tool calls ask for permission are sent and the server
      is killed while a call waits for its answer: at once, or 0-50 ms after an answer
-     was sent (so before, while or after the reply commits).
+     was sent (so before, while or after the reply commits);
+   * ``mid-revert``: the server is spawned with the revert test hook
+     (``actors.revert.PAUSE_ENV``) set at a point chosen at random (an intent durable
+     before its event, an event committed before any file, one path restored of several,
+     a commit's events committed), a stage, clear or commit of the git session's files
+     revert is made to reach it, and the server is killed while it waits there. The next
+     boot checks the files against the log (:func:`check_revert_files`) as soon as it
+     listens, before any workload can write them.
 
    Sessions run under the agent ``crashsim`` (``DIR/data/agents.toml``), whose bash rule
    asks for any command line holding a simple command ``true ASK <marker>`` and allows
@@ -70,9 +77,11 @@ Checks (:func:`check_database`, importable; each finding is a :class:`Violation`
 (f) user shells: each ended at most once (once after the settle), its notice enqueued
     with the end (id = shell id + ``n``), never twice; none left running after the settle;
 (g) reverts: the stored staged revert is the last revert event's; a commit left no
-    transcript row at or after its boundary; after the settle no revert intent is left in
-    ``<data>/revert`` (recovery finished or dropped each one a crash interrupted, so the
-    files agree with the log).
+    transcript row at or after its boundary but a user shell running at the commit; after
+    the settle no revert intent is left in ``<data>/revert`` (recovery finished or dropped
+    each one a crash interrupted), not even a torn ``.tmp``; and the files agree with the
+    log (:func:`check_revert_files`): each file the last revert restored is byte for byte
+    as in the tree it was restored from, unless a later write call names it.
 (h) permissions (:func:`check_permissions`): no call runs unasked: a marker whose call
     carries ``true ASK`` has a start line only if its ``session.permission.asked`` has a
     ``once``/``always`` reply committed before the line was written, or an earlier
@@ -107,6 +116,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -126,6 +136,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from actors.recovery import DEFAULT_MAX_ATTEMPTS
+from actors.revert import PAUSE_ENV, PAUSE_POINTS
 from actors.tools._permission import matches, simple_commands
 from protocol.client import Client, ClientError
 from protocol.errors import DomainError
@@ -149,6 +160,7 @@ __all__ = [
     "check_database",
     "check_permissions",
     "check_rebuild",
+    "check_revert_files",
     "check_reverts",
     "check_sequences",
     "check_shells",
@@ -159,7 +171,7 @@ __all__ = [
 ]
 
 DB_NAME: Final = "sessionrt.sqlite"
-KILL_MODES: Final = ("mid-tool", "group-commit", "random", "startup", "mid-ask")
+KILL_MODES: Final = ("mid-tool", "group-commit", "random", "startup", "mid-ask", "mid-revert")
 AGENT: Final = "crashsim"
 #: The simple command that makes a tool call ask (see the module docstring).
 ASK: Final = "true ASK"
@@ -745,14 +757,136 @@ def check_reverts(conn: sqlite3.Connection, events: Sequence[Event]) -> list[Vio
         want = e.data["revert"] if e.type == "session.revert.staged" else None
         if staged != want:
             out.append(Violation("revert.state", f"{sid}: stored {staged} after {e.type}"))
+    # A user shell running at the commit stays (a revert cannot undo live work).
+    shell_ended = {e.data["shell"]["id"]: e.seq for e in events if e.type == "session.shell.ended"}
     for sid, (at, commit) in boundary.items():
-        left = conn.execute(
-            "SELECT id FROM session_message WHERE session_id = ? AND seq >= ? AND seq < ?",
+        rows = conn.execute(
+            "SELECT id, type FROM session_message WHERE session_id = ? AND seq >= ? AND seq < ?",
             (sid, at, commit),
         ).fetchall()
+        left = [
+            (i,)
+            for i, kind in rows
+            if not (kind == "shell" and shell_ended.get(i, commit + 1) > commit)
+        ]
         if left:
             out.append(Violation("revert.leftover", f"{sid}: {left[:5]} survived the commit"))
     return out
+
+
+#: Tool calls that change files: a path one of them named after a revert is its, not the revert's.
+_WRITERS: Final = frozenset({"write", "edit"})
+
+
+def check_revert_files(
+    conn: sqlite3.Connection, events: Sequence[Event], snapshots: Path
+) -> list[Violation]:
+    """(g) files, after the settle: each file the session's last revert restored is as
+    it left it, byte for byte, unless a later write call names it.
+
+    Staged (or then committed): as in the ``before`` tree of the first writing step
+    after the boundary that changed it; cleared: as in the tree the revert recorded at
+    staging. A bash call after the revert could change anything: its session is
+    skipped. Trees are read with the ``git`` program from the stores in ``snapshots``.
+    """
+    out: list[Violation] = []
+    last: dict[str, Event] = {}
+    staged: dict[str, Event] = {}
+    for e in events:
+        if e.type == "session.revert.staged":
+            last[e.aggregate_id] = staged[e.aggregate_id] = e
+        elif e.type == "session.revert.cleared":
+            last[e.aggregate_id] = e
+    for sid, e in last.items():
+        revert = staged[sid].data["revert"] if sid in staged else {}
+        files = revert.get("files") or []
+        if not files:
+            continue
+        later = [
+            x
+            for x in events
+            if x.aggregate_id == sid and x.seq > e.seq and x.type == "session.tool.called"
+        ]
+        if any(x.data.get("name") not in _WRITERS for x in later):
+            continue
+        touched = {str(x.data.get("input", {}).get("path", "")) for x in later}
+        row = conn.execute("SELECT directory FROM session WHERE id = ?", (sid,)).fetchone()
+        if row is None:
+            continue
+        if e.type == "session.revert.cleared":
+            trees = dict.fromkeys(files, revert.get("snapshot"))
+        else:
+            trees = _first_before(events, sid, revert["messageID"], e.seq)
+        for path in files:
+            tree = trees.get(path)
+            if path in touched or tree is None:
+                continue
+            want = _blob(snapshots, tree, path)
+            try:
+                have: bytes | None = (Path(row[0]) / path).read_bytes()
+            except FileNotFoundError:
+                have = None
+            if have != want:
+                out.append(
+                    Violation(
+                        "revert.files",
+                        f"{sid}: {path} is {_short(have, 60)} after {e.type} "
+                        f"(seq {e.seq}), not {_short(want, 60)}",
+                    )
+                )
+    return out
+
+
+def _first_before(events: Sequence[Event], sid: str, message_id: str, until: int) -> dict[str, str]:
+    """Per path: the tree before the first writing step after ``message_id`` that changed it.
+
+    The message's position is its delivery's seq (a committed revert removed its row).
+    """
+    at = next(
+        (
+            e.seq
+            for e in events
+            if e.aggregate_id == sid
+            and e.type == "session.inbox.delivered"
+            and e.data.get("inboxID") == message_id
+        ),
+        None,
+    )
+    if at is None:
+        return {}
+    out: dict[str, str] = {}
+    started: str | None = None
+    for e in events:
+        if e.aggregate_id != sid or not at <= e.seq < until:
+            continue
+        if e.type == "session.step.started":
+            started = e.data.get("snapshot")
+        elif e.type in ("session.step.ended", "session.step.failed") and e.data.get("snapshot"):
+            before = e.data.get("before") or started
+            started = None
+            for path in e.data.get("files") or ():
+                if before is not None:
+                    out.setdefault(path, before)
+    return out
+
+
+def _blob(snapshots: Path, tree: str, path: str) -> bytes | None:
+    """``path`` in ``tree`` of whichever store in ``snapshots`` has it; None if absent."""
+    for store in sorted(snapshots.iterdir()) if snapshots.is_dir() else ():
+        git = ["git", "--git-dir", str(store)]
+        if subprocess.run(
+            [*git, "cat-file", "-e", f"{tree}^{{tree}}"], capture_output=True
+        ).returncode:
+            continue
+        found = subprocess.run(
+            [*git, "ls-tree", "-z", "--name-only", tree, "--", path], capture_output=True
+        ).stdout
+        if not found:
+            return None
+        return subprocess.run(
+            [*git, "cat-file", "blob", f"{tree}:{path}"], capture_output=True, check=True
+        ).stdout
+    return None
 
 
 def check_rebuild(path: str | Path) -> list[Violation]:
@@ -806,8 +940,14 @@ def check_database(
     finally:
         conn.close()
     if settled:
-        intents = sorted((Path(path).parent / "revert").glob("*.json"))
+        # A torn intent (``.tmp``, killed while written) is left over too.
+        intents = sorted((Path(path).parent / "revert").glob("*"))
         out += [Violation("revert.intent-left", f"{i.name} after the settle") for i in intents]
+        conn = _open_ro(path)
+        try:
+            out += check_revert_files(conn, load_events(conn), Path(path).parent / "snapshot")
+        finally:
+            conn.close()
     out += check_rebuild(path)
     return out
 
@@ -902,8 +1042,20 @@ class Server:
 
     live: Final[set[subprocess.Popen[bytes]]] = set()
 
-    def __init__(self, exe: Path, data_dir: Path, cwd: Path, log: Path, index: int) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "SESSIONRT_SERVER_PASSWORD"}
+    def __init__(
+        self,
+        exe: Path,
+        data_dir: Path,
+        cwd: Path,
+        log: Path,
+        index: int,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        hidden = ("SESSIONRT_SERVER_PASSWORD", PAUSE_ENV)
+        env = {
+            **{k: v for k, v in os.environ.items() if k not in hidden},
+            **(env or {}),
+        }
         self._log = log.open("ab")
         self._loop = asyncio.get_running_loop()
         self._ready = asyncio.Event()
@@ -1017,6 +1169,8 @@ class Stats:
     markers: int = 0
     shells: int = 0
     reverts: int = 0
+    #: Kills at each revert pause point (mid-revert boots).
+    revert_kills: dict[str, int] = dataclasses.field(default_factory=collections.Counter)
     asks_answered: dict[str, int] = dataclasses.field(default_factory=collections.Counter)
     answers_refused: int = 0
 
@@ -1042,6 +1196,8 @@ class Sim:
         self.notes: list[str] = []
         self._counter = 0
         self._armed = ""
+        #: The mid-revert boot's pause point and marker file.
+        self._pause: tuple[str, Path] | None = None
         self._tool_seen = asyncio.Event()
         self._server: Server | None = None
         #: Answers in flight (the answerer's children): cancelled with their boot.
@@ -1281,6 +1437,79 @@ class Sim:
                 else:
                     await client.sessions.revert_commit(sid)
 
+    async def trigger_mid_revert(
+        self, rng: random.Random, client: Client, tag: str
+    ) -> list[asyncio.Task[Any]]:
+        """Make a revert of the git session reach the hook's point; the kill follows.
+
+        A worker's revert may reach it first: it holds the session's lock for good,
+        so every attempt races the marker file, never waits on a request alone.
+        """
+        assert self._pause is not None
+        point, marker = self._pause
+        for _ in range(20):
+            attempt = asyncio.create_task(self._revert_attempt(rng, client, tag, point))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                    for _ in itertools.count():
+                        if marker.exists() or attempt.done():
+                            break
+                        await asyncio.sleep(0.01)
+            if marker.exists():
+                self.stats.revert_kills[point] += 1
+                return [attempt]
+            attempt.cancel()
+            with contextlib.suppress(
+                asyncio.CancelledError, DomainError, ClientError, TimeoutError
+            ):
+                await attempt  # busy (409) while it runs, or nothing to restore: again
+            await asyncio.sleep(0.05)
+        self.notes.append(f"mid-revert: no revert reached {point}")
+        return []
+
+    async def _revert_attempt(
+        self, rng: random.Random, client: Client, tag: str, point: str
+    ) -> None:
+        sid = self.revert_session
+        assert sid is not None
+        await asyncio.wait_for(client.sessions.wait(sid), 5)  # a revert needs it idle
+        page = await client.sessions.messages(sid, MessagesQuery(limit=20))
+        users = [m.id for m in page.data if m.type == "user"]
+        if len(users) < 2 or rng.random() < 0.3:
+            # Files for the revert to restore: a step writing two or three.
+            paths = rng.sample([f"f{i}.txt" for i in range(4)], rng.randint(2, 3))
+            calls = [
+                "#tool write " + json.dumps({"path": p, "content": self._name(tag)}) for p in paths
+            ]
+            text = "\n".join([*calls, "---", "#text wrote"])
+            await client.sessions.prompt(sid, PromptInput(text=text))
+            return
+        stage = RevertStageInput(message_id=rng.choice(users), files=True)
+        await client.sessions.revert_stage(sid, stage)  # passes every point but stage.*
+        if point == "commit":
+            await client.sessions.revert_commit(sid)
+        elif point.startswith("clear."):
+            await client.sessions.revert_clear(sid)
+
+    async def check_after_revert_kill(self, index: int) -> None:
+        """Right after the restart that recovered a mid-revert kill: files agree with the log."""
+        if index == 0 or self.boots[index - 1].mode != "mid-revert":
+            return
+        db = self.data_dir / DB_NAME
+
+        def check() -> list[Violation]:
+            conn = _open_ro(db)
+            try:
+                found = check_revert_files(conn, load_events(conn), self.data_dir / "snapshot")
+            finally:
+                conn.close()
+            left = sorted((self.data_dir / "revert").glob("*"))
+            return found + [
+                Violation("revert.intent-left", f"{i.name} after the restart") for i in left
+            ]
+
+        self.violations += await asyncio.to_thread(check)
+
     async def feed(self, client: Client, connected: asyncio.Event) -> None:
         with contextlib.suppress(ClientError):
             async with contextlib.aclosing(client.events.subscribe()) as stream:
@@ -1410,20 +1639,28 @@ class Sim:
 
     # -- boots
 
-    def spawn(self) -> Server:
+    def spawn(self, env: Mapping[str, str] | None = None) -> Server:
         index = len(self.boots)
         if index == 0:
             self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             (self.data_dir / "agents.toml").write_text(AGENTS_TOML)
         server = Server(
-            self.exe, self.data_dir, self.workdir, self.workdir / f"boot-{index}.log", index
+            self.exe, self.data_dir, self.workdir, self.workdir / f"boot-{index}.log", index, env
         )
         self.boots.append(server.boot)
         self._server = server
         return server
 
     async def start(self, mode: str) -> Server | None:
-        server = self.spawn()
+        env = None
+        if mode == "mid-revert":
+            index = len(self.boots)
+            self._pause = (
+                self.rng("revert", index).choice(sorted(PAUSE_POINTS)),
+                self.workdir / f"revert-paused-{index}",
+            )
+            env = {PAUSE_ENV: f"{self._pause[0]}:{self._pause[1]}"}
+        server = self.spawn(env)
         server.boot.mode = mode
         if mode == "startup":
             previous = [b.listening_s for b in self.boots if b.listening_s is not None]
@@ -1463,6 +1700,7 @@ class Sim:
         tag = f"{index}_"
         rng = self.rng("boot", index)
         tasks: list[asyncio.Task[Any]] = []
+        await self.check_after_revert_kill(index)
         try:
             async with Client(server.url, timeout=REQUEST_TIMEOUT_S) as client:
                 connected = asyncio.Event()
@@ -1493,6 +1731,8 @@ class Sim:
                     tasks += await self.trigger_mid_tool(rng, client, tag)
                 elif mode == "mid-ask":
                     tasks += await self.trigger_mid_ask(rng, client, tag)
+                elif mode == "mid-revert":
+                    tasks += await self.trigger_mid_revert(rng, client, tag)
                 elif mode == "group-commit":
                     burst, in_flight = await self.trigger_group_commit(rng, client, tag)
                     tasks += burst
@@ -1512,6 +1752,7 @@ class Sim:
         server = await self.start("final")
         if server is None:
             return
+        await self.check_after_revert_kill(server.boot.index)
         assert server.url is not None
         self.log(
             f"boot {server.boot.index}: final, up in {server.boot.listening_s:.2f} s; settling"
@@ -1573,7 +1814,8 @@ class Sim:
 
     async def run(self) -> None:
         rng = self.rng("schedule")
-        modes = [KILL_MODES[i % len(KILL_MODES)] for i in range(self.args.iterations)]
+        kinds = self.args.modes
+        modes = [kinds[i % len(kinds)] for i in range(self.args.iterations)]
         rng.shuffle(modes)
         if modes and modes[0] == "startup":
             swap = next((i for i, m in enumerate(modes) if m != "startup"), 0)
@@ -1648,6 +1890,7 @@ def build_report(sim: Sim, started: float) -> dict[str, Any]:
             "concurrent_duplicates": stats.retries_concurrent,
             "shells": stats.shells,
             "reverts": stats.reverts,
+            "revert_kills": dict(sorted(stats.revert_kills.items())),
             "after_crash": stats.retries_after_crash,
             "after_crash_already_committed": stats.committed_before_kill,
         },
@@ -1745,7 +1988,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--sessions", type=int, default=8, help="sessions (default: %(default)s)")
     parser.add_argument(
-        "--iterations", type=int, default=5, help="boots killed with SIGKILL (default: %(default)s)"
+        "--iterations",
+        type=int,
+        default=len(KILL_MODES),
+        help="boots killed with SIGKILL (default: %(default)s, each kill mode once)",
+    )
+    parser.add_argument(
+        "--modes",
+        default=",".join(KILL_MODES),
+        help="the kill modes the boots take in turn, comma-separated (default: all)",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed (default: a random one)")
     parser.add_argument("--keep", action="store_true", help="keep the data dir, print its path")
@@ -1766,6 +2017,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.sessions < 1 or args.iterations < 1 or args.hosts < 1:
         parser.error("--sessions, --iterations and --hosts must be positive")
+    args.modes = tuple(m for m in args.modes.split(",") if m)
+    if not args.modes or set(args.modes) - set(KILL_MODES):
+        parser.error(f"--modes takes some of {', '.join(KILL_MODES)}")
     if args.hosts > 1 and not (args.database or "").startswith(("postgresql://", "postgres://")):
         parser.error("--hosts > 1 needs --database postgresql://… (one database for every host)")
     if args.seed is None:

@@ -21,6 +21,7 @@ from actors.runtime import Runtime, RuntimeConfig
 from protocol import ModelRef
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
+from protocol.shapes import Location
 from storage import Command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +64,28 @@ def test_a_short_run_passes_with_kills_and_admissions(tmp_path: Path) -> None:
     assert report["events"] > 0
     # Nothing is left behind: the temporary data dir is gone without --keep.
     assert not list(tmp_path.glob("crashsim-*"))
+
+
+def test_a_short_run_of_mid_revert_kills_passes(tmp_path: Path) -> None:
+    """Each boot is killed with a revert stopped at a hook point; the next checks the files."""
+    python = VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable)
+    args = ["--modes", "mid-revert", "--sessions", "2", "--iterations", "3", "--seed", "4"]
+    done = subprocess.run(
+        [str(python), str(SCRIPT), *args, "--json", "--quiet"],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert report["violations"] == []
+    assert report["kill_modes"] == {"mid-revert": 3}
+    # Every boot's revert reached its point before the kill (none gave up).
+    assert sum(report["retries"]["revert_kills"].values()) == 3
+    assert report["notes"] == []
 
 
 # -- the checker on a real database, then on corrupted copies ----------------------------------
@@ -139,6 +162,69 @@ async def test_the_checker_catches_a_revert_intent_left_after_the_settle(tmp_pat
     assert found == {"revert.intent-left"}
     # Before the settle an intent may still be waiting for the next start's recovery.
     assert crashsim.check_database(db, receipts, ledger, settled=False) == []
+
+
+async def test_the_checker_compares_the_files_a_revert_restored(tmp_path: Path) -> None:
+    """(g) files: staged then cleared, the project passes; a file left unrestored does not."""
+    project, ledger = tmp_path / "project", tmp_path / "none.txt"
+    ledger.write_text("")
+    await asyncio.to_thread(crashsim._git_project, project)
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+
+    def write(**files: str) -> str:
+        calls = [f"#tool write {json.dumps({'path': p, 'content': c})}" for p, c in files.items()]
+        return "\n".join([*calls, "---", "#text ok"])
+
+    async with Runtime(config) as rt:
+        s = await rt.sessions.create(CreateSessionInput(location=Location(directory=str(project))))
+        await rt.sessions.prompt(s.id, PromptInput(text=write(f0="one")))
+        await rt.execution.wait_idle(s.id)
+        second = await rt.sessions.prompt(s.id, PromptInput(text=write(f0="two", f1="new")))
+        await rt.execution.wait_idle(s.id)
+        await rt.reverts.stage(s.id, second.id, files=True)
+        assert (project / "f0").read_text() == "one"
+        assert crashsim.check_database(config.db_path, [], ledger) == []
+        # As if a kill mid-restore had left the rest undone and nobody finished it.
+        (project / "f1").write_text("new")
+        found = crashsim.check_database(config.db_path, [], ledger)
+        assert _checks(found) == {"revert.files"}
+        assert "f1" in found[0].detail
+        (project / "f1").unlink()
+        await rt.reverts.clear(s.id)
+        assert crashsim.check_database(config.db_path, [], ledger) == []
+        (project / "f0").write_text("one")  # the clear's restore of f0 undone
+        assert _checks(crashsim.check_database(config.db_path, [], ledger)) == {"revert.files"}
+
+
+async def test_the_checker_keeps_a_shell_running_at_a_commit_and_catches_other_leftovers(
+    tmp_path: Path,
+) -> None:
+    """(g): a commit keeps a user shell still running (by design); any other row is a leftover."""
+    ledger = tmp_path / "none.txt"
+    ledger.write_text("")
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+    async with Runtime(config) as rt:
+        s = await rt.sessions.create(CreateSessionInput())
+        first = await rt.sessions.prompt(s.id, PromptInput(text="#text one"))
+        await rt.execution.wait_idle(s.id)
+        await rt.sessions.prompt(s.id, PromptInput(text="#text two"))
+        await rt.execution.wait_idle(s.id)
+        gate = tmp_path / "go"
+        await rt.shells.start(s, f"while [ ! -e {gate} ]; do sleep 0.02; done", "msg_csLive1")
+        await rt.reverts.stage(s.id, first.id)
+        await rt.reverts.commit(s.id)
+        gate.write_text("")
+        while not await rt.sessions.pending(s.id):
+            await rt.sessions.get(s.id)  # the shell's notice arrives with its end
+    db = config.db_path
+    assert crashsim.check_database(db, [], ledger) == []
+    broken = _copy(db, tmp_path / "broken.sqlite")
+    conn = sqlite3.connect(broken)
+    with conn:
+        # As if the commit had kept a finished shell: ended before the commit.
+        conn.execute("UPDATE event SET seq = seq + 1000 WHERE type = 'session.revert.committed.1'")
+    conn.close()
+    assert "revert.leftover" in _checks(crashsim.check_database(broken, [], ledger))
 
 
 async def test_the_checker_catches_a_lost_admission(tmp_path: Path) -> None:
