@@ -256,6 +256,14 @@ class Plans:
             weakref.WeakKeyDictionary()
         )
 
+    def held(self, sql: str) -> Plan | None:
+        """``sql``'s plan if the function already holds it, else None (ask :meth:`plan`).
+
+        The per-op lookup of a batch without a coroutine per op: after a
+        store's first batches nearly every statement is held.
+        """
+        return self._plans.get(sql)
+
     async def plan(self, conn: asyncpg.Connection, sql: str) -> Plan | None:
         try:
             return self._plans[sql]
@@ -480,8 +488,10 @@ async def commit_fast(
                     )
                 )
             ops = [(op.sql, op.params, op.expect) for r in records for op in project(r)]
-            for sql, params, expect in ops + _extra_ops(command):
-                plan = await plans.plan(conn, sql)
+            if command.blobs or command.entries:
+                ops += _extra_ops(command)
+            for sql, params, expect in ops:
+                plan = plans.held(sql) or await plans.plan(conn, sql)
                 if plan is None or len(params) != len(plan.kinds):
                     raise Fallback("an op this path cannot hold")
                 op_ids.append(plan.id)

@@ -177,7 +177,11 @@ class PostgresStore:
             settings = {"default_transaction_read_only": "on"} if self.read_only else {}
             try:
                 self._pool = await asyncpg.create_pool(
-                    self._url, min_size=1, max_size=self._reader_count, server_settings=settings
+                    self._url,
+                    min_size=1,
+                    max_size=self._reader_count,
+                    server_settings=settings,
+                    reset=_keep_session,
                 )
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 raise StorageBrokenError(
@@ -431,6 +435,21 @@ class PostgresStore:
             "SELECT coalesce(max(seq), 0) FROM event WHERE aggregate_id = ?", (aggregate_id,)
         )
         return int(rows[0][0])
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """A reader's reset on release: nothing beyond asyncpg's own rollback.
+
+    asyncpg's default reset sends ``pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL`` before the connection goes back, and the caller
+    of :meth:`PostgresStore.fetch` waits for it: a second round trip on every
+    read (twice the latency of a point read under load). A reader connection
+    never gets that state: it only runs :meth:`~PostgresStore.fetch`'s single
+    statements and :meth:`~PostgresStore.reader`'s read-only transactions, an
+    open transaction is still rolled back (asyncpg does that before calling
+    this), and the pool's ``server_settings`` are startup parameters, which
+    RESET ALL would keep anyway.
+    """
 
 
 async def _schema_version(conn: asyncpg.Connection) -> int:

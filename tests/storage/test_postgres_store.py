@@ -248,3 +248,25 @@ async def test_check_writable_asks_the_server(pg_url: str) -> None:
     async with PostgresStore(pg_url, read_only=True) as reader:
         with pytest.raises(StorageBrokenError, match="does not take writes"):
             await reader.check_writable(2.0, no_threads)
+
+
+async def test_a_read_is_one_round_trip_and_its_connection_comes_back_clean(pg_url: str) -> None:
+    async with PostgresStore(pg_url, readers=1) as store:
+        [[pid]] = await store.fetch("SELECT pg_backend_pid()")
+        probe = await asyncpg.connect(pg_url)
+        try:
+            # An idle backend shows the last statement it ran: the read's own,
+            # not a reset sent after it on release.
+            last = await probe.fetchval("SELECT query FROM pg_stat_activity WHERE pid = $1", pid)
+        finally:
+            await probe.close()
+        assert last == "SELECT pg_backend_pid()"
+        # A reader that failed inside its snapshot leaves no transaction behind.
+        with pytest.raises(asyncpg.DivisionByZeroError):
+            async with store.reader() as conn:
+                await conn.execute("SELECT 1 / 0")
+        # (the one connection again, not stuck in the aborted transaction)
+        assert await store.fetch("SELECT pg_backend_pid()") == [(pid,)]
+    async with PostgresStore(pg_url, readers=1, read_only=True) as reader:
+        await reader.fetch("SELECT 1")
+        assert await reader.fetch("SHOW default_transaction_read_only") == [("on",)]
