@@ -23,10 +23,10 @@ Prints a report (or JSON with ``--json``) and exits 1 on any violation.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,18 +88,20 @@ class Host:
     def running(self) -> bool:
         return self.proc.poll() is None and not self.stopped and self.url is not None
 
+    # Signals go through Popen.send_signal, which does nothing once the process
+    # has been reaped (``running`` polls): ``os.kill`` on a reaped pid could hit
+    # whatever process the kernel gave that number next.
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         self.log.close()
 
     def stop(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.proc.send_signal(signal.SIGSTOP)
         self.stopped = True
 
     def cont(self) -> None:
-        os.kill(self.proc.pid, signal.SIGCONT)
+        self.proc.send_signal(signal.SIGCONT)
         self.stopped = False
 
 
@@ -340,9 +342,12 @@ def main(args: Any, exe: Path, load: Any) -> int:
         "followed_events": sum(len(s) for s in sim.seen.values()),
         "elapsed_s": round(time.monotonic() - started, 2),
         "notes": sim.notes,
-        "data_dir": str(root),
+        # Kept for a look when asked (--keep) or when the run found something.
+        "data_dir": str(root) if args.keep or violations else None,
         "violations": [{"check": v.check, "detail": v.detail} for v in violations],
     }
+    if report["data_dir"] is None:
+        shutil.rmtree(root, ignore_errors=True)
     if args.json:
         print(json.dumps(report))
     else:

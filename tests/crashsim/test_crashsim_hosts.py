@@ -57,3 +57,5 @@ def test_three_hosts_with_kills_and_pauses_keep_the_invariants(database: str) ->
     assert report["kills"] + report["stops"] >= 1
     assert report["receipts"] > 0
     assert report["followed_events"] > 0
+    # A clean run without --keep leaves no data directory behind.
+    assert report["data_dir"] is None
