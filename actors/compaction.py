@@ -429,12 +429,6 @@ class Compactor:
     def tail(self, history: Sequence[SessionMessage]) -> int | None:
         return select_tail(history, self.settings.tail_tokens, self.estimator.message)
 
-    async def settle_stale(self, session_id: str) -> None:
-        """Fail a compaction a crash or restart left running (before any model work)."""
-        stale = await self._store.queries.running_compaction(session_id)
-        if stale is not None:
-            await self.settle(session_id, stale)
-
     async def settle(self, session_id: str, stale: CompactionMessage) -> None:
         """Fail ``stale``, a compaction read as still running at a drain's start."""
         await self._store.append(

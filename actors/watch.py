@@ -48,7 +48,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
-__all__ = ["TreeWatch", "WatchBroken", "collapse", "open_watch"]
+__all__ = ["TreeWatch", "collapse", "open_watch"]
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +91,6 @@ MAX_DIRTY: Final = 4_096
 
 Blocking = Callable[..., Awaitable[Any]]
 _FRESH: Final = "not yet scanned"
-
-
-class WatchBroken(Exception):
-    """The tree cannot be watched (limits, no inotify): full scans from now on."""
 
 
 class _Libc:
@@ -194,10 +190,6 @@ class TreeWatch:
     @property
     def closed(self) -> bool:
         return self._fd is None
-
-    @property
-    def watches(self) -> int:
-        return len(self._paths)
 
     # -- what a snapshot asks -------------------------------------------------------------------
 
