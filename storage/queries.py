@@ -114,13 +114,14 @@ class RunningShell:
 
 
 Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Row]]]
-#: Several statements in one round trip (one reader hop, one snapshot): their rows.
+#: Several statements in one snapshot (one reader hop on SQLite, one connection on
+#: PostgreSQL): their rows.
 FetchMany = Callable[[Sequence[tuple[str, Sequence[Any]]]], Awaitable[list[list[Row]]]]
 
 
 @attrs.frozen(kw_only=True)
 class DrainStart:
-    """What a drain reads before its first step, read together in one round trip.
+    """What a drain reads before its first step, read together in one snapshot.
 
     A drain used to make six reads before it knew there was nothing stale to
     settle; under 100 concurrent sessions each read's hand-off cost more
@@ -418,7 +419,7 @@ class Queries:
         return [self._decoded(r) for r in rows]
 
     async def step_inputs(self, session_id: str) -> tuple[Session | None, list[SessionMessage]]:
-        """:meth:`session` and :meth:`context` in one round trip (one snapshot).
+        """:meth:`session` and :meth:`context` read together, in one snapshot.
 
         The history comes from :attr:`histories` brought up to date with the
         rows changed since it was read; a removal seen in the snapshot costs

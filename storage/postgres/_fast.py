@@ -554,20 +554,7 @@ async def commit_fast(
     outcomes = []
     published = []
     for records in unplaced:
-        records = [
-            RecordedEvent(
-                position=next(placed),
-                id=r.id,
-                aggregate_id=r.aggregate_id,
-                seq=r.seq,
-                type=r.type,
-                created=r.created,
-                data=r.data,
-                event=r.event,
-                epoch=next(epochs),
-            )
-            for r in records
-        ]
+        records = [attrs.evolve(r, position=next(placed), epoch=next(epochs)) for r in records]
         outcomes.append(Outcome(records=records))
         published.extend(records)
     if published:

@@ -375,14 +375,12 @@ class PostgresStore:
         return [tuple(r) for r in rows]
 
     async def fetch_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Row]]:
-        """Several statements on one connection, in one read-only snapshot."""
-        self._check_open()
-        assert self._pool is not None
+        """Several statements on one connection, in one read-only snapshot (:meth:`reader`).
+
+        One round trip per statement, between the snapshot's BEGIN and COMMIT.
+        """
         try:
-            async with (
-                self._pool.acquire() as conn,
-                conn.transaction(isolation="repeatable_read", readonly=True),
-            ):
+            async with self.reader() as conn:
                 out: list[list[Row]] = []
                 for sql, params in statements:
                     rows = await conn.fetch(translate(sql), *params)
