@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
-import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from protocol.client import Client, ClientError
 from protocol.operations import LogQuery, RevertStageInput
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import Location, SessionRevert
+from tests.shell.conftest import git, tool, tree
 
 GUARD = 60.0
 DEVNULL = asyncio.subprocess.DEVNULL
@@ -40,25 +39,6 @@ IGNORED = ("ignored.log", "cache/state.bin")
 
 Tree = dict[str, bytes]
 Call = Callable[[Client], Awaitable[Any]]
-
-
-def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
-
-
-def _tree(root: Path) -> Tree:
-    """Every file under ``root`` (but .git) and its bytes."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != ".git"]
-        for name in filenames:
-            path = Path(dirpath) / name
-            out[str(path.relative_to(root))] = path.read_bytes()
-    return out
-
-
-def _tool(name: str, **args: Any) -> str:
-    return f"#tool {name} {json.dumps(args)}"
 
 
 def _script(*calls: str) -> str:
@@ -73,35 +53,35 @@ def _printf(data: bytes) -> str:
 #: Three prompts; each line is one step's tool calls (then a closing text step).
 PROMPTS = (
     _script(
-        _tool("write", path="b.txt", content="bravo\n"),
-        _tool("bash", command="rm gone.txt && echo 1 > ignored.log"),
+        tool("write", path="b.txt", content="bravo\n"),
+        tool("bash", command="rm gone.txt && echo 1 > ignored.log"),
     ),
     _script(
-        _tool("edit", path="a.txt", old_string="alpha", new_string="ALPHA"),
-        _tool("write", path="new/dir/c.txt", content="charlie\n"),
-        _tool(
+        tool("edit", path="a.txt", old_string="alpha", new_string="ALPHA"),
+        tool("write", path="new/dir/c.txt", content="charlie\n"),
+        tool(
             "bash",
             command=f"printf '{_printf(BINARY)}' > bin.dat && echo 2 >> ignored.log"
             " && mkdir -p cache && printf '\\000\\001' > cache/state.bin",
         ),
     ),
     _script(
-        _tool("edit", path="a.txt", old_string="ALPHA", new_string="ALPHA again"),
-        _tool("bash", command="rm b.txt && echo 3 >> ignored.log"),
+        tool("edit", path="a.txt", old_string="ALPHA", new_string="ALPHA again"),
+        tool("bash", command="rm b.txt && echo 3 >> ignored.log"),
     ),
 )
 
 
 def _project(path: Path) -> None:
     path.mkdir()
-    _git(path, "init", "-q")
+    git(path, "init", "-q")
     (path / ".gitignore").write_text("*.log\ncache/\n")
     (path / "a.txt").write_text("alpha\n")
     (path / "gone.txt").write_text("to be deleted\n")
     (path / "bin.dat").write_bytes(b"\x00old\xff")
     (path / "keep.txt").write_text("untouched\n")
-    _git(path, "add", "-A")
-    _git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    git(path, "add", "-A")
+    git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
 
 
 def _ignored(path: str) -> bool:
@@ -125,7 +105,7 @@ class Run:
         self.marker = tmp / "paused"
         self.session = ""
         self.users: list[str] = []
-        self.trees: list[Tree] = [_tree(self.project)]
+        self.trees: list[Tree] = [tree(self.project)]
 
     def env(self, point: str | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
@@ -147,7 +127,7 @@ async def _write_three_prompts(run: Run, client: Client) -> None:
         receipt = await client.sessions.prompt(session.id, PromptInput(text=text))
         await client.sessions.wait(session.id)
         run.users.append(receipt.id)
-        run.trees.append(_tree(run.project))
+        run.trees.append(tree(run.project))
     _, t1, t2, t3 = run.trees
     # The script did what the assertions below rely on.
     assert (t1["b.txt"], "gone.txt" in t1) == (b"bravo\n", False)
@@ -171,7 +151,7 @@ async def _kill_inside(
     call = asyncio.ensure_future(operation())
     try:
         assert await _until_paused(run, call) == point
-        at_kill = _tree(run.project)
+        at_kill = tree(run.project)
         served.proc.send_signal(signal.SIGKILL)
         await served.proc.wait()
     finally:
@@ -243,7 +223,7 @@ async def test_a_revert_killed_at_any_point_leaves_files_and_log_agreeing(
         ),
     }
     before, after, call = calls[op]
-    assert _tree(run.project) == before
+    assert tree(run.project) == before
     # The killed call, on a server with the hook set at ``point``.
     async with (
         serving(run.data, env=run.env(point), stderr=DEVNULL) as served,
@@ -261,7 +241,7 @@ async def test_a_revert_killed_at_any_point_leaves_files_and_log_agreeing(
     expected = after if took_effect else before
     async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
         async with Client(served.url) as client:
-            assert _tree(run.project) == expected  # byte for byte, never a mix
+            assert tree(run.project) == expected  # byte for byte, never a mix
             assert run.intents() == []
             revert, shown = await _state(client, run.session)
             events = await _revert_events(client, run.session)
@@ -286,15 +266,15 @@ async def test_a_revert_killed_at_any_point_leaves_files_and_log_agreeing(
         Client(served.url) as client,
     ):
         # A second restart finds nothing to finish: nothing changes.
-        assert _tree(run.project) == expected
+        assert tree(run.project) == expected
         assert run.intents() == []
         assert await _state(client, run.session) == (revert, shown)
         assert await _revert_events(client, run.session) == events
         # The session takes a new prompt; it commits a revert left staged.
-        text = _script(_tool("write", path="after.txt", content="after the crash\n"))
+        text = _script(tool("write", path="after.txt", content="after the crash\n"))
         receipt = await client.sessions.prompt(run.session, PromptInput(text=text))
         await client.sessions.wait(run.session)
-        assert _tree(run.project) == expected | {"after.txt": b"after the crash\n"}
+        assert tree(run.project) == expected | {"after.txt": b"after the crash\n"}
         now, ids = await _state(client, run.session)
         assert now is None
         # What was shown stays; what a staged revert hid is gone for good.
@@ -305,9 +285,9 @@ async def test_a_revert_killed_at_any_point_leaves_files_and_log_agreeing(
         assert (await _step_files(client, run.session))[-1] == ["after.txt"]
         new = RevertStageInput(message_id=receipt.id, files=True)
         await client.sessions.revert_stage(run.session, new)
-        assert _tree(run.project) == expected
+        assert tree(run.project) == expected
         await client.sessions.revert_clear(run.session)
-        assert _tree(run.project) == expected | {"after.txt": b"after the crash\n"}
+        assert tree(run.project) == expected | {"after.txt": b"after the crash\n"}
 
 
 async def _step_files(client: Client, session_id: str) -> list[list[str]]:
@@ -356,7 +336,7 @@ async def test_a_client_gone_mid_restore_keeps_the_session_until_the_files_are_b
         await _stop(served)
     _, t1, _, t3 = run.trees
     second = RevertStageInput(message_id=run.users[1], files=True)
-    text = _script(_tool("write", path="after.txt", content="too early\n"))
+    text = _script(tool("write", path="after.txt", content="too early\n"))
     async with (
         serving(run.data, env=run.env("stage.restore"), stderr=DEVNULL) as served,
         Client(served.url) as client,
@@ -379,7 +359,7 @@ async def test_a_client_gone_mid_restore_keeps_the_session_until_the_files_are_b
         serving(run.data, env=run.env(None), stderr=DEVNULL) as served,
         Client(served.url) as client,
     ):
-        assert _tree(run.project) == _reverted(t1, t3)
+        assert tree(run.project) == _reverted(t1, t3)
         assert run.intents() == []
         revert, _ = await _state(client, run.session)
         assert revert is not None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +25,22 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=repo, check=True, capture_output=True, text=True
     ).stdout
+
+
+def tool(name: str, **args: Any) -> str:
+    """A scripted-model line that calls tool ``name`` with ``args``."""
+    return f"#tool {name} {json.dumps(args)}"
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (but .git) and its bytes."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        for f in filenames:
+            p = Path(dirpath) / f
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +13,9 @@ from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
 from protocol.shapes import Location
 from server.embedded import Embedded
 from storage import rebuild_projections
-from tests.shell.conftest import git, until
+from tests.shell.conftest import git, tool, tree, until
 
 BINARY = bytes(range(256)) * 4
-
-
-def tool(name: str, **args: Any) -> str:
-    return f"#tool {name} {json.dumps(args)}"
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` (but .git) and its bytes."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != ".git"]
-        for f in filenames:
-            p = Path(dirpath) / f
-            out[str(p.relative_to(root))] = p.read_bytes()
-    return out
 
 
 async def prompt_and_wait(oc: Embedded, session_id: str, text: str) -> str:
