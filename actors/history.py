@@ -33,7 +33,7 @@ from actors.llm import (
     ToolResultContent,
 )
 from actors.tool_calls import HOSTED
-from protocol.lru import ByteLRU
+from protocol.lru import ByteLRU, reused_prefix
 from protocol.shapes import (
     AssistantMessage,
     CompactionMessage,
@@ -51,10 +51,6 @@ __all__ = ["CHAT_CACHE_BYTES", "ChatCache", "to_chat"]
 
 #: Bytes of converted messages kept, least recently used evicted first.
 CHAT_CACHE_BYTES: Final = 32 * 1024 * 1024
-#: How many trailing messages a history may differ in from the session's last
-#: one and still reuse its conversion (a step appends one or two, and updates
-#: the newest assistant message).
-_TAIL_TRIES: Final = 8
 
 
 @attrs.frozen
@@ -119,13 +115,7 @@ class ChatCache:
             return ()
         session_id = current[0].session_id
         last = self._sessions.get(session_id)
-        keep = 0
-        if last is not None:
-            n = min(len(last.history), len(current))
-            for k in range(n, max(n - _TAIL_TRIES, 0) - 1, -1):
-                if current[:k] == last.history[:k]:
-                    keep = k
-                    break
+        keep = 0 if last is None else reused_prefix(current, last.history)
         chat = list(last.chat[: last.counts[keep]]) if last is not None and keep else []
         counts = list(last.counts[: keep + 1]) if last is not None and keep else [0]
         weights = list(last.weights[: keep + 1]) if last is not None and keep else [0]

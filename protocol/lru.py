@@ -11,12 +11,17 @@ value heavier than the whole bound is not kept at all.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Generic, TypeVar
+from collections.abc import Sequence
+from typing import Final, Generic, TypeVar
 
-__all__ = ["ByteLRU"]
+__all__ = ["ByteLRU", "reused_prefix"]
 
 K = TypeVar("K")
 V = TypeVar("V")
+
+#: How far back from the end of the shorter sequence :func:`reused_prefix` looks
+#: (a step appends one or two messages and updates the newest assistant one).
+PREFIX_TRIES: Final = 8
 
 #: What an entry costs besides its payload (key, tuple, dict slot, small objects).
 ENTRY_OVERHEAD = 256
@@ -63,3 +68,24 @@ class ByteLRU(Generic[K, V]):
         while self._bytes > self.max_bytes:
             _, (_, dropped) = self._entries.popitem(last=False)
             self._bytes -= dropped
+
+
+def reused_prefix(current: Sequence[object], last: Sequence[object]) -> int:
+    """How many leading items of ``current`` a cached ``last`` can serve: 0 if not near the end.
+
+    A session's next history or request is its last one with a few items
+    added or changed at the end, so a cache of per-item running sums (the
+    conversion, a character count) keeps its entries up to the first
+    difference, if that falls within :data:`PREFIX_TRIES` of the shorter
+    end; a difference earlier starts over from 0. The head is compared
+    once (in C: unchanged items are the same objects), then the tail item
+    by item.
+    """
+    n = min(len(current), len(last))
+    low = max(n - PREFIX_TRIES, 0)
+    if current[:low] != last[:low]:
+        return 0
+    for i in range(low, n):
+        if current[i] is not last[i] and current[i] != last[i]:
+            return i
+    return n

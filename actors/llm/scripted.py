@@ -178,7 +178,7 @@ from actors.llm._stream import (
 )
 from actors.llm.max_steps import is_max_steps_message
 from protocol import codec
-from protocol.lru import ByteLRU
+from protocol.lru import ByteLRU, reused_prefix
 
 __all__ = [
     "PARTIAL_TEXT",
@@ -426,19 +426,12 @@ def _chars(message: ChatMessage) -> int:
 _COUNTED: Final[ByteLRU[str, tuple[tuple[ChatMessage, ...], tuple[int, ...]]]] = ByteLRU(
     4096 * 1024
 )
-_TAIL_TRIES: Final = 8
 
 
 def _request_chars(request: ModelRequest) -> int:
     messages = request.messages
     last = _COUNTED.get(request.session_id)
-    keep = 0
-    if last is not None:
-        n = min(len(last[0]), len(messages))
-        for k in range(n, max(n - _TAIL_TRIES, 0) - 1, -1):
-            if messages[:k] == last[0][:k]:
-                keep = k
-                break
+    keep = 0 if last is None else reused_prefix(messages, last[0])
     sums = list(last[1][: keep + 1]) if last is not None and keep else [0]
     for message in messages[keep:]:
         sums.append(sums[-1] + _chars(message))

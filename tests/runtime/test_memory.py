@@ -8,7 +8,7 @@ import attrs
 
 from actors.history import ChatCache, to_chat
 from actors.runtime import Runtime, RuntimeConfig
-from protocol.lru import ENTRY_OVERHEAD, ByteLRU
+from protocol.lru import ENTRY_OVERHEAD, PREFIX_TRIES, ByteLRU, reused_prefix
 from protocol.requests import PromptInput
 from protocol.shapes import AssistantMessage, MessageTime, TextPart, UserMessage
 
@@ -99,3 +99,16 @@ def test_a_history_converted_through_the_cache_equals_one_converted_afresh() -> 
     for h in steps:
         assert to_chat(h, cache) == to_chat(h)
         assert to_chat(h, cache, native=False) == to_chat(h, native=False)
+
+
+def test_reused_prefix_stops_at_the_first_difference_near_the_end() -> None:
+    last = tuple(range(20))
+    assert reused_prefix(last, last) == 20
+    assert reused_prefix((*last, 20, 21), last) == 20  # grown: all of last
+    assert reused_prefix((*last[:19], 99), last) == 19  # the newest one changed
+    assert reused_prefix((*last[:15], 99, *last[16:]), last) == 15
+    # A difference further back than PREFIX_TRIES from the end: start over.
+    early = 20 - PREFIX_TRIES - 1
+    assert reused_prefix((*last[:early], 99, *last[early + 1 :]), last) == 0
+    assert reused_prefix(last[:5], last) == 5  # shrunk: what is left
+    assert reused_prefix((), last) == 0
