@@ -525,7 +525,7 @@ class Snapshots:
             self._known.move_to_end(store.name)
             return True
         existed = await self._ensure_store(work, store)
-        if await self._blocking((store / "index").exists):
+        if existed:  # as read by _ensure_store (``git init`` writes no index)
             self._remember(store.name)
         return existed
 
