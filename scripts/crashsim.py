@@ -936,20 +936,25 @@ def check_database(
         out += check_fences(conn)
         out += check_shells(conn, events, settled=settled)
         out += check_reverts(conn, events)
+        if settled:
+            out += revert_leftovers(Path(path).parent, conn, events, "after the settle")
         conn.execute("COMMIT")
     finally:
         conn.close()
-    if settled:
-        # A torn intent (``.tmp``, killed while written) is left over too.
-        intents = sorted((Path(path).parent / "revert").glob("*"))
-        out += [Violation("revert.intent-left", f"{i.name} after the settle") for i in intents]
-        conn = _open_ro(path)
-        try:
-            out += check_revert_files(conn, load_events(conn), Path(path).parent / "snapshot")
-        finally:
-            conn.close()
     out += check_rebuild(path)
     return out
+
+
+def revert_leftovers(
+    data_dir: Path, conn: sqlite3.Connection, events: Sequence[Event], when: str
+) -> list[Violation]:
+    """Files that disagree with the last revert, and intents left in ``data_dir``.
+
+    A torn intent (``.tmp``, killed while written) is left over too.
+    """
+    out = check_revert_files(conn, events, data_dir / "snapshot")
+    left = sorted((data_dir / "revert").glob("*"))
+    return out + [Violation("revert.intent-left", f"{i.name} {when}") for i in left]
 
 
 def recovery_timeline(
@@ -1500,13 +1505,9 @@ class Sim:
         def check() -> list[Violation]:
             conn = _open_ro(db)
             try:
-                found = check_revert_files(conn, load_events(conn), self.data_dir / "snapshot")
+                return revert_leftovers(self.data_dir, conn, load_events(conn), "after the restart")
             finally:
                 conn.close()
-            left = sorted((self.data_dir / "revert").glob("*"))
-            return found + [
-                Violation("revert.intent-left", f"{i.name} after the restart") for i in left
-            ]
 
         self.violations += await asyncio.to_thread(check)
 
