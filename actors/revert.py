@@ -135,9 +135,6 @@ class Reverts:
     async def recover(self) -> int:
         """Finish (or drop) every stage or clear a crash interrupted; how many were finished."""
         finished = 0
-        # A kill inside an intent's write leaves only its temporary file; the event
-        # comes after the rename, so it never committed and no file was touched.
-        await self._blocking(_drop_torn, self._intents)
         for path in await self._blocking(_intent_files, self._intents):
             try:
                 intent = orjson.loads(await self._blocking(path.read_bytes))
@@ -367,20 +364,20 @@ def _pause_from(value: str | None) -> tuple[str, Path] | None:
 
 
 def _intent_files(directory: Path) -> list[Path]:
+    """The intents to finish or drop, after removing the torn ones.
+
+    A kill inside an intent's write leaves only its temporary file; the event
+    comes after the rename, so it never committed and no file was touched.
+    """
     try:
-        return sorted(p for p in directory.iterdir() if p.suffix == ".json")
+        entries = list(directory.iterdir())
     except FileNotFoundError:
         return []
-
-
-def _drop_torn(directory: Path) -> None:
-    try:
-        torn = [p for p in directory.iterdir() if p.suffix == ".tmp"]
-    except FileNotFoundError:
-        return
-    for path in torn:
-        log.warning("dropping torn revert intent %s", path.name)
-        _unlink(path)
+    for path in entries:
+        if path.suffix == ".tmp":
+            log.warning("dropping torn revert intent %s", path.name)
+            _unlink(path)
+    return sorted(p for p in entries if p.suffix == ".json")
 
 
 def _write_durably(path: Path, data: bytes) -> None:
