@@ -1,8 +1,9 @@
 """SIGKILL a real ``sessionrt serve`` mid-tool: the tool's side effect never happens.
 
-The bash command ``sleep 8; touch marker`` is running when the server dies.
-Its process group outlives the server (it runs on under init); before the fix
-it finished and touched the marker while the log said the call was aborted.
+The bash command ``touch started; sleep 120; touch marker`` is running (``started``
+is there) when the server dies. Its process group outlives the server (it runs on
+under init); before the fix it finished and touched the marker while the log said
+the call was aborted.
 The restarted server's startup sweep, which runs before it binds, kills the
 recorded group and only then fails the call as stale: once it is listening,
 the group is gone, so the marker can never appear.
@@ -32,7 +33,8 @@ async def test_a_tool_running_when_the_server_is_killed_never_finishes(tmp_path:
     data, project = tmp_path / "data", tmp_path / "project"
     project.mkdir()
     marker = project / "marker"
-    command = json.dumps({"command": "sleep 120; touch marker", "timeout_s": 300})
+    started = project / "started"
+    command = json.dumps({"command": "touch started; sleep 120; touch marker", "timeout_s": 300})
     pgid = None
     try:
         async with serving(data, stderr=DEVNULL) as served, Client(served.url) as client:
@@ -48,6 +50,12 @@ async def test_a_tool_running_when_the_server_is_killed_never_finishes(tmp_path:
                             call_id = event.data["data"]["id"]
                             break
             assert pgid is not None
+            # ``spawned`` is durable before the tool's gate opens: a kill right after it
+            # may find the command not started yet (and the gate then never runs it).
+            # Wait until it runs, so the kill lands on a command that would finish.
+            async with asyncio.timeout(GUARD):
+                while not started.exists():  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
             # The server alone: the tool has its own group.
             served.proc.send_signal(signal.SIGKILL)
             await served.proc.wait()
