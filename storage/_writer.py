@@ -11,11 +11,21 @@ This is a plain owned thread rather than a pykka actor: it needs exactly one
 mailbox message kind (a batch), a join-able thread for an orderly close, and
 nothing else pykka offers.
 
-The writer keeps the latest seq of each aggregate it has touched and the next
-global position in memory (it is the only writer: a file lock keeps other
-processes out). Each command records what it changed in an undo list, so a
-rolled-back SAVEPOINT restores exactly those entries, whatever the number of
-sessions; a failed COMMIT drops the whole cache, which then reloads lazily.
+Savepoints are the slow path. Each SQL statement is a GIL hand-off for this
+thread (sqlite3 releases the GIL around every step, and re-taking it waits for
+whatever Python the loop thread is running), so a batch is first run without
+any: if every command succeeds it COMMITs as it is. When one fails, the whole
+transaction is rolled back, the in-memory state restored, and the batch run
+again with a SAVEPOINT per command, so the failed ones roll back alone. Only
+the second run's outcomes are handed back.
+
+The writer keeps in memory the latest seq of each aggregate it has touched,
+the next global position, and the ``session_lease`` rows it has read or
+written (it is the only writer: a file lock keeps other processes out, so a
+lease row changes only through it), so a fenced append checks its lease
+without a SELECT. Every change to that state is recorded in an undo list, so
+a rolled-back command (or batch) restores exactly those entries, whatever the
+number of sessions; a failed COMMIT drops both caches, which reload lazily.
 """
 
 from __future__ import annotations
@@ -23,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import os
 import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import attrs
 
@@ -79,6 +90,19 @@ class Prepared:
 Batch = list[Prepared]
 Done = Callable[[list[Outcome]], None]
 
+#: A ``session_lease`` row as the writer knows it (host_id, epoch, expires), or
+#: None: the session has no row.
+LeaseRow = tuple[str, int, int] | None
+#: (cache, key, value before): what restores one in-memory change.
+Undo = list[tuple[dict[str, Any], str, Any]]
+_MISSING: Final = object()
+
+# Both caches are bounded by count, trimmed (oldest entries first) between
+# batches: an entry is some 200 bytes, so a few MB at most. A dropped entry
+# reloads with one indexed SELECT.
+_SEQ_ENTRIES: Final = 16_384
+_LEASE_ENTRIES: Final = 16_384
+
 
 class Writer:
     def __init__(
@@ -100,6 +124,7 @@ class Writer:
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._seqs: dict[str, int] = {}
+        self._leases: dict[str, LeaseRow] = {}
         self._position = 0
 
     # -- loop side ------------------------------------------------------------------------------
@@ -186,19 +211,47 @@ class Writer:
     def _commit(self, batch: Batch) -> list[Outcome]:
         conn = self._conn
         assert conn is not None
+        _trim(self._seqs, _SEQ_ENTRIES)
+        _trim(self._leases, _LEASE_ENTRIES)
         position_before = self._position
         try:
             conn.execute("BEGIN IMMEDIATE")
-            outcomes = [self._apply(conn, prepared) for prepared in batch]
+            outcomes = self._apply_all(conn, batch)
+            if outcomes is None:
+                # A command failed and its partial writes are in the
+                # transaction: start over, each command in its own savepoint.
+                conn.execute("ROLLBACK")
+                conn.execute("BEGIN IMMEDIATE")
+                outcomes = [self._apply(conn, prepared) for prepared in batch]
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             self._seqs.clear()
+            self._leases.clear()
             self._position = position_before
             broken = StorageBrokenError(f"commit failed: {exc}")
             return [Outcome(error=broken) for _ in batch]
         return outcomes
+
+    def _apply_all(self, conn: sqlite3.Connection, batch: Batch) -> list[Outcome] | None:
+        """Every command's outcome, without savepoints; None (state restored) if one failed."""
+        position_before = self._position
+        undo: Undo = []
+        outcomes = []
+        try:
+            for prepared in batch:
+                outcomes.append(self._perform(conn, prepared, undo))
+        except sqlite3.IntegrityError:
+            pass
+        except sqlite3.Error:
+            raise  # the database itself failed: the whole batch fails (see _commit)
+        except Exception:
+            pass  # the savepoint run below reports it on its own command
+        else:
+            return outcomes
+        self._restore(undo, position_before)
+        return None
 
     def _seq(self, conn: sqlite3.Connection, aggregate_id: str) -> int:
         seq = self._seqs.get(aggregate_id)
@@ -210,22 +263,14 @@ class Writer:
         return seq
 
     def _apply(self, conn: sqlite3.Connection, prepared: Prepared) -> Outcome:
-        command = prepared.command
+        """One command under its own savepoint: a failure rolls back only it."""
         position_before = self._position
-        undo: list[tuple[str, int | None]] = []
+        undo: Undo = []
         conn.execute("SAVEPOINT command")
         try:
-            epoch = None if command.lease is None else _use_lease(conn, command.lease)
-            replay = self._check_expected(conn, prepared)
-            if replay is not None:
-                conn.execute("RELEASE command")
-                return Outcome(records=replay, publish=False)
-            records = self._insert(conn, command.events, prepared.encoded, undo)
-            _write_side(conn, command)
-            if command.lease is not None and epoch is not None:
-                records = _fence_records(conn, command.lease, epoch, records)
+            outcome = self._perform(conn, prepared, undo)
             conn.execute("RELEASE command")
-            return Outcome(records=records)
+            return outcome
         except sqlite3.IntegrityError as exc:
             self._undo(conn, undo, position_before)
             return Outcome(error=AppendConflictError(f"constraint violated: {exc}"))
@@ -237,16 +282,30 @@ class Writer:
             self._undo(conn, undo, position_before)
             return Outcome(error=exc)
 
-    def _undo(
-        self, conn: sqlite3.Connection, undo: list[tuple[str, int | None]], position: int
-    ) -> None:
+    def _perform(self, conn: sqlite3.Connection, prepared: Prepared, undo: Undo) -> Outcome:
+        """Apply one command in the open transaction; raise if it is refused."""
+        command = prepared.command
+        fence = None
+        if command.lease is not None:
+            fence = (command.lease, self._use_lease(conn, command.lease, undo))
+        replay = self._check_expected(conn, prepared)
+        if replay is not None:
+            return Outcome(records=replay, publish=False)
+        records = self._insert(conn, command.events, prepared.encoded, undo, fence)
+        _write_side(conn, command)
+        return Outcome(records=records)
+
+    def _undo(self, conn: sqlite3.Connection, undo: Undo, position: int) -> None:
         conn.execute("ROLLBACK TO command")
         conn.execute("RELEASE command")
-        for aggregate_id, seq in reversed(undo):
-            if seq is None:
-                self._seqs.pop(aggregate_id, None)
+        self._restore(undo, position)
+
+    def _restore(self, undo: Undo, position: int) -> None:
+        for cache, key, before in reversed(undo):
+            if before is _MISSING:
+                cache.pop(key, None)
             else:
-                self._seqs[aggregate_id] = seq
+                cache[key] = before
         self._position = position
 
     def _check_expected(
@@ -268,14 +327,20 @@ class Writer:
         conn: sqlite3.Connection,
         events: Sequence[NewEvent],
         encoded: Sequence[tuple[str, str]],
-        undo: list[tuple[str, int | None]],
+        undo: Undo,
+        fence: tuple[LeaseUse, int] | None,
     ) -> list[RecordedEvent]:
+        """Store the events and their projections; with ``fence`` (the lease
+        used and its epoch), also who wrote the lease's session's events: the
+        appender's copies of those carry the epoch."""
+        fenced, epoch = (None, None) if fence is None else (fence[0].session_id, fence[1])
+        seqs = self._seqs
         records = []
         for new, (type_, data) in zip(events, encoded, strict=True):
             agg = new.aggregate_id
-            undo.append((agg, self._seqs.get(agg)))
+            undo.append((seqs, agg, seqs.get(agg, _MISSING)))
             seq = self._seq(conn, agg) + 1
-            self._seqs[agg] = seq
+            seqs[agg] = seq
             self._position += 1
             record = RecordedEvent(
                 position=self._position,
@@ -286,17 +351,72 @@ class Writer:
                 created=new.created,
                 data=data,
                 event=new.event,
+                epoch=epoch if agg == fenced else None,
             )
             records.append(record)
             conn.execute(
                 _INSERT_EVENT, (self._position, new.id, agg, seq, type_, new.created, data)
             )
+            if agg == fenced:
+                assert fence is not None
+                conn.execute(_INSERT_FENCE, (self._position, agg, fence[0].host_id, epoch))
         for record in records:
             for op in project(record):
                 cursor = conn.execute(op.sql, op.params)
                 if op.expect is not None and cursor.rowcount != op.expect:
                     raise op.conflict()
         return records
+
+    def _lease(self, conn: sqlite3.Connection, session_id: str) -> LeaseRow:
+        """``session_id``'s lease row, from memory when this writer has seen it."""
+        leases = self._leases
+        if session_id in leases:
+            return leases[session_id]
+        row = conn.execute(_READ_LEASE, (session_id,)).fetchone()
+        held: LeaseRow = None if row is None else (str(row[0]), int(row[1]), int(row[2]))
+        # What the database says is true before and after this command: no undo.
+        leases[session_id] = held
+        return held
+
+    def _set_lease(self, session_id: str, row: LeaseRow, undo: Undo) -> None:
+        undo.append((self._leases, session_id, self._leases.get(session_id, _MISSING)))
+        self._leases[session_id] = row
+
+    def _use_lease(self, conn: sqlite3.Connection, use: LeaseUse, undo: Undo) -> int:
+        """Take, check, renew or release ``use``'s lease; the epoch the command holds.
+
+        Raises :class:`LeaseHeldError` (take) or :class:`FencedError` (the
+        others); the caller rolls the command back either way. The clock is
+        this writer's: on SQLite every host is this one process.
+        """
+        now = time.time_ns() // 1_000_000
+        sid = use.session_id
+        if use.kind == "take":
+            expires = now + use.ttl_ms
+            row = conn.execute(_TAKE_LEASE, (sid, use.host_id, expires, now)).fetchone()
+            if row is not None:
+                epoch = int(row[0])
+                self._set_lease(sid, (use.host_id, epoch, expires), undo)
+                return epoch
+            held = self._lease(conn, sid)
+            assert held is not None  # the upsert inserts when there is no row
+            raise LeaseHeldError(sid, held[0], held[1])
+        held = self._lease(conn, sid)
+        if held is None:
+            raise FencedError(sid, use.host_id, use.epoch, "no lease was taken")
+        host_id, epoch, expires = held
+        if (host_id, epoch) != (use.host_id, use.epoch):
+            raise FencedError(sid, use.host_id, use.epoch, f"host {host_id} holds epoch {epoch}")
+        if expires <= now:
+            raise FencedError(sid, use.host_id, use.epoch, "the lease expired")
+        if use.kind == "renew":
+            expires = now + use.ttl_ms
+            conn.execute(_RENEW_LEASE, (expires, sid))
+            self._set_lease(sid, (host_id, epoch, expires), undo)
+        elif use.kind == "release":
+            conn.execute(_RELEASE_LEASE, (sid,))
+            self._set_lease(sid, (host_id, epoch, 0), undo)
+        return use.epoch
 
 
 _INSERT_BLOB: Final = "INSERT OR IGNORE INTO instruction_blob (hash, value) VALUES (?, ?)"
@@ -336,54 +456,15 @@ _READ_LEASE: Final = "SELECT host_id, epoch, expires FROM session_lease WHERE se
 _INSERT_FENCE: Final = (
     "INSERT INTO event_fence (position, session_id, host_id, epoch) VALUES (?, ?, ?, ?)"
 )
+_RENEW_LEASE: Final = "UPDATE session_lease SET expires = ? WHERE session_id = ?"
+_RELEASE_LEASE: Final = "UPDATE session_lease SET expires = 0 WHERE session_id = ?"
 
 
-def _use_lease(conn: sqlite3.Connection, use: LeaseUse) -> int:
-    """Take, check, renew or release ``use``'s lease; the epoch the command holds.
-
-    Raises :class:`LeaseHeldError` (take) or :class:`FencedError` (the others);
-    the caller's savepoint rolls the command back either way. The clock is this
-    writer's: on SQLite every host is this one process.
-    """
-    now = time.time_ns() // 1_000_000
-    if use.kind == "take":
-        row = conn.execute(
-            _TAKE_LEASE, (use.session_id, use.host_id, now + use.ttl_ms, now)
-        ).fetchone()
-        if row is not None:
-            return int(row[0])
-        held = conn.execute(_READ_LEASE, (use.session_id,)).fetchone()
-        raise LeaseHeldError(use.session_id, str(held[0]), int(held[1]))
-    held = conn.execute(_READ_LEASE, (use.session_id,)).fetchone()
-    if held is None:
-        raise FencedError(use.session_id, use.host_id, use.epoch, "no lease was taken")
-    if (str(held[0]), int(held[1])) != (use.host_id, use.epoch):
-        raise FencedError(
-            use.session_id, use.host_id, use.epoch, f"host {held[0]} holds epoch {held[1]}"
-        )
-    if int(held[2]) <= now:
-        raise FencedError(use.session_id, use.host_id, use.epoch, "the lease expired")
-    if use.kind == "renew":
-        conn.execute(
-            "UPDATE session_lease SET expires = ? WHERE session_id = ?",
-            (now + use.ttl_ms, use.session_id),
-        )
-    elif use.kind == "release":
-        conn.execute("UPDATE session_lease SET expires = 0 WHERE session_id = ?", (use.session_id,))
-    return use.epoch
-
-
-def _fence_records(
-    conn: sqlite3.Connection, use: LeaseUse, epoch: int, records: list[RecordedEvent]
-) -> list[RecordedEvent]:
-    """Record who wrote the lease's session's events; the appender's copies carry the epoch."""
-    mine = [r for r in records if r.aggregate_id == use.session_id]
-    conn.executemany(
-        _INSERT_FENCE, [(r.position, use.session_id, use.host_id, epoch) for r in mine]
-    )
-    return [
-        attrs.evolve(r, epoch=epoch) if r.aggregate_id == use.session_id else r for r in records
-    ]
+def _trim(cache: dict[str, Any], limit: int) -> None:
+    """Drop the oldest entries beyond ``limit`` (only between batches: no undo refers to them)."""
+    if len(cache) > limit:
+        for key in list(itertools.islice(cache, len(cache) - limit)):
+            del cache[key]
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -9,6 +9,7 @@ import pytest
 from protocol import Location
 from protocol import events as ev
 from storage import (
+    AppendConflictError,
     Command,
     Fence,
     FencedError,
@@ -182,3 +183,124 @@ async def test_appends_inside_fenced_hold_the_fence(store: SQLiteStore) -> None:
         # Another session's append is not the execution's: it is not fenced.
         await store.append(Command.of(ev.SessionRenamed(session_id="ses_other", title="ok")))
     await store.append(Command.of(ev.SessionRenamed(session_id=SID, title="admitted")))
+
+
+def _renamed(fence: Fence, title: str) -> Command:
+    return Command.of(
+        ev.SessionRenamed(session_id=fence.session_id, title=title), lease=fence.hold()
+    )
+
+
+async def _take_on(store: SQLiteStore, sid: str, host: str, ttl_ms: int = 10_000) -> Fence:
+    records = await store.append(
+        Command.of(ev.ExecutionStarted(session_id=sid), lease=LeaseUse.take(sid, host, ttl_ms))
+    )
+    assert records[0].epoch is not None
+    return Fence(sid, host, records[0].epoch)
+
+
+async def test_a_mixed_batch_commits_the_good_commands_and_forgets_the_failed_ones(
+    store: SQLiteStore,
+) -> None:
+    # Several sessions' fenced commands in one batch, with one stale epoch, one
+    # projector conflict, a take and a renewal whose commands fail after the
+    # lease was used: the others commit at consecutive positions and seqs, the
+    # failed ones leave no event, fence row or lease change (on disk or in the
+    # writer's memory), and the next batch carries on from there.
+    for sid in ("ses_a", "ses_b", "ses_c", "ses_d"):
+        await _session(store, sid)
+    a = await _take_on(store, "ses_a", "host-a")
+    b = await _take_on(store, "ses_b", "host-b")
+    short = await _take_on(store, "ses_d", "host-d", ttl_ms=150)
+    stale = await _take_on(store, "ses_c", "host-a", ttl_ms=30)
+    await asyncio.sleep(0.06)
+    c = await _take_on(store, "ses_c", "host-c")
+    seqs = {sid: await store.last_seq(sid) for sid in ("ses_a", "ses_b", "ses_c", "ses_d")}
+    [last] = await store.fetch("SELECT max(position) FROM event")
+    position = last[0]
+    batches: list[int] = []
+    store.batch_observers.append(lambda commands, _: batches.append(commands))
+
+    missing = ev.InboxCancelled(session_id="ses_b", inbox_id="msg_none")
+    futures = [
+        store.submit(_renamed(a, "a1")),
+        store.submit(_renamed(stale, "stale")),
+        store.submit(_renamed(b, "b1")),
+        # Projector conflicts: nothing is pending, and ses_x does not exist.
+        store.submit(Command.of(missing, lease=b.hold())),
+        store.submit(
+            Command.of(
+                ev.ExecutionStarted(session_id="ses_x"),
+                lease=LeaseUse.take("ses_x", "host-x", 10_000),
+            )
+        ),
+        store.submit(Command.of(missing, lease=short.renew(60_000))),
+        store.submit(_renamed(c, "c1")),
+    ]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    if isinstance(store, SQLiteStore):
+        assert batches == [len(futures)]
+    ok = [results[0], results[2], results[6]]
+    assert all(isinstance(r, list) and len(r) == 1 for r in ok)
+    assert isinstance(results[1], FencedError)
+    for failed in (results[3], results[4], results[5]):
+        assert isinstance(failed, AppendConflictError)
+        assert not isinstance(failed, FencedError)
+    records = [r[0] for r in ok if isinstance(r, list)]
+    assert [r.position for r in records] == [position + 1, position + 2, position + 3]
+    assert [(r.aggregate_id, r.seq) for r in records] == [
+        ("ses_a", seqs["ses_a"] + 1),
+        ("ses_b", seqs["ses_b"] + 1),
+        ("ses_c", seqs["ses_c"] + 1),
+    ]
+    assert [r.epoch for r in records] == [a.epoch, b.epoch, c.epoch]
+    assert await store.last_seq("ses_x") == 0
+    assert await store.last_seq("ses_d") == seqs["ses_d"]
+    fences = await store.fetch(
+        "SELECT position, session_id, host_id, epoch FROM event_fence WHERE position > ?"
+        " ORDER BY position",
+        (position,),
+    )
+    assert [tuple(f) for f in fences] == [
+        (position + 1, "ses_a", "host-a", a.epoch),
+        (position + 2, "ses_b", "host-b", b.epoch),
+        (position + 3, "ses_c", "host-c", c.epoch),
+    ]
+    leases = {lease.session_id: lease for lease in await store.queries.leases()}
+    assert "ses_x" not in leases  # the failed take left no row
+
+    # The next batch gets the next seqs and positions, and fencing still holds:
+    # the stale epoch, the take that never happened, and the renewal that
+    # failed (the short lease has expired) are all rejected.
+    await asyncio.sleep(0.2)
+    futures = [
+        store.submit(_renamed(a, "a2")),
+        store.submit(_renamed(stale, "stale again")),
+        store.submit(_renamed(Fence("ses_x", "host-x", 1), "x")),
+        store.submit(_renamed(short, "too late")),
+        store.submit(_renamed(b, "b2")),
+        store.submit(_renamed(c, "c2")),
+    ]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert isinstance(results[1], FencedError)
+    assert isinstance(results[2], FencedError)
+    assert "no lease" in str(results[2])
+    assert isinstance(results[3], FencedError)
+    assert "expired" in str(results[3])
+    ok = [results[0], results[4], results[5]]
+    records = [r[0] for r in ok if isinstance(r, list)]
+    assert [r.position for r in records] == [position + 4, position + 5, position + 6]
+    assert [(r.aggregate_id, r.seq) for r in records] == [
+        ("ses_a", seqs["ses_a"] + 2),
+        ("ses_b", seqs["ses_b"] + 2),
+        ("ses_c", seqs["ses_c"] + 2),
+    ]
+    stored = await store.read_all(after=position)
+    assert [(r.position, r.aggregate_id) for r in stored] == [
+        (position + 1, "ses_a"),
+        (position + 2, "ses_b"),
+        (position + 3, "ses_c"),
+        (position + 4, "ses_a"),
+        (position + 5, "ses_b"),
+        (position + 6, "ses_c"),
+    ]
