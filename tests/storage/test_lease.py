@@ -15,6 +15,7 @@ from storage import (
     FencedError,
     LeaseHeldError,
     LeaseUse,
+    RecordedEvent,
     SQLiteStore,
     fenced,
     now_ms,
@@ -29,12 +30,12 @@ async def _session(store: SQLiteStore, sid: str = SID) -> None:
     )
 
 
-async def _take(store: SQLiteStore, host: str, ttl_ms: int = 10_000) -> Fence:
+async def _take(store: SQLiteStore, host: str, ttl_ms: int = 10_000, *, sid: str = SID) -> Fence:
     records = await store.append(
-        Command.of(ev.ExecutionStarted(session_id=SID), lease=LeaseUse.take(SID, host, ttl_ms))
+        Command.of(ev.ExecutionStarted(session_id=sid), lease=LeaseUse.take(sid, host, ttl_ms))
     )
     assert records[0].epoch is not None
-    return Fence(SID, host, records[0].epoch)
+    return Fence(sid, host, records[0].epoch)
 
 
 def _step(fence: Fence) -> Command:
@@ -191,12 +192,14 @@ def _renamed(fence: Fence, title: str) -> Command:
     )
 
 
-async def _take_on(store: SQLiteStore, sid: str, host: str, ttl_ms: int = 10_000) -> Fence:
-    records = await store.append(
-        Command.of(ev.ExecutionStarted(session_id=sid), lease=LeaseUse.take(sid, host, ttl_ms))
-    )
-    assert records[0].epoch is not None
-    return Fence(sid, host, records[0].epoch)
+def _assert_next(
+    records: list[RecordedEvent], position: int, seqs: dict[str, int], step: int
+) -> None:
+    """``records`` are ses_a, ses_b and ses_c's next events, at the next positions."""
+    assert [r.position for r in records] == [position + 1, position + 2, position + 3]
+    assert [(r.aggregate_id, r.seq) for r in records] == [
+        (sid, seqs[sid] + step) for sid in ("ses_a", "ses_b", "ses_c")
+    ]
 
 
 async def test_a_mixed_batch_commits_the_good_commands_and_forgets_the_failed_ones(
@@ -209,12 +212,12 @@ async def test_a_mixed_batch_commits_the_good_commands_and_forgets_the_failed_on
     # writer's memory), and the next batch carries on from there.
     for sid in ("ses_a", "ses_b", "ses_c", "ses_d"):
         await _session(store, sid)
-    a = await _take_on(store, "ses_a", "host-a")
-    b = await _take_on(store, "ses_b", "host-b")
-    short = await _take_on(store, "ses_d", "host-d", ttl_ms=150)
-    stale = await _take_on(store, "ses_c", "host-a", ttl_ms=30)
+    a = await _take(store, "host-a", sid="ses_a")
+    b = await _take(store, "host-b", sid="ses_b")
+    short = await _take(store, "host-d", ttl_ms=150, sid="ses_d")
+    stale = await _take(store, "host-a", ttl_ms=30, sid="ses_c")
     await asyncio.sleep(0.06)
-    c = await _take_on(store, "ses_c", "host-c")
+    c = await _take(store, "host-c", sid="ses_c")
     seqs = {sid: await store.last_seq(sid) for sid in ("ses_a", "ses_b", "ses_c", "ses_d")}
     [last] = await store.fetch("SELECT max(position) FROM event")
     position = last[0]
@@ -247,12 +250,7 @@ async def test_a_mixed_batch_commits_the_good_commands_and_forgets_the_failed_on
         assert isinstance(failed, AppendConflictError)
         assert not isinstance(failed, FencedError)
     records = [r[0] for r in ok if isinstance(r, list)]
-    assert [r.position for r in records] == [position + 1, position + 2, position + 3]
-    assert [(r.aggregate_id, r.seq) for r in records] == [
-        ("ses_a", seqs["ses_a"] + 1),
-        ("ses_b", seqs["ses_b"] + 1),
-        ("ses_c", seqs["ses_c"] + 1),
-    ]
+    _assert_next(records, position, seqs, 1)
     assert [r.epoch for r in records] == [a.epoch, b.epoch, c.epoch]
     assert await store.last_seq("ses_x") == 0
     assert await store.last_seq("ses_d") == seqs["ses_d"]
@@ -289,12 +287,7 @@ async def test_a_mixed_batch_commits_the_good_commands_and_forgets_the_failed_on
     assert "expired" in str(results[3])
     ok = [results[0], results[4], results[5]]
     records = [r[0] for r in ok if isinstance(r, list)]
-    assert [r.position for r in records] == [position + 4, position + 5, position + 6]
-    assert [(r.aggregate_id, r.seq) for r in records] == [
-        ("ses_a", seqs["ses_a"] + 2),
-        ("ses_b", seqs["ses_b"] + 2),
-        ("ses_c", seqs["ses_c"] + 2),
-    ]
+    _assert_next(records, position + 3, seqs, 2)
     stored = await store.read_all(after=position)
     assert [(r.position, r.aggregate_id) for r in stored] == [
         (position + 1, "ses_a"),
