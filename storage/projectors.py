@@ -13,9 +13,11 @@ replaying the log from zero rebuilds the tables byte for byte.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
+import attrs
 import orjson
 
 from protocol import codec
@@ -354,6 +356,44 @@ _PROJECTORS: Final = _combined(
 )
 
 
+#: A statement that updates one session row by id and leaves ``retry`` alone:
+#: the event's retry clearing can ride on it (see :func:`_with_retry_cleared`).
+_SESSION_ROW: Final = re.compile(r"UPDATE session SET (?P<set>.+) WHERE id = \?")
+#: Each such statement with ``retry = NULL`` added, by statement (None: not one).
+#: Bounded by the projectors' own statements, which are constants.
+_FOLDED: Final[dict[str, str | None]] = {}
+
+
+def _folded(sql: str) -> str | None:
+    try:
+        return _FOLDED[sql]
+    except KeyError:
+        pass
+    match = _SESSION_ROW.fullmatch(sql)
+    folded = None
+    if match is not None and "retry" not in match["set"] and "WHERE" not in match["set"]:
+        folded = f"UPDATE session SET {match['set']}, retry = NULL WHERE id = ?"
+    if len(_FOLDED) < 256:
+        _FOLDED[sql] = folded
+    return folded
+
+
+def _with_retry_cleared(rec: RecordedEvent, ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``ops`` preceded by the clearing of the session's retry, in as few statements.
+
+    When the event's first op already updates its session's row by id, it sets
+    ``retry = NULL`` too: one statement instead of two for most events. Same
+    rows, same values: the first op ran right after the clearing anyway, and a
+    command whose op fails rolls back whole.
+    """
+    if ops:
+        first = ops[0]
+        folded = _folded(first.sql)
+        if folded is not None and first.params[-1] == rec.aggregate_id:
+            return (attrs.evolve(first, sql=folded), *ops[1:])
+    return (retry_cleared(rec), *ops)
+
+
 def project(rec: RecordedEvent) -> tuple[Op, ...]:
     """The ops that project ``rec``; none for events without a projection."""
     if rec.event is None:
@@ -362,4 +402,4 @@ def project(rec: RecordedEvent) -> tuple[Op, ...]:
     ops = () if projector is None else projector(rec, rec.event)
     if isinstance(rec.event, ev.RetryScheduled):
         return ops
-    return (retry_cleared(rec), *ops)
+    return _with_retry_cleared(rec, ops)
