@@ -110,13 +110,19 @@ _KINDS: Final = {
 #: could end it or the function body early (a ``;``, a dollar quote, a comment).
 _STATEMENT: Final = re.compile(r"\s*(INSERT|UPDATE|DELETE)\s", re.IGNORECASE)
 _UNSAFE: Final = (";", "$", "--", "/*")
+#: A keyed UPDATE a run of ops may share (see :func:`_run_body`): one row by a
+#: unique ``id``, its new values from its own columns and the parameters only.
+_KEYED: Final = re.compile(r"UPDATE (?P<table>\w+) SET (?P<set>.+) WHERE id = \?")
+#: Tables whose ``id`` is their primary key (``_KEYED`` statements on others run one by one).
+_KEYED_TABLES: Final = frozenset({"session"})
 
-_HEAD: Final = """
+_HEAD: Final = (
+    """
 CREATE OR REPLACE FUNCTION pg_temp.sessionrt_apply(
     _srt_lock bigint, _srt_aggs text[], _srt_heads bigint[],
     _srt_ev_id text[], _srt_ev_agg text[], _srt_ev_seq bigint[],
     _srt_ev_type text[], _srt_ev_created bigint[], _srt_ev_data text[],
-    _srt_op bigint[], _srt_expect bigint[], _srt_argc int[], _srt_args text[],
+    _srt_op bigint[], _srt_expect bigint[], _srt_off int[], _srt_run int[], _srt_args text[],
     _srt_channel text, _srt_prefix text, _srt_bodies text[],
     _srt_hold_session text[], _srt_hold_host text[], _srt_hold_epoch bigint[],
     _srt_fence_host text[], _srt_fence_epoch bigint[],
@@ -124,14 +130,21 @@ CREATE OR REPLACE FUNCTION pg_temp.sessionrt_apply(
 ) RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $_srt_fn$
 #variable_conflict use_column
 DECLARE
-    _srt_i int;
-    _srt_o int := 0;
+    _srt_i int := 1;
+    _srt_o int;
+    _srt_len int;
     _srt_id bigint;
     _srt_n bigint;
+    _srt_need bigint;
+    _srt_hit bigint;
+    _srt_bad bigint;
     _srt_pos bigint[];
 BEGIN
     PERFORM pg_advisory_xact_lock(_srt_lock);
     -- A new statement, so a new snapshot: every batch committed before the lock.
+    -- Only aggregates the batch expects but appends nothing to: for the others
+    -- the event insert itself finds a moved head (their next seq is taken, and
+    -- UNIQUE (aggregate_id, seq) refuses it), with no read per aggregate.
     IF EXISTS (
         SELECT 1 FROM unnest(_srt_aggs, _srt_heads) AS h(a, s)
         WHERE coalesce((SELECT max(seq) FROM event WHERE aggregate_id = h.a), 0) <> h.s
@@ -163,16 +176,33 @@ BEGIN
     FOR _srt_i IN 1 .. coalesce(array_length(_srt_ref_at, 1), 0) LOOP
         _srt_args[_srt_ref_at[_srt_i]] := _srt_pos[_srt_ref_rec[_srt_i]]::text;
     END LOOP;
-    FOR _srt_i IN 1 .. coalesce(array_length(_srt_op, 1), 0) LOOP
+    WHILE _srt_i <= coalesce(array_length(_srt_op, 1), 0) LOOP
         _srt_id := _srt_op[_srt_i];
+        _srt_o := _srt_off[_srt_i];
+        _srt_len := _srt_run[_srt_i];
         _srt_n := NULL;
-""".replace("{HEAD_MOVED}", HEAD_MOVED).replace("{LEASE_NOT_HELD}", LEASE_NOT_HELD)
+        IF _srt_len > 1 THEN
+            -- A run of one keyed UPDATE over distinct rows, as one statement:
+            -- each op touched its row (expect 1) or none, and nothing else.
+            SELECT count(*) FILTER (WHERE e IS NOT NULL AND e <> 0) INTO _srt_need
+            FROM unnest(_srt_expect[_srt_i : _srt_i + _srt_len - 1]) AS x(e);
+{RUNS}            IF _srt_bad <> 0 OR _srt_hit <> _srt_need THEN
+                RAISE EXCEPTION 'a run of op % touched other rows than expected', _srt_i
+                    USING ERRCODE = '{EXPECT_FAILED}';
+            END IF;
+            _srt_i := _srt_i + _srt_len;
+            CONTINUE;
+        END IF;
+""".replace("{HEAD_MOVED}", HEAD_MOVED)
+    .replace("{LEASE_NOT_HELD}", LEASE_NOT_HELD)
+    .replace("{EXPECT_FAILED}", EXPECT_FAILED)
+)
 _TAIL: Final = f"""
         IF _srt_expect[_srt_i] IS NOT NULL AND _srt_n IS DISTINCT FROM _srt_expect[_srt_i] THEN
             RAISE EXCEPTION 'op % touched % rows, not %', _srt_i, _srt_n, _srt_expect[_srt_i]
                 USING ERRCODE = '{EXPECT_FAILED}';
         END IF;
-        _srt_o := _srt_o + _srt_argc[_srt_i];
+        _srt_i := _srt_i + 1;
     END LOOP;
     IF _srt_pos IS NOT NULL THEN
         FOR _srt_i IN 1 .. coalesce(array_length(_srt_bodies, 1), 0) LOOP
@@ -191,7 +221,7 @@ END
 $_srt_fn$;
 """
 
-_CALL: Final = "SELECT pg_temp.sessionrt_apply(" + ", ".join(f"${i}" for i in range(1, 24)) + ")"
+_CALL: Final = "SELECT pg_temp.sessionrt_apply(" + ", ".join(f"${i}" for i in range(1, 25)) + ")"
 _HEADS: Final = (
     "SELECT a, coalesce((SELECT max(seq) FROM event WHERE aggregate_id = a), 0)"
     " FROM unnest($1::text[]) AS u(a)"
@@ -230,6 +260,9 @@ class Plan:
     #: The statement with its n-th placeholder written ``(_srt_args[_srt_o + n])::type``.
     body: str
     kinds: tuple[str, ...]
+    #: For a keyed UPDATE (its last parameter the row's id): the statement that
+    #: runs a run of it over distinct rows at once; None for any other.
+    run: str | None = None
 
 
 class Plans:
@@ -290,6 +323,7 @@ class Plans:
                     sql=sql,
                     body=translate_cast(sql, casts, "(_srt_args[_srt_o + {n}])::{type}"),
                     kinds=tuple(_KINDS[t.name] for t in types),
+                    run=_run_body(sql, casts),
                 )
                 self._held.append(plan)
         self._plans[sql] = plan
@@ -301,7 +335,12 @@ class Plans:
         if self._installed.get(conn) == version:
             return
         try:
-            await conn.execute(_HEAD + _dispatch(self._held, 1, version) + _TAIL)
+            runs = _dispatch([(p.id, p.run) for p in self._held if p.run is not None])
+            await conn.execute(
+                _HEAD.replace("{RUNS}", runs)
+                + _dispatch([(p.id, p.body) for p in self._held])
+                + _TAIL
+            )
         except asyncpg.PostgresError:
             good = self._compiled
             for plan in self._held[good:]:
@@ -351,16 +390,54 @@ class Heads:
             self._seqs.pop(agg, None)
 
 
-def _dispatch(plans: Sequence[Plan], lo: int, hi: int) -> str:
-    """A binary tree of IFs over plan ids ``lo..hi``, each leaf a statement and its count."""
-    if lo > hi:
+def _dispatch(bodies: Sequence[tuple[int, str]]) -> str:
+    """A binary tree of IFs over ``(plan id, statement)`` in id order, each leaf the
+    statement and its row count."""
+    if not bodies:
         return ""
-    if lo == hi:
-        return f"{plans[lo - 1].body}\n;\nGET DIAGNOSTICS _srt_n = ROW_COUNT;\n"
-    mid = (lo + hi) // 2
+    if len(bodies) == 1:
+        return f"{bodies[0][1]}\n;\nGET DIAGNOSTICS _srt_n = ROW_COUNT;\n"
+    mid = len(bodies) // 2
     return (
-        f"IF _srt_id <= {mid} THEN\n{_dispatch(plans, lo, mid)}"
-        f"ELSE\n{_dispatch(plans, mid + 1, hi)}END IF;\n"
+        f"IF _srt_id <= {bodies[mid - 1][0]} THEN\n{_dispatch(bodies[:mid])}"
+        f"ELSE\n{_dispatch(bodies[mid:])}END IF;\n"
+    )
+
+
+#: The rows of a run: each op's argument offset and ``expect``, from the batch's arrays.
+_RUN_ROWS: Final = (
+    " FROM unnest(_srt_off[_srt_i : _srt_i + _srt_len - 1],"
+    " _srt_expect[_srt_i : _srt_i + _srt_len - 1]) AS _srt_u(_srt_uo, _srt_ue)"
+)
+
+
+def _run_body(sql: str, casts: tuple[str, ...]) -> str | None:
+    """The set-based form of a keyed UPDATE, for a run of ops on distinct rows.
+
+    ``UPDATE t SET … WHERE id = ?`` once per op costs a statement each; one
+    ``UPDATE … FROM`` the run's rows does the same writes, because the ops
+    touch distinct rows (the caller makes runs of distinct ids only) and each
+    new value depends on its own row and the op's parameters alone (no
+    subquery). Each touched row returns its op's ``expect``, so the run
+    checks every op's count as the one-by-one form would. None for any other
+    statement.
+    """
+    match = _KEYED.fullmatch(sql)
+    if (
+        match is None
+        or match["table"] not in _KEYED_TABLES
+        or "WHERE" in match["set"].upper()
+        or "SELECT" in sql.upper()
+        or not casts
+    ):
+        return None
+    keyed = f"UPDATE {match['table']} SET {match['set']}{_RUN_ROWS} WHERE id = ?"
+    update = translate_cast(keyed, casts, "(_srt_args[_srt_u._srt_uo + {n}])::{type}")
+    return (
+        f"WITH _srt_done AS ({update} RETURNING _srt_u._srt_ue)"
+        " SELECT count(*) FILTER (WHERE _srt_ue = 1),"
+        " count(*) FILTER (WHERE _srt_ue IS NOT NULL AND _srt_ue <> 1)"
+        " INTO _srt_hit, _srt_bad FROM _srt_done"
     )
 
 
@@ -449,7 +526,12 @@ async def commit_fast(
         seqs = dict(assumed)
         op_ids: list[int] = []
         op_expect: list[int | None] = []
-        op_argc: list[int] = []
+        op_off: list[int] = []
+        op_run: list[int] = []
+        #: The run the last op belongs to: its first op's index, its plan, its rows' ids.
+        run_at = -1
+        run_plan: Plan | None = None
+        run_keys: set[Any] = set()
         args: list[str | None] = []
         unplaced: list[list[RecordedEvent]] = []
         holds: list[LeaseUse] = []
@@ -494,9 +576,17 @@ async def commit_fast(
                 plan = plans.held(sql) or await plans.plan(conn, sql)
                 if plan is None or len(params) != len(plan.kinds):
                     raise Fallback("an op this path cannot hold")
+                if plan.run is not None and plan is run_plan and params[-1] not in run_keys:
+                    op_run[run_at] += 1
+                    op_run.append(0)
+                else:
+                    run_at, run_plan, run_keys = len(op_run), plan, set()
+                    op_run.append(1)
+                if plan.run is not None:
+                    run_keys.add(params[-1])
                 op_ids.append(plan.id)
                 op_expect.append(expect)
-                op_argc.append(len(params))
+                op_off.append(len(args))
                 for kind, value in zip(plan.kinds, params, strict=True):
                     if isinstance(value, _PositionRef):
                         if kind != "int":
@@ -510,11 +600,13 @@ async def commit_fast(
         await plans.install(conn)
         flat = [r for records in unplaced for r in records]
         prefix, bodies = parts(origin, flat)
+        appended = {r.aggregate_id for r in flat}
+        checked = [agg for agg in aggregates if agg not in appended]
         positions = await conn.fetchval(
             _CALL,
             lock,
-            aggregates,
-            [assumed[agg] for agg in aggregates],
+            checked,
+            [assumed[agg] for agg in checked],
             [r.id for r in flat],
             [r.aggregate_id for r in flat],
             [r.seq for r in flat],
@@ -523,7 +615,8 @@ async def commit_fast(
             [r.data for r in flat],
             op_ids,
             op_expect,
-            op_argc,
+            op_off,
+            op_run,
             args,
             channel,
             prefix,
