@@ -25,6 +25,13 @@ __all__ = ["POSTGRES_SCHEMES", "connect", "is_server_url"]
 POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
 
 
+#: Reader threads of a connected SQLite store. Every sqlite3 statement hands the
+#: GIL off and back, so each reader thread is one more contender for it with the
+#: loop and the writer: with 100 sessions stepping at once (scripts/bench_runtime.py
+#: phase 2) two readers made ~12% more steps/s than four (one: no better than two).
+SQLITE_READERS: Final = 2
+
+
 def is_server_url(database: str | os.PathLike[str]) -> bool:
     """Whether ``database`` names a database server rather than a local file."""
     return isinstance(database, str) and database.startswith(POSTGRES_SCHEMES)
@@ -68,6 +75,7 @@ def connect(
     return SQLiteStore(
         database,
         synchronous=synchronous,
+        readers=SQLITE_READERS,
         read_only=read_only,
         decode_cache_bytes=decode_cache_bytes,
     )
