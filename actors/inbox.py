@@ -32,6 +32,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
+import attrs
+
 from actors._keyed_lock import KeyedLock
 from actors.attachments import Blocking, Withheld, materialise
 from protocol import events as ev
@@ -46,6 +48,7 @@ __all__ = [
     "Blocking",
     "Inbox",
     "Scope",
+    "Seen",
     "WakeHook",
     "control_head",
     "select_promotable",
@@ -58,6 +61,14 @@ WakeHook = Callable[[str, Scope], None]
 RevertCommit = Callable[[Session], Awaitable[list[ev.Event]]]
 
 CONTROL_TYPES: Final[frozenset[str]] = frozenset({"compaction", "move"})
+
+
+@attrs.frozen
+class Seen:
+    """The pending input as read at a boundary, and the inbox generation before the read."""
+
+    generation: int
+    items: Sequence[InboxItem]
 
 
 class Inbox:
@@ -316,16 +327,43 @@ class Inbox:
 
     # -- promotion ------------------------------------------------------------------------------
 
-    async def promote(self, session_id: str, scope: Scope) -> list[InboxItem]:
-        """Deliver what ``scope`` allows, in one transaction; return the delivered items."""
+    def generation(self, session_id: str) -> int:
+        """Read before reading the inbox, it tells :meth:`promote` whether that
+        read still holds: equal, no mutation of the session's inbox on this
+        host has let go of its lock since."""
+        return self._locks.generation(session_id)
+
+    async def promote(
+        self, session_id: str, scope: Scope, seen: Seen | None = None
+    ) -> list[InboxItem]:
+        """Deliver what ``scope`` allows, in one transaction; return the delivered items.
+
+        ``seen`` is the inbox as the caller read it at this boundary, with the
+        :meth:`generation` taken before that read: while no mutation here has
+        released the lock since, it is what a read under the lock would give,
+        and the read is skipped. Another host's cancellation still races it,
+        as it races a read under this host's lock; the delivery's projection
+        refuses an item no longer pending, and promotion then reads afresh.
+        """
         async with self._locks.hold(session_id):
+            if seen is not None and seen.generation == self._locks.generation(session_id):
+                chosen = select_promotable(seen.items, scope)
+                try:
+                    await self._deliver(session_id, chosen)
+                except ConflictError:
+                    pass  # changed by another host since it was read: read it now
+                else:
+                    return chosen
             pending = await self._store.queries.inbox(session_id)
             chosen = select_promotable(pending, scope)
-            if chosen:
-                await self._apply(
-                    *(ev.InboxDelivered(session_id=session_id, inbox_id=i.id) for i in chosen)
-                )
+            await self._deliver(session_id, chosen)
             return chosen
+
+    async def _deliver(self, session_id: str, chosen: Sequence[InboxItem]) -> None:
+        if chosen:
+            await self._apply(
+                *(ev.InboxDelivered(session_id=session_id, inbox_id=i.id) for i in chosen)
+            )
 
     # -- helpers --------------------------------------------------------------------------------
 

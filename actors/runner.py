@@ -35,7 +35,7 @@ from actors.agents import Agent, AgentCatalogs
 from actors.bus import EventBus
 from actors.compaction import CompactionSettings, Compactor
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
-from actors.inbox import Scope, control_head, select_promotable
+from actors.inbox import Scope, Seen, control_head, select_promotable
 from actors.llm import (
     SCRIPTED_MODEL,
     ModelLimits,
@@ -63,7 +63,8 @@ from protocol.shapes import (
     Session,
     SessionMessage,
 )
-from storage import Command, DrainStart, Store
+from storage import Boundary, Command, DrainStart, Store
+from storage.queries import InstructionInputs
 
 __all__ = [
     "AgentUnavailableError",
@@ -103,7 +104,11 @@ class AgentUnavailableError(Exception):
 class InstructionSource(Protocol):
     """Admits instructions at each Safe Step Boundary; returns the request's system text."""
 
-    async def prepare(self, session: Session, agent: Agent) -> tuple[str, ...]: ...
+    async def prepare(
+        self, session: Session, agent: Agent, inputs: InstructionInputs | None = None
+    ) -> tuple[str, ...]:
+        """``inputs``: the session's instruction state and entries, when just read."""
+        ...
 
     async def current(self, session: Session, agent: Agent) -> tuple[str, ...]:
         """The system text as stored now (after the epoch moved), admitting nothing."""
@@ -113,7 +118,9 @@ class InstructionSource(Protocol):
 class NoInstructions:
     """No sources: the agent's system prompt, as it is, and nothing admitted."""
 
-    async def prepare(self, session: Session, agent: Agent) -> tuple[str, ...]:
+    async def prepare(
+        self, session: Session, agent: Agent, inputs: InstructionInputs | None = None
+    ) -> tuple[str, ...]:
         return (agent.system,) if agent.system else ()
 
     async def current(self, session: Session, agent: Agent) -> tuple[str, ...]:
@@ -197,12 +204,15 @@ class Runner:
 
     async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
         # Everything the drain needs before its first boundary, in one read:
-        # the session, anything a crash left open, the pending input.
+        # the session, anything a crash left open, the pending input, the
+        # instruction inputs.
+        inbox = self._sessions.inbox
+        generation = inbox.generation(session_id)
         start = await self._store.queries.drain_start(session_id)
         if start.session is None:
             return  # deleted meanwhile: nothing to run
         session = start.session
-        pending: list[InboxItem] | None = start.inbox
+        pending: Boundary | None = Boundary(inbox=start.inbox, instructions=start.instructions)
         if await self._settle_stale(session_id, start):
             pending = None  # settling appended: read the boundary afresh
         continuing = False
@@ -210,18 +220,21 @@ class Runner:
         step = 0
         while True:
             promote_scope: Scope = "steer" if continuing else scope
-            # One read of the inbox serves both questions at this boundary
-            # (a control item due, something promotable); promotion reads it
-            # again under the inbox lock, so nothing decided here is stale there.
+            # One read at this boundary serves every question asked here (a
+            # control item due, something promotable, the instruction state
+            # admission compares with). Promotion uses it only while no inbox
+            # mutation on this host has happened since (else it reads again,
+            # under the inbox lock), so nothing decided here is stale there.
             if pending is None:
-                pending = await self._store.queries.inbox(session_id)
+                generation = inbox.generation(session_id)
+                pending = await self._store.queries.boundary(session_id)
             boundary, pending = pending, None
-            if await self._control(session, promote_scope, boundary):
+            if await self._control(session, promote_scope, boundary.inbox):
                 first = False  # handled: the loop goes on from what follows it
                 session = await self._sessions.get(session_id)
                 continue
             resumed = False
-            if not continuing and not select_promotable(boundary, promote_scope):
+            if not continuing and not select_promotable(boundary.inbox, promote_scope):
                 resumed = first and force and await self._awaits_reply(session_id)
                 if not resumed:
                     return
@@ -231,8 +244,12 @@ class Runner:
             # Admission, then promotion: instruction updates enter history
             # before the input they precede; a blocked first baseline raises
             # here, with the input still pending.
-            system = await self._instructions.prepare(session, await self._agent(session))
-            delivered = await self._sessions.promote(session_id, promote_scope)
+            system = await self._instructions.prepare(
+                session, await self._agent(session), boundary.instructions
+            )
+            delivered = await self._sessions.promote(
+                session_id, promote_scope, Seen(generation=generation, items=boundary.inbox)
+            )
             if delivered:
                 step = 0  # new input resets the allowance, once per batch
             elif not continuing and not resumed:

@@ -27,7 +27,7 @@ import orjson
 from actors._keyed_lock import KeyedLock
 from actors.agents import AgentCatalogs
 from actors.attachments import Withheld
-from actors.inbox import Blocking, Inbox, Scope, WakeHook
+from actors.inbox import Blocking, Inbox, Scope, Seen, WakeHook
 from actors.locations import DirectoryRules
 from actors.permissions import PermissionWaiters
 from protocol import events as ev
@@ -329,8 +329,8 @@ class Sessions:
         )
         return await self.inbox.move(session_id, Location(directory=directory), delivery)
 
-    async def promote(self, session_id: str, scope: Scope) -> int:
-        return len(await self.inbox.promote(session_id, scope))
+    async def promote(self, session_id: str, scope: Scope, seen: Seen | None = None) -> int:
+        return len(await self.inbox.promote(session_id, scope, seen))
 
     # -- permissions ----------------------------------------------------------------------------
 

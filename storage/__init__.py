@@ -23,6 +23,7 @@ from storage.follow import FollowDispatcher, LogFollow
 from storage.interfaces import BatchObserver, EventLog, SessionReads, Store
 from storage.lease import Fence, Lease, LeaseUse, default_host_id, fenced
 from storage.queries import (
+    Boundary,
     Claim,
     DrainStart,
     OpenToolCall,
@@ -47,6 +48,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AppendConflictError",
     "BatchObserver",
+    "Boundary",
     "Claim",
     "Command",
     "DivergedError",

@@ -26,8 +26,10 @@ from protocol.cursor import MessageAnchor, SessionAnchor, SessionQuery
 from protocol.shapes import CompactionMessage, InboxItem, Order, Page, Session, SessionMessage
 from storage.lease import Lease
 from storage.queries import (
+    Boundary,
     Claim,
     DrainStart,
+    InstructionInputs,
     InstructionState,
     OpenToolCall,
     Row,
@@ -175,15 +177,17 @@ class SessionReads(Protocol):
 
     async def inbox(self, session_id: str) -> list[InboxItem]: ...
 
+    async def boundary(self, session_id: str) -> Boundary:
+        """:meth:`inbox` and :meth:`instruction_inputs` in one round trip (one snapshot)."""
+        ...
+
     async def admission(self, item_id: str) -> InboxItem | None:
         """The admission receipt of ``item_id``, pending or delivered, in any session."""
         ...
 
     async def instruction_state(self, session_id: str) -> InstructionState | None: ...
 
-    async def instruction_inputs(
-        self, session_id: str
-    ) -> tuple[InstructionState | None, list[tuple[str, str]]]:
+    async def instruction_inputs(self, session_id: str) -> InstructionInputs:
         """:meth:`instruction_state` and :meth:`instruction_entries` in one statement."""
         ...
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import attrs
 import orjson
@@ -54,10 +54,12 @@ from protocol.shapes import (
 from storage.lease import Lease
 
 __all__ = [
+    "Boundary",
     "Claim",
     "DrainStart",
     "Fetch",
     "FetchMany",
+    "InstructionInputs",
     "InstructionState",
     "OpenToolCall",
     "Queries",
@@ -134,6 +136,21 @@ class DrainStart:
     open_step: str | None
     running_compaction: CompactionMessage | None
     inbox: list[InboxItem]
+    #: :meth:`Queries.instruction_inputs`, from the same snapshot.
+    instructions: InstructionInputs
+
+
+@attrs.frozen
+class Boundary:
+    """What a drain reads at a Safe Step Boundary, in one snapshot: the pending
+    input and the instruction inputs the next step's admission compares with.
+
+    Under 100 concurrent sessions each reader round trip cost more than its
+    statements; the two reads a step made here apart now go together.
+    """
+
+    inbox: list[InboxItem]
+    instructions: InstructionInputs
 
 
 _SESSION_COLUMNS: Final = (
@@ -231,6 +248,11 @@ class InstructionState:
     through_seq: int
     initial: Mapping[str, str]
     current: Mapping[str, str]
+
+
+#: A session's instruction state (None before its first baseline) and its live
+#: API entries ``(key, canonical JSON)``, sorted by key.
+InstructionInputs: TypeAlias = tuple[InstructionState | None, list[tuple[str, str]]]
 
 
 @attrs.frozen
@@ -687,7 +709,7 @@ class Queries:
     async def drain_start(self, session_id: str) -> DrainStart:
         """The session, what a crash or restart left open in it, and its pending input."""
         one = (session_id,)
-        session, processes, calls, step, compaction, inbox = await self._fetch_many(
+        session, processes, calls, step, compaction, inbox, instructions = await self._fetch_many(
             [
                 (_SESSION_BY_ID, one),
                 (_TOOL_PROCESSES.format(where=_ONE_SESSION), one),
@@ -695,6 +717,7 @@ class Queries:
                 (_OPEN_STEP, one),
                 (_RUNNING_COMPACTION, one),
                 (_INBOX, one),
+                (_INSTRUCTION_INPUTS, (session_id, session_id)),
             ]
         )
         return DrainStart(
@@ -704,6 +727,7 @@ class Queries:
             open_step=_open_step(step),
             running_compaction=_running_compaction(compaction),
             inbox=[_inbox_item(r) for r in inbox],
+            instructions=_instruction_inputs(instructions),
         )
 
     async def permission_requests(self, session_id: str) -> list[ev.PermissionAsked]:
@@ -745,6 +769,15 @@ class Queries:
         rows = await self._fetch(_INBOX, (session_id,))
         return [_inbox_item(r) for r in rows]
 
+    async def boundary(self, session_id: str) -> Boundary:
+        """The pending input and the instruction inputs, in one round trip."""
+        inbox, instructions = await self._fetch_many(
+            [(_INBOX, (session_id,)), (_INSTRUCTION_INPUTS, (session_id, session_id))]
+        )
+        return Boundary(
+            inbox=[_inbox_item(r) for r in inbox], instructions=_instruction_inputs(instructions)
+        )
+
     async def admission(self, item_id: str) -> InboxItem | None:
         """The admission receipt of ``item_id``, pending or delivered, in any session."""
         rows = await self._fetch(
@@ -777,31 +810,9 @@ class Queries:
             current=orjson.loads(r[3]),
         )
 
-    async def instruction_inputs(
-        self, session_id: str
-    ) -> tuple[InstructionState | None, list[tuple[str, str]]]:
+    async def instruction_inputs(self, session_id: str) -> InstructionInputs:
         """:meth:`instruction_state` and :meth:`instruction_entries` in one statement."""
-        rows = await self._fetch(
-            "SELECT 0, NULL, NULL, epoch_start, through_seq, initial_values, current_values"
-            " FROM instruction_state WHERE session_id = ?"
-            " UNION ALL SELECT 1, key, value, NULL, NULL, NULL, NULL FROM instruction_entry"
-            " WHERE session_id = ? AND removed = 0",
-            (session_id, session_id),
-        )
-        state = None
-        entries: list[tuple[str, str]] = []
-        for r in rows:
-            if r[0] == 0:
-                state = InstructionState(
-                    epoch_start=int(r[3]),
-                    through_seq=int(r[4]),
-                    initial=orjson.loads(r[5]),
-                    current=orjson.loads(r[6]),
-                )
-            else:
-                entries.append((str(r[1]), str(r[2])))
-        entries.sort()
-        return state, entries
+        return _instruction_inputs(await self._fetch(_INSTRUCTION_INPUTS, (session_id, session_id)))
 
     async def instruction_blobs(self, hashes: Sequence[str]) -> dict[str, str]:
         """The stored canonical JSON of each known hash, read 500 per statement."""
@@ -956,6 +967,31 @@ def _running_compaction(rows: Sequence[Row]) -> CompactionMessage | None:
 
 def _open_step(rows: Sequence[Row]) -> str | None:
     return str(rows[0][0]) if rows and rows[0][1] else None
+
+
+_INSTRUCTION_INPUTS: Final = (
+    "SELECT 0, NULL, NULL, epoch_start, through_seq, initial_values, current_values"
+    " FROM instruction_state WHERE session_id = ?"
+    " UNION ALL SELECT 1, key, value, NULL, NULL, NULL, NULL FROM instruction_entry"
+    " WHERE session_id = ? AND removed = 0"
+)
+
+
+def _instruction_inputs(rows: Sequence[Row]) -> InstructionInputs:
+    state = None
+    entries: list[tuple[str, str]] = []
+    for r in rows:
+        if r[0] == 0:
+            state = InstructionState(
+                epoch_start=int(r[3]),
+                through_seq=int(r[4]),
+                initial=orjson.loads(r[5]),
+                current=orjson.loads(r[6]),
+            )
+        else:
+            entries.append((str(r[1]), str(r[2])))
+    entries.sort()
+    return state, entries
 
 
 def _inbox_item(r: Row) -> InboxItem:

@@ -51,7 +51,7 @@ from protocol import events as ev
 from protocol.lru import ByteLRU
 from protocol.shapes import Session
 from storage import Command, Store
-from storage.queries import InstructionState
+from storage.queries import InstructionInputs, InstructionState
 
 __all__ = ["BASELINE_CACHE_BYTES", "Instructions", "InstructionsUnavailableError"]
 
@@ -99,8 +99,15 @@ class Instructions:
         self.hashes = HashCache()
         self._baselines: ByteLRU[str, str] = ByteLRU(baseline_cache_bytes)
 
-    async def prepare(self, session: Session, agent: Agent) -> tuple[str, ...]:
-        """Admit what changed; return the request's system text (the epoch baseline)."""
+    async def prepare(
+        self, session: Session, agent: Agent, inputs: InstructionInputs | None = None
+    ) -> tuple[str, ...]:
+        """Admit what changed; return the request's system text (the epoch baseline).
+
+        ``inputs`` is the session's instruction state and entries when the
+        caller has just read them (the drain does, at its boundary, with the
+        inbox); otherwise they are read here, alongside the file observation.
+        """
         spec = FileSpec(
             directory=session.location.directory,
             data_dir=self._data_dir,
@@ -109,10 +116,14 @@ class Instructions:
             skills=agent.skills,
         )
         loop = asyncio.get_running_loop()
-        files, (state, entries) = await asyncio.gather(
-            loop.run_in_executor(self._executor, observe_files, spec, self.files),
-            self._store.queries.instruction_inputs(session.id),
-        )
+        if inputs is None:
+            files, (state, entries) = await asyncio.gather(
+                loop.run_in_executor(self._executor, observe_files, spec, self.files),
+                self._store.queries.instruction_inputs(session.id),
+            )
+        else:
+            state, entries = inputs
+            files = await loop.run_in_executor(self._executor, observe_files, spec, self.files)
         observations = [
             Observation(
                 scope="builtin/",

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
+from actors._keyed_lock import KeyedLock
+from actors.inbox import Seen
 from actors.sessions import Sessions
+from protocol import events as ev
 from protocol.requests import PromptInput
-from storage import SQLiteStore
+from protocol.shapes import InboxItem
+from storage import Command, SQLiteStore
 
 
 async def test_concurrent_exact_retries_admit_once(sessions: Sessions, store: SQLiteStore) -> None:
@@ -79,3 +84,96 @@ async def test_different_sessions_admit_concurrently(
     for m in made:
         assert len(await sessions.pending(m.id)) == 5
         assert await store.last_seq(m.id) == 6
+
+
+async def test_promotion_from_a_boundary_read_skips_a_second_read(
+    sessions: Sessions, store: SQLiteStore
+) -> None:
+    s = await sessions.create()
+    first = await sessions.prompt(s.id, PromptInput(text="one", resume=False))
+    generation = sessions.inbox.generation(s.id)
+    boundary = await store.queries.boundary(s.id)
+    assert [i.id for i in boundary.inbox] == [first.id]
+    reads = _count_inbox_reads(store)
+    assert await sessions.promote(s.id, "input", Seen(generation, boundary.inbox)) == 1
+    assert reads() == 0
+    assert await sessions.pending(s.id) == []
+
+
+async def test_an_inbox_change_here_after_the_boundary_read_is_seen_by_promotion(
+    sessions: Sessions, store: SQLiteStore
+) -> None:
+    s = await sessions.create()
+    await sessions.prompt(s.id, PromptInput(text="a", delivery="queue", resume=False))
+    b = await sessions.prompt(s.id, PromptInput(text="b", delivery="queue", resume=False))
+    generation = sessions.inbox.generation(s.id)
+    boundary = await store.queries.boundary(s.id)
+    # After the read, under the inbox lock: ``b`` becomes a steer, which the
+    # projection cannot tell a stale promotion (``a`` is still pending).
+    await sessions.change_delivery(s.id, b.id, "steer")
+    reads = _count_inbox_reads(store)
+    # The read said ``a`` (the oldest queued); promotion reads again and
+    # delivers the steer ``b`` alone.
+    assert await sessions.promote(s.id, "input", Seen(generation, boundary.inbox)) == 1
+    assert reads() == 1
+    delivered = [
+        r.event.inbox_id  # type: ignore[union-attr]
+        for r in await store.read(s.id)
+        if r.type == "session.inbox.delivered.1"
+    ]
+    assert delivered == [b.id]
+
+
+async def test_an_inbox_change_elsewhere_after_the_boundary_read_falls_back_to_a_read(
+    sessions: Sessions, store: SQLiteStore
+) -> None:
+    s = await sessions.create()
+    a = await sessions.prompt(s.id, PromptInput(text="a", delivery="queue", resume=False))
+    b = await sessions.prompt(s.id, PromptInput(text="b", delivery="queue", resume=False))
+    generation = sessions.inbox.generation(s.id)
+    boundary = await store.queries.boundary(s.id)
+    # Another host's cancellation: straight to the log, not through this inbox's lock.
+    await store.append(Command.of(ev.InboxCancelled(session_id=s.id, inbox_id=a.id)))
+    assert sessions.inbox.generation(s.id) == generation
+    assert await sessions.promote(s.id, "input", Seen(generation, boundary.inbox)) == 1
+    delivered = [
+        r.event.inbox_id  # type: ignore[union-attr]
+        for r in await store.read(s.id)
+        if r.type == "session.inbox.delivered.1"
+    ]
+    assert delivered == [b.id]
+    assert await sessions.pending(s.id) == []
+
+
+def _count_inbox_reads(store: SQLiteStore) -> Callable[[], int]:
+    """How many plain inbox reads ``store.queries`` makes from now on."""
+    seen = [0]
+    real = store.queries.inbox
+
+    async def counting(session_id: str) -> list[InboxItem]:
+        seen[0] += 1
+        return await real(session_id)
+
+    store.queries.inbox = counting  # type: ignore[method-assign]
+    return lambda: seen[0]
+
+
+def test_a_lock_generation_grows_on_release_and_survives_forgetting() -> None:
+    locks = KeyedLock(max_generations=2)
+
+    async def hold(key: str) -> None:
+        async with locks.hold(key):
+            pass
+
+    async def scenario() -> None:
+        start = locks.generation("a")
+        await hold("b")
+        assert locks.generation("a") == start  # another key's release
+        await hold("a")
+        after_a = locks.generation("a")
+        assert after_a > start
+        await hold("c")
+        await hold("d")  # "a" is forgotten (two remembered)
+        assert locks.generation("a") >= after_a  # never smaller once forgotten
+
+    asyncio.run(scenario())
