@@ -93,6 +93,11 @@ class LeaseKeeper:
         lost = []
         for fence, outcome in zip(fences, outcomes, strict=True):
             if isinstance(outcome, FencedError):
+                if self._fences.get(fence.session_id) != fence:
+                    # The execution ended while its renewal was in flight (its
+                    # release made the renewal fail), and another may hold the
+                    # session's next lease by now: that one is not lost.
+                    continue
                 lost.append(fence.session_id)
                 self.drop(fence.session_id, fence)
                 self._on_lost(fence.session_id)

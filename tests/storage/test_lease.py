@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from actors.leases import LeaseKeeper
 from protocol import Location
 from protocol import events as ev
 from storage import (
@@ -297,3 +298,38 @@ async def test_a_mixed_batch_commits_the_good_commands_and_forgets_the_failed_on
         (position + 5, "ses_b"),
         (position + 6, "ses_c"),
     ]
+
+
+async def test_a_renewal_outrun_by_the_next_execution_reports_nothing_lost(
+    store: SQLiteStore,
+) -> None:
+    """The keeper lists a fence, the execution ends (release) and the next one
+    takes the lease before the renewal commits: the renewal fails, yet the
+    lease held now is live and must not be reported lost."""
+    await _session(store)
+    lost: list[str] = []
+    keeper = LeaseKeeper(store, "host-a", ttl_ms=10_000, on_lost=lost.append)
+    first = await _take(store, "host-a")
+    keeper.hold(SID, first.epoch)
+    await store.append(Command.of(ev.ExecutionSucceeded(session_id=SID), lease=first.release()))
+    renewal = asyncio.get_running_loop().create_task(keeper.renew())
+    await asyncio.sleep(0)  # the renewal has listed ``first`` and submitted it
+    second = await _take(store, "host-a")
+    keeper.hold(SID, second.epoch)
+    assert await renewal == []
+    assert lost == []
+    assert keeper.fence(SID) == second
+    await store.append(_step(second))  # the new execution still writes
+
+
+async def test_a_renewal_that_finds_its_lease_taken_reports_it_lost(store: SQLiteStore) -> None:
+    await _session(store)
+    lost: list[str] = []
+    keeper = LeaseKeeper(store, "host-a", ttl_ms=10_000, on_lost=lost.append)
+    stale = await _take(store, "host-a", ttl_ms=30)
+    keeper.hold(SID, stale.epoch)
+    await asyncio.sleep(0.06)
+    await _take(store, "host-b")
+    assert await keeper.renew() == [SID]
+    assert lost == [SID]
+    assert keeper.fence(SID) is None
