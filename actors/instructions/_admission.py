@@ -150,7 +150,7 @@ class Instructions:
                 continue  # the whole source keeps its stored values
             for key, value in obs.values.items():
                 encoded = encode(value)
-                digest = self.hashes.digest(session.id, key, encoded)
+                digest = self.hashes.digest(encoded)
                 if current.get(key) != digest:
                     delta[key] = digest
                     blobs[digest] = encoded.decode()

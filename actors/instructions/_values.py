@@ -36,36 +36,42 @@ def digest(encoded: bytes) -> str:
 
 
 class HashCache:
-    """The last encoded value and hash per source key, so an unchanged value is not rehashed.
+    """The content hash of recently seen encoded values, so an unchanged value is not rehashed.
+
+    Keyed by the encoded bytes themselves, not by session: sessions that
+    share a value (the same system prompt, the same ``AGENTS.md``) share one
+    entry, so an idle session keeps nothing here (keyed by session, each
+    kept a copy of every value it had seen, some 4 KB per session). A lookup
+    costs Python's hash of the bytes and a compare, a fraction of SHA-256.
 
     Bounded by count (:attr:`max_entries`) and by the bytes of the values it
-    holds (:attr:`max_bytes`); over either, it starts again empty. Comparing
-    two equal byte strings costs a memcmp, a fraction of hashing them.
+    holds (:attr:`max_bytes`); over either, it starts again empty.
     """
 
     def __init__(self, max_entries: int = 4096, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._entries: dict[tuple[str, str], tuple[bytes, str]] = {}
+        self._entries: dict[bytes, str] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def digest(self, scope: str, key: str, encoded: bytes) -> str:
+    def digest(self, encoded: bytes) -> str:
         with self._lock:
-            hit = self._entries.get((scope, key))
-        if hit is not None and hit[0] == encoded:
-            return hit[1]
+            hit = self._entries.get(encoded)
+        if hit is not None:
+            return hit
         value = digest(encoded)
         with self._lock:
-            if (
-                len(self._entries) >= self.max_entries
-                or self._bytes + len(encoded) > self.max_bytes
-            ):
-                self._entries.clear()
-                self._bytes = 0
-            old = self._entries.get((scope, key))
-            if old is not None:
-                self._bytes -= len(old[0])
-            self._entries[(scope, key)] = (encoded, value)
-            self._bytes += len(encoded)
+            if encoded not in self._entries:
+                if (
+                    len(self._entries) >= self.max_entries
+                    or self._bytes + len(encoded) > self.max_bytes
+                ):
+                    self._entries.clear()
+                    self._bytes = 0
+                self._entries[encoded] = value
+                self._bytes += len(encoded)
         return value
+
+    def __len__(self) -> int:
+        return len(self._entries)

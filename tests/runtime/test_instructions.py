@@ -19,7 +19,7 @@ import pytest
 from feed import Feed
 
 from actors.agents import CATALOG_TTL_S
-from actors.instructions import ENTRY_MAX_BYTES, _admission, digest, encode
+from actors.instructions import ENTRY_MAX_BYTES, _admission, _values, digest, encode
 from actors.llm import Finish, ModelRequest, StreamPart, TextDelta, TextEnd, TextStart
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import InstructionEntryValueTooLargeError, ModelRef
@@ -479,3 +479,16 @@ async def test_a_model_switch_is_no_source_and_an_agent_switch_is_an_update(
     assert "planning agent" in update["data"]["text"]
     assert recorder.requests[2].system == recorder.requests[0].system  # the baseline stays
     assert recorder.requests[2].agent == "plan"
+
+
+def test_the_hash_cache_holds_one_entry_per_distinct_value_whatever_the_sessions() -> None:
+    cache = _values.HashCache(max_entries=3)
+    prompt = encode({"system": "You are a careful engineer." * 100})
+    for _ in range(50):  # fifty sessions sharing one system prompt
+        assert cache.digest(encode({"system": "You are a careful engineer." * 100})) == digest(
+            prompt
+        )
+    assert len(cache) == 1
+    for n in range(3):
+        assert cache.digest(encode(n)) == digest(encode(n))
+    assert len(cache) == 1  # over the count bound it started again empty
