@@ -28,7 +28,8 @@ before a control item (compaction, move); at the idle boundary (scope
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -38,13 +39,14 @@ from actors._keyed_lock import KeyedLock
 from actors.attachments import Blocking, Withheld, materialise
 from protocol import events as ev
 from protocol import ids
-from protocol.errors import ConflictError, SessionNotFoundError
+from protocol.errors import ConflictError, ServiceUnavailableError, SessionNotFoundError
 from protocol.requests import PromptInput, SyntheticInput
 from protocol.shapes import Delivery, InboxItem, InboxItemType, Location, Session
 from storage import Command, ProjectionConflict, Store
 
 __all__ = [
     "CONTROL_TYPES",
+    "AdmissionGate",
     "Blocking",
     "Inbox",
     "Scope",
@@ -71,6 +73,39 @@ class Seen:
     items: Sequence[InboxItem]
 
 
+class AdmissionGate:
+    """Lets a closing host finish the admissions under way, then refuses new ones.
+
+    An admission holds the gate from its first check to its wake; after
+    :meth:`close` returns, every admission that got in has rung its wake (so
+    the host can hand the wakes it refused over to the others) and any later
+    one fails with 503 before it writes.
+    """
+
+    def __init__(self) -> None:
+        self._open = True
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def admitting(self) -> Iterator[None]:
+        if not self._open:
+            raise ServiceUnavailableError("this host is shutting down", service="execution")
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+
+    async def close(self) -> None:
+        self._open = False
+        await self._idle.wait()
+
+
 class Inbox:
     def __init__(
         self,
@@ -90,6 +125,8 @@ class Inbox:
         #: The events committing a session's staged revert; a prompt's admission
         #: carries them in its own transaction (set by the session facade).
         self.revert_commit: RevertCommit | None = None
+        #: Closed by a closing runtime before it hands its refused wakes over.
+        self.gate = AdmissionGate()
 
     # -- admission ------------------------------------------------------------------------------
 
@@ -167,6 +204,21 @@ class Inbox:
         ids.validate("ses", session_id, field="sessionID")
         if item_id is not None:
             ids.validate("msg", item_id, field="id")
+        with self.gate.admitting():
+            return await self._admit_control_open(
+                session_id, type_, item_id, delivery, payload, resume, same
+            )
+
+    async def _admit_control_open(
+        self,
+        session_id: str,
+        type_: InboxItemType,
+        item_id: str | None,
+        delivery: Delivery,
+        payload: Mapping[str, Any],
+        resume: bool,
+        same: Mapping[str, Any] | None,
+    ) -> InboxItem:
         async with self._locks.hold(session_id):
             pending = next(
                 (i for i in await self._store.queries.inbox(session_id) if i.type == type_),
@@ -212,6 +264,18 @@ class Inbox:
         prepare: Callable[[], Any],
     ) -> InboxItem:
         ids.validate("ses", session_id, field="sessionID")
+        with self.gate.admitting():
+            return await self._admit_open(session_id, type_, item_id, delivery, resume, prepare)
+
+    async def _admit_open(
+        self,
+        session_id: str,
+        type_: InboxItemType,
+        item_id: str | None,
+        delivery: Delivery,
+        resume: bool,
+        prepare: Callable[[], Any],
+    ) -> InboxItem:
         receipt = None if item_id is None else await self._reconcile(session_id, type_, item_id)
         if receipt is None:
             # No existence check here: the enqueue's projection refuses an
@@ -312,6 +376,12 @@ class Inbox:
     async def change_delivery(self, session_id: str, inbox_id: str, delivery: Delivery) -> None:
         await self._require(session_id)
         ids.validate("msg", inbox_id, field="inboxID")
+        with self.gate.admitting():
+            await self._change_delivery_open(session_id, inbox_id, delivery)
+
+    async def _change_delivery_open(
+        self, session_id: str, inbox_id: str, delivery: Delivery
+    ) -> None:
         async with self._locks.hold(session_id):
             item = await self._pending_item(session_id, inbox_id)
             if item.delivery == delivery:

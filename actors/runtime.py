@@ -383,6 +383,8 @@ class Runtime:
         self._closing = False
         #: Wakes that arrived while closing (session id -> widest scope).
         self._refused: dict[str, Scope] = {}
+        #: Set once :meth:`_hand_over_wakes` has run (the bus closes next).
+        self._handed_over = False
         #: Followers of one session's durable log (SSE ``session.log``, hence the
         #: embedded host and the CLI): one subscription, rung per session.
         self.follows = FollowDispatcher(self.store)
@@ -496,6 +498,8 @@ class Runtime:
         if self._closing:
             # Nothing new starts here any more: another host gets it at the end.
             self._refused[session_id] = widest(self._refused.get(session_id), scope)
+            if self._handed_over:  # a host-bus wake (admissions are refused by now)
+                log.info("wake for %s after this host handed its wakes over: dropped", session_id)
         elif self._execution is not None:
             self._execution.wake(session_id, scope)
 
@@ -674,6 +678,9 @@ class Runtime:
                 # Closed last: the shutdown's hand-over notice goes out through it.
                 await self._own_bus.open()
                 self._stack.push_async_callback(self._own_bus.close)
+            # After execution stopped and the leases ended, right before the bus
+            # closes: the wakes admitted here while closing go to the others.
+            self._stack.push_async_callback(self._hand_over_wakes)
             # Renewal ends after execution stops (the terminals release the leases).
             await self.leases.start()
             self._stack.push_async_callback(self.leases.aclose)
@@ -732,17 +739,31 @@ class Runtime:
                 await self.host_bus.publish(None, message)
             except Exception:
                 log.exception("announcing the released sessions failed")
-        for scope in ("input", "steer"):
-            # Wakes that came in while closing: the first other host to take
-            # each lease runs it (the rest hand their wake to that one).
-            ids = tuple(sid for sid, s in self._refused.items() if s == scope)
-            if not ids:
-                continue
-            wake = HostMessage(kind="wake", origin=self.host_id, session_ids=ids, scope=scope)
-            try:
-                await self.host_bus.publish(None, wake)
-            except Exception:
-                log.exception("handing over the wakes received while closing failed")
+
+    async def _hand_over_wakes(self) -> None:
+        """Send the wakes refused while closing to the other hosts.
+
+        The first other host to take each lease runs it (the rest hand their
+        wake to that one). It runs as late as the bus allows, after execution
+        stopped (which can take a tool's kill grace) and again for any wake
+        refused while publishing: a wake refused after an earlier hand-over
+        would otherwise reach no host, its input admitted but not run until
+        the session's next wake.
+        """
+        # Admissions under way finish (and ring their wake) first; later ones get 503.
+        await self.sessions.inbox.gate.close()
+        while self._refused:
+            refused, self._refused = self._refused, {}
+            for scope in ("input", "steer"):
+                ids = tuple(sid for sid, s in refused.items() if s == scope)
+                if not ids:
+                    continue
+                wake = HostMessage(kind="wake", origin=self.host_id, session_ids=ids, scope=scope)
+                try:
+                    await self.host_bus.publish(None, wake)
+                except Exception:
+                    log.exception("handing over the wakes received while closing failed")
+        self._handed_over = True
 
     async def recover(self) -> RecoveryReport:
         """Run the recovery sweep now (it also runs at start and then periodically)."""

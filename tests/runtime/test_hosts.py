@@ -9,6 +9,7 @@ database would.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -22,6 +23,7 @@ from actors.recovery import RESTART_NOTICE
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import SyntheticMessage
 from protocol import events as ev
+from protocol.errors import ServiceUnavailableError
 from protocol.requests import PromptInput
 from storage import Command, Fence, FencedError, SQLiteStore
 
@@ -236,10 +238,15 @@ async def test_a_wake_admitted_while_a_host_closes_runs_on_another(hosts: Hosts)
     a = await hosts.start("host-a")
     b = await hosts.start("host-b")
     busy, idle = await a.sessions.create(), await a.sessions.create()
-    # A call that ignores SIGTERM keeps A's shutdown going for the kill's grace.
-    stubborn = '#tool bash {"command": "trap \\"\\" TERM; sleep 30"}'
+    # A call that ignores SIGTERM keeps A's shutdown going for the kill's grace
+    # (once the trap is in place: the marker says so).
+    marker = hosts.tmp_path / "trapped"
+    stubborn = "#tool bash " + json.dumps({"command": f'trap "" TERM; touch "{marker}"; sleep 30'})
     await a.sessions.prompt(busy.id, PromptInput(text=stubborn))
     await hosts.feed.wait("session.tool.spawned", sessionID=busy.id)
+    async with asyncio.timeout(5):
+        while not marker.exists():  # noqa: ASYNC110 (a file, not an event)
+            await asyncio.sleep(0.005)
     closing = asyncio.create_task(a.aclose())
     async with asyncio.timeout(5):
         while not a._closing:  # noqa: ASYNC110 (a flag, not an event)
@@ -248,3 +255,18 @@ async def test_a_wake_admitted_while_a_host_closes_runs_on_another(hosts: Hosts)
     await closing
     await hosts.feed.wait("session.execution.succeeded", sessionID=idle.id)
     assert {host for _, host, _ in await hosts.writers(idle.id)} == {b.host_id}
+
+
+async def test_a_closed_host_refuses_admissions_instead_of_keeping_their_wake(
+    hosts: Hosts,
+) -> None:
+    """Once a closing host has handed its refused wakes over, nobody would hear
+    a new one: the admission is refused (503) and stores nothing."""
+    a = await hosts.start("host-a")
+    await hosts.start("host-b")
+    s = await a.sessions.create()
+    await a.aclose()
+    with pytest.raises(ServiceUnavailableError):
+        await a.sessions.prompt(s.id, PromptInput(text="#text too late"))
+    assert await hosts.store.queries.inbox(s.id) == []
+    assert [r.type for r in await hosts.store.read(s.id)] == ["session.created.1"]
