@@ -28,7 +28,10 @@ figure is measured next to a baseline from the same run:
 2. **Steps/s with ``--sessions`` concurrent sessions.** Each session gets ``--rounds``
    prompts one after another, all sessions at once (FULL). The baseline replays the
    recorded requests as baseline steps, the same sessions and rounds concurrently,
-   on a bare store.
+   on a bare store. Both also show the process's CPU per step and its threads'
+   context switches per step (Linux ``/proc``): the runtime's reader, writer and
+   instruction threads each hand the GIL off and back at every statement or
+   system call, which is where most of its extra CPU goes.
 3. **Memory per idle session.** On a fresh runtime (warmed up by one prompt),
    ``tracemalloc`` starts, then ``--idle`` sessions are created through the runtime
    (100 concurrent creators) and 100 of them get one prompt each (their actors
@@ -194,6 +197,34 @@ def rss_bytes() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def context_switches() -> int | None:
+    """Context switches so far of this process's live threads (Linux); None elsewhere.
+
+    Each is a thread giving the CPU up (waiting for the GIL, a lock, I/O) or
+    having it taken: under load they are where a threaded SQLite store's time
+    goes, since every statement hands the GIL off and back.
+    """
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/status") as status:
+                for line in status:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        total += int(line.split()[1])
+        except OSError:
+            continue  # the thread ended meanwhile
+    return total
+
+
+def _switches_since(before: int | None) -> int | None:
+    after = context_switches()
+    return None if before is None or after is None else after - before
 
 
 def _sqlite_memory_used() -> Callable[[], int] | None:
@@ -469,9 +500,11 @@ async def phase_concurrent(args: argparse.Namespace, root: Path, lag: LagMonitor
                 latencies.append(await runtime_step(rt, sid, PROMPT.format(i=i)))
 
         lag.phase("2. concurrent sessions")
+        switches, cpu = context_switches(), time.process_time()
         start = time.perf_counter()
         await asyncio.gather(*(drive(sid) for sid in sids))
         seconds = time.perf_counter() - start
+        cpu, switches = time.process_time() - cpu, _switches_since(switches)
         lag.phase(None)
         rt_batches, rt_commands = commits.batches, commits.commands
         active = await rt.execution.active()
@@ -491,9 +524,12 @@ async def phase_concurrent(args: argparse.Namespace, root: Path, lag: LagMonitor
                 await base.step(PROMPT.format(i=i), request)
 
         lag.phase("2. baseline (bare store)")
+        base_switches, base_cpu = context_switches(), time.process_time()
         start = time.perf_counter()
         await asyncio.gather(*(replay(b, s) for b, s in zip(bases, sids, strict=True)))
         base_seconds = time.perf_counter() - start
+        base_cpu = time.process_time() - base_cpu
+        base_switches = _switches_since(base_switches)
         lag.phase(None)
     return {
         "sessions": sessions,
@@ -505,7 +541,13 @@ async def phase_concurrent(args: argparse.Namespace, root: Path, lag: LagMonitor
         "step_latency_p99_ms": round(_quantile(latencies, 0.99) * 1000, 3),
         "commits": rt_batches,
         "commands_per_commit": round(rt_commands / rt_batches, 2) if rt_batches else 0.0,
+        "cpu_ms_per_step": round(cpu / steps * 1000, 3),
+        "context_switches_per_step": None if switches is None else round(switches / steps, 1),
         "baseline_seconds": round(base_seconds, 4),
+        "baseline_cpu_ms_per_step": round(base_cpu / steps * 1000, 3),
+        "baseline_context_switches_per_step": None
+        if base_switches is None
+        else round(base_switches / steps, 1),
         "baseline_steps_per_s": round(steps / base_seconds, 1),
         "baseline_commands_per_commit": round(counter.commands / counter.batches, 2)
         if counter.batches
@@ -723,6 +765,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _opt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.1f}"
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
     lines = [
@@ -788,6 +834,8 @@ def render(report: dict[str, Any]) -> str:
             "cmds/COMMIT",
             "step p50 ms",
             "step p99 ms",
+            "CPU ms/step",
+            "ctx switches/step",
         ),
         [
             (
@@ -798,6 +846,8 @@ def render(report: dict[str, Any]) -> str:
                 f"{c['commands_per_commit']:.1f}",
                 f"{c['step_latency_p50_ms']:.2f}",
                 f"{c['step_latency_p99_ms']:.2f}",
+                f"{c['cpu_ms_per_step']:.2f}",
+                _opt(c["context_switches_per_step"]),
             ),
             (
                 "baseline (bare store)",
@@ -807,6 +857,8 @@ def render(report: dict[str, Any]) -> str:
                 f"{c['baseline_commands_per_commit']:.1f}",
                 "-",
                 "-",
+                f"{c['baseline_cpu_ms_per_step']:.2f}",
+                _opt(c["baseline_context_switches_per_step"]),
             ),
         ],
     )
