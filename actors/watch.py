@@ -48,7 +48,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
-__all__ = ["TreeWatch", "collapse", "open_watch"]
+__all__ = ["WATCH_MASK", "TreeWatch", "collapse", "inotify_lib", "open_watch"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,12 @@ def _lib() -> _Libc:
     if _libc is None:
         _libc = _Libc()
     return _libc
+
+
+#: libc's inotify calls (loaded on first use), for other watchers in this package.
+inotify_lib: Final = _lib
+#: What a directory watch reports (see :data:`_MASK`).
+WATCH_MASK: Final = _MASK
 
 
 def collapse(paths: Iterable[str]) -> list[str]:

@@ -47,6 +47,7 @@ from actors.instructions._sources import (
     observe_files,
 )
 from actors.instructions._values import HashCache, encode
+from actors.instructions._watch import ObservationCache
 from protocol import events as ev
 from protocol.lru import ByteLRU
 from protocol.shapes import Session
@@ -96,6 +97,8 @@ class Instructions:
         #: call, so a test can pin it).
         self._today = today
         self.files = FileCache()
+        #: Observations served again while inotify reports no change (Linux).
+        self.observations = ObservationCache()
         self.hashes = HashCache()
         self._baselines: ByteLRU[str, str] = ByteLRU(baseline_cache_bytes)
 
@@ -115,15 +118,13 @@ class Instructions:
             references=agent.references,
             skills=agent.skills,
         )
-        loop = asyncio.get_running_loop()
         if inputs is None:
             files, (state, entries) = await asyncio.gather(
-                loop.run_in_executor(self._executor, observe_files, spec, self.files),
-                self._store.queries.instruction_inputs(session.id),
+                self._observe(spec), self._store.queries.instruction_inputs(session.id)
             )
         else:
             state, entries = inputs
-            files = await loop.run_in_executor(self._executor, observe_files, spec, self.files)
+            files = await self._observe(spec)
         observations = [
             Observation(
                 scope="builtin/",
@@ -192,9 +193,25 @@ class Instructions:
         state = await self._store.queries.instruction_state(session.id)
         return () if state is None else (await self.baseline(state),)
 
+    async def _observe(self, spec: FileSpec) -> list[Observation]:
+        """The file sources now: the last observation while the kernel reports no
+        change to what it read (no thread hop), else observed in the executor."""
+        cached = self.observations.lookup(spec)
+        if cached is not None:
+            return cached
+        begun = self.observations.begin()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._observe_now, spec, begun)
+
+    def _observe_now(self, spec: FileSpec, begun: tuple[int, int]) -> list[Observation]:
+        files = observe_files(spec, self.files)
+        self.observations.store(spec, begun, files)
+        return files
+
     def close(self) -> None:
         """End the observation threads (after the last drain: jobs are milliseconds)."""
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self.observations.close()
 
     async def baseline(self, state: InstructionState) -> str:
         """The epoch baseline: the stored initial values, rendered."""

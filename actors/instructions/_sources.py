@@ -41,6 +41,7 @@ __all__ = [
     "FileSpec",
     "Observation",
     "observe_files",
+    "project_walk",
     "reference_key",
 ]
 
@@ -174,15 +175,21 @@ def observe_files(spec: FileSpec, cache: FileCache) -> list[Observation]:
 
 def _project_dirs(directory: str) -> list[str]:
     """From the project root (nearest ``.git`` upward) down to ``directory``."""
+    return project_walk(directory)[1]
+
+
+def project_walk(directory: str) -> tuple[list[str], list[str]]:
+    """(every directory the walk looks in for ``.git``, from ``directory`` upward;
+    the project's directories from its root down to ``directory``)."""
     walked: list[str] = []
     current = directory
     while True:
         walked.append(current)
         if os.path.exists(os.path.join(current, ".git")):
-            return walked[::-1]
+            return walked, walked[::-1]
         parent = os.path.dirname(current)
         if parent == current:
-            return [directory]
+            return walked, [directory]
         current = parent
 
 
