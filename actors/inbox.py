@@ -205,41 +205,28 @@ class Inbox:
         if item_id is not None:
             ids.validate("msg", item_id, field="id")
         with self.gate.admitting():
-            return await self._admit_control_open(
-                session_id, type_, item_id, delivery, payload, resume, same
-            )
-
-    async def _admit_control_open(
-        self,
-        session_id: str,
-        type_: InboxItemType,
-        item_id: str | None,
-        delivery: Delivery,
-        payload: Mapping[str, Any],
-        resume: bool,
-        same: Mapping[str, Any] | None,
-    ) -> InboxItem:
-        async with self._locks.hold(session_id):
-            pending = next(
-                (i for i in await self._store.queries.inbox(session_id) if i.type == type_),
-                None,
-            )
-            if pending is not None and same is not None and pending.payload != same:
-                raise ConflictError(
-                    f"{type_} {pending.id} is already pending; cancel it first", resource="inbox"
+            async with self._locks.hold(session_id):
+                pending = next(
+                    (i for i in await self._store.queries.inbox(session_id) if i.type == type_),
+                    None,
                 )
-            if pending is None and item_id is not None:
-                found = await self._reconcile(session_id, type_, item_id)
-                if found is not None:
+                if pending is not None and same is not None and pending.payload != same:
                     raise ConflictError(
-                        f"{type_} {item_id} was already delivered", resource="message"
+                        f"{type_} {pending.id} is already pending; cancel it first",
+                        resource="inbox",
                     )
-            receipt = pending or await self._enqueue_held(
-                session_id, type_, item_id, delivery, payload
-            )
-        if resume:
-            self._wake(session_id, "input")
-        return receipt
+                if pending is None and item_id is not None:
+                    found = await self._reconcile(session_id, type_, item_id)
+                    if found is not None:
+                        raise ConflictError(
+                            f"{type_} {item_id} was already delivered", resource="message"
+                        )
+                receipt = pending or await self._enqueue_held(
+                    session_id, type_, item_id, delivery, payload
+                )
+            if resume:
+                self._wake(session_id, "input")
+            return receipt
 
     async def control(self, session_id: str, item: InboxItem, *also: ev.Event) -> bool:
         """Deliver control ``item`` with ``also`` in one command; False if it is gone.
@@ -265,31 +252,20 @@ class Inbox:
     ) -> InboxItem:
         ids.validate("ses", session_id, field="sessionID")
         with self.gate.admitting():
-            return await self._admit_open(session_id, type_, item_id, delivery, resume, prepare)
-
-    async def _admit_open(
-        self,
-        session_id: str,
-        type_: InboxItemType,
-        item_id: str | None,
-        delivery: Delivery,
-        resume: bool,
-        prepare: Callable[[], Any],
-    ) -> InboxItem:
-        receipt = None if item_id is None else await self._reconcile(session_id, type_, item_id)
-        if receipt is None:
-            # No existence check here: the enqueue's projection refuses an
-            # unknown or deleted session in the same transaction (one read
-            # fewer per admission); only attachment reading happens first.
-            payload = await prepare()
-            receipt = await self._enqueue(session_id, type_, item_id, delivery, payload)
-        if resume and type_ == "synthetic" and self.revert_commit is not None:
-            # Held behind a staged revert: recorded, never woken for.
-            session = await self._store.queries.session(session_id)
-            resume = session is None or session.revert is None
-        if resume:
-            self._wake(session_id, "input")
-        return receipt
+            receipt = None if item_id is None else await self._reconcile(session_id, type_, item_id)
+            if receipt is None:
+                # No existence check here: the enqueue's projection refuses an
+                # unknown or deleted session in the same transaction (one read
+                # fewer per admission); only attachment reading happens first.
+                payload = await prepare()
+                receipt = await self._enqueue(session_id, type_, item_id, delivery, payload)
+            if resume and type_ == "synthetic" and self.revert_commit is not None:
+                # Held behind a staged revert: recorded, never woken for.
+                session = await self._store.queries.session(session_id)
+                resume = session is None or session.revert is None
+            if resume:
+                self._wake(session_id, "input")
+            return receipt
 
     async def _reconcile(
         self, session_id: str, type_: InboxItemType, item_id: str
@@ -377,23 +353,20 @@ class Inbox:
         await self._require(session_id)
         ids.validate("msg", inbox_id, field="inboxID")
         with self.gate.admitting():
-            await self._change_delivery_open(session_id, inbox_id, delivery)
-
-    async def _change_delivery_open(
-        self, session_id: str, inbox_id: str, delivery: Delivery
-    ) -> None:
-        async with self._locks.hold(session_id):
-            item = await self._pending_item(session_id, inbox_id)
-            if item.delivery == delivery:
-                raise ConflictError(
-                    f"inbox item {inbox_id} is already delivered by {delivery}", resource="inbox"
+            async with self._locks.hold(session_id):
+                item = await self._pending_item(session_id, inbox_id)
+                if item.delivery == delivery:
+                    raise ConflictError(
+                        f"inbox item {inbox_id} is already delivered by {delivery}",
+                        resource="inbox",
+                    )
+                changed = ev.InboxDeliveryChanged(
+                    session_id=session_id, inbox_id=inbox_id, delivery=delivery
                 )
-            await self._apply(
-                ev.InboxDeliveryChanged(session_id=session_id, inbox_id=inbox_id, delivery=delivery)
-            )
-        # Steering asks for the next boundary; queueing and cancelling never wake.
-        if delivery == "steer":
-            self._wake(session_id, "steer")
+                await self._apply(changed)
+            # Steering asks for the next boundary; queueing and cancelling never wake.
+            if delivery == "steer":
+                self._wake(session_id, "steer")
 
     # -- promotion ------------------------------------------------------------------------------
 

@@ -45,10 +45,18 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, Final
 
-__all__ = ["WATCH_MASK", "TreeWatch", "collapse", "inotify_lib", "open_watch"]
+__all__ = [
+    "WATCH_MASK",
+    "TreeWatch",
+    "collapse",
+    "inotify_lib",
+    "open_watch",
+    "parse_events",
+    "read_queued",
+]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +123,33 @@ def _lib() -> _Libc:
     if _libc is None:
         _libc = _Libc()
     return _libc
+
+
+def read_queued(fd: int) -> bytes:
+    """Every event queued on non-blocking inotify ``fd`` now (``b""``: none).
+
+    Raises OSError when the descriptor cannot be read.
+    """
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def parse_events(data: bytes) -> Iterator[tuple[int, int, str]]:
+    """``(watch descriptor, mask, name)`` of each inotify event in ``data`` (one read)."""
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        wd, mask, _cookie, size = _HEADER.unpack_from(data, offset)
+        offset += _HEADER.size
+        yield wd, mask, os.fsdecode(data[offset : offset + size].rstrip(b"\0"))
+        offset += size
 
 
 #: libc's inotify calls (loaded on first use), for other watchers in this package.
@@ -333,29 +368,20 @@ class TreeWatch:
 
     def _drain(self) -> None:
         """Read and fold in every queued event (non-blocking; on the loop)."""
-        while True:
-            fd = self._fd
-            if fd is None:
-                return
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                self.broken = f"reading inotify: {exc.strerror}"
-                return
-            if not data:
-                return
+        fd = self._fd
+        if fd is None:
+            return
+        try:
+            data = read_queued(fd)
+        except OSError as exc:
+            self.broken = f"reading inotify: {exc.strerror}"
+            return
+        if data:
             with self._lock:
                 self._fold(data)
 
     def _fold(self, data: bytes) -> None:
-        offset = 0
-        while offset + _HEADER.size <= len(data):
-            wd, mask, _cookie, size = _HEADER.unpack_from(data, offset)
-            offset += _HEADER.size
-            name = os.fsdecode(data[offset : offset + size].rstrip(b"\0"))
-            offset += size
+        for wd, mask, name in parse_events(data):
             if mask & IN_Q_OVERFLOW:
                 self._doubt = "the kernel's event queue overflowed"
                 continue

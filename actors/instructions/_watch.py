@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import struct
 import threading
 from typing import Final
 
@@ -56,6 +55,8 @@ from actors.watch import (
     IN_Q_OVERFLOW,
     WATCH_MASK,
     inotify_lib,
+    parse_events,
+    read_queued,
 )
 
 __all__ = ["MAX_ENTRIES", "MAX_WATCHES", "ObservationCache", "dependencies"]
@@ -66,7 +67,6 @@ MAX_WATCHES: Final = 4096
 MAX_ENTRIES: Final = 1024
 #: Any name in the directory matters (a skills directory's entries).
 ANY: Final = "*"
-_HEADER: Final = struct.Struct("iIII")
 _IN_NONBLOCK: Final = os.O_NONBLOCK
 _IN_CLOEXEC: Final = 0o2000000
 
@@ -249,29 +249,20 @@ class ObservationCache:
     # -- events ---------------------------------------------------------------------------------
 
     def _drain(self) -> None:
-        while True:
-            fd = self._fd
-            if fd is None:
-                return
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                self.close()  # cannot vouch for anything any more
-                return
-            if not data:
-                return
+        fd = self._fd
+        if fd is None:
+            return
+        try:
+            data = read_queued(fd)
+        except OSError:
+            self.close()  # cannot vouch for anything any more
+            return
+        if data:
             with self._lock:
                 self._fold(data)
 
     def _fold(self, data: bytes) -> None:
-        offset = 0
-        while offset + _HEADER.size <= len(data):
-            wd, mask, _cookie, size = _HEADER.unpack_from(data, offset)
-            offset += _HEADER.size
-            name = os.fsdecode(data[offset : offset + size].rstrip(b"\0"))
-            offset += size
+        for wd, mask, name in parse_events(data):
             if mask & IN_Q_OVERFLOW:
                 self._generation += 1
                 continue
