@@ -42,7 +42,7 @@ from protocol import ids
 from protocol.errors import ConflictError, ServiceUnavailableError, SessionNotFoundError
 from protocol.requests import PromptInput, SyntheticInput
 from protocol.shapes import Delivery, InboxItem, InboxItemType, Location, Session
-from storage import Command, ProjectionConflict, Store
+from storage import Command, Op, ProjectionConflict, Store, no_staged_revert
 
 __all__ = [
     "CONTROL_TYPES",
@@ -311,14 +311,25 @@ class Inbox:
             inbox_id=inbox_id,
             item=ev.EnqueuedItem(type=type_, payload=payload, delivery=delivery),
         )
-        before: list[ev.Event] = []
+        # A prompt commits a staged revert in its own transaction. Staged ones
+        # are rare: the prompt goes first with a check that there is none
+        # (no read before it), and only a refusal reads the session.
+        checks: tuple[Op, ...] = ()
         if type_ == "user" and self.revert_commit is not None:
-            session = await self._store.queries.session(session_id)
-            if session is not None and session.revert is not None:
-                # Committed atomically with the prompt that replaces it.
-                before = await self.revert_commit(session)
+            checks = (no_staged_revert(session_id),)
         try:
-            *_, record = await self._store.append(Command.of(*before, event))
+            try:
+                *_, record = await self._store.append(Command.of(event, checks=checks))
+            except ProjectionConflict as exc:
+                if exc.reason != "session.reverted":
+                    raise
+                before: list[ev.Event] = []
+                session = await self._store.queries.session(session_id)
+                if session is not None and session.revert is not None:
+                    assert self.revert_commit is not None
+                    # Committed atomically with the prompt that replaces it.
+                    before = await self.revert_commit(session)
+                *_, record = await self._store.append(Command.of(*before, event))
         except ProjectionConflict as exc:
             if exc.reason == "session.missing":
                 raise SessionNotFoundError(session_id) from None

@@ -4,6 +4,7 @@ Above this package, name the Protocols (:class:`EventLog`, :class:`SessionReads`
 :class:`Store`) and open a store with :func:`connect`; never a backend.
 """
 
+from storage._ops import Op, no_staged_revert
 from storage._url import redact
 from storage._writer import Synchronous
 from storage.connect import connect, is_server_url
@@ -63,6 +64,7 @@ __all__ = [
     "LeaseUse",
     "LogFollow",
     "NewEvent",
+    "Op",
     "OpenToolCall",
     "ProjectionConflict",
     "Queries",
@@ -85,6 +87,7 @@ __all__ = [
     "dump_projections",
     "fenced",
     "is_server_url",
+    "no_staged_revert",
     "now_ms",
     "rebuild_projections",
     "redact",

@@ -11,7 +11,7 @@ from protocol import codec
 from storage.errors import ProjectionConflict
 from storage.recorder import RecordedEvent
 
-__all__ = ["Op", "json_text", "touch"]
+__all__ = ["Op", "json_text", "no_staged_revert", "touch"]
 
 
 # Conflict messages are formatted only when a conflict happens: building one
@@ -19,6 +19,7 @@ __all__ = ["Op", "json_text", "touch"]
 _MESSAGES: Final = {
     "session.missing": "session {} does not exist",
     "session.exists": "session {} already exists",
+    "session.reverted": "session {} has a staged revert (or does not exist)",
     "inbox.id-taken": "inbox id {} is already pending or delivered",
     "inbox.not-pending": "inbox item {} is not pending",
     "inbox.delivery-unchanged": "inbox item {} is not pending with the other delivery mode",
@@ -47,6 +48,21 @@ class Op:
 
 def json_text(value: Any) -> str | None:
     return None if value is None else orjson.dumps(codec.to_json(value)).decode()
+
+
+def no_staged_revert(session_id: str) -> Op:
+    """A check (:attr:`Command.checks`): the session exists with no staged revert.
+
+    A no-op update, so that it is a statement every backend's fast path runs
+    with a row count; the command's own projections touch the row anyway.
+    """
+    return Op(
+        "UPDATE session SET time_updated = time_updated WHERE id = ? AND revert IS NULL",
+        (session_id,),
+        expect=1,
+        reason="session.reverted",
+        subject=session_id,
+    )
 
 
 def touch(rec: RecordedEvent) -> Op:

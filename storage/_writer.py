@@ -291,6 +291,10 @@ class Writer:
         replay = self._check_expected(conn, prepared)
         if replay is not None:
             return Outcome(records=replay, publish=False)
+        for check in command.checks:
+            cursor = conn.execute(check.sql, check.params)
+            if check.expect is not None and cursor.rowcount != check.expect:
+                raise check.conflict()
         records = self._insert(conn, command.events, prepared.encoded, undo, fence)
         _write_side(conn, command)
         return Outcome(records=records)

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from protocol import ids
 from protocol.events import Event
 from storage.lease import LeaseUse
+
+if TYPE_CHECKING:
+    from storage._ops import Op
 
 __all__ = [
     "Command",
@@ -87,6 +90,11 @@ class Command:
     #: The execution lease this command takes, holds (its fence), renews or
     #: releases; checked in the command's savepoint before its events.
     lease: LeaseUse | None = None
+    #: Preconditions run in the command's transaction before its events: each
+    #: statement must touch exactly its ``expect`` rows, else the command fails
+    #: with that op's :class:`~storage.errors.ProjectionConflict` and writes
+    #: nothing. Not part of the log: replaying it never runs them.
+    checks: tuple[Op, ...] = ()
 
     @classmethod
     def of(
@@ -95,12 +103,14 @@ class Command:
         expected: Mapping[str, int] | None = None,
         blobs: Mapping[str, str] | None = None,
         lease: LeaseUse | None = None,
+        checks: tuple[Op, ...] = (),
     ) -> Command:
         return cls(
             events=tuple(NewEvent(event=e) for e in events),
             expected=expected,
             blobs=blobs or {},
             lease=lease,
+            checks=checks,
         )
 
     @property

@@ -569,7 +569,10 @@ async def commit_fast(
                         event=new.event,
                     )
                 )
-            ops = [(op.sql, op.params, op.expect) for r in records for op in project(r)]
+            # The command's checks first, then its projections, in one order
+            # with the other commands' ops: a check that fails rolls back all.
+            ops = [(c.sql, c.params, c.expect) for c in command.checks]
+            ops += [(op.sql, op.params, op.expect) for r in records for op in project(r)]
             if command.blobs or command.entries:
                 ops += _extra_ops(command)
             for sql, params, expect in ops:

@@ -185,6 +185,10 @@ async def _apply(
             return Outcome(records=replay, publish=False)
         if guard is not None:
             await guard(conn, command)
+        for check in command.checks:
+            status = await conn.execute(translate(check.sql), *check.params)
+            if check.expect is not None and affected(status) != check.expect:
+                raise check.conflict()
         records = await _insert(conn, prepared, seqs, undo)
         await _write_side(conn, command)
         if command.lease is not None and epoch is not None:

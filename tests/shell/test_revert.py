@@ -369,3 +369,26 @@ async def test_step_writes_name_odd_paths_and_leave_ignored_and_outside_ones(
     assert unchanged.files == ()
     assert unchanged.before == unchanged.after == recorded.before
     await store.aclose()
+
+
+async def test_a_prompt_reads_the_session_only_when_a_revert_is_staged(
+    host: Embedded, repo: Path
+) -> None:
+    """The admission goes first with a no-staged-revert check; only its refusal reads."""
+    sid, _first, second = await writing_session(host, repo)
+    queries = host.runtime.store.queries
+    real, reads = queries.session, []
+
+    async def counting(session_id: str) -> Any:
+        reads.append(session_id)
+        return await real(session_id)
+
+    queries.session = counting  # type: ignore[method-assign]
+    await host.sessions.prompt(sid, PromptInput(text="plain", resume=False))
+    assert reads == []
+    queries.session = real  # type: ignore[method-assign]
+    await host.sessions.revert_stage(sid, RevertStageInput(message_id=second, files=True))
+    queries.session = counting  # type: ignore[method-assign]
+    await host.sessions.prompt(sid, PromptInput(text="instead", resume=False))
+    assert reads == [sid]
+    assert (await host.sessions.get(sid)).revert is None

@@ -25,6 +25,7 @@ import pytest
 
 from protocol import Location
 from protocol import events as ev
+from protocol.shapes import SessionRevert
 from storage import (
     AppendConflictError,
     Command,
@@ -36,6 +37,7 @@ from storage import (
     Store,
     Synchronous,
     connect,
+    no_staged_revert,
     rebuild_projections,
 )
 
@@ -213,6 +215,35 @@ async def test_a_failing_command_fails_alone_in_its_batch(recorder: Any) -> None
     assert [r.event.title for r in stored[1:]] == ["one", "two"]
     assert [r.seq for r in stored] == [1, 2, 3]
     assert seen == stored[1:]
+
+
+async def test_a_command_whose_check_fails_writes_nothing_and_fails_alone(
+    recorder: Any,
+) -> None:
+    await recorder.append(Command.of(created("ses_a"), created("ses_b")))
+    staged = ev.RevertStaged(session_id="ses_b", revert=SessionRevert(message_id="msg_x"))
+    await recorder.append(Command.of(staged))
+
+    def checked(title: str, session_id: str) -> Awaitable[list[RecordedEvent]]:
+        command = Command.of(renamed(session_id, title), checks=(no_staged_revert(session_id),))
+        return recorder.append(command)  # type: ignore[no-any-return]
+
+    results = await asyncio.gather(
+        checked("one", "ses_a"),
+        checked("doomed", "ses_b"),
+        recorder.append(Command.of(renamed("ses_a", "two"), checks=(no_staged_revert("ses_x"),))),
+        recorder.append(Command.of(renamed("ses_a", "three"))),
+        return_exceptions=True,
+    )
+    for refused in (results[1], results[2]):
+        assert isinstance(refused, ProjectionConflict)
+        assert refused.reason == "session.reverted"
+    titles = [r.event.title for r in await recorder.read("ses_a") if r.seq > 1]
+    assert titles == ["one", "three"]
+    assert [r.type for r in await recorder.read("ses_b")] == [
+        "session.created.1",
+        "session.revert.staged.1",
+    ]
 
 
 async def test_many_concurrent_producers_never_gap_or_repeat(recorder: Any) -> None:
