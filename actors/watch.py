@@ -53,6 +53,7 @@ __all__ = [
     "TreeWatch",
     "collapse",
     "inotify_lib",
+    "new_inotify",
     "open_watch",
     "parse_events",
     "read_queued",
@@ -123,6 +124,18 @@ def _lib() -> _Libc:
     if _libc is None:
         _libc = _Libc()
     return _libc
+
+
+def new_inotify() -> int:
+    """A new non-blocking, close-on-exec inotify descriptor (the caller closes it).
+
+    Raises OSError when libc has no inotify or the kernel refuses one.
+    """
+    fd: int = _lib().init1(_IN_NONBLOCK | _IN_CLOEXEC)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return fd
 
 
 def read_queued(fd: int) -> bytes:
@@ -439,14 +452,14 @@ async def open_watch(
     trusting :meth:`TreeWatch.changes`.
     """
     try:
-        lib = _lib()
+        _lib()
     except (OSError, AttributeError) as exc:
         log.info("no inotify (%s): snapshots scan the whole tree", exc)
         return None
-    fd = lib.init1(_IN_NONBLOCK | _IN_CLOEXEC)
-    if fd < 0:
-        why = os.strerror(ctypes.get_errno())
-        log.info("inotify_init1: %s: snapshots scan the whole tree", why)
+    try:
+        fd = new_inotify()
+    except OSError as exc:
+        log.info("inotify_init1: %s: snapshots scan the whole tree", exc.strerror)
         return None
     watch = TreeWatch(root, fd, skip=skip, max_watches=max_watches, max_dirty=max_dirty)
     try:

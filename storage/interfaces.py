@@ -108,7 +108,8 @@ class SessionReads(Protocol):
         ...
 
     async def drain_start(self, session_id: str) -> DrainStart:
-        """The session, what a crash left open in it, and its inbox, in one round trip."""
+        """The session, what a crash left open in it, its inbox and its instruction
+        inputs, in one round trip."""
         ...
 
     async def newest_message(self, session_id: str) -> str | None: ...

@@ -707,7 +707,8 @@ class Queries:
         return _running_compaction(await self._fetch(_RUNNING_COMPACTION, (session_id,)))
 
     async def drain_start(self, session_id: str) -> DrainStart:
-        """The session, what a crash or restart left open in it, and its pending input."""
+        """The session, what a crash or restart left open in it, its pending input
+        and its instruction inputs."""
         one = (session_id,)
         session, processes, calls, step, compaction, inbox, instructions = await self._fetch_many(
             [
@@ -800,15 +801,7 @@ class Queries:
             " FROM instruction_state WHERE session_id = ?",
             (session_id,),
         )
-        if not rows:
-            return None
-        r = rows[0]
-        return InstructionState(
-            epoch_start=int(r[0]),
-            through_seq=int(r[1]),
-            initial=orjson.loads(r[2]),
-            current=orjson.loads(r[3]),
-        )
+        return _instruction_state(rows[0]) if rows else None
 
     async def instruction_inputs(self, session_id: str) -> InstructionInputs:
         """:meth:`instruction_state` and :meth:`instruction_entries` in one statement."""
@@ -977,17 +970,22 @@ _INSTRUCTION_INPUTS: Final = (
 )
 
 
+def _instruction_state(r: Row) -> InstructionState:
+    """From ``epoch_start, through_seq, initial_values, current_values``."""
+    return InstructionState(
+        epoch_start=int(r[0]),
+        through_seq=int(r[1]),
+        initial=orjson.loads(r[2]),
+        current=orjson.loads(r[3]),
+    )
+
+
 def _instruction_inputs(rows: Sequence[Row]) -> InstructionInputs:
     state = None
     entries: list[tuple[str, str]] = []
     for r in rows:
         if r[0] == 0:
-            state = InstructionState(
-                epoch_start=int(r[3]),
-                through_seq=int(r[4]),
-                initial=orjson.loads(r[5]),
-                current=orjson.loads(r[6]),
-            )
+            state = _instruction_state(r[3:])
         else:
             entries.append((str(r[1]), str(r[2])))
     entries.sort()

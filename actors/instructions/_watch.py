@@ -55,6 +55,7 @@ from actors.watch import (
     IN_Q_OVERFLOW,
     WATCH_MASK,
     inotify_lib,
+    new_inotify,
     parse_events,
     read_queued,
 )
@@ -67,8 +68,6 @@ MAX_WATCHES: Final = 4096
 MAX_ENTRIES: Final = 1024
 #: Any name in the directory matters (a skills directory's entries).
 ANY: Final = "*"
-_IN_NONBLOCK: Final = os.O_NONBLOCK
-_IN_CLOEXEC: Final = 0o2000000
 
 
 def dependencies(spec: FileSpec) -> dict[str, set[str]] | None:
@@ -149,9 +148,7 @@ class ObservationCache:
         self._lock = threading.Lock()
         self._fd: int | None = None
         with contextlib.suppress(OSError, AttributeError):
-            fd = inotify_lib().init1(_IN_NONBLOCK | _IN_CLOEXEC)
-            if fd >= 0:
-                self._fd = fd
+            self._fd = new_inotify()
         #: directory -> (its watch descriptor, {name: the tick it was registered at})
         self._dirs: dict[str, tuple[int, dict[str, int]]] = {}
         self._by_wd: dict[int, str] = {}
