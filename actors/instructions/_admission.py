@@ -119,9 +119,16 @@ class Instructions:
             skills=agent.skills,
         )
         if inputs is None:
-            files, (state, entries) = await asyncio.gather(
-                self._observe(spec), self._store.queries.instruction_inputs(session.id)
-            )
+            # A task group, not gather: when one side fails, the other is
+            # cancelled and awaited instead of left running with no owner;
+            # the caller still sees the failure itself, not a group of one.
+            try:
+                async with asyncio.TaskGroup() as group:
+                    observing = group.create_task(self._observe(spec))
+                    reading = group.create_task(self._store.queries.instruction_inputs(session.id))
+            except BaseExceptionGroup as failed:
+                raise failed.exceptions[0] from None
+            files, (state, entries) = observing.result(), reading.result()
         else:
             state, entries = inputs
             files = await self._observe(spec)

@@ -18,15 +18,15 @@ import orjson
 import pytest
 from feed import Feed
 
-from actors.agents import CATALOG_TTL_S
+from actors.agents import CATALOG_TTL_S, Agent
 from actors.instructions import ENTRY_MAX_BYTES, _admission, _values, digest, encode
 from actors.llm import Finish, ModelRequest, StreamPart, TextDelta, TextEnd, TextStart
 from actors.runtime import Runtime, RuntimeConfig
-from protocol import InstructionEntryValueTooLargeError, ModelRef
+from protocol import InstructionEntryValueTooLargeError, Location, ModelRef
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import SystemMessage
-from storage import Command
+from storage import Command, SQLiteStore
 
 MODEL = ModelRef(id="rec-1", provider_id="rec")
 
@@ -492,3 +492,43 @@ def test_the_hash_cache_holds_one_entry_per_distinct_value_whatever_the_sessions
     for n in range(3):
         assert cache.digest(encode(n)) == digest(encode(n))
     assert len(cache) == 1  # over the count bound it started again empty
+
+
+async def test_a_failed_observation_leaves_no_read_running_and_raises_itself(
+    tmp_path: Path, project: Path
+) -> None:
+    """prepare reads the instruction inputs beside the observation: when the
+    observation fails, the read is cancelled and awaited, and the caller gets
+    the observation's own error."""
+    async with SQLiteStore(tmp_path / "s.sqlite") as store:
+        instructions = _admission.Instructions(store=store, data_dir=tmp_path / "data")
+        try:
+            created = ev.SessionCreated(
+                session_id="ses_obs", title="t", location=Location(directory=str(project))
+            )
+            await store.append(Command.of(created))
+            session = await store.queries.session("ses_obs")
+            assert session is not None
+            reading = asyncio.Event()
+            cancelled: list[bool] = []
+
+            async def slow_inputs(session_id: str) -> Any:
+                reading.set()
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    cancelled.append(True)
+                    raise
+
+            async def failing(spec: Any) -> Any:
+                await reading.wait()
+                raise OSError("observation failed")
+
+            store.queries.instruction_inputs = slow_inputs  # type: ignore[method-assign]
+            instructions._observe = failing  # type: ignore[method-assign]
+            agent = Agent(name="build")
+            with pytest.raises(OSError, match="observation failed"):
+                await instructions.prepare(session, agent)
+            assert cancelled == [True]
+        finally:
+            instructions.close()
