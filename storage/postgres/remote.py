@@ -8,16 +8,17 @@ After a lost listen connection (or a notice queue past its bound) nothing
 is known about what was missed, so a catch-up reads everything after the
 cursor instead, skipping this store's own recent batches (published at
 their COMMIT already; a catch-up never reads while one of them commits, so
-their ranges are known by then).
+their ranges are known by then: :class:`CommitGate`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final
 
 import asyncpg
@@ -29,7 +30,7 @@ from storage.queries import Fetch
 from storage.recorder import RecordedEvent
 from storage.sqlite import record_from_row
 
-__all__ = ["MAX_NOTICES", "MAX_OWN_RANGES", "RemoteCommits"]
+__all__ = ["MAX_NOTICES", "MAX_OWN_RANGES", "CommitGate", "RemoteCommits"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,46 @@ _CATCH_UP: Final = None  # a queue entry: read everything after the cursor
 _EVENT_COLUMNS: Final = "position, id, aggregate_id, seq, type, created, data"
 
 
+class CommitGate:
+    """Any number of this store's batches committing, or one catch-up read: never both.
+
+    A catch-up closes the gate to new commits, waits for the running ones to
+    finish (their ranges are owned by then), reads, and opens it again.
+    """
+
+    def __init__(self) -> None:
+        self._commits = 0
+        #: Set while no commit runs.
+        self._idle = asyncio.Event()
+        self._idle.set()
+        #: Set while no catch-up runs (or waits to).
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @contextlib.asynccontextmanager
+    async def commit(self) -> AsyncIterator[None]:
+        while not self._open.is_set():
+            await self._open.wait()
+        self._commits += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._commits -= 1
+            if self._commits == 0:
+                self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def catch_up(self) -> AsyncIterator[None]:
+        """For one caller at a time (the delivery task)."""
+        self._open.clear()
+        try:
+            await self._idle.wait()
+            yield
+        finally:
+            self._open.set()
+
+
 class RemoteCommits:
     def __init__(self, fetch: Fetch, publish: Callable[[Sequence[RecordedEvent]], None]) -> None:
         self._fetch = fetch
@@ -51,10 +92,11 @@ class RemoteCommits:
         self._queue: deque[Notice | None] = deque()
         self._bell = asyncio.Event()
         self._own_ranges: deque[tuple[int, int]] = deque(maxlen=MAX_OWN_RANGES)
-        #: Held by the store's writer while a batch commits, until its range is
-        #: owned; a catch-up reads under it, so it never sees an unowned batch
-        #: of this store (the fast path learns its range only after COMMIT).
-        self.committing = asyncio.Lock()
+        #: Passed by the store's writer lanes while a batch commits, until its
+        #: range is owned; a catch-up reads with it closed, so it never sees an
+        #: unowned batch of this store (the fast path learns its range only
+        #: after COMMIT).
+        self.gate = CommitGate()
         self._cursor = 0
 
     async def start_after(self, position: int) -> None:
@@ -62,8 +104,18 @@ class RemoteCommits:
         self._cursor = position
 
     def own(self, first: int, last: int) -> None:
-        """This store's batch at ``first..last``: never hand it out again."""
-        self._own_ranges.append((first, last))
+        """This store's batch at ``first..last``: never hand it out again.
+
+        Two writer lanes may tell their ranges out of position order (each
+        learns its own when its answer arrives); the ranges stay sorted.
+        """
+        own = self._own_ranges
+        if not own or own[-1][0] < first:
+            own.append((first, last))
+            return
+        if len(own) == own.maxlen:
+            own.popleft()
+        own.insert(bisect_right(own, (first, last)), (first, last))
 
     def noticed(self, notice: Notice) -> None:
         if len(self._queue) >= MAX_NOTICES:
@@ -108,7 +160,7 @@ class RemoteCommits:
                     await asyncio.sleep(0.1)
 
     async def _catch_up(self) -> None:
-        async with self.committing:
+        async with self.gate.catch_up():
             await self._catch_up_owned()
 
     async def _catch_up_owned(self) -> None:
