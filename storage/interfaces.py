@@ -48,7 +48,14 @@ class EventLog(Recorder, Protocol):
     """The append-only log (the :class:`~storage.recorder.Recorder` contract), as used above."""
 
     def submit(self, command: Command) -> asyncio.Future[list[RecordedEvent]]:
-        """Queue ``command`` without waiting; commands commit in submission order."""
+        """Queue ``command`` without waiting.
+
+        Commands that share a session (one they append to, expect, lease, or
+        name as a parent) commit in submission order. Commands on disjoint
+        sessions that were submitted without one awaiting the other may
+        commit in either order (PostgreSQL's writer lanes); positions always
+        follow commit order.
+        """
         ...
 
     async def append(self, command: Command) -> list[RecordedEvent]:

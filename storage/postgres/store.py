@@ -14,9 +14,10 @@ processes on any number of hosts may write one database: see
 savepoints, with the same outcomes (:mod:`._fast`); ``batch_paths`` counts
 which path each batch took.
 
-Connections: one for the writer (a task of this store commits one batch at a
-time on it, and reconnects after losing it), a pool of ``readers``, and one
-that LISTENs (:mod:`.listen`). Subscribers hear this store's own commits
+Connections: ``writers`` writer lanes (each a task committing one batch at a
+time on a connection of its own, reconnecting after losing it; two lanes
+keep one batch on the server while the next is built: :mod:`._lanes`), a
+pool of ``readers``, and one that LISTENs (:mod:`.listen`). Subscribers hear this store's own commits
 right after COMMIT, and other processes' commits once the notice arrives:
 the listener reads those rows back from the table, in commit order. So each
 origin's batches reach a subscriber in position order, but a local batch may
@@ -52,6 +53,7 @@ from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence, retrieve_abandoned
 from storage.postgres import schema
 from storage.postgres._errors import reason as _reason
+from storage.postgres._lanes import take
 from storage.postgres._writer import CommandGuard, Heads, Plans, commit_batch
 from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener
@@ -67,6 +69,9 @@ log = logging.getLogger(__name__)
 
 #: A batch never holds more commands than this (as for SQLite).
 MAX_BATCH: Final = 1024
+#: Writer connections by default (see :mod:`._lanes`): two overlap one batch's
+#: Python half with the other's server half; more add connections, not overlap.
+WRITERS: Final = 2
 #: The NOTIFY channel every store of one database shares.
 CHANNEL: Final = "sessionrt_log"
 
@@ -86,6 +91,7 @@ class PostgresStore:
         url: str,
         *,
         readers: int = 4,
+        writers: int = WRITERS,
         read_only: bool = False,
         decode_cache_bytes: int = DECODE_CACHE_BYTES,
         guard: CommandGuard | None = None,
@@ -101,15 +107,22 @@ class PostgresStore:
         #: Tells this store's NOTIFYs from other processes'.
         self.origin = ids.event_id().removeprefix("evt_")
         self._reader_count = readers
+        if writers < 1:
+            raise ValueError("a store that writes needs at least one writer connection")
         self._state = _State.UNOPENED
-        self._writer: asyncpg.Connection | None = None
+        #: One connection per writer lane (opened when the lane first commits;
+        #: lane 0's at open, for the migration).
+        self._writers: list[asyncpg.Connection | None] = [None] * writers
+        #: Each lane's batch in flight: the keys it holds and its commands
+        #: (see :func:`._lanes.take`).
+        self._in_flight: list[tuple[frozenset[str], int] | None] = [None] * writers
         self._pool: asyncpg.Pool | None = None
         self._listener: Listener | None = None
         self._pending: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]] = []
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
-        self._write_task: asyncio.Task[None] | None = None
+        self._write_tasks: list[asyncio.Task[None]] = []
         self._deliver_task: asyncio.Task[None] | None = None
         #: Everything up to here (other origins') has been handed to subscribers.
         self._remote = RemoteCommits(self.fetch, self._publish)
@@ -172,8 +185,8 @@ class PostgresStore:
                         f" {SCHEMA_VERSION}; open it for writing once to migrate"
                     )
             else:
-                self._writer = await self._connect()
-                await schema.migrate(self._writer)
+                self._writers[0] = await self._connect()
+                await schema.migrate(self._writers[0])
             settings = {"default_transaction_read_only": "on"} if self.read_only else {}
             try:
                 self._pool = await asyncpg.create_pool(
@@ -204,7 +217,10 @@ class PostgresStore:
                 self._remote.deliver(), name="sessionrt-deliver"
             )
             if not self.read_only:
-                self._write_task = asyncio.create_task(self._write_loop(), name="sessionrt-write")
+                self._write_tasks = [
+                    asyncio.create_task(self._write_loop(lane), name=f"sessionrt-write-{lane}")
+                    for lane in range(len(self._writers))
+                ]
         except BaseException:
             await self.close()
             raise
@@ -216,17 +232,18 @@ class PostgresStore:
         try:
             await self._drained.wait()
         finally:
-            for task in (self._write_task, self._deliver_task):
+            for task in (*self._write_tasks, self._deliver_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             if self._listener is not None:
                 await self._listener.stop()
-            if self._writer is not None:
-                with contextlib.suppress(Exception):
-                    await self._writer.close()
-                self._writer = None
+            for lane, writer in enumerate(self._writers):
+                if writer is not None:
+                    with contextlib.suppress(Exception):
+                        await writer.close()
+                    self._writers[lane] = None
             if self._pool is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._pool.close(), 5.0)
@@ -265,7 +282,12 @@ class PostgresStore:
             raise
 
     def submit(self, command: Command) -> asyncio.Future[list[RecordedEvent]]:
-        """Queue ``command``; a future of its records. Commands commit in submission order."""
+        """Queue ``command``; a future of its records.
+
+        Commands sharing a session commit in submission order; commands on
+        disjoint sessions, submitted without one awaiting the other, may
+        commit in either order (two writer lanes: see :mod:`._lanes`).
+        """
         self._check_open()
         if self.read_only:
             raise StoreClosedError(f"store {self.where} is open read-only")
@@ -282,26 +304,52 @@ class PostgresStore:
         self._wake.set()
         return future
 
-    async def _write_loop(self) -> None:
+    async def _write_loop(self, lane: int) -> None:
+        """One writer lane: take what may go now (see :mod:`._lanes`), commit it, repeat."""
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            # One tick for producers that are already runnable to join the batch.
-            await asyncio.sleep(0)
-            while self._pending:
-                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-                started = time.perf_counter()
-                outcomes, published = await self._commit([p for p, _ in batch])
-                self._batch_done(batch, outcomes, published, time.perf_counter() - started)
-            self._drained.set()
+            batch = self._take(lane)
+            if not batch:
+                if not self._pending and all(held is None for held in self._in_flight):
+                    self._drained.set()
+                await self._wake.wait()
+                self._wake.clear()
+                # One tick for producers that are already runnable to join the batch.
+                await asyncio.sleep(0)
+                continue
+            started = time.perf_counter()
+            try:
+                outcomes, published = await self._commit(lane, [p for p, _ in batch])
+            finally:
+                self._in_flight[lane] = None
+            self._batch_done(batch, outcomes, published, time.perf_counter() - started)
+            if self._pending:
+                # Commands held back behind this batch's keys may go now, on any lane.
+                self._wake.set()
 
-    async def _commit(self, batch: list[Prepared]) -> tuple[list[Outcome], list[RecordedEvent]]:
+    def _take(self, lane: int) -> list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]]:
+        if not self._pending:
+            return []
+        busy = [held for held in self._in_flight if held is not None]
+        batch, self._pending, held = take(
+            self._pending,
+            busy,
+            limit=MAX_BATCH,
+            lanes=len(self._in_flight),
+        )
+        if batch:
+            self._in_flight[lane] = (held, len(batch))
+        return batch
+
+    async def _commit(
+        self, lane: int, batch: list[Prepared]
+    ) -> tuple[list[Outcome], list[RecordedEvent]]:
+        writer = self._writers[lane]
         try:
-            if self._writer is None or self._writer.is_closed():
-                self._writer = await self._connect()
-            async with self._remote.committing:
+            if writer is None or writer.is_closed():
+                writer = self._writers[lane] = await self._connect()
+            async with self._remote.gate.commit():
                 result = await commit_batch(
-                    self._writer,
+                    writer,
                     batch,
                     guard=self.guard,
                     plans=self._plans,
@@ -314,8 +362,8 @@ class PostgresStore:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, StorageBrokenError) as exc:
             # The outcome of a COMMIT cut off by a lost connection is unknown;
             # an exact replay of the command is idempotent, so retrying is safe.
-            if self._writer is not None and self._writer.is_closed():
-                self._writer = None
+            if writer is not None and writer.is_closed():
+                self._writers[lane] = None
             broken = StorageBrokenError(f"commit failed: {_reason(exc)}")
             return [Outcome(error=broken) for _ in batch], []
         self.batch_paths["fast" if result.fast else "savepoints"] += 1

@@ -65,9 +65,13 @@ def renamed(session_id: str, title: str) -> ev.SessionRenamed:
 
 @pytest.fixture
 async def pair() -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
-    """(fast path, savepoint path only), each on a database of its own."""
+    """(fast path, savepoint path only), each on a database of its own.
+
+    One writer lane each: these tests submit their commands as one batch and
+    count the batches (lanes would split a batch of 16 and more in two).
+    """
     async with database() as url_fast, database() as url_slow:
-        fast, slow = PostgresStore(url_fast), PostgresStore(url_slow)
+        fast, slow = PostgresStore(url_fast, writers=1), PostgresStore(url_slow, writers=1)
         slow.fast_path = False
         async with fast, slow:
             yield fast, slow
@@ -195,7 +199,7 @@ async def test_a_nul_is_refused_for_its_command_alone_as_on_the_savepoint_path(
 
 async def test_a_head_moved_by_another_host_sends_the_batch_to_the_savepoint_path() -> None:
     async with database() as url:
-        a, b = PostgresStore(url), PostgresStore(url)
+        a, b = PostgresStore(url, writers=1), PostgresStore(url, writers=1)
         async with a, b:
             await a.append(Command.of(created("ses_x")))
             await a.append(Command.of(renamed("ses_x", "a1")))  # a remembers head 2

@@ -1,0 +1,107 @@
+"""Which pending commands a writer lane may take while other lanes have batches in flight.
+
+A store writes through a few connections (lanes). The server still commits
+one batch at a time (every batch takes :data:`~._writer.LOG_LOCK` first),
+so lanes do not make the database do more at once; what they buy is overlap:
+while one batch is on the server, the next one is built in Python and sent,
+and it waits for the lock there instead of waiting for the first batch's
+answer to come back before it is even encoded. With 100 producers awaiting
+their appends, the server is otherwise idle for the whole Python half of
+every batch (building it, then resolving the futures and running the
+producers again).
+
+What lanes must not change is what a producer can see. Two rules keep it:
+
+- A command never overtakes an earlier command that shares a key with it
+  (an aggregate it appends to or expects, the session of its lease or of an
+  instruction entry, the parent an event names: a fork's projection copies
+  the parent's rows), whether that earlier one is in flight on another lane
+  or still pending. So per aggregate, commands commit in submission order,
+  and a batch's heads (``seq``) never depend on a batch still in flight.
+- Batches on disjoint keys may reach the lock in either order. Their commands
+  were submitted without one awaiting the other, so no producer could tell;
+  positions still follow commit order (they are allocated under the lock).
+
+:func:`take` decides synchronously (no await between the decision and the
+batch being marked in flight), so two lanes never take the same command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, TypeVar
+
+from storage._writer import Prepared
+
+__all__ = ["SPLIT_AT", "keys", "take"]
+
+#: Pending commands at which a lane leaves part of them to an idle lane: below
+#: this, one batch is cheaper than two (each pays a call and a COMMIT).
+SPLIT_AT: Final = 16
+
+T = TypeVar("T")
+
+
+def keys(prepared: Prepared) -> frozenset[str]:
+    """What orders ``prepared`` against other commands (see the module's first rule)."""
+    command = prepared.command
+    out = {new.aggregate_id for new in command.events}
+    for new in command.events:
+        parent = getattr(new.event, "parent_id", None)
+        if isinstance(parent, str):
+            out.add(parent)
+    if command.expected:
+        out.update(command.expected)
+    if command.lease is not None:
+        out.add(command.lease.session_id)
+    out.update(entry.session_id for entry in command.entries)
+    return frozenset(out)
+
+
+def take(
+    pending: list[tuple[Prepared, T]],
+    busy: Sequence[tuple[frozenset[str], int]],
+    *,
+    limit: int,
+    lanes: int,
+) -> tuple[list[tuple[Prepared, T]], list[tuple[Prepared, T]], frozenset[str]]:
+    """Split ``pending`` into (this lane's batch, what stays pending, the batch's keys).
+
+    ``busy`` holds (keys, commands) of every batch in flight on another lane.
+
+    How much to take aims at two batches of about equal size taking turns,
+    which is what keeps the server busy while Python works:
+
+    - With nothing in flight, all of it, except that with more than one lane
+      and at least :data:`SPLIT_AT` pending, this lane takes its share only
+      (``lanes`` shares) and the idle lanes take the rest.
+    - With batches in flight, nothing yet unless at least as many commands
+      are pending as are in flight: a small batch now would leave the
+      producers cut into ever more, ever smaller groups (each batch paying a
+      call and a COMMIT for fewer commands). The lane waits for more commands
+      or for a batch to end, which is no later than it would have gone with
+      one lane.
+
+    Order is kept within both lists.
+    """
+    if busy and len(pending) < sum(count for _, count in busy):
+        return [], pending, frozenset()
+    share = limit
+    if not busy and lanes > 1 and len(pending) >= SPLIT_AT:
+        share = min(limit, -(-len(pending) // lanes))
+    blocked: set[str] = set()
+    for held, _ in busy:
+        blocked |= held
+    batch: list[tuple[Prepared, T]] = []
+    rest: list[tuple[Prepared, T]] = []
+    taken: set[str] = set()
+    for item in pending:
+        mine = keys(item[0])
+        if len(batch) >= share or not blocked.isdisjoint(mine):
+            # Held back: so is every later command sharing one of its keys.
+            blocked |= mine
+            rest.append(item)
+        else:
+            taken |= mine
+            batch.append(item)
+    return batch, rest, frozenset(taken)
