@@ -33,11 +33,15 @@ from typing import Final, TypeVar
 
 from storage._writer import Prepared
 
-__all__ = ["SPLIT_AT", "keys", "take"]
+__all__ = ["SPLIT_AT", "Share", "keys", "take"]
 
-#: Pending commands at which a lane leaves part of them to an idle lane: below
-#: this, one batch is cheaper than two (each pays a call and a COMMIT).
+#: Outstanding commands below which one batch takes them all: fewer are
+#: cheaper in one batch than in two (each pays a call and a COMMIT).
 SPLIT_AT: Final = 16
+#: A share when there is nothing to split (the store caps it at its batch size).
+MAX_SHARE: Final = 1 << 30
+#: How fast the estimate of outstanding commands forgets a larger count, per take.
+DECAY: Final = 0.9
 
 T = TypeVar("T")
 
@@ -58,37 +62,49 @@ def keys(prepared: Prepared) -> frozenset[str]:
     return frozenset(out)
 
 
+class Share:
+    """How many commands one lane's batch should hold, from how many are outstanding.
+
+    Outstanding (pending plus in flight) is seen at each take; the estimate
+    is the largest seen lately, decaying by :data:`DECAY` per take, so a
+    group of producers briefly invisible (answered, not yet submitting again)
+    does not shrink it. One share is the estimate over the lanes, so the
+    producers settle into groups of one share taking turns, and a group cut
+    smaller once (by a lane that took what had arrived so far) grows back.
+    """
+
+    def __init__(self, lanes: int) -> None:
+        self.lanes = lanes
+        self._estimate = 0.0
+
+    def seen(self, outstanding: int) -> int:
+        self._estimate = max(float(outstanding), self._estimate * DECAY)
+        if self.lanes < 2 or self._estimate < SPLIT_AT:
+            return MAX_SHARE
+        return -(-int(self._estimate) // self.lanes)
+
+
 def take(
     pending: list[tuple[Prepared, T]],
     busy: Sequence[tuple[frozenset[str], int]],
     *,
-    limit: int,
-    lanes: int,
+    share: int,
 ) -> tuple[list[tuple[Prepared, T]], list[tuple[Prepared, T]], frozenset[str]]:
     """Split ``pending`` into (this lane's batch, what stays pending, the batch's keys).
 
-    ``busy`` holds (keys, commands) of every batch in flight on another lane.
-
-    How much to take aims at two batches of about equal size taking turns,
-    which is what keeps the server busy while Python works:
-
-    - With nothing in flight, all of it, except that with more than one lane
-      and at least :data:`SPLIT_AT` pending, this lane takes its share only
-      (``lanes`` shares) and the idle lanes take the rest.
-    - With batches in flight, nothing yet unless at least as many commands
-      are pending as are in flight: a small batch now would leave the
-      producers cut into ever more, ever smaller groups (each batch paying a
-      call and a COMMIT for fewer commands). The lane waits for more commands
-      or for a batch to end, which is no later than it would have gone with
-      one lane.
+    ``busy`` holds (keys, commands) of every batch in flight on another lane;
+    ``share`` is the most this batch takes (:class:`Share`). With nothing in
+    flight the lane takes what it may at once. With a batch in flight it
+    waits (takes nothing) until at least a share, or as many as are in
+    flight, are pending: a lane that sent every command as it came would cut
+    the producers into ever more, ever smaller groups, each batch paying a
+    call and a COMMIT for fewer commands. Waiting never delays a command past
+    the end of the batch in flight, when it would have gone with one lane.
 
     Order is kept within both lists.
     """
-    if busy and len(pending) < sum(count for _, count in busy):
+    if busy and len(pending) < min(share, sum(count for _, count in busy)):
         return [], pending, frozenset()
-    share = limit
-    if not busy and lanes > 1 and len(pending) >= SPLIT_AT:
-        share = min(limit, -(-len(pending) // lanes))
     blocked: set[str] = set()
     for held, _ in busy:
         blocked |= held

@@ -17,12 +17,14 @@ which path each batch took.
 Connections: ``writers`` writer lanes (each a task committing one batch at a
 time on a connection of its own, reconnecting after losing it; two lanes
 keep one batch on the server while the next is built: :mod:`._lanes`), a
-pool of ``readers``, and one that LISTENs (:mod:`.listen`). Subscribers hear this store's own commits
-right after COMMIT, and other processes' commits once the notice arrives:
-the listener reads those rows back from the table, in commit order. So each
-origin's batches reach a subscriber in position order, but a local batch may
-be heard before an earlier remote one is read back; a reader that needs one
-total order reads it from the log (``read_all``), as :mod:`storage.follow` does.
+pool of ``readers``, and one that LISTENs (:mod:`.listen`). Subscribers
+hear this store's own commits right after COMMIT, and other processes'
+commits once the notice arrives: the listener reads those rows back from
+the table, in commit order. So each origin's batches reach a subscriber in
+position order per session, but a local batch may be heard before an
+earlier remote one is read back (or, with two lanes, before an earlier
+local one on disjoint sessions); a reader that needs one total order reads
+it from the log (``read_all``), as :mod:`storage.follow` does.
 
 ``read_only=True`` opens no writer and runs no migration (an older schema
 is refused), and its readers' sessions are read-only; it still listens.
@@ -53,7 +55,7 @@ from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence, retrieve_abandoned
 from storage.postgres import schema
 from storage.postgres._errors import reason as _reason
-from storage.postgres._lanes import take
+from storage.postgres._lanes import Share, take
 from storage.postgres._writer import CommandGuard, Heads, Plans, commit_batch
 from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener
@@ -116,6 +118,7 @@ class PostgresStore:
         #: Each lane's batch in flight: the keys it holds and its commands
         #: (see :func:`._lanes.take`).
         self._in_flight: list[tuple[frozenset[str], int] | None] = [None] * writers
+        self._share = Share(writers)
         self._pool: asyncpg.Pool | None = None
         self._listener: Listener | None = None
         self._pending: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]] = []
@@ -330,12 +333,8 @@ class PostgresStore:
         if not self._pending:
             return []
         busy = [held for held in self._in_flight if held is not None]
-        batch, self._pending, held = take(
-            self._pending,
-            busy,
-            limit=MAX_BATCH,
-            lanes=len(self._in_flight),
-        )
+        share = self._share.seen(len(self._pending) + sum(count for _, count in busy))
+        batch, self._pending, held = take(self._pending, busy, share=min(share, MAX_BATCH))
         if batch:
             self._in_flight[lane] = (held, len(batch))
         return batch

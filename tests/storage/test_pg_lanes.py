@@ -21,7 +21,7 @@ from storage import Command, RecordedEvent
 from storage._writer import Prepared
 from storage.lease import LeaseUse
 from storage.postgres import LOG_LOCK, PostgresStore
-from storage.postgres._lanes import SPLIT_AT, keys, take
+from storage.postgres._lanes import MAX_SHARE, SPLIT_AT, Share, keys, take
 from storage.postgres.remote import CommitGate, RemoteCommits
 
 
@@ -52,16 +52,26 @@ def test_keys_name_every_session_a_command_orders_against() -> None:
     assert keys(prepared(held)[0]) == {"ses_a", "ses_b"}
 
 
+def test_a_share_is_the_outstanding_commands_over_the_lanes_and_forgets_slowly() -> None:
+    share = Share(2)
+    assert share.seen(SPLIT_AT - 1) == MAX_SHARE  # too few to split
+    assert share.seen(100) == 50
+    # Half the producers answered and not yet back: the estimate barely moves
+    # (90 of the 100 seen, not the 50 visible now).
+    assert share.seen(50) == 45
+    for _ in range(60):
+        last = share.seen(20)
+    assert last == 10  # a lasting drop is followed
+    assert Share(1).seen(100) == MAX_SHARE
+
+
 def test_with_nothing_in_flight_a_lane_takes_its_share_and_leaves_the_rest() -> None:
     pending = [prepared(Command.of(renamed(f"ses_{i}", str(i)))) for i in range(SPLIT_AT * 2)]
-    batch, rest, held = take(pending, [], limit=1024, lanes=2)
+    batch, rest, held = take(pending, [], share=SPLIT_AT)
     assert [t for _, t in batch] == [str(i) for i in range(SPLIT_AT)]
     assert [t for _, t in rest] == [str(i) for i in range(SPLIT_AT, SPLIT_AT * 2)]
     assert held == {f"ses_{i}" for i in range(SPLIT_AT)}
-    # Fewer than SPLIT_AT, or one lane: one batch.
-    small = pending[: SPLIT_AT - 1]
-    assert len(take(small, [], limit=1024, lanes=2)[0]) == SPLIT_AT - 1
-    assert len(take(pending, [], limit=1024, lanes=1)[0]) == SPLIT_AT * 2
+    assert len(take(pending, [], share=MAX_SHARE)[0]) == SPLIT_AT * 2
 
 
 def test_a_command_never_overtakes_one_in_flight_or_pending_on_its_keys() -> None:
@@ -72,20 +82,23 @@ def test_a_command_never_overtakes_one_in_flight_or_pending_on_its_keys() -> Non
         prepared(Command.of(renamed("ses_fork", "c"))),  # behind the held-back fork
         prepared(Command.of(renamed("ses_free", "d"))),
     ]
-    batch, rest, held = take(pending, [(frozenset({"ses_busy"}), 1)], limit=1024, lanes=2)
+    batch, rest, held = take(pending, [(frozenset({"ses_busy"}), 1)], share=MAX_SHARE)
     assert [t for _, t in batch] == ["b", "d"]
     assert [t for _, t in rest] == ["a", "t", "c"]
     assert held == {"ses_free"}
 
 
-def test_a_lane_waits_while_fewer_are_pending_than_in_flight() -> None:
+def test_a_lane_waits_while_fewer_than_a_share_or_than_in_flight_are_pending() -> None:
     pending = [prepared(Command.of(renamed(f"ses_{i}", str(i)))) for i in range(3)]
-    batch, rest, _ = take(pending, [(frozenset({"ses_x"}), 4)], limit=1024, lanes=2)
+    busy = [(frozenset({"ses_x"}), 4)]
+    batch, rest, _ = take(pending, busy, share=MAX_SHARE)
     assert batch == []
     assert rest == pending
-    batch, rest, _ = take(pending, [(frozenset({"ses_x"}), 3)], limit=1024, lanes=2)
-    assert len(batch) == 3
-    assert rest == []
+    assert len(take(pending, [(frozenset({"ses_x"}), 3)], share=MAX_SHARE)[0]) == 3
+    assert len(take(pending, busy, share=3)[0]) == 3  # a share is there
+    batch, rest, _ = take(pending, busy, share=2)
+    assert [t for _, t in batch] == ["0", "1"]
+    assert [t for _, t in rest] == ["2"]
 
 
 # -- the gate and the owned ranges -----------------------------------------------------------
