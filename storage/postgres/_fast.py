@@ -650,7 +650,21 @@ async def commit_fast(
     outcomes = []
     published = []
     for records in unplaced:
-        records = [attrs.evolve(r, position=next(placed), epoch=next(epochs)) for r in records]
+        # The constructor, not attrs.evolve: a third of the cost, per record.
+        records = [
+            RecordedEvent(
+                position=next(placed),
+                id=r.id,
+                aggregate_id=r.aggregate_id,
+                seq=r.seq,
+                type=r.type,
+                created=r.created,
+                data=r.data,
+                event=r.event,
+                epoch=next(epochs),
+            )
+            for r in records
+        ]
         outcomes.append(Outcome(records=records))
         published.extend(records)
     if published:
