@@ -20,6 +20,8 @@ Every phase creates its own uniquely named database on ``--server`` and drops it
    two ``UPDATE session`` per rename), executemany in one transaction. The
    target's baseline writes the rows only, so it leaves out a third of the
    server's work and every commit but one; the second row says how much.
+   The store's batches (transactions) are its own count (``batch_paths``);
+   it writes through two writer lanes (``storage.postgres._lanes``).
 2. **Admission over HTTP.** The real app (``server.app.make_app``) on a loopback
    ``TCPSite`` with ``[runtime] database`` the PostgreSQL URL; ``--requests``
    sequential ``POST /api/session/{id}/prompt`` (``resume: false``) after a
@@ -161,11 +163,11 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
                     event = ev.SessionRenamed(session_id=session_id, title=f"renamed {k}")
                     await store.append(Command.of(event))
 
-            commits_before = await _commits(url)
+            batches_before = sum(store.batch_paths.values())
             started = time.perf_counter()
             await asyncio.gather(*(producer(s) for s in sessions))
             store_s = time.perf_counter() - started
-            commits = await _commits(url) - commits_before
+            commits = sum(store.batch_paths.values()) - batches_before
             stored = await _same_rows(url, producers * per)
         conn = await asyncpg.connect(url)
         try:
@@ -206,6 +208,7 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
         "raw_per_row_txn_events_per_s": round(events / per_row_s, 1),
         "raw_per_row_pool": RAW_POOL,
         "store_transactions": commits,
+        "writers": len(store._writers),
         "events_per_transaction": round(events / commits, 1) if commits > 0 else None,
         "server_settings": settings,
     }
@@ -238,27 +241,6 @@ async def _raw_per_row(url: str, rows: Sequence[tuple[Any, ...]], producers: int
         return time.perf_counter() - started
     finally:
         await pool.close()
-
-
-async def _commits(url: str) -> int:
-    """Transactions committed in this database so far (``pg_stat_database``).
-
-    The statistics reach the view when a backend goes idle (PostgreSQL 15): the
-    snapshot is cleared and read again after a short wait. Approximate (this
-    connection's own statements count too): read it as "events per commit".
-    """
-    import asyncpg
-
-    await asyncio.sleep(1.2)
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute("SELECT pg_stat_clear_snapshot()")
-        value = await conn.fetchval(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        )
-        return int(value)
-    finally:
-        await conn.close()
 
 
 async def _same_rows(url: str, count: int) -> list[tuple[Any, ...]]:
@@ -735,7 +717,8 @@ def render(report: dict[str, Any]) -> str:
     ap = report["appends"]
     lines.append(
         f"store appends: {ap['store_transactions']} transactions,"
-        f" ~{ap['events_per_transaction']} events per commit; server {ap['server_settings']}"
+        f" {ap['events_per_transaction']} events per commit, {ap['writers']} writer lanes;"
+        f" server {ap['server_settings']}"
     )
     lines += target_lines(report["targets"], _num, heading="targets (informational):")
     return "\n".join(lines)
