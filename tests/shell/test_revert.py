@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pgdb import stored_and_rebuilt
 
 from protocol.errors import MessageNotFoundError, SessionBusyError
 from protocol.operations import DiffQuery, RevertStageInput, ShellInput
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
 from protocol.shapes import Location
 from server.embedded import Embedded
-from storage import rebuild_projections
 from tests.shell.conftest import git, tool, tree, until
 
 BINARY = bytes(range(256)) * 4
@@ -201,7 +201,7 @@ async def test_a_commit_keeps_a_running_shell_which_then_ends_with_its_notice(
     [shell] = [m for m in page.data if m.type == "shell"]
     assert shell.shell.state == "completed"
     assert [i.id for i in await host.sessions.inbox(sid)] == ["msg_liveshell1n"]
-    stored, rebuilt = rebuild_projections(str(host.runtime.config.db_path))
+    stored, rebuilt = await stored_and_rebuilt(host.runtime.store)
     assert stored == rebuilt
 
 
@@ -218,10 +218,10 @@ async def test_replay_rebuilds_shell_and_revert_projections(tmp_path: Path, repo
         await oc.sessions.shell(other, ShellInput(command="echo kept"))
         await until(oc, other, "session.shell.ended")
         await oc.sessions.revert_stage(other, RevertStageInput(message_id=third))
-        db = oc.runtime.config.db_path
-    stored, rebuilt = rebuild_projections(str(db))
+        store = oc.runtime.store
+    stored, rebuilt = await stored_and_rebuilt(store)
     assert stored == rebuilt
-    shells = [row for row in stored["session_message"] if row[2] == "shell"]
+    shells = [row for row in stored["session_message"] if row[2] == "shell"]  # type: ignore[index]
     assert len(shells) == 1
     assert "kept" in shells[0][6]
 
