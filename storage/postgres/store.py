@@ -112,8 +112,8 @@ class PostgresStore:
         if writers < 1:
             raise ValueError("a store that writes needs at least one writer connection")
         self._state = _State.UNOPENED
-        #: One connection per writer lane (opened when the lane first commits;
-        #: lane 0's at open, for the migration).
+        #: One connection per writer lane, opened at open (lane 0's first, for
+        #: the migration); a lane that loses its connection opens another.
         self._writers: list[asyncpg.Connection | None] = [None] * writers
         #: Each lane's batch in flight: the keys it holds and its commands
         #: (see :func:`._lanes.take`).
@@ -190,6 +190,10 @@ class PostgresStore:
             else:
                 self._writers[0] = await self._connect()
                 await schema.migrate(self._writers[0])
+                # The other lanes now, not at their first batch: a burst's
+                # first split would otherwise wait for a connection.
+                for lane in range(1, len(self._writers)):
+                    self._writers[lane] = await self._connect()
             settings = {"default_transaction_read_only": "on"} if self.read_only else {}
             try:
                 self._pool = await asyncpg.create_pool(
