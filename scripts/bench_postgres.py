@@ -75,6 +75,7 @@ from protocol import Location
 from protocol import events as ev
 from server.app import RUNTIME, ServerSettings, make_app
 from storage import Command, RecordedEvent, connect
+from storage.postgres import PostgresStore
 from storage.postgres.dialect import translate
 from storage.projectors import project
 from storage.sqlite import record_from_row
@@ -145,7 +146,7 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
 
     producers, per = args.producers, args.appends
     async with database(args.server) as url:
-        store = connect(url)
+        store = connect(url) if args.writers is None else PostgresStore(url, writers=args.writers)
         async with store:
             sessions = [f"ses_bench{i:05d}" for i in range(producers)]
             loc = Location(directory="/")
@@ -729,6 +730,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--server", default="postgresql://postgres@127.0.0.1:5432")
     parser.add_argument("--producers", type=int, default=100)
     parser.add_argument("--appends", type=int, default=50, help="appends per producer")
+    parser.add_argument(
+        "--writers",
+        type=int,
+        default=None,
+        help="the store's writer lanes for the appends (default: what connect() opens)",
+    )
     parser.add_argument("--requests", type=int, default=300, help="sequential admissions")
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--deliveries", type=int, default=200)
