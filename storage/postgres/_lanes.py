@@ -19,8 +19,10 @@ What lanes must not change is what a producer can see. Two rules keep it:
   or still pending. So per aggregate, commands commit in submission order,
   and a batch's heads (``seq``) never depend on a batch still in flight.
 - Batches on disjoint keys may reach the lock in either order. Their commands
-  were submitted without one awaiting the other, so no producer could tell;
-  positions still follow commit order (they are allocated under the lock).
+  were submitted without one awaiting the other (a command submitted after
+  another's answer comes after it anyway); a caller that needs two sessions'
+  commands in order awaits the first, or puts both in one command. Positions
+  still follow commit order (they are allocated under the lock).
 
 :func:`take` decides synchronously (no await between the decision and the
 batch being marked in flight), so two lanes never take the same command.
