@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import asyncpg
 
-from storage.postgres.notify import Notice, parse
+from storage.postgres.notify import Notice, own_prefix, parse
 
 __all__ = ["PING_S", "Listener"]
 
@@ -44,6 +44,8 @@ class Listener:
         self._connect = connect
         self._channel = channel
         self._origin = origin
+        #: How this store's own payloads begin (see :mod:`.notify`).
+        self._own_header = own_prefix(origin)
         self._on_notice = on_notice
         self._on_reconnect = on_reconnect
         self._conn: asyncpg.Connection | None = None
@@ -87,6 +89,10 @@ class Listener:
                 conn.terminate()
 
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        # This store's own commits come back too (every listener hears every
+        # NOTIFY): skip them by the header's origin before parsing the lines.
+        if payload.startswith(self._own_header):
+            return
         notice = parse(payload)
         if notice is None:
             log.warning("unreadable commit notice on %s", channel)

@@ -25,7 +25,7 @@ import attrs
 
 from storage.recorder import RecordedEvent
 
-__all__ = ["MAX_PAYLOAD", "Notice", "parse", "parts", "payloads"]
+__all__ = ["MAX_PAYLOAD", "Notice", "own_prefix", "parse", "parts", "payloads"]
 
 #: Bytes per payload; PostgreSQL refuses 8000 and more.
 MAX_PAYLOAD: Final = 7900
@@ -83,6 +83,12 @@ def _bodies(heads: dict[str, int], header: int) -> list[str]:
         size += len(line)
     out.append("".join(body))
     return out
+
+
+def own_prefix(origin: str) -> str:
+    """How every payload ``origin`` sends begins (the trailing space: no origin is
+    mistaken for one it is a prefix of)."""
+    return f"v1 {origin} "
 
 
 def parse(payload: str) -> Notice | None:

@@ -38,6 +38,19 @@ def created(session_id: str) -> ev.SessionCreated:
     return ev.SessionCreated(session_id=session_id, title="t", location=Location(directory="/"))
 
 
+def _record(position: int) -> RecordedEvent:
+    return RecordedEvent(
+        position=position,
+        id=f"evt_{position}",
+        aggregate_id="ses_a",
+        seq=position,
+        type="session.renamed.1",
+        created=0,
+        data="{}",
+        event=None,
+    )
+
+
 def renamed(session_id: str, title: str) -> ev.SessionRenamed:
     return ev.SessionRenamed(session_id=session_id, title=title)
 
@@ -270,3 +283,23 @@ async def test_a_read_is_one_round_trip_and_its_connection_comes_back_clean(pg_u
     async with PostgresStore(pg_url, readers=1, read_only=True) as reader:
         await reader.fetch("SELECT 1")
         assert await reader.fetch("SHOW default_transaction_read_only") == [("on",)]
+
+
+def test_a_listener_skips_its_own_origin_by_prefix_only() -> None:
+    from storage.postgres.listen import Listener
+    from storage.postgres.notify import own_prefix
+
+    async def no_connection() -> asyncpg.Connection:
+        raise AssertionError("not connected in this test")
+
+    heard: list[Any] = []
+    listener = Listener(
+        no_connection, "c", "abc", on_notice=heard.append, on_reconnect=lambda: None
+    )
+    for payload in payloads("abc", [_record(1)]):
+        listener._notified(None, 0, "c", payload)
+    assert heard == []  # its own commit, already published locally
+    for payload in payloads("abcd", [_record(2)]):  # an origin "abc" is a prefix of
+        listener._notified(None, 0, "c", payload)
+    assert [n.origin for n in heard] == ["abcd"]
+    assert own_prefix("abc") == "v1 abc "
