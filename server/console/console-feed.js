@@ -25,9 +25,13 @@ function setUp(value) {
 
 async function readFeed(signal) {
   const headers = { Accept: "text/event-stream" };
+  const sentWith = password;
   if (password) headers.Authorization = "Bearer " + password;
   const response = await fetch("/api/event", { headers, signal });
   if (response.status === 401) {
+    // A tab sent a new password while this was on its way: try that one
+    // instead of asking the tabs again (a dialog reopened after sign-in).
+    if (password !== sentWith) return true;
     waitingForPassword = true;
     broadcast({ auth: true });
     return false;

@@ -101,9 +101,11 @@ async function api(method, path, body) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
     }
+    const sentWith = password;
     const response = await fetch(path, init);
     if (response.status === 401) {
-      await askPassword();
+      // Signed in while this was on its way: retry with the new password.
+      if (password === sentWith) await askPassword();
       continue;
     }
     if (response.status === 204) return null;
@@ -117,9 +119,10 @@ async function api(method, path, body) {
 async function stream(path, { onEvent, onOpen, signal, lastEventId }) {
   const extra = { Accept: "text/event-stream" };
   if (lastEventId) extra["Last-Event-ID"] = String(lastEventId);
+  const sentWith = password;
   const response = await fetch(path, { headers: headers(extra), signal });
   if (response.status === 401) {
-    await askPassword();
+    if (password === sentWith) await askPassword();
     return;
   }
   if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
