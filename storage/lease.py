@@ -30,14 +30,13 @@ derived from the log and survives a rebuild of the projections.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import os
 import secrets
 import socket
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 
@@ -51,7 +50,6 @@ __all__ = [
     "apply_fence",
     "default_host_id",
     "fenced",
-    "retrieve_abandoned",
 ]
 
 LeaseKind = Literal["take", "hold", "renew", "release"]
@@ -142,9 +140,3 @@ def apply_fence(command: Command) -> Command:
     if not any(e.aggregate_id == fence.session_id for e in command.events):
         return command
     return attrs.evolve(command, lease=fence.hold())
-
-
-def retrieve_abandoned(future: asyncio.Future[Any]) -> None:
-    """Done callback: mark an append's failure seen when its awaiter was cancelled."""
-    if not future.cancelled():
-        future.exception()
