@@ -35,6 +35,7 @@ from storage import (
 )
 from storage._ops import json_text
 from storage.postgres import PostgresStore
+from storage.postgres._fast import Fallback, _joined, _packed
 from storage.postgres.rebuild import dump_projections
 from storage.projectors import project
 
@@ -195,6 +196,65 @@ async def test_a_nul_is_refused_for_its_command_alone_as_on_the_savepoint_path(
     assert [outcomes[0][0][2], outcomes[2][0][2]] == [2, 3]
     assert fast.batch_paths["savepoints"] == 1
     assert await _state(fast) == await _state(pair[1])
+
+
+@pytest.mark.parametrize("text", ["a\x1fb", "\x1e", "\x1e\x1f", "end\x1f"])
+async def test_a_text_holding_a_packing_mark_commits_whole_on_the_savepoint_path(
+    pair: tuple[PostgresStore, PostgresStore], text: str
+) -> None:
+    """U+001E and U+001F split the fast path's packed text arrays, so a batch
+    holding one steps aside before it writes, and the savepoint path commits
+    it byte for byte."""
+    fast, slow = pair
+    await _both(pair, [Command.of(created("ses_m"))])
+    outcomes = await _both(
+        pair, [Command.of(renamed("ses_m", "before")), Command.of(renamed("ses_m", text))]
+    )
+    assert [o[0][2] for o in outcomes] == [2, 3]
+    assert fast.batch_paths == {"fast": 1, "savepoints": 1}
+    for store in (fast, slow):
+        [[title]] = await store.fetch("SELECT title FROM session WHERE id = ?", ("ses_m",))
+        assert title == text
+    assert await _state(fast) == await _state(slow)
+    # The next batch, free of marks, is back on the fast path.
+    await _both(pair, [Command.of(renamed("ses_m", "after"))])
+    assert fast.batch_paths == {"fast": 2, "savepoints": 1}
+
+
+@given(st.lists(st.one_of(st.none(), st.text(st.characters(blacklist_characters="\x00")))))
+def test_packed_text_arrays_split_back_exactly_or_step_aside(values: list[str | None]) -> None:
+    """What the function's split gives back (emulated: ``string_to_array`` on the
+    end mark with the NULL mark, then the empty last element dropped)."""
+    try:
+        packed = _packed(values)
+    except Fallback:
+        assert any(v is not None and ("\x1e" in v or "\x1f" in v) for v in values)
+        return
+    split = [None if p == "\x1e" else p for p in packed.split("\x1f")] if packed else []
+    assert split[: max(len(split) - 1, 0)] == values
+
+
+async def test_packed_arrays_reach_the_server_as_the_arrays_they_were() -> None:
+    """The real split, on the server, for the shapes the function receives."""
+    cases: list[list[str | None]] = [[], [""], ["", ""], [None], ["a", None, ""], ["x y", "é"]]
+    async with database() as url:
+        conn = await asyncpg.connect(url)
+        try:
+            for values in cases:
+                got = await conn.fetchval(
+                    "SELECT (string_to_array($1, chr(31), chr(30)))"
+                    "[1 : cardinality(string_to_array($1, chr(31), chr(30))) - 1]",
+                    _packed(values),
+                )
+                assert got == values
+            for ints in ([], [7], [1, None, -3]):
+                got = await conn.fetchval(
+                    "SELECT coalesce(string_to_array($1, ',', 'n')::bigint[], '{}')",
+                    _joined(ints),
+                )
+                assert got == ints
+        finally:
+            await conn.close()
 
 
 async def test_a_head_moved_by_another_host_sends_the_batch_to_the_savepoint_path() -> None:
