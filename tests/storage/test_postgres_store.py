@@ -303,3 +303,23 @@ def test_a_listener_skips_its_own_origin_by_prefix_only() -> None:
         listener._notified(None, 0, "c", payload)
     assert [n.origin for n in heard] == ["abcd"]
     assert own_prefix("abc") == "v1 abc "
+
+
+async def test_cancelled_appenders_keep_their_commands_and_their_failures_stay_quiet(
+    pg_url: str, loop_hygiene: None
+) -> None:
+    """An append awaits its own future (no shield): cancelling the caller cancels
+    that future only. The command still commits with its batch, and a command
+    that fails with nobody left to hear it reaches no exception handler."""
+    async with PostgresStore(pg_url) as store:
+        good = asyncio.ensure_future(store.append(Command.of(created("ses_c"))))
+        bad = asyncio.ensure_future(store.append(Command.of(renamed("ses_nobody", "x"))))
+        await asyncio.sleep(0)  # both queued
+        good.cancel()
+        bad.cancel()
+        for task in (good, bad):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await store.append(Command.of(renamed("ses_c", "after")))  # same session: behind it
+        assert await store.last_seq("ses_c") == 2
+        assert await store.last_seq("ses_nobody") == 0

@@ -108,6 +108,21 @@ async def test_cancelling_an_appender_does_not_withdraw_its_command(db_path: Pat
         assert await store.last_seq("ses_a") == 1
 
 
+async def test_a_failing_command_whose_appender_was_cancelled_stays_quiet(
+    db_path: Path, loop_hygiene: None
+) -> None:
+    async with SQLiteStore(db_path) as store:
+        task = asyncio.ensure_future(
+            store.append(Command.of(ev.SessionRenamed(session_id="ses_nobody", title="x")))
+        )
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await store.append(Command.of(created("ses_b")))  # its batch has ended
+        assert await store.last_seq("ses_nobody") == 0
+
+
 async def test_schema_version_is_recorded_once(db_path: Path) -> None:
     async with SQLiteStore(db_path):
         pass
