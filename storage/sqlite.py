@@ -6,7 +6,9 @@
 
 Appends go to the single :class:`~storage._writer.Writer` (group commit);
 reads go to a small pool of read-only aiosqlite connections, so a long read
-never holds up a commit and vice versa (WAL).
+never holds up a commit and vice versa (WAL). A read that is short runs on
+the loop's own thread instead, within a time budget past which it moves to
+the pool (:mod:`storage._inline_reads`: that saves a GIL hand-off per row).
 
 ``SQLiteStore(path, read_only=True)`` is for commands that only read: no
 writer, no migration, no lock taken for writing (a shared one instead, so no
@@ -35,6 +37,7 @@ from typing import Any, Final, Self
 import aiosqlite
 
 from protocol.events import decode_event, encode_data, stored_type
+from storage._inline_reads import InlineReader
 from storage._subscribers import Subscribers
 from storage._writer import Outcome, Prepared, Synchronous, Writer, shared_lock
 from storage.errors import StorageBrokenError, StoreClosedError
@@ -104,6 +107,7 @@ class SQLiteStore:
         self._drained.set()
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._all_readers: list[aiosqlite.Connection] = []
+        self.inline = InlineReader(self.path, read_only=read_only)
         self._subscribers = Subscribers()
         #: Called after each batch with (commands, seconds from hand-off to outcome).
         self.batch_observers: list[Callable[[int, float], None]] = []
@@ -150,6 +154,17 @@ class SQLiteStore:
                 self._all_readers.append(conn)
                 await conn.execute("PRAGMA query_only = ON")
                 self._readers.put_nowait(conn)
+            try:
+                # Opened on a reader's thread (opening a file may block), then
+                # used on the loop's.
+                if self._all_readers:
+                    self.inline.adopt(
+                        await self._all_readers[0]._execute(  # type: ignore[no-untyped-call]
+                            self.inline.connect
+                        )
+                    )
+            except sqlite3.Error as exc:
+                raise StorageBrokenError(f"cannot open {self.path}: {exc}") from exc
         except BaseException:
             await self.close()
             raise
@@ -163,6 +178,7 @@ class SQLiteStore:
             if self._writer is not None:
                 await self._writer.stop()
         finally:
+            self.inline.close()
             for conn in self._all_readers:
                 with contextlib.suppress(Exception):
                     await conn.close()
@@ -286,6 +302,11 @@ class SQLiteStore:
             self._readers.put_nowait(conn)
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        self._check_open()
+        inline = self.inline.fetch_many(((sql, params),))
+        if inline is not None:
+            await asyncio.sleep(0)  # a turn for the rest of the loop, as a thread hop gave
+            return inline[0]
         async with self.reader() as conn:
             # aiosqlite's worker thread keeps its last result bound until its
             # next job: with the rows returned directly, each idle reader held
@@ -298,12 +319,18 @@ class SQLiteStore:
             return box.pop()
 
     async def fetch_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Row]]:
-        """Several statements in one hop to a reader thread, in one read snapshot.
+        """Several statements in one read snapshot: on the loop when short, else in
+        one hop to a reader thread.
 
         Each hop costs the loop a thread hand-off and a wake-up, which under
         load (100 sessions stepping) weighed more than the statements: the
         reads a drain makes together go together.
         """
+        self._check_open()
+        inline = self.inline.fetch_many(statements)
+        if inline is not None:
+            await asyncio.sleep(0)  # a turn for the rest of the loop, as a thread hop gave
+            return inline
         async with self.reader() as conn:
             box: list[list[list[Row]]] = await conn._execute(  # type: ignore[no-untyped-call]
                 _fetch_many_boxed, conn, statements
