@@ -41,7 +41,6 @@ from actors.llm import (
     ModelLimits,
     ModelRequest,
     ProviderRegistry,
-    ToolSpec,
     with_max_steps,
 )
 from actors.permissions import PermissionWaiters
@@ -446,10 +445,7 @@ class Runner:
             model=session.model or agent.model or self._default_model,
             system=system,
             messages=to_chat(history, self._chat, native=native),
-            tools=tuple(
-                ToolSpec(name=s.name, description=s.description, input_schema=s.input_schema)
-                for s in self._tools.specs(allowed)
-            ),
+            tools=self._tools.specs(allowed),
             metadata=metadata,
         )
         return with_max_steps(request) if limited else request

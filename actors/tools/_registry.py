@@ -16,24 +16,18 @@ import jsonschema.exceptions
 import jsonschema.validators
 from jsonschema.protocols import Validator
 
+from actors.llm._request import ToolSpec
 from actors.tools._types import Tool, ToolError
 
 __all__ = ["ToolRegistry", "ToolSpec"]
-
-
-@attrs.frozen(kw_only=True)
-class ToolSpec:
-    """A tool as a model request describes it."""
-
-    name: str
-    description: str
-    input_schema: Mapping[str, Any]
 
 
 @attrs.frozen
 class _Entry:
     tool: Tool
     validator: Validator
+    #: As a model request describes it; made once (every step offers it).
+    spec: ToolSpec
 
 
 class ToolRegistry:
@@ -64,7 +58,8 @@ class ToolRegistry:
             cls.check_schema(dict(schema))
         except jsonschema.exceptions.SchemaError as exc:
             raise ValueError(f"tool {tool.name!r}: invalid input_schema: {exc.message}") from exc
-        self._entries[tool.name] = _Entry(tool, cls(dict(schema)))
+        spec = ToolSpec(name=tool.name, description=tool.description, input_schema=schema)
+        self._entries[tool.name] = _Entry(tool, cls(dict(schema)), spec)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
@@ -95,11 +90,7 @@ class ToolRegistry:
         """Specs for a model request: every tool, or those in ``names`` that exist."""
         wanted = None if names is None else set(names)
         return tuple(
-            ToolSpec(
-                name=entry.tool.name,
-                description=entry.tool.description,
-                input_schema=entry.tool.input_schema,
-            )
+            entry.spec
             for entry in self._entries.values()
             if wanted is None or entry.tool.name in wanted
         )
