@@ -29,9 +29,10 @@ figure is measured next to a baseline from the same run:
    prompts one after another, all sessions at once (FULL). The baseline replays the
    recorded requests as baseline steps, the same sessions and rounds concurrently,
    on a bare store. Both also show the process's CPU per step and its threads'
-   context switches per step (Linux ``/proc``): the runtime's reader, writer and
-   instruction threads each hand the GIL off and back at every statement or
-   system call, which is where most of its extra CPU goes.
+   context switches per step (Linux ``/proc``): a thread that runs sqlite3
+   statements (the writer; a reader, for a read past the inline budget of
+   ``storage._inline_reads``) hands the GIL off and back at every statement
+   step, and each hand-off while the loop is busy is a switch or two.
 3. **Memory per idle session.** On a fresh runtime (warmed up by one prompt),
    ``tracemalloc`` starts, then ``--idle`` sessions are created through the runtime
    (100 concurrent creators) and 100 of them get one prompt each (their actors
