@@ -383,9 +383,10 @@ class Plans:
 class Heads:
     """The latest seq this store knows of each aggregate it wrote recently.
 
-    Only a guess: another host may have written since. The function checks
-    every guess under the batch lock and refuses the batch when one is off;
-    the savepoint path then redoes it, reading the heads under the lock.
+    Only a guess: another host may have written since (its notices move the
+    guess forward, :meth:`saw`, but one may still be on its way). The function
+    checks every guess under the batch lock and refuses the batch when one is
+    off; the savepoint path then redoes it, reading the heads under the lock.
     Bounded: :data:`MAX_HEADS` aggregates, least recently used first out.
     """
 
@@ -417,6 +418,20 @@ class Heads:
     def forget(self, aggregates: Iterable[str]) -> None:
         for agg in aggregates:
             self._seqs.pop(agg, None)
+
+    def saw(self, heads: Iterable[tuple[str, int]]) -> None:
+        """Another host committed up to these seqs (its NOTIFY says so).
+
+        Only aggregates already remembered move, and never back: a notice
+        names committed seqs only, so each is a floor of the true head, and
+        one may arrive after this store's own later commit. Without this, the
+        next batch touching such an aggregate went the savepoint path whole.
+        """
+        known = self._seqs
+        for agg, seq in heads:
+            mine = known.get(agg)
+            if mine is not None and seq > mine:
+                known[agg] = seq
 
 
 def _dispatch(bodies: Sequence[tuple[int, str]]) -> str:

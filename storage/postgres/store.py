@@ -59,6 +59,7 @@ from storage.postgres._lanes import Share, take
 from storage.postgres._writer import CommandGuard, Heads, Plans, commit_batch
 from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener
+from storage.postgres.notify import Notice
 from storage.postgres.remote import RemoteCommits
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
 from storage.recorder import Command, RecordedEvent, Subscriber
@@ -211,7 +212,7 @@ class PostgresStore:
                 self._connect,
                 self.channel,
                 self.origin,
-                on_notice=self._remote.noticed,
+                on_notice=self._noticed,
                 on_reconnect=self._remote.lost_notices,
             )
             await self._listener.start()
@@ -271,6 +272,11 @@ class PostgresStore:
     def _check_open(self) -> None:
         if self._state is not _State.OPEN:
             raise StoreClosedError(f"store is {self._state.value}")
+
+    def _noticed(self, notice: Notice) -> None:
+        """Another host's commit: the fast path's heads first, then the followers."""
+        self._heads.saw(notice.heads)
+        self._remote.noticed(notice)
 
     # -- appends --------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from storage import (
 )
 from storage._ops import json_text
 from storage.postgres import PostgresStore
-from storage.postgres._fast import Fallback, _joined, _packed
+from storage.postgres._fast import Fallback, Heads, _joined, _packed
 from storage.postgres.rebuild import dump_projections
 from storage.projectors import project
 
@@ -257,19 +257,49 @@ async def test_packed_arrays_reach_the_server_as_the_arrays_they_were() -> None:
             await conn.close()
 
 
-async def test_a_head_moved_by_another_host_sends_the_batch_to_the_savepoint_path() -> None:
+async def test_a_head_moved_unheard_sends_the_batch_to_the_savepoint_path() -> None:
+    """A commit whose notice has not reached this store yet (here: one that
+    sends none, written straight to the table) leaves its head stale."""
     async with database() as url:
-        a, b = PostgresStore(url, writers=1), PostgresStore(url, writers=1)
-        async with a, b:
+        a = PostgresStore(url, writers=1)
+        async with a:
             await a.append(Command.of(created("ses_x")))
             await a.append(Command.of(renamed("ses_x", "a1")))  # a remembers head 2
-            await b.append(Command.of(renamed("ses_x", "b1")))  # head 3, a does not know
+            moved = renamed("ses_x", "b1")
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute(
+                    "INSERT INTO event (id, aggregate_id, seq, type, created, data)"
+                    " VALUES ('evt_unheard', 'ses_x', 3, $1, 0, $2)",
+                    stored_type(moved),
+                    encode_data(moved).decode(),
+                )
+            finally:
+                await conn.close()
             [record] = await a.append(Command.of(renamed("ses_x", "a2")))
             assert record.seq == 4
             assert a.batch_paths["savepoints"] == 1
             [record] = await a.append(Command.of(renamed("ses_x", "a3")))
             assert record.seq == 5
             assert [r.seq for r in await a.read("ses_x")] == [1, 2, 3, 4, 5]
+
+
+async def test_a_head_moved_by_another_host_and_heard_keeps_the_fast_path() -> None:
+    async with database() as url:
+        a, b = PostgresStore(url, writers=1), PostgresStore(url, writers=1)
+        async with a, b:
+            heard = asyncio.Event()
+            a.subscribe(lambda records: any(r.seq == 3 for r in records) and heard.set())
+            await a.append(Command.of(created("ses_x")))
+            await a.append(Command.of(renamed("ses_x", "a1")))  # a remembers head 2
+            await b.append(Command.of(renamed("ses_x", "b1")))  # head 3, announced
+            async with asyncio.timeout(10):  # a guard, not the synchronisation
+                await heard.wait()
+            before = dict(a.batch_paths)
+            [record] = await a.append(Command.of(renamed("ses_x", "a2")))
+            assert record.seq == 4
+            assert a.batch_paths == {"fast": before["fast"] + 1, "savepoints": 0}
+            assert [r.seq for r in await a.read("ses_x")] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("stored", sorted(REGISTRY))
@@ -342,3 +372,10 @@ async def test_held_leases_commit_on_the_fast_path_and_a_stale_one_is_fenced_alo
         )
         assert fences == [(s, "host-a", 1) for s in (2, 3, 4, 5, 6, 7)], store
     assert started[2] == 2
+
+
+def test_a_notice_moves_a_remembered_head_forward_only() -> None:
+    heads = Heads()
+    heads.moved({"ses_a": 5, "ses_b": 2})
+    heads.saw([("ses_a", 4), ("ses_b", 7), ("ses_new", 9)])  # late, ahead, unknown
+    assert heads._seqs == {"ses_a": 5, "ses_b": 7}
