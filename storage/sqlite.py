@@ -147,10 +147,17 @@ class SQLiteStore:
                 await self._writer.start()
             target = f"file:{self.path}?mode=ro" if self.read_only else self.path
             for _ in range(self._reader_count):
+                connecting = aiosqlite.connect(target, isolation_level=None, uri=self.read_only)
                 try:
-                    conn = await aiosqlite.connect(target, isolation_level=None, uri=self.read_only)
-                except sqlite3.Error as exc:
-                    raise StorageBrokenError(f"cannot open {self.path}: {exc}") from exc
+                    conn = await connecting
+                except BaseException as exc:
+                    # aiosqlite queues its thread's stop without awaiting it; the
+                    # thread then answers the stop on this loop. Wait for it to
+                    # end, or it may answer a loop that has closed meanwhile.
+                    await _threads_gone([connecting])
+                    if isinstance(exc, sqlite3.Error):
+                        raise StorageBrokenError(f"cannot open {self.path}: {exc}") from exc
+                    raise
                 self._all_readers.append(conn)
                 await conn.execute("PRAGMA query_only = ON")
                 self._readers.put_nowait(conn)

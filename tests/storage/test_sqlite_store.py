@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -242,5 +243,8 @@ async def test_a_read_only_store_creates_no_database(tmp_path: Path) -> None:
     with pytest.raises(StorageBrokenError):
         async with SQLiteStore(path, read_only=True):
             pass
+    # The failed reader's thread has ended too: left running, it would answer
+    # its stop on this loop after the test had closed it (a thread exception).
+    assert not [t for t in threading.enumerate() if "_connection_worker_thread" in t.name]
     assert not path.exists()
     assert not Path(f"{path}.lock").exists()  # noqa: ASYNC240
