@@ -17,9 +17,9 @@ Every phase creates its own uniquely named database on ``--server`` and drops it
    context: the same rows from as many tasks, one INSERT (one commit, one WAL
    flush) each, on a pool of 10 connections; and the same rows plus the
    projection writes the store made for them (``storage.projectors.project``:
-   two ``UPDATE session`` per rename), executemany in one transaction. The
-   target's baseline writes the rows only, so it leaves out a third of the
-   server's work and every commit but one; the second row says how much.
+   one ``UPDATE session`` per rename), executemany in one transaction. The
+   target's baseline writes the rows only, so it leaves out the projection
+   writes and every commit but one; the second row says how much.
    The store's batches (transactions) are its own count (``batch_paths``);
    it writes through two writer lanes (``storage.postgres._lanes``).
 2. **Admission over HTTP.** The real app (``server.app.make_app``) on a loopback
