@@ -22,7 +22,9 @@ inside a system call); the loop-lag figures of ``bench_runtime`` show it.
 
 Only the loop's thread uses the connection, one read at a time (a read never
 awaits), so it needs no lock. It is read-only (``query_only``; ``mode=ro``
-for a read-only store).
+for a read-only store). Its caches are those of any connection: sqlite3's
+prepared statements (128, by count, the module's default) and SQLite's page
+cache (``cache_size``, by bytes, as for the readers).
 """
 
 from __future__ import annotations
