@@ -36,8 +36,8 @@ attaches the ref after construction, so ``actor_ref`` is available from
 
 from __future__ import annotations
 
+import itertools
 import logging
-import uuid
 from collections.abc import Callable
 from typing import Any, ParamSpec, Self, TypeVar
 
@@ -51,6 +51,9 @@ _log = logging.getLogger("actors")
 
 P = ParamSpec("P")
 A = TypeVar("A", bound="Actor")
+#: Actor URNs: unique in this process, which is the registry's scope (uuid4 cost a
+#: getrandom system call and a UUID object per actor, several per step).
+_URNS = itertools.count(1)
 
 
 class Actor:
@@ -74,7 +77,7 @@ class Actor:
                 registered and ``on_stop`` does not run.
         """
         actor = cls(*args, **kwargs)
-        urn = uuid.uuid4().urn
+        urn = f"urn:sessionrt:actor:{next(_URNS)}"
         actor_class = type(actor)
         mailbox = Mailbox(actor, name=f"{actor_class.__name__} ({urn})")
         ref = ActorRef(mailbox, actor_class, urn)
