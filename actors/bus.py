@@ -49,6 +49,11 @@ class EventBus:
 
         return unsubscribe
 
+    @property
+    def listening(self) -> bool:
+        """Whether anyone would receive a live event now (else there is no need to make one)."""
+        return bool(self._subscribers)
+
     def live(self, event: Event) -> None:
         """Publish a live-only event (no ``durable`` member, never stored)."""
         if self._subscribers:

@@ -130,6 +130,12 @@ class _Live:
         self._bus = bus
         self._held: list[tuple[asyncio.Future[Any], ev.Event]] = []
 
+    @property
+    def listening(self) -> bool:
+        """Whether a delta would reach anyone: with nobody on the bus and nothing
+        held, the stream skips making one (the bus keeps no history anyway)."""
+        return bool(self._held) or self._bus.listening
+
     def publish(self, event: ev.Event, gate: asyncio.Future[Any] | None) -> None:
         if not self._held and (gate is None or gate.done()):
             self._bus.live(event)
@@ -453,10 +459,14 @@ class StepRunner:
                         )
                     case TextDelta(ordinal=n, delta=d):
                         step.blocks.setdefault(n, ("text", []))[1].append(d)
-                        step.live.publish(ev.TextDelta(**on, ordinal=n, delta=d), step.gate())
+                        if step.live.listening:
+                            step.live.publish(ev.TextDelta(**on, ordinal=n, delta=d), step.gate())
                     case ReasoningDelta(ordinal=n, delta=d):
                         step.blocks.setdefault(n, ("reasoning", []))[1].append(d)
-                        step.live.publish(ev.ReasoningDelta(**on, ordinal=n, delta=d), step.gate())
+                        if step.live.listening:
+                            step.live.publish(
+                                ev.ReasoningDelta(**on, ordinal=n, delta=d), step.gate()
+                            )
                     case TextEnd(ordinal=n) | ReasoningEnd(ordinal=n):
                         if isinstance(part, ReasoningEnd) and part.signature:
                             step.signatures[str(n)] = part.signature
@@ -468,7 +478,10 @@ class StepRunner:
                         step.emit(ev.ToolInputStarted(**on, id=call_id, name=name))
                     case ToolInputDelta(id=call_id, delta=d):
                         step.inputs.setdefault(call_id, []).append(d)
-                        step.live.publish(ev.ToolInputDelta(**on, id=call_id, delta=d), step.gate())
+                        if step.live.listening:
+                            step.live.publish(
+                                ev.ToolInputDelta(**on, id=call_id, delta=d), step.gate()
+                            )
                     case ToolInputEnd(id=call_id):
                         await step.live.drain()
                         step.emit(

@@ -267,3 +267,24 @@ async def test_an_interrupt_while_a_tool_input_streams_still_fails_that_call(
     assert types.index("session.tool.failed") < types.index("session.step.failed")
     assert "session.tool.called" not in types
     assert await runtime.store.queries.open_tool_calls(s.id) == []
+
+
+async def test_no_live_delta_is_made_while_nobody_listens(runtime: Runtime) -> None:
+    """Deltas are live-only and the bus keeps no history: with no subscriber,
+    the step does not make them (the durable reply is whole all the same)."""
+    published: list[object] = []
+    live = runtime.bus.live
+    runtime.bus.live = lambda event: (published.append(event), live(event))[1]  # type: ignore[method-assign]
+    s = await runtime.sessions.create()
+    await runtime.sessions.prompt(s.id, PromptInput(text="Nobody watches", resume=False))
+    terminal = await runtime.execution.resume(s.id)
+    assert terminal.kind == "succeeded"
+    assert published == []
+    _, reply = await messages(runtime, s.id)
+    assert isinstance(reply, AssistantMessage)
+    assert reply.parts == (TextPart(ordinal=0, text="Scripted reply: Nobody watches"),)
+    # Someone listening: the next step's deltas go out.
+    runtime.bus.subscribe(lambda message: None)
+    await runtime.sessions.prompt(s.id, PromptInput(text="Now someone does", resume=False))
+    assert (await runtime.execution.resume(s.id)).kind == "succeeded"
+    assert published
