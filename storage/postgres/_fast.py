@@ -119,6 +119,47 @@ _KEYED: Final = re.compile(r"UPDATE (?P<table>\w+) SET (?P<set>.+) WHERE id = \?
 #: Tables whose ``id`` is their primary key (``_KEYED`` statements on others run one by one).
 _KEYED_TABLES: Final = frozenset({"session"})
 
+#: The batch's arrays, as the function receives them (see :func:`_packed`):
+#: text arrays in ``_srt_texts``, integer arrays in ``_srt_ints``, in these orders.
+_TEXT_ARRAYS: Final = (
+    "aggs",
+    "ev_id",
+    "ev_agg",
+    "ev_type",
+    "ev_data",
+    "args",
+    "bodies",
+    "hold_session",
+    "hold_host",
+    "fence_host",
+)
+_INT_ARRAYS: Final = (
+    ("heads", "bigint"),
+    ("ev_seq", "bigint"),
+    ("ev_created", "bigint"),
+    ("op", "bigint"),
+    ("expect", "bigint"),
+    ("off", "int"),
+    ("run", "int"),
+    ("hold_epoch", "bigint"),
+    ("fence_epoch", "bigint"),
+    ("ref_at", "int"),
+    ("ref_rec", "int"),
+)
+#: Their declarations, each split from its text...
+_ARRAYS: Final = "".join(
+    f"    _srt_{name} text[] := string_to_array(_srt_texts[{i}], chr(31), chr(30));\n"
+    for i, name in enumerate(_TEXT_ARRAYS, 1)
+) + "".join(
+    f"    _srt_{name} {kind}[] :="
+    f" coalesce(string_to_array(_srt_ints[{i}], ',', 'n')::{kind}[], '{{}}');\n"
+    for i, (name, kind) in enumerate(_INT_ARRAYS, 1)
+)
+#: ...and, for a text array, the empty element after the last mark dropped.
+_TRIMS: Final = "".join(
+    f"    _srt_{name} := _srt_{name}[1 : cardinality(_srt_{name}) - 1];\n" for name in _TEXT_ARRAYS
+)
+
 _HEAD: Final = (
     """
 CREATE OR REPLACE FUNCTION pg_temp.sessionrt_apply(
@@ -126,28 +167,7 @@ CREATE OR REPLACE FUNCTION pg_temp.sessionrt_apply(
 ) RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $_srt_fn$
 #variable_conflict use_column
 DECLARE
-    _srt_aggs text[] := string_to_array(_srt_texts[1], chr(31), chr(30));
-    _srt_ev_id text[] := string_to_array(_srt_texts[2], chr(31), chr(30));
-    _srt_ev_agg text[] := string_to_array(_srt_texts[3], chr(31), chr(30));
-    _srt_ev_type text[] := string_to_array(_srt_texts[4], chr(31), chr(30));
-    _srt_ev_data text[] := string_to_array(_srt_texts[5], chr(31), chr(30));
-    _srt_args text[] := string_to_array(_srt_texts[6], chr(31), chr(30));
-    _srt_bodies text[] := string_to_array(_srt_texts[7], chr(31), chr(30));
-    _srt_hold_session text[] := string_to_array(_srt_texts[8], chr(31), chr(30));
-    _srt_hold_host text[] := string_to_array(_srt_texts[9], chr(31), chr(30));
-    _srt_fence_host text[] := string_to_array(_srt_texts[10], chr(31), chr(30));
-    _srt_heads bigint[] := coalesce(string_to_array(_srt_ints[1], ',', 'n')::bigint[], '{}');
-    _srt_ev_seq bigint[] := coalesce(string_to_array(_srt_ints[2], ',', 'n')::bigint[], '{}');
-    _srt_ev_created bigint[] := coalesce(string_to_array(_srt_ints[3], ',', 'n')::bigint[], '{}');
-    _srt_op bigint[] := coalesce(string_to_array(_srt_ints[4], ',', 'n')::bigint[], '{}');
-    _srt_expect bigint[] := coalesce(string_to_array(_srt_ints[5], ',', 'n')::bigint[], '{}');
-    _srt_off int[] := coalesce(string_to_array(_srt_ints[6], ',', 'n')::int[], '{}');
-    _srt_run int[] := coalesce(string_to_array(_srt_ints[7], ',', 'n')::int[], '{}');
-    _srt_hold_epoch bigint[] := coalesce(string_to_array(_srt_ints[8], ',', 'n')::bigint[], '{}');
-    _srt_fence_epoch bigint[] := coalesce(string_to_array(_srt_ints[9], ',', 'n')::bigint[], '{}');
-    _srt_ref_at int[] := coalesce(string_to_array(_srt_ints[10], ',', 'n')::int[], '{}');
-    _srt_ref_rec int[] := coalesce(string_to_array(_srt_ints[11], ',', 'n')::int[], '{}');
-    _srt_i int := 1;
+{ARRAYS}    _srt_i int := 1;
     _srt_o int;
     _srt_len int;
     _srt_id bigint;
@@ -157,19 +177,9 @@ DECLARE
     _srt_bad bigint;
     _srt_pos bigint[];
 BEGIN
-    -- Each text array arrives as one text, every element followed by chr(31)
-    -- (:func:`_packed`): drop the empty element after the last one.
-    _srt_aggs := _srt_aggs[1 : cardinality(_srt_aggs) - 1];
-    _srt_ev_id := _srt_ev_id[1 : cardinality(_srt_ev_id) - 1];
-    _srt_ev_agg := _srt_ev_agg[1 : cardinality(_srt_ev_agg) - 1];
-    _srt_ev_type := _srt_ev_type[1 : cardinality(_srt_ev_type) - 1];
-    _srt_ev_data := _srt_ev_data[1 : cardinality(_srt_ev_data) - 1];
-    _srt_args := _srt_args[1 : cardinality(_srt_args) - 1];
-    _srt_bodies := _srt_bodies[1 : cardinality(_srt_bodies) - 1];
-    _srt_hold_session := _srt_hold_session[1 : cardinality(_srt_hold_session) - 1];
-    _srt_hold_host := _srt_hold_host[1 : cardinality(_srt_hold_host) - 1];
-    _srt_fence_host := _srt_fence_host[1 : cardinality(_srt_fence_host) - 1];
-    PERFORM pg_advisory_xact_lock(_srt_lock);
+    -- Each text array arrived as one text, every element followed by chr(31)
+    -- (_packed): drop the empty element after the last one.
+{TRIMS}    PERFORM pg_advisory_xact_lock(_srt_lock);
     -- A new statement, so a new snapshot: every batch committed before the lock.
     -- Only aggregates the batch expects but appends nothing to: for the others
     -- the event insert itself finds a moved head (their next seq is taken, and
@@ -225,6 +235,8 @@ BEGIN
 """.replace("{HEAD_MOVED}", HEAD_MOVED)
     .replace("{LEASE_NOT_HELD}", LEASE_NOT_HELD)
     .replace("{EXPECT_FAILED}", EXPECT_FAILED)
+    .replace("{ARRAYS}", _ARRAYS)
+    .replace("{TRIMS}", _TRIMS)
 )
 _TAIL: Final = f"""
         IF _srt_expect[_srt_i] IS NOT NULL AND _srt_n IS DISTINCT FROM _srt_expect[_srt_i] THEN
@@ -693,33 +705,34 @@ async def commit_fast(
         prefix, bodies = parts(origin, flat)
         appended = {r.aggregate_id for r in flat}
         checked = [agg for agg in aggregates if agg not in appended]
-        # The order of the function's DECLARE section.
-        texts = [
-            _packed(checked),
-            _packed([r.id for r in flat]),
-            _packed([r.aggregate_id for r in flat]),
-            _packed([r.type for r in flat]),
-            _packed([r.data for r in flat]),
-            _packed(args),
-            _packed(bodies if flat else []),
-            _packed([h.session_id for h in holds]) if holds else None,
-            _packed([h.host_id for h in holds]),
-            _packed(fence_host),
-        ]
-        ints = [
-            _joined([assumed[agg] for agg in checked]),
-            _joined([r.seq for r in flat]),
-            _joined([r.created for r in flat]),
-            _joined(op_ids),
-            _joined(op_expect),
-            _joined(op_off),
-            _joined(op_run),
-            _joined([h.epoch for h in holds]),
-            _joined(fence_epoch),
-            _joined(ref_at),
-            _joined(ref_rec),
-        ]
-        positions = await conn.fetchval(_CALL, lock, channel, prefix, texts, ints)
+        texts: dict[str, Sequence[str | None] | None] = {
+            "aggs": checked,
+            "ev_id": [r.id for r in flat],
+            "ev_agg": [r.aggregate_id for r in flat],
+            "ev_type": [r.type for r in flat],
+            "ev_data": [r.data for r in flat],
+            "args": args,
+            "bodies": bodies if flat else [],
+            "hold_session": [h.session_id for h in holds] if holds else None,
+            "hold_host": [h.host_id for h in holds],
+            "fence_host": fence_host,
+        }
+        ints: dict[str, Sequence[int | None]] = {
+            "heads": [assumed[agg] for agg in checked],
+            "ev_seq": [r.seq for r in flat],
+            "ev_created": [r.created for r in flat],
+            "op": op_ids,
+            "expect": op_expect,
+            "off": op_off,
+            "run": op_run,
+            "hold_epoch": [h.epoch for h in holds],
+            "fence_epoch": fence_epoch,
+            "ref_at": ref_at,
+            "ref_rec": ref_rec,
+        }
+        packed = [None if (v := texts[n]) is None else _packed(v) for n in _TEXT_ARRAYS]
+        joined = [_joined(ints[name]) for name, _ in _INT_ARRAYS]
+        positions = await conn.fetchval(_CALL, lock, channel, prefix, packed, joined)
     except Fallback:
         heads.forget(aggregates)
         raise
