@@ -48,15 +48,11 @@ from storage.recorder import Command, RecordedEvent, Subscriber
 __all__ = ["SQLiteStore"]
 
 
-def _fetch_boxed(conn: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[list[Row]]:
-    """On the reader's thread: the rows, in a list the caller empties."""
-    return [conn._conn.execute(sql, params).fetchall()]
-
-
 def _fetch_many_boxed(
     conn: aiosqlite.Connection, statements: Sequence[tuple[str, Sequence[Any]]]
 ) -> list[list[list[Row]]]:
-    """On the reader's thread: each statement's rows, all from one read snapshot."""
+    """On the reader's thread: each statement's rows, all from one read snapshot,
+    in a list the caller empties."""
     raw = conn._conn
     raw.execute("BEGIN")
     try:
@@ -309,21 +305,8 @@ class SQLiteStore:
             self._readers.put_nowait(conn)
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        self._check_open()
-        inline = self.inline.fetch_many(((sql, params),))
-        if inline is not None:
-            await asyncio.sleep(0)  # a turn for the rest of the loop, as a thread hop gave
-            return inline[0]
-        async with self.reader() as conn:
-            # aiosqlite's worker thread keeps its last result bound until its
-            # next job: with the rows returned directly, each idle reader held
-            # the whole of its last read (a long transcript: hundreds of MB per
-            # reader). The rows travel in a box emptied here, so the thread
-            # keeps only the empty box.
-            box: list[list[Row]] = await conn._execute(  # type: ignore[no-untyped-call]
-                _fetch_boxed, conn, sql, params
-            )
-            return box.pop()
+        [rows] = await self.fetch_many(((sql, params),))
+        return rows
 
     async def fetch_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Row]]:
         """Several statements in one read snapshot: on the loop when short, else in
@@ -339,6 +322,11 @@ class SQLiteStore:
             await asyncio.sleep(0)  # a turn for the rest of the loop, as a thread hop gave
             return inline
         async with self.reader() as conn:
+            # aiosqlite's worker thread keeps its last result bound until its
+            # next job: with the rows returned directly, each idle reader held
+            # the whole of its last read (a long transcript: hundreds of MB per
+            # reader). The rows travel in a box emptied here, so the thread
+            # keeps only the empty box.
             box: list[list[list[Row]]] = await conn._execute(  # type: ignore[no-untyped-call]
                 _fetch_many_boxed, conn, statements
             )
