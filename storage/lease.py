@@ -139,13 +139,4 @@ def apply_fence(command: Command) -> Command:
         return command
     if not any(e.aggregate_id == fence.session_id for e in command.events):
         return command
-    # The constructor, not attrs.evolve (a third of the cost; every append
-    # of an execution comes here).
-    return type(command)(
-        events=command.events,
-        expected=command.expected,
-        blobs=command.blobs,
-        entries=command.entries,
-        lease=fence.hold(),
-        checks=command.checks,
-    )
+    return command.with_lease(fence.hold())

@@ -113,6 +113,21 @@ class Command:
             checks=checks,
         )
 
+    def with_lease(self, lease: LeaseUse) -> Command:
+        """This command taking, holding, renewing or releasing ``lease``.
+
+        Every field by name, not attrs.evolve (a third of the cost; each append
+        of an execution comes here): a field added above must be added here.
+        """
+        return Command(
+            events=self.events,
+            expected=self.expected,
+            blobs=self.blobs,
+            entries=self.entries,
+            lease=lease,
+            checks=self.checks,
+        )
+
     @property
     def empty(self) -> bool:
         return not (self.events or self.blobs or self.entries or self.lease)

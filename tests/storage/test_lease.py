@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import attrs
 import pytest
 
 from actors.leases import LeaseKeeper
@@ -21,6 +22,8 @@ from storage import (
     fenced,
     now_ms,
 )
+from storage._ops import Op
+from storage.recorder import EntryWrite
 
 SID = "ses_lease"
 
@@ -333,3 +336,20 @@ async def test_a_renewal_that_finds_its_lease_taken_reports_it_lost(store: SQLit
     assert await keeper.renew() == [SID]
     assert lost == [SID]
     assert keeper.fence(SID) is None
+
+
+def test_with_lease_keeps_every_other_field_of_the_command() -> None:
+    """with_lease copies the fields by name (for speed); a field added to
+    Command and not to it would be dropped silently, so this lists them."""
+    names = {f.name for f in attrs.fields(Command)}
+    assert names == {"events", "expected", "blobs", "entries", "lease", "checks"}
+    command = Command(
+        events=Command.of(ev.SessionRenamed(session_id=SID, title="t")).events,
+        expected={SID: 3},
+        blobs={"ab" * 32: "{}"},
+        entries=(EntryWrite(session_id=SID, key="k", value="1", time=5),),
+        lease=None,
+        checks=(Op("UPDATE session SET title = title WHERE id = ?", (SID,), expect=1),),
+    )
+    use = LeaseUse(kind="hold", session_id=SID, host_id="h", epoch=2)
+    assert command.with_lease(use) == attrs.evolve(command, lease=use)
