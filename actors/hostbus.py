@@ -6,11 +6,13 @@ published to the owner's host id; a host shutting down broadcasts the
 sessions it released, so the others take them without waiting for expiry.
 
 Delivery is at most once and carries no reply: a message to a host that is
-gone is lost, and the periodic recovery scan picks its sessions up once its
-leases expire. :class:`LocalHostBus` connects hosts of one process (SQLite, and
-tests); :class:`NotifyHostBus` connects processes on one PostgreSQL server
-(LISTEN/NOTIFY, :mod:`storage._pg_channel`). A subscriber's
-handler runs on the event loop and must not block.
+gone (or whose connection to the server is being re-made) is lost, and the
+periodic recovery scan picks its sessions up once its leases expire; a wake
+is advisory, so a lost one leaves its input admitted, run at the next wake.
+:class:`LocalHostBus` connects hosts of one process (SQLite, and tests);
+:class:`NotifyHostBus` connects processes on one PostgreSQL server
+(LISTEN/NOTIFY, :mod:`storage._pg_channel`, which re-makes a lost connection).
+A subscriber's handler runs on the event loop and must not block.
 """
 
 from __future__ import annotations
@@ -116,8 +118,14 @@ class NotifyHostBus:
     ``close`` after the last publish.
     """
 
-    def __init__(self, dsn: str) -> None:
-        self._channel = NotifyChannel(dsn)
+    def __init__(self, dsn: str, *, on_reconnect: Callable[[], None] | None = None) -> None:
+        #: ``on_reconnect``: called once the channel listens again after losing
+        #: its connection (what was sent meanwhile is lost).
+        self._channel = NotifyChannel(dsn, on_reconnect=on_reconnect)
+
+    @property
+    def channel(self) -> NotifyChannel:
+        return self._channel
 
     async def open(self) -> None:
         await self._channel.open()

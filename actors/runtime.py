@@ -372,7 +372,11 @@ class Runtime:
         self._own_bus: NotifyHostBus | None = None
         if host_bus is None and not config.read_only and is_server_url(config.database_target):
             # Hosts in other processes share the server: reach them through it.
-            host_bus = self._own_bus = NotifyHostBus(config.database_target)
+            # After its connection came back, a scan at once: a host that
+            # released sessions meanwhile told nobody.
+            host_bus = self._own_bus = NotifyHostBus(
+                config.database_target, on_reconnect=lambda: self._rescan.set()
+            )
         self.host_bus: HostBus = host_bus or LocalHostBus()
         self.leases = LeaseKeeper(
             self.store, self.host_id, ttl_ms=config.lease_ttl_ms, on_lost=self._lease_lost

@@ -7,11 +7,18 @@ listening at that moment never sees the notice, which is why nothing depends
 on one arriving (an expired lease is recovered by the scan either way).
 Payloads are bounded by the server (8000 bytes): :meth:`NotifyChannel.publish`
 refuses a larger one instead of letting the server fail it.
+
+The connection is a :class:`~storage.postgres.listen.Listener`'s: kept, and
+reconnected when the server ends it (a restart, a failover) or the network
+loses it, so a host hears the others again once the server is back; notices
+sent meanwhile are lost, as any notice to a host not listening. A publish
+waits up to :data:`PUBLISH_WAIT_S` for the connection to be back, then fails
+with StorageBrokenError (a 503 at the front door).
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any, Final
@@ -20,13 +27,15 @@ import orjson
 
 from storage.errors import StorageBrokenError, StorageError
 
-__all__ = ["CHANNEL", "MAX_PAYLOAD", "NotifyChannel"]
+__all__ = ["CHANNEL", "MAX_PAYLOAD", "PUBLISH_WAIT_S", "NotifyChannel"]
 
 log = logging.getLogger(__name__)
 
 CHANNEL: Final = "sessionrt_hosts"
 #: PostgreSQL's limit on a NOTIFY payload, less room for the envelope.
 MAX_PAYLOAD: Final = 7900
+#: Seconds a publish waits for a lost connection to be back.
+PUBLISH_WAIT_S: Final = 5.0
 
 Handler = Callable[[str], None]
 
@@ -34,33 +43,67 @@ Handler = Callable[[str], None]
 class NotifyChannel:
     """``publish(target, origin, body)`` / ``subscribe(host, handler)`` over LISTEN/NOTIFY."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, on_reconnect: Callable[[], None] | None = None) -> None:
         self._dsn = dsn
-        self._conn: Any = None
+        self._on_reconnect = on_reconnect
+        self._listener: Any = None
         self._handlers: dict[str, Handler] = {}
 
+    @property
+    def listener(self) -> Any:
+        """The :class:`~storage.postgres.listen.Listener` (None until open)."""
+        return self._listener
+
     async def open(self) -> None:
+        # Imported here: the SQLite-only install has no asyncpg.
         import asyncpg
 
+        from storage.postgres.listen import Listener
+
+        async def connect() -> Any:
+            return await asyncpg.connect(self._dsn)
+
+        listener = Listener(
+            connect, CHANNEL, on_payload=self._on_notify, on_reconnect=self._reconnected
+        )
         try:
-            self._conn = await asyncpg.connect(self._dsn)
-            await self._conn.add_listener(CHANNEL, self._on_notify)
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise StorageBrokenError(f"cannot listen for host notices: {exc}") from exc
+            await listener.start()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await listener.stop()
+            # The type only: a message could name the server (never the password,
+            # but the URL is the user's to show).
+            raise StorageBrokenError(
+                f"cannot listen for host notices: {type(exc).__name__}"
+            ) from None
+        self._listener = listener
 
     async def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.stop()
 
     async def publish(self, target: str | None, origin: str, body: str) -> None:
-        if self._conn is None:
+        listener = self._listener
+        if listener is None:
             raise StorageError("the host notice channel is not open")
         payload = orjson.dumps({"to": target, "from": origin, "body": body}).decode()
         if len(payload.encode()) > MAX_PAYLOAD:
             raise StorageError(f"a host notice of {len(payload)} bytes is over {MAX_PAYLOAD}")
-        await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
+        try:
+            async with asyncio.timeout(PUBLISH_WAIT_S):
+                await listener.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
+        except TimeoutError:
+            raise StorageBrokenError(
+                f"host notice not sent: no connection to the server for {PUBLISH_WAIT_S:g} s"
+            ) from None
+
+    def _reconnected(self) -> None:
+        log.info("host notices: listening again; notices sent meanwhile were lost")
+        if self._on_reconnect is not None:
+            try:
+                self._on_reconnect()
+            except Exception:
+                log.exception("host notices: the reconnect hook failed")
 
     def subscribe(self, host_id: str, handler: Handler) -> Callable[[], None]:
         if host_id in self._handlers:
@@ -73,7 +116,7 @@ class NotifyChannel:
 
         return unsubscribe
 
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def _on_notify(self, payload: str) -> None:
         try:
             raw = orjson.loads(payload)
             target, origin, body = raw["to"], raw["from"], raw["body"]

@@ -1,13 +1,17 @@
-"""The LISTEN side: one dedicated connection per store, and the catch-up after losing it.
+"""The LISTEN side: one dedicated connection per channel, kept, and the catch-up after losing it.
 
-:class:`Listener` LISTENs on the store's channel and hands each other
-origin's notice to the store, in commit order (PostgreSQL delivers
-notifications of different transactions in commit order). A dropped
-connection is noticed by asyncpg's termination callback, or by a ping every
-:data:`PING_S` seconds (a silent network loss), and reconnected with a
-capped backoff; once listening again, the store is told to catch up
-(``on_reconnect``): whatever committed while nobody listened is read from the
-table. Connection errors never carry the URL (it may hold a password).
+:class:`Listener` LISTENs on a channel and hands each payload to its handler,
+in commit order (PostgreSQL delivers notifications of different transactions
+in commit order); :func:`notices` turns a store's handler into one that skips
+the store's own commits and parses the rest. A dropped connection is noticed
+by asyncpg's termination callback, or by a ping every :data:`PING_S` seconds
+(a silent network loss), and reconnected with a capped backoff, through any
+failure to connect (a server restarting refuses connections for a while);
+once listening again, the owner is told to catch up (``on_reconnect``):
+whatever committed while nobody listened is read from the table. The same
+connection runs the owner's short statements (:meth:`Listener.execute`, one
+at a time with the pings), so a host's notices need no second connection.
+Connection errors never carry the URL (it may hold a password).
 """
 
 from __future__ import annotations
@@ -20,15 +24,38 @@ from typing import Any, Final
 
 import asyncpg
 
+from storage.errors import StorageBrokenError, StorageError
 from storage.postgres.notify import Notice, own_prefix, parse
 
-__all__ = ["PING_S", "Listener"]
+__all__ = ["PING_S", "Listener", "notices"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds between pings of an idle listen connection.
 PING_S: Final = 5.0
 _BACKOFF_MAX_S: Final = 2.0
+#: What a failed connection attempt or statement raises: asyncpg's errors, the
+#: socket's, and a connect function's own (a store's raises StorageBrokenError).
+_LOST: Final = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, StorageError)
+
+
+def notices(origin: str, on_notice: Callable[[Notice], None]) -> Callable[[str], None]:
+    """A payload handler for a store of ``origin``: its own commits skipped (it
+    already told its subscribers), the others' parsed and passed on."""
+    own_header = own_prefix(origin)
+
+    def on_payload(payload: str) -> None:
+        # Every listener hears every NOTIFY: skip this store's own by the
+        # header's origin before parsing the lines.
+        if payload.startswith(own_header):
+            return
+        notice = parse(payload)
+        if notice is None:
+            log.warning("unreadable commit notice")
+        elif notice.origin != origin:
+            on_notice(notice)
+
+    return on_payload
 
 
 class Listener:
@@ -36,20 +63,18 @@ class Listener:
         self,
         connect: Callable[[], Awaitable[asyncpg.Connection]],
         channel: str,
-        origin: str,
         *,
-        on_notice: Callable[[Notice], None],
+        on_payload: Callable[[str], None],
         on_reconnect: Callable[[], None],
     ) -> None:
         self._connect = connect
         self._channel = channel
-        self._origin = origin
-        #: How this store's own payloads begin (see :mod:`.notify`).
-        self._own_header = own_prefix(origin)
-        self._on_notice = on_notice
+        self._on_payload = on_payload
         self._on_reconnect = on_reconnect
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
+        #: One statement at a time on the connection: the pings and the owner's.
+        self._busy = asyncio.Lock()
         self.ready = asyncio.Event()
         #: Times the connection was (re)established; tests and metrics read it.
         self.connects = 0
@@ -67,6 +92,26 @@ class Listener:
                 await self._task
             self._task = None
         await self._drop()
+
+    async def execute(self, sql: str, *args: object) -> None:
+        """Run a short statement on the listen connection, waiting for it to be
+        back if it is reconnecting (callers bound the wait); raises
+        StorageBrokenError when the statement fails for want of a connection."""
+        while True:
+            await self.ready.wait()
+            conn = self._conn
+            if conn is None or conn.is_closed():
+                # Lost, and the run loop has not noticed yet: it will.
+                await asyncio.sleep(0.01)
+                continue
+            async with self._busy:
+                try:
+                    await conn.execute(sql, *args)
+                except _LOST as exc:
+                    if conn.is_closed():
+                        continue  # lost meanwhile: once more on the next connection
+                    raise StorageBrokenError(f"statement failed: {type(exc).__name__}") from None
+                return
 
     def kill_connection(self) -> None:
         """Drop the connection as a network failure would (for tests)."""
@@ -89,15 +134,10 @@ class Listener:
                 conn.terminate()
 
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
-        # This store's own commits come back too (every listener hears every
-        # NOTIFY): skip them by the header's origin before parsing the lines.
-        if payload.startswith(self._own_header):
-            return
-        notice = parse(payload)
-        if notice is None:
-            log.warning("unreadable commit notice on %s", channel)
-        elif notice.origin != self._origin:
-            self._on_notice(notice)
+        try:
+            self._on_payload(payload)
+        except Exception:
+            log.exception("a notice handler on %s failed", channel)
 
     async def _run(self, conn: asyncpg.Connection) -> None:
         while True:
@@ -110,9 +150,9 @@ class Listener:
                 if lost.is_set() or conn.is_closed():
                     break
                 try:
-                    async with asyncio.timeout(PING_S):
+                    async with asyncio.timeout(PING_S), self._busy:
                         await conn.execute("SELECT 1")
-                except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                except (TimeoutError, *_LOST):
                     break
             log.warning("lost the listen connection on %s; reconnecting", self._channel)
             await self._drop()
@@ -126,7 +166,7 @@ class Listener:
                 conn = await self._connect()
                 await self._listen(conn)
                 return conn
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except _LOST as exc:
                 log.warning("cannot listen on %s yet: %s", self._channel, type(exc).__name__)
                 await self._drop()
             await asyncio.sleep(backoff)

@@ -58,7 +58,7 @@ from storage.postgres._errors import reason as _reason
 from storage.postgres._lanes import Share, take
 from storage.postgres._writer import CommandGuard, Heads, Plans, commit_batch
 from storage.postgres.dialect import translate
-from storage.postgres.listen import Listener
+from storage.postgres.listen import Listener, notices
 from storage.postgres.notify import Notice
 from storage.postgres.remote import RemoteCommits
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
@@ -211,8 +211,7 @@ class PostgresStore:
             self._listener = Listener(
                 self._connect,
                 self.channel,
-                self.origin,
-                on_notice=self._noticed,
+                on_payload=notices(self.origin, self._noticed),
                 on_reconnect=self._remote.lost_notices,
             )
             await self._listener.start()

@@ -107,3 +107,111 @@ async def test_an_interrupt_through_b_reaches_a_over_notify(tmp_path: Path, dsn:
         assert await b.interrupt(s.id) is True
         done = await feed.wait("session.execution.interrupted", sessionID=s.id)
         assert done["data"]["reason"] == "user"
+
+
+async def _end_connections(dsn: str) -> int:
+    """End every session on ``dsn``'s database from the server side, as a restart would."""
+    name = dsn.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(ADMIN)
+    try:
+        ended = await admin.fetch(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
+            name,
+        )
+    finally:
+        await admin.close()
+    return len(ended)
+
+
+async def test_the_channel_heals_after_the_server_ends_its_connections(dsn: str) -> None:
+    async with AsyncExitStack() as stack:
+        healed = asyncio.Event()
+        one = await _bus(stack, dsn)
+        two = NotifyHostBus(dsn, on_reconnect=healed.set)
+        await two.open()
+        stack.push_async_callback(two.close)
+        got = Inbox()
+        stack.callback(await two.subscribe("host-b", got))
+        assert await _end_connections(dsn) == 2
+        async with asyncio.timeout(5):
+            await healed.wait()  # B listens again, and says so
+        # A's publish waits for its own connection to be back, then goes out.
+        wake = HostMessage(kind="wake", origin="host-a", session_ids=("ses_1",))
+        await one.publish("host-b", wake)
+        await got.until(1)
+        assert got == [wake]
+        assert one.channel.listener.connects == 2
+        assert two.channel.listener.connects == 2
+
+
+async def test_publishes_at_once_share_the_connection_and_all_arrive(dsn: str) -> None:
+    async with AsyncExitStack() as stack:
+        one, two = await _bus(stack, dsn), await _bus(stack, dsn)
+        got = Inbox()
+        stack.callback(await two.subscribe("host-b", got))
+        sent = [
+            HostMessage(kind="wake", origin="host-a", session_ids=(f"ses_{i}",)) for i in range(30)
+        ]
+        # One connection runs one statement at a time: concurrent publishers wait their turn.
+        await asyncio.gather(*(one.publish("host-b", m) for m in sent))
+        await got.until(30)
+        assert sorted(m.session_ids for m in got) == sorted(m.session_ids for m in sent)
+
+
+async def test_a_publish_without_a_server_fails_as_storage_broken(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage import StorageBrokenError, _pg_channel
+
+    monkeypatch.setattr(_pg_channel, "PUBLISH_WAIT_S", 0.5)
+    async with AsyncExitStack() as stack:
+        bus = await _bus(stack, dsn)
+        name = dsn.rsplit("/", 1)[1]
+        admin = await asyncpg.connect(ADMIN)
+        try:
+            # Gone for good: the listener keeps trying, a publish gives up.
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        wake = HostMessage(kind="wake", origin="host-a", session_ids=("ses_1",))
+        with pytest.raises(StorageBrokenError, match="no connection") as caught:
+            await bus.publish("host-b", wake)
+        assert "postgresql://" not in str(caught.value)
+
+
+async def test_a_listener_reconnects_through_refused_connections(dsn: str) -> None:
+    """A server restarting refuses connections for a while: the listener waits it
+    out, however the connect function says so (a store's raises StorageBrokenError)."""
+    from storage import StorageBrokenError
+    from storage.postgres.listen import Listener
+
+    refusals = 0
+
+    async def connect() -> object:
+        nonlocal refusals
+        if listener.connects and refusals < 3:
+            refusals += 1
+            raise StorageBrokenError("cannot connect: refused")
+        return await asyncpg.connect(dsn)
+
+    back, arrived = asyncio.Event(), asyncio.Event()
+    heard: list[str] = []
+
+    def on_payload(payload: str) -> None:
+        heard.append(payload)
+        arrived.set()
+
+    listener = Listener(connect, "c", on_payload=on_payload, on_reconnect=back.set)
+    await listener.start()
+    try:
+        listener.kill_connection()
+        async with asyncio.timeout(10):
+            await back.wait()
+        assert (refusals, listener.connects) == (3, 2)
+        await listener.execute("SELECT pg_notify('c', 'after')")
+        async with asyncio.timeout(5):
+            await arrived.wait()
+        assert heard == ["after"]
+    finally:
+        await listener.stop()

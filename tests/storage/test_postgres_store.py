@@ -285,22 +285,17 @@ async def test_a_read_is_one_round_trip_and_its_connection_comes_back_clean(pg_u
         assert await reader.fetch("SHOW default_transaction_read_only") == [("on",)]
 
 
-def test_a_listener_skips_its_own_origin_by_prefix_only() -> None:
-    from storage.postgres.listen import Listener
+def test_a_store_skips_its_own_origin_by_prefix_only() -> None:
+    from storage.postgres.listen import notices
     from storage.postgres.notify import own_prefix
 
-    async def no_connection() -> asyncpg.Connection:
-        raise AssertionError("not connected in this test")
-
     heard: list[Any] = []
-    listener = Listener(
-        no_connection, "c", "abc", on_notice=heard.append, on_reconnect=lambda: None
-    )
+    on_payload = notices("abc", heard.append)
     for payload in payloads("abc", [_record(1)]):
-        listener._notified(None, 0, "c", payload)
+        on_payload(payload)
     assert heard == []  # its own commit, already published locally
     for payload in payloads("abcd", [_record(2)]):  # an origin "abc" is a prefix of
-        listener._notified(None, 0, "c", payload)
+        on_payload(payload)
     assert [n.origin for n in heard] == ["abcd"]
     assert own_prefix("abc") == "v1 abc "
 
