@@ -215,3 +215,14 @@ async def test_a_listener_reconnects_through_refused_connections(dsn: str) -> No
         assert heard == ["after"]
     finally:
         await listener.stop()
+
+
+async def test_a_channel_that_cannot_connect_fails_to_open_as_storage_broken() -> None:
+    from storage import StorageBrokenError
+
+    bus = NotifyHostBus(f"postgresql://postgres:hunter2@127.0.0.1:5432/nx_{secrets.token_hex(4)}")
+    with pytest.raises(StorageBrokenError, match="cannot listen for host notices") as caught:
+        await bus.open()
+    assert "hunter2" not in str(caught.value)
+    assert bus.channel.listener is None
+    await bus.close()  # nothing to close: a no-op
