@@ -428,7 +428,7 @@ class SessionsAPI(APIGroup):
         *,
         options: CallOptions | None = None,
     ) -> InterruptResult:
-        """Interrupt this process's execution of the session; pending input stays.
+        """Interrupt the session's execution, on whichever host runs it; pending input stays.
 
         ``POST /api/session/{sessionID}/interrupt`` (session.interrupt). Errors:
         InvalidRequestError, UnauthorizedError, SessionNotFoundError.

@@ -98,7 +98,8 @@ class NotifyChannel:
             ) from None
 
     def _reconnected(self) -> None:
-        log.info("host notices: listening again; notices sent meanwhile were lost")
+        # The Listener said it is back; what that costs here is below.
+        log.info("host notices sent while the channel was down were lost")
         if self._on_reconnect is not None:
             try:
                 self._on_reconnect()

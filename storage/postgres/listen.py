@@ -157,6 +157,8 @@ class Listener:
             log.warning("lost the listen connection on %s; reconnecting", self._channel)
             await self._drop()
             conn = await self._reconnect()
+            # As loud as the loss: an operator reading warnings sees both ends.
+            log.warning("listening on %s again", self._channel)
             self._on_reconnect()
 
     async def _reconnect(self) -> asyncpg.Connection:

@@ -6,6 +6,7 @@ Each test creates its own database (channels are per database) and drops it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -124,7 +125,10 @@ async def _end_connections(dsn: str) -> int:
     return len(ended)
 
 
-async def test_the_channel_heals_after_the_server_ends_its_connections(dsn: str) -> None:
+async def test_the_channel_heals_after_the_server_ends_its_connections(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="storage.postgres.listen")
     async with AsyncExitStack() as stack:
         healed = asyncio.Event()
         one = await _bus(stack, dsn)
@@ -143,6 +147,10 @@ async def test_the_channel_heals_after_the_server_ends_its_connections(dsn: str)
         assert got == [wake]
         assert one.channel.listener.connects == 2
         assert two.channel.listener.connects == 2
+    # Both ends of the outage at warning level, for an operator reading warnings.
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count("lost the listen connection on sessionrt_hosts; reconnecting") == 2
+    assert said.count("listening on sessionrt_hosts again") == 2
 
 
 async def test_publishes_at_once_share_the_connection_and_all_arrive(dsn: str) -> None:
