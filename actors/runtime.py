@@ -569,7 +569,8 @@ class Runtime:
             # (a host that died): re-read at least every quarter ttl.
             while await self._owner(session_id) is not None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ended.wait(), self.config.lease_ttl_ms / 4000)
+                    async with asyncio.timeout(self.config.lease_ttl_ms / 4000):
+                        await ended.wait()  # not wait_for: see _scan
                 ended.clear()
         finally:
             unsubscribe()
@@ -785,8 +786,12 @@ class Runtime:
         # At most a second: a dead host's sessions move within expiry + 1 s.
         interval = min(self.config.lease_ttl_ms / 2 / 1000, 1.0)
         while True:
+            # asyncio.timeout, not wait_for: on 3.11, wait_for returns normally
+            # when the event and a cancellation land together, and the scan then
+            # ran on forever, holding a closing runtime open.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._rescan.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._rescan.wait()
             self._rescan.clear()
             try:
                 await self.recover()

@@ -128,8 +128,11 @@ class Listener:
         conn, self._conn = self._conn, None
         self.ready.clear()
         if conn is not None and not conn.is_closed():
+            # asyncio.timeout, not wait_for, which on 3.11 can swallow a
+            # cancellation that lands as the close completes.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await conn.close()
             if not conn.is_closed():
                 conn.terminate()
 

@@ -252,8 +252,9 @@ class PostgresStore:
                         await writer.close()
                     self._writers[lane] = None
             if self._pool is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._pool.close(), 5.0)
+                with contextlib.suppress(Exception):  # TimeoutError too: terminated below
+                    async with asyncio.timeout(5.0):  # not wait_for (3.11 can swallow a cancel)
+                        await self._pool.close()
                 self._pool.terminate()
                 self._pool = None
             self._state = _State.CLOSED

@@ -270,3 +270,24 @@ async def test_a_closed_host_refuses_admissions_instead_of_keeping_their_wake(
         await a.sessions.prompt(s.id, PromptInput(text="#text too late"))
     assert await hosts.store.queries.inbox(s.id) == []
     assert [r.type for r in await hosts.store.read(s.id)] == ["session.created.1"]
+
+
+@pytest.mark.parametrize("turns", range(6))
+async def test_the_lease_scan_ends_when_cancelled_just_as_it_is_rung(
+    tmp_path: Path, turns: int
+) -> None:
+    """A shutdown cancels the scan; a release announced (or a channel back) at
+    that moment rings it. The cancellation must win, whatever the interleaving:
+    Python 3.11's ``asyncio.wait_for`` returns normally when its awaitable and
+    a cancellation land together, and the scan then ran on, so closing the
+    runtime waited for it forever."""
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+    async with Runtime(config) as runtime:
+        [scan] = [t for t in asyncio.all_tasks() if t.get_name() == "lease-scan"]
+        await asyncio.sleep(0.05)  # past the start-up sweep: waiting to be rung
+        runtime._rescan.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        scan.cancel()
+        done, _ = await asyncio.wait({scan}, timeout=3)
+        assert scan in done

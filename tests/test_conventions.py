@@ -1,0 +1,36 @@
+"""Rules the code keeps that no linter checks for us."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("package", ["protocol", "storage", "actors", "server"])
+def test_no_asyncio_wait_for(package: str) -> None:
+    """``async with asyncio.timeout(...)`` instead: on Python 3.11, ``wait_for``
+    returns normally when its awaitable completes as a cancellation arrives, so
+    the cancelled task runs on (the lease scan did, and a closing runtime waited
+    for it forever; ``tests/runtime/test_hosts.py``)."""
+    bad = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "wait_for"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "asyncio"
+            ):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "asyncio":
+                bad += [
+                    f"{path.relative_to(ROOT)}:{node.lineno}"
+                    for a in node.names
+                    if a.name == "wait_for"
+                ]
+    assert bad == []
