@@ -234,3 +234,44 @@ async def test_a_channel_that_cannot_connect_fails_to_open_as_storage_broken() -
     assert "hunter2" not in str(caught.value)
     assert bus.channel.listener is None
     await bus.close()  # nothing to close: a no-op
+
+
+class _CountingEvent(asyncio.Event):
+    """The runtime's scan event, counting who rang it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rung = 0
+        self._rang = asyncio.Event()
+
+    def set(self) -> None:
+        self.rung += 1
+        self._rang.set()
+        super().set()
+
+
+async def test_a_runtime_scans_at_once_when_its_host_channel_is_back(
+    tmp_path: Path, dsn: str
+) -> None:
+    """Releases other hosts announced while the channel was down reached nobody:
+    the lease scan runs as soon as it listens again, not at its next period."""
+    config = RuntimeConfig(
+        data_dir=tmp_path / "data", default_directory=str(tmp_path), database=dsn, host_id="a"
+    )
+    runtime = Runtime(config)
+    rescan = runtime._rescan = _CountingEvent()
+    async with runtime:
+        bus = runtime.host_bus
+        assert isinstance(bus, NotifyHostBus)
+        before = rescan.rung
+        rescan._rang.clear()
+        listener = bus.channel.listener
+        admin = await asyncpg.connect(ADMIN)
+        try:
+            await admin.execute("SELECT pg_terminate_backend($1)", listener._conn.get_server_pid())
+        finally:
+            await admin.close()
+        async with asyncio.timeout(5):
+            await rescan._rang.wait()
+        assert rescan.rung == before + 1
+        assert listener.connects == 2
