@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 import asyncpg
 
 from storage.errors import StorageBrokenError
 
-__all__ = ["reason"]
+__all__ = ["UNAVAILABLE", "reason"]
+
+#: The server or the connection is not there for now (the same request may
+#: work later): the socket's errors, the driver's, a connection the server
+#: ended (``08xxx``, and ``57xxx`` such as "terminating connection due to
+#: administrator command", which a restart or a failover sends to every
+#: session) and a server out of resources (``53xxx``: too many connections).
+#: A read that fails so is a StorageBrokenError (a 503), not a 500.
+UNAVAILABLE: Final = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+)
 
 
 def reason(exc: BaseException) -> str:

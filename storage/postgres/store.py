@@ -54,6 +54,7 @@ from storage._writer import Outcome, Prepared
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
 from storage.postgres import schema
+from storage.postgres._errors import UNAVAILABLE
 from storage.postgres._errors import reason as _reason
 from storage.postgres._lanes import Share, take
 from storage.postgres._writer import CommandGuard, Heads, Plans, commit_batch
@@ -426,7 +427,7 @@ class PostgresStore:
         try:
             async with self._pool.acquire() as conn:
                 rows = await conn.fetch(translate(sql), *params)
-        except (OSError, asyncpg.InterfaceError) as exc:
+        except UNAVAILABLE as exc:
             raise StorageBrokenError(f"read failed: {_reason(exc)}") from None
         return [tuple(r) for r in rows]
 
@@ -441,7 +442,7 @@ class PostgresStore:
                 for sql, params in statements:
                     rows = await conn.fetch(translate(sql), *params)
                     out.append([tuple(r) for r in rows])
-        except (OSError, asyncpg.InterfaceError) as exc:
+        except UNAVAILABLE as exc:
             raise StorageBrokenError(f"read failed: {_reason(exc)}") from None
         return out
 

@@ -170,6 +170,42 @@ async def test_a_dropped_listen_connection_reconnects_and_nothing_is_missed(
     assert len(heard) == 7
 
 
+async def test_a_read_the_server_cuts_off_fails_as_storage_broken_then_reads_work(
+    pg_url: str,
+) -> None:
+    """A restart or failover ends every session with 57P01 ("terminating
+    connection due to administrator command"): a read in flight then fails as
+    StorageBrokenError (a 503 at the front door, not a 500), and the next read
+    gets a new connection."""
+    async with PostgresStore(pg_url, readers=2) as store:
+        await store.append(Command.of(created("ses_r")))
+        slow = asyncio.ensure_future(store.fetch("SELECT pg_sleep(30)"))
+        many = asyncio.ensure_future(
+            store.fetch_many([("SELECT 1", ()), ("SELECT pg_sleep(30)", ())])
+        )
+        admin = await asyncpg.connect(pg_url)
+        try:
+            async with asyncio.timeout(10):
+                while (
+                    await admin.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE query LIKE 'SELECT pg_sleep(30)%' AND pid <> pg_backend_pid()"
+                    )
+                    < 2
+                ):
+                    await asyncio.sleep(0.02)
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await admin.close()
+        for read in (slow, many):
+            with pytest.raises(StorageBrokenError, match="read failed"):
+                await read
+        assert await store.last_seq("ses_r") == 1
+
+
 async def test_a_batch_touching_many_sessions_is_announced_in_several_payloads(
     two: tuple[PostgresStore, PostgresStore],
 ) -> None:
