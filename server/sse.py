@@ -30,7 +30,7 @@ from actors.runtime import Runtime
 from protocol.errors import InvalidRequestError
 from protocol.events import envelope
 from protocol.operations import LogQuery
-from storage import RecordedEvent
+from storage import RecordedEvent, StorageError
 
 __all__ = [
     "PING",
@@ -245,6 +245,16 @@ async def session_log(
             # The reader went away: the normal end of a followed stream.
             if response is None:
                 raise
+            return response
+        except StorageError as exc:
+            # The log cannot be read for now (its database restarting, say).
+            # Before the stream began this is the 503 of any request; once it
+            # runs, an error response can no longer be sent, and leaving the
+            # stream open would stall the reader: end it with its last chunk,
+            # and the reader resumes from its last id.
+            if response is None:
+                raise
+            log_.warning("session log of %s ended: %s", session_id, exc)
             return response
         finally:
             settings.open_logs -= 1

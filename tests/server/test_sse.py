@@ -179,3 +179,28 @@ async def test_disposed_is_sent_before_shutdown(client: Client) -> None:
     await client.server.close()
     rest = [f.get("event") async for f in stream]
     assert rest[-1] == "server.instance.disposed"
+
+
+async def test_a_log_that_cannot_be_read_ends_the_followed_stream_cleanly(
+    client: Client, monkeypatch: Any, caplog: Any
+) -> None:
+    """The database going away mid-follow (a restart) ends the stream with its
+    last chunk: the reader resumes from its last id. Not a 500 written into a
+    stream already under way."""
+    from storage import StorageBrokenError
+
+    sid = (await create_session(client))["id"]
+    response = await client.get(f"/api/experimental/session/{sid}/log?follow=true")
+    await collect_until_synced(response)
+    runtime = runtime_of(client)
+
+    async def unreadable(*args: Any, **kwargs: Any) -> Any:
+        raise StorageBrokenError("read failed: ConnectionDoesNotExistError")
+
+    monkeypatch.setattr(runtime.store, "read", unreadable)
+    await runtime.sessions.update(sid, UpdateSessionInput(title="rung"))
+    async with asyncio.timeout(5):
+        rest = [f async for f in frames(response)]  # ends by itself, and cleanly
+    assert rest == []
+    assert not [r for r in caplog.records if r.getMessage().startswith("unhandled error")]
+    assert any("session log of" in r.getMessage() for r in caplog.records)
