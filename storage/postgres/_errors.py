@@ -15,10 +15,14 @@ __all__ = ["UNAVAILABLE", "reason"]
 #: ended (``08xxx``, and ``57xxx`` such as "terminating connection due to
 #: administrator command", which a restart or a failover sends to every
 #: session) and a server out of resources (``53xxx``: too many connections).
-#: A read that fails so is a StorageBrokenError (a 503), not a 500.
+#: A read that fails so is a StorageBrokenError (a 503), not a 500. The
+#: driver's InternalClientError is there too: a pooled connection cut off
+#: mid-statement can answer the next one with it ("cannot switch to state
+#: 12; another operation is in progress"), seen under crashsim's drops.
 UNAVAILABLE: Final = (
     OSError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,

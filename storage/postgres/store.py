@@ -332,12 +332,27 @@ class PostgresStore:
             started = time.perf_counter()
             try:
                 outcomes, published = await self._commit(lane, [p for p, _ in batch])
+            except Exception as exc:
+                # Nothing named it (a bug, or the driver failing in a way not
+                # foreseen): the batch fails, its appenders hear so, and the
+                # lane goes on, on a new connection. A dead lane would leave
+                # its appenders waiting for ever.
+                log.exception("writer lane %d failed", lane)
+                self._drop_writer(lane)
+                broken = StorageBrokenError(f"commit failed: {type(exc).__name__}")
+                outcomes, published = [Outcome(error=broken) for _ in batch], []
             finally:
                 self._in_flight[lane] = None
             self._batch_done(batch, outcomes, published, time.perf_counter() - started)
             if self._pending:
                 # Commands held back behind this batch's keys may go now, on any lane.
                 self._wake.set()
+
+    def _drop_writer(self, lane: int) -> None:
+        """Forget the lane's connection (closing it at once); the next batch makes one."""
+        writer, self._writers[lane] = self._writers[lane], None
+        if writer is not None and not writer.is_closed():
+            writer.terminate()
 
     def _take(self, lane: int) -> list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]]:
         if not self._pending:
@@ -368,11 +383,13 @@ class PostgresStore:
                     own=self._remote.own,
                     fast=self.fast_path,
                 )
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, StorageBrokenError) as exc:
+        except (*UNAVAILABLE, asyncpg.PostgresError, StorageBrokenError) as exc:
             # The outcome of a COMMIT cut off by a lost connection is unknown;
             # an exact replay of the command is idempotent, so retrying is safe.
-            if writer is not None and writer.is_closed():
-                self._writers[lane] = None
+            if writer is not None and (
+                writer.is_closed() or isinstance(exc, asyncpg.InternalClientError)
+            ):
+                self._drop_writer(lane)  # the driver's own state is in doubt: a new one
             broken = StorageBrokenError(f"commit failed: {_reason(exc)}")
             return [Outcome(error=broken) for _ in batch], []
         self.batch_paths["fast" if result.fast else "savepoints"] += 1

@@ -207,6 +207,44 @@ async def test_a_read_the_server_cuts_off_fails_as_storage_broken_then_reads_wor
         assert await store.last_seq("ses_r") == 1
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [
+        asyncpg.InternalClientError("cannot switch to state 12; another operation is in progress"),
+        RuntimeError("a failure nothing names"),
+    ],
+    ids=["driver-state", "unforeseen"],
+)
+async def test_a_batch_that_fails_in_an_unforeseen_way_fails_its_appenders_and_the_lane_goes_on(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, failure: Exception
+) -> None:
+    """A writer lane whose commit raised what it did not name died, and the
+    batch's appenders waited for ever (under crashsim's connection drops the
+    driver raised InternalClientError). Now the batch fails as
+    StorageBrokenError, the lane's connection is replaced, and writes go on."""
+    from storage.postgres import store as store_module
+
+    real = store_module.commit_batch
+    calls = 0
+
+    async def failing_once(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise failure
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(store_module, "commit_batch", failing_once)
+    async with PostgresStore(pg_url) as store:
+        async with asyncio.timeout(10):
+            with pytest.raises(StorageBrokenError, match="commit failed"):
+                await store.append(Command.of(created("ses_w")))
+            for _ in range(4):  # every lane, each on a working connection
+                await store.append(Command.of(created(f"ses_{_}")))
+        assert await store.last_seq("ses_w") == 0
+        assert await store.last_seq("ses_3") == 1
+
+
 async def test_a_batch_touching_many_sessions_is_announced_in_several_payloads(
     two: tuple[PostgresStore, PostgresStore],
 ) -> None:
