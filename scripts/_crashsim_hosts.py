@@ -5,9 +5,12 @@ N ``sessionrt serve`` processes share one PostgreSQL database (short leases,
 running hosts: prompts with ids (half of them run a bash call that appends a
 mark to a ledger), interrupts, resumes. At random a host is SIGKILLed (and a
 new one started in its place) or SIGSTOPped past its lease ttl and then
-SIGCONTed. A follower per session reads the session's SSE log from a random
-host and moves to another when its host goes away, resuming after the last
-seq it saw. After a settle (every host running, no claim left) the checks:
+SIGCONTed, or the database server ends every connection to the database
+(``pg_terminate_backend``, as a restart or a failover does: each host's
+writers, readers, log listener and host channel at once). A follower per
+session reads the session's SSE log from a random host and moves to another
+when its host goes away, resuming after the last seq it saw. After a settle
+(every host running, no claim left) the checks:
 
 - every prompt with a receipt was enqueued once, and delivered or cancelled
   once, or is still pending (an interrupt without resume leaves it queued);
@@ -125,6 +128,7 @@ class HostSim:
         self.seen: dict[str, list[int]] = {}
         self.kills = 0
         self.stops = 0
+        self.drops = 0
         self.ledger = root / "ledger.txt"
         self.notes: list[str] = []
 
@@ -209,7 +213,10 @@ class HostSim:
             if len(live) < 2:
                 continue
             victim = self.rng.choice(live)
-            if self.rng.random() < 0.5:
+            roll = self.rng.random()
+            if roll < 0.2:
+                await self.drop_connections()
+            elif roll < 0.6:
                 victim.kill()
                 self.kills += 1
                 self.hosts.remove(victim)
@@ -219,6 +226,21 @@ class HostSim:
                 self.stops += 1
                 await asyncio.sleep(ttl * 1.5)  # past its lease: others take its sessions
                 victim.cont()
+
+    async def drop_connections(self) -> None:
+        """End every server session on the database but this one, as a restart would."""
+        import asyncpg
+
+        conn = await asyncpg.connect(self.args.database)
+        try:
+            ended = await conn.fetch(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await conn.close()
+        if ended:
+            self.drops += 1
 
     async def run(self) -> list[Any]:
         for _ in range(self.args.hosts):
@@ -339,6 +361,7 @@ def main(args: Any, exe: Path, load: Any) -> int:
         "receipts": len(sim.receipts),
         "kills": sim.kills,
         "stops": sim.stops,
+        "connection_drops": sim.drops,
         "followed_events": sum(len(s) for s in sim.seen.values()),
         "elapsed_s": round(time.monotonic() - started, 2),
         "notes": sim.notes,
