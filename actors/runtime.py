@@ -104,6 +104,7 @@ from storage import (
     FencedError,
     ProjectionConflict,
     RecordedEvent,
+    StorageError,
     Store,
     Synchronous,
     connect,
@@ -797,6 +798,10 @@ class Runtime:
                 await self.recover()
             except ServiceUnavailableError:
                 return  # execution stopped: the runtime is closing
+            except StorageError as exc:
+                # The database away for now: the message is the news (the next
+                # period tries again), a traceback is noise.
+                log.warning("the lease scan failed: %s", exc)
             except Exception:
                 log.exception("the lease scan failed")
 

@@ -291,3 +291,31 @@ async def test_the_lease_scan_ends_when_cancelled_just_as_it_is_rung(
         scan.cancel()
         done, _ = await asyncio.wait({scan}, timeout=3)
         assert scan in done
+
+
+async def test_a_lease_scan_the_database_refuses_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database away for a while (a restart): each period's failed scan is a
+    warning naming the failure, without a traceback, and the scan goes on."""
+    from storage import StorageBrokenError
+
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+    async with Runtime(config) as runtime:
+        tried = asyncio.Event()
+
+        async def refused() -> None:
+            tried.set()
+            raise StorageBrokenError("read failed: ConnectionDoesNotExistError")
+
+        monkeypatch.setattr(runtime, "recover", refused)
+        for _ in range(2):
+            tried.clear()
+            runtime._rescan.set()
+            async with asyncio.timeout(5):
+                await tried.wait()
+        await asyncio.sleep(0)
+    said = [r for r in caplog.records if r.getMessage().startswith("the lease scan failed")]
+    assert len(said) >= 2
+    assert all(r.levelname == "WARNING" and r.exc_info is None for r in said)
+    assert "ConnectionDoesNotExistError" in said[0].getMessage()
