@@ -58,6 +58,7 @@ class NotifyChannel:
         # Imported here: the SQLite-only install has no asyncpg.
         import asyncpg
 
+        from storage.postgres._errors import UNAVAILABLE
         from storage.postgres.listen import Listener
 
         async def connect() -> Any:
@@ -68,7 +69,7 @@ class NotifyChannel:
         )
         try:
             await listener.start()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (*UNAVAILABLE, asyncpg.PostgresError) as exc:
             await listener.stop()
             # The type only: a message could name the server (never the password,
             # but the URL is the user's to show).

@@ -25,6 +25,7 @@ from typing import Any, Final
 import asyncpg
 
 from storage.errors import StorageBrokenError, StorageError
+from storage.postgres._errors import UNAVAILABLE
 from storage.postgres.notify import Notice, own_prefix, parse
 
 __all__ = ["PING_S", "Listener", "notices"]
@@ -34,9 +35,11 @@ log = logging.getLogger(__name__)
 #: Seconds between pings of an idle listen connection.
 PING_S: Final = 5.0
 _BACKOFF_MAX_S: Final = 2.0
-#: What a failed connection attempt or statement raises: asyncpg's errors, the
-#: socket's, and a connect function's own (a store's raises StorageBrokenError).
-_LOST: Final = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, StorageError)
+#: What a failed connection attempt or statement raises: the connection not
+#: there for now (UNAVAILABLE, the driver's InternalClientError included), any
+#: other server error, and a connect function's own (a store's raises
+#: StorageBrokenError).
+_LOST: Final = (*UNAVAILABLE, asyncpg.PostgresError, StorageError)
 
 
 def notices(origin: str, on_notice: Callable[[Notice], None]) -> Callable[[str], None]:
