@@ -9,6 +9,8 @@ Delivery is at most once and carries no reply: a message to a host that is
 gone (or whose connection to the server is being re-made) is lost, and the
 periodic recovery scan picks its sessions up once its leases expire; a wake
 is advisory, so a lost one leaves its input admitted, run at the next wake.
+An interrupt is the one message that must arrive: :mod:`actors.interrupts`
+has it answered and resends it until it is.
 :class:`LocalHostBus` connects hosts of one process (SQLite, and tests);
 :class:`NotifyHostBus` connects processes on one PostgreSQL server
 (LISTEN/NOTIFY, :mod:`storage._pg_channel`, which re-makes a lost connection).
@@ -30,7 +32,7 @@ __all__ = ["HostBus", "HostMessage", "LocalHostBus", "NotifyHostBus"]
 
 log = logging.getLogger(__name__)
 
-MessageKind = Literal["wake", "interrupt", "resume", "released"]
+MessageKind = Literal["wake", "interrupt", "answer", "resume", "released"]
 
 
 @attrs.frozen(kw_only=True)
@@ -41,6 +43,11 @@ class HostMessage:
     session_ids: tuple[str, ...]
     #: The wake's scope (``wake`` only).
     scope: Literal["input", "steer"] = "input"
+    #: An ``interrupt``'s request id, which its ``answer`` repeats
+    #: (:mod:`actors.interrupts`); empty: no answer wanted.
+    request: str = ""
+    #: The ``answer``: True when the owner's interrupt stopped an execution.
+    answer: bool = False
 
     def encode(self) -> str:
         return orjson.dumps(
@@ -49,17 +56,23 @@ class HostMessage:
                 "origin": self.origin,
                 "sessions": self.session_ids,
                 "scope": self.scope,
+                "request": self.request,
+                "answer": self.answer,
             }
         ).decode()
 
     @classmethod
     def decode(cls, text: str) -> HostMessage:
         raw = orjson.loads(text)
+        if not isinstance(raw.get("request", ""), str):
+            raise TypeError("a host message's request id is not a string")
         return cls(
             kind=raw["kind"],
             origin=raw["origin"],
             session_ids=tuple(raw["sessions"]),
             scope=raw["scope"],
+            request=raw.get("request", ""),
+            answer=raw.get("answer", False) is True,
         )
 
 

@@ -55,6 +55,7 @@ from actors.generate import Generator
 from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import InstructionEntries, Instructions
+from actors.interrupts import RemoteInterrupts
 from actors.leases import LeaseKeeper
 from actors.llm import (
     SCRIPTED_MODEL,
@@ -385,6 +386,10 @@ class Runtime:
         self._hooks: _DurableHooks | None = None
         self._rescan = asyncio.Event()
         self._tasks: set[asyncio.Task[object]] = set()
+        #: Interrupts to and from the other hosts (answered, resent until then).
+        self.remote_interrupts = RemoteInterrupts(
+            self.host_id, self.host_bus, self._interrupt_here, self._spawn
+        )
         self._closing = False
         #: Wakes that arrived while closing (session id -> widest scope).
         self._refused: dict[str, Scope] = {}
@@ -526,10 +531,14 @@ class Runtime:
                 self._wake(sid, message.scope)
             elif message.kind == "resume":
                 self._spawn(execution.resume(sid), f"resume:{sid}")
-            elif message.kind == "interrupt":
-                self._spawn(execution.interrupt(sid, "user"), f"interrupt:{sid}")
-        if message.kind == "released":
+        if message.kind in ("interrupt", "answer"):
+            self.remote_interrupts.on_message(message)
+        elif message.kind == "released":
             self._rescan.set()
+
+    async def _interrupt_here(self, session_id: str) -> bool:
+        execution = self._execution
+        return execution is not None and await execution.interrupt(session_id, "user")
 
     async def _owner(self, session_id: str) -> str | None:
         """The other host holding a live lease on the session, if any."""
@@ -806,7 +815,8 @@ class Runtime:
                 log.exception("the lease scan failed")
 
     async def interrupt(self, session_id: str, *, resume: bool = False) -> bool:
-        """Interrupt the session's local execution as the user; never deletes input.
+        """Interrupt the session's execution as the user, on whichever host runs it
+        (:mod:`actors.interrupts`); never deletes input. True when one stopped.
 
         With ``resume``, the session is woken again at steer scope when its next
         promotable input is a steer or a control item (queued prompts stay parked).
@@ -816,11 +826,7 @@ class Runtime:
         if not interrupted:
             owner = await self._owner(session_id)
             if owner is not None:
-                message = HostMessage(
-                    kind="interrupt", origin=self.host_id, session_ids=(session_id,)
-                )
-                await self.host_bus.publish(owner, message)
-                interrupted = True
+                interrupted = await self.remote_interrupts.send(owner, session_id)
         if resume:
             pending = await self.sessions.pending(session_id)
             steers = select_promotable(pending, "steer")

@@ -431,7 +431,7 @@ class SessionsAPI(APIGroup):
         """Interrupt the session's execution, on whichever host runs it; pending input stays.
 
         ``POST /api/session/{sessionID}/interrupt`` (session.interrupt). Errors:
-        InvalidRequestError, UnauthorizedError, SessionNotFoundError.
+        InvalidRequestError, UnauthorizedError, SessionNotFoundError, ServiceUnavailableError.
         """
         result: InterruptResult = await self._call(
             _SESSION_INTERRUPT,

@@ -446,7 +446,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         query=InterruptQuery,
         output_kind="raw",
         output=InterruptResult,
-        errors=_NF,
+        errors=(*_NF, e.ServiceUnavailableError),
         client=("sessions", "interrupt"),
     ),
     Operation(

@@ -116,6 +116,12 @@ class Listener:
                     raise StorageBrokenError(f"statement failed: {type(exc).__name__}") from None
                 return
 
+    @property
+    def server_pid(self) -> int | None:
+        """The server process of the connection in use (None while there is none)."""
+        conn = self._conn
+        return None if conn is None or conn.is_closed() else conn.get_server_pid()
+
     def kill_connection(self) -> None:
         """Drop the connection as a network failure would (for tests)."""
         if self._conn is not None:

@@ -110,6 +110,66 @@ async def test_an_interrupt_through_b_reaches_a_over_notify(tmp_path: Path, dsn:
         assert done["data"]["reason"] == "user"
 
 
+class _CountingBus(NotifyHostBus):
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn)
+        self.interrupts = 0
+
+    async def publish(self, host_id: str | None, message: HostMessage) -> None:
+        self.interrupts += message.kind == "interrupt"
+        await super().publish(host_id, message)
+
+
+async def test_an_interrupt_sent_while_the_owner_reconnects_still_reaches_it(
+    tmp_path: Path, dsn: str
+) -> None:
+    """The owner's channel connection is ended by the server and its reconnect is
+    refused twice: the first interrupt goes out while nobody listens for it."""
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(SQLiteStore(tmp_path / "shared.sqlite"))
+        events, feed = EventBus(), Feed()
+        events.attach(store)
+        events.subscribe(feed)
+        stack.callback(events.close)
+        buses = [_CountingBus(dsn), _CountingBus(dsn)]
+        hosts = []
+        for host, bus in zip(("host-a", "host-b"), buses, strict=True):
+            await bus.open()
+            stack.push_async_callback(bus.close)
+            config = RuntimeConfig(
+                data_dir=tmp_path / "data", default_directory=str(tmp_path), host_id=host
+            )
+            hosts.append(
+                await stack.enter_async_context(Runtime(config, store=store, host_bus=bus))
+            )
+        a, b = hosts
+        s = await a.sessions.create()
+        await a.sessions.prompt(s.id, PromptInput(text='#tool bash {"command": "sleep 30"}'))
+        await feed.wait("session.tool.called", sessionID=s.id)
+        listener = buses[0].channel.listener
+        connect, refused = listener._connect, 0
+
+        async def refusing() -> object:
+            nonlocal refused
+            if refused < 2:
+                refused += 1
+                raise OSError("connection refused")
+            return await connect()
+
+        listener._connect = refusing
+        admin = await asyncpg.connect(ADMIN)
+        try:
+            await admin.execute("SELECT pg_terminate_backend($1)", listener.server_pid)
+        finally:
+            await admin.close()
+        assert await b.interrupt(s.id) is True
+        done = await feed.wait("session.execution.interrupted", sessionID=s.id)
+        assert done["data"]["reason"] == "user"
+        assert refused == 2
+        assert listener.connects == 2
+        assert buses[1].interrupts >= 2  # the first was lost: sent again
+
+
 async def _end_connections(dsn: str) -> int:
     """End every session on ``dsn``'s database from the server side, as a restart would."""
     name = dsn.rsplit("/", 1)[1]

@@ -1,0 +1,170 @@
+"""An interrupt for a session another host runs arrives, is answered, and acts once.
+
+Two runtimes on one real SQLite store and an in-process bus that loses or holds
+the messages a test names, as a connection being re-made would
+(:mod:`actors.interrupts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+from feed import Feed
+
+from actors.bus import EventBus
+from actors.hostbus import HostMessage, LocalHostBus
+from actors.runtime import Runtime, RuntimeConfig
+from protocol.errors import ServiceUnavailableError
+from protocol.requests import PromptInput
+from storage import SQLiteStore
+
+SLEEP = '#tool bash {"command": "sleep 30"}'
+
+Rule = Callable[[str | None, HostMessage], bool]
+
+
+class LossyBus(LocalHostBus):
+    """The in-process bus; ``drop`` rules lose a message, ``hold`` rules delay it
+    until :attr:`release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str | None, HostMessage]] = []
+        self.drop: list[Rule] = []
+        self.hold: list[Rule] = []
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def publish(self, host_id: str | None, message: HostMessage) -> None:
+        self.sent.append((host_id, message))
+        for rule in list(self.drop):
+            if rule(host_id, message):
+                self.drop.remove(rule)
+                return
+        for rule in list(self.hold):
+            if rule(host_id, message):
+                self.hold.remove(rule)
+                self.held.set()
+                await self.release.wait()
+        await super().publish(host_id, message)
+
+    def kinds(self, kind: str) -> list[HostMessage]:
+        return [m for _, m in self.sent if m.kind == kind]
+
+
+class Two:
+    def __init__(self, tmp_path: Path, store: SQLiteStore) -> None:
+        self.tmp_path, self.store, self.bus = tmp_path, store, LossyBus()
+        self.stack = AsyncExitStack()
+        self.feed, self.events = Feed(), EventBus()
+        self.events.attach(store)
+        self.events.subscribe(self.feed)
+
+    async def start(self, host_id: str) -> Runtime:
+        config = RuntimeConfig(
+            data_dir=self.tmp_path / "data", default_directory=str(self.tmp_path), host_id=host_id
+        )
+        return await self.stack.enter_async_context(
+            Runtime(config, store=self.store, host_bus=self.bus)
+        )
+
+    async def types(self, session_id: str) -> list[str]:
+        return [r.type for r in await self.store.read(session_id, limit=1000)]
+
+
+@pytest.fixture
+async def two(tmp_path: Path) -> AsyncIterator[Two]:
+    async with SQLiteStore(tmp_path / "shared.sqlite") as store:
+        t = Two(tmp_path, store)
+        async with t.stack:
+            yield t
+        t.events.close()
+
+
+def _to_a(kind: str) -> Rule:
+    return lambda host, m: host == "host-a" and m.kind == kind
+
+
+def _to_b(kind: str) -> Rule:
+    return lambda host, m: host == "host-b" and m.kind == kind
+
+
+async def _running_on_a(two: Two) -> tuple[Runtime, Runtime, str]:
+    a, b = await two.start("host-a"), await two.start("host-b")
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text=SLEEP))
+    await two.feed.wait("session.tool.called", sessionID=s.id)
+    return a, b, s.id
+
+
+async def test_a_lost_interrupt_is_sent_again_until_the_owner_answers(two: Two) -> None:
+    a, b, sid = await _running_on_a(two)
+    two.bus.drop += [_to_a("interrupt"), _to_a("interrupt")]  # the first two are lost
+    assert await b.interrupt(sid) is True
+    done = await two.feed.wait("session.execution.interrupted", sessionID=sid)
+    assert done["data"]["reason"] == "user"
+    requests = two.bus.kinds("interrupt")
+    assert len(requests) == 3
+    assert len({m.request for m in requests}) == 1
+    assert requests[0].request
+    assert [m.answer for m in two.bus.kinds("answer")] == [True]
+    await a.execution.wait_idle(sid)
+
+
+async def test_a_request_seen_again_gets_the_same_answer_and_stops_nothing_new(two: Two) -> None:
+    a, b, sid = await _running_on_a(two)
+    # A's answer is lost, and B's resend is held back until a new execution runs on A.
+    two.bus.drop.append(_to_b("answer"))
+    first = True
+
+    def second_request(host: str | None, m: HostMessage) -> bool:
+        nonlocal first
+        if host == "host-a" and m.kind == "interrupt":
+            if first:
+                first = False
+                return False
+            return True
+        return False
+
+    two.bus.hold.append(second_request)
+    asking = asyncio.create_task(b.interrupt(sid))
+    await two.feed.wait("session.execution.interrupted", sessionID=sid)
+    await a.execution.wait_idle(sid)
+    await asyncio.wait_for(two.bus.held.wait(), 5)
+    mark = len(two.feed.events)
+    await a.sessions.prompt(sid, PromptInput(text=SLEEP))  # the next execution, on A
+    await two.feed.wait("session.tool.called", sessionID=sid, after=mark)
+    two.bus.release.set()
+    assert await asyncio.wait_for(asking, 10) is True
+    assert [m.answer for m in two.bus.kinds("answer")] == [True, True]
+    await asyncio.sleep(0.2)
+    assert sid in await a.execution.active()  # the resend did not stop it
+    assert (await two.types(sid)).count("session.execution.interrupted.1") == 1
+    assert await a.interrupt(sid) is True
+
+
+async def test_an_owner_that_never_answers_is_a_503_not_a_yes(two: Two) -> None:
+    a, b, sid = await _running_on_a(two)
+    b.remote_interrupts.wait_s = 0.6
+    two.bus.drop += [_to_a("interrupt")] * 50
+    with pytest.raises(ServiceUnavailableError, match=r"host-a.*did not answer"):
+        await b.interrupt(sid)
+    assert len(two.bus.kinds("interrupt")) >= 2  # it tried again before giving up
+    assert sid in await a.execution.active()
+    assert b.remote_interrupts.waiting == 0
+    assert await a.interrupt(sid) is True
+
+
+async def test_a_message_with_a_request_id_round_trips_and_a_bad_one_is_refused() -> None:
+    m = HostMessage(
+        kind="answer", origin="host-a", session_ids=("ses_1",), request="ab12", answer=True
+    )
+    assert HostMessage.decode(m.encode()) == m
+    old = '{"kind": "interrupt", "origin": "h", "sessions": ["ses_1"], "scope": "input"}'
+    assert HostMessage.decode(old).request == ""
+    with pytest.raises(TypeError):
+        HostMessage.decode(old[:-1] + ', "request": 5}')
