@@ -86,7 +86,7 @@ from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids
 from protocol.shapes import Session
-from storage import Command, FencedError, RecordedEvent, Store, now_ms
+from storage import Command, FencedError, RecordedEvent, StorageError, Store, now_ms
 
 __all__ = [
     "CONTINUE_DESCRIPTION",
@@ -367,9 +367,14 @@ class StepRunner:
                 # may be written (its new holder fails what was left open).
                 raise
             except Exception as exc:
-                # A bug, not weather: fail the step cleanly (every call settled,
-                # the partial kept) and let the execution fail with it.
-                log.exception("step of %s failed unexpectedly", session.id)
+                if isinstance(exc, StorageError):
+                    # The database, not a bug: its message is the news (a
+                    # traceback per step of an outage is noise).
+                    log.warning("step of %s stopped: %s", session.id, exc)
+                else:
+                    # A bug, not weather: fail the step cleanly (every call
+                    # settled, the partial kept) and let the execution fail with it.
+                    log.exception("step of %s failed unexpectedly", session.id)
                 error = ev.ErrorInfo(type="unknown", message=f"{type(exc).__name__}: {exc}")
                 return await self._failed(step, error)
             return await self._end(step, finished, outcomes, limited)
