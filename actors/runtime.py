@@ -523,6 +523,11 @@ class Runtime:
         task.add_done_callback(self._tasks.discard)
 
     def _on_host_message(self, message: HostMessage) -> None:
+        if message.kind in ("interrupt", "answer"):
+            # Answered even while execution stops (no, nothing ran here): the
+            # sender would otherwise wait its whole timeout for a 503.
+            self.remote_interrupts.on_message(message)
+            return
         execution = self._execution
         if execution is None:
             return
@@ -531,9 +536,7 @@ class Runtime:
                 self._wake(sid, message.scope)
             elif message.kind == "resume":
                 self._spawn(execution.resume(sid), f"resume:{sid}")
-        if message.kind in ("interrupt", "answer"):
-            self.remote_interrupts.on_message(message)
-        elif message.kind == "released":
+        if message.kind == "released":
             self._rescan.set()
 
     async def _interrupt_here(self, session_id: str) -> bool:
