@@ -85,31 +85,6 @@ async def test_a_message_reaches_its_host_and_a_broadcast_every_other(dsn: str) 
         assert got_c[0].kind == "released"
 
 
-async def test_an_interrupt_through_b_reaches_a_over_notify(tmp_path: Path, dsn: str) -> None:
-    async with AsyncExitStack() as stack:
-        store = await stack.enter_async_context(SQLiteStore(tmp_path / "shared.sqlite"))
-        events, feed = EventBus(), Feed()
-        events.attach(store)
-        events.subscribe(feed)
-        stack.callback(events.close)
-        hosts = []
-        for host in ("host-a", "host-b"):
-            bus = await _bus(stack, dsn)
-            config = RuntimeConfig(
-                data_dir=tmp_path / "data", default_directory=str(tmp_path), host_id=host
-            )
-            hosts.append(
-                await stack.enter_async_context(Runtime(config, store=store, host_bus=bus))
-            )
-        a, b = hosts
-        s = await a.sessions.create()
-        await a.sessions.prompt(s.id, PromptInput(text='#tool bash {"command": "sleep 30"}'))
-        await feed.wait("session.tool.called", sessionID=s.id)
-        assert await b.interrupt(s.id) is True
-        done = await feed.wait("session.execution.interrupted", sessionID=s.id)
-        assert done["data"]["reason"] == "user"
-
-
 class _CountingBus(NotifyHostBus):
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
@@ -120,32 +95,49 @@ class _CountingBus(NotifyHostBus):
         await super().publish(host_id, message)
 
 
+async def _running_on_a(
+    stack: AsyncExitStack, tmp_path: Path, dsn: str
+) -> tuple[Runtime, Runtime, list[_CountingBus], Feed, str]:
+    """Hosts A and B (one SQLite store, a NotifyHostBus each); a session whose
+    execution runs a long tool on A."""
+    store = await stack.enter_async_context(SQLiteStore(tmp_path / "shared.sqlite"))
+    events, feed = EventBus(), Feed()
+    events.attach(store)
+    events.subscribe(feed)
+    stack.callback(events.close)
+    buses, hosts = [], []
+    for host in ("host-a", "host-b"):
+        bus = _CountingBus(dsn)
+        await bus.open()
+        stack.push_async_callback(bus.close)
+        buses.append(bus)
+        config = RuntimeConfig(
+            data_dir=tmp_path / "data", default_directory=str(tmp_path), host_id=host
+        )
+        hosts.append(await stack.enter_async_context(Runtime(config, store=store, host_bus=bus)))
+    a, b = hosts
+    s = await a.sessions.create()
+    await a.sessions.prompt(s.id, PromptInput(text='#tool bash {"command": "sleep 30"}'))
+    await feed.wait("session.tool.called", sessionID=s.id)
+    return a, b, buses, feed, s.id
+
+
+async def test_an_interrupt_through_b_reaches_a_over_notify(tmp_path: Path, dsn: str) -> None:
+    async with AsyncExitStack() as stack:
+        _, b, buses, feed, sid = await _running_on_a(stack, tmp_path, dsn)
+        assert await b.interrupt(sid) is True
+        done = await feed.wait("session.execution.interrupted", sessionID=sid)
+        assert done["data"]["reason"] == "user"
+        assert buses[1].interrupts == 1
+
+
 async def test_an_interrupt_sent_while_the_owner_reconnects_still_reaches_it(
     tmp_path: Path, dsn: str
 ) -> None:
     """The owner's channel connection is ended by the server and its reconnect is
     refused twice: the first interrupt goes out while nobody listens for it."""
     async with AsyncExitStack() as stack:
-        store = await stack.enter_async_context(SQLiteStore(tmp_path / "shared.sqlite"))
-        events, feed = EventBus(), Feed()
-        events.attach(store)
-        events.subscribe(feed)
-        stack.callback(events.close)
-        buses = [_CountingBus(dsn), _CountingBus(dsn)]
-        hosts = []
-        for host, bus in zip(("host-a", "host-b"), buses, strict=True):
-            await bus.open()
-            stack.push_async_callback(bus.close)
-            config = RuntimeConfig(
-                data_dir=tmp_path / "data", default_directory=str(tmp_path), host_id=host
-            )
-            hosts.append(
-                await stack.enter_async_context(Runtime(config, store=store, host_bus=bus))
-            )
-        a, b = hosts
-        s = await a.sessions.create()
-        await a.sessions.prompt(s.id, PromptInput(text='#tool bash {"command": "sleep 30"}'))
-        await feed.wait("session.tool.called", sessionID=s.id)
+        _, b, buses, feed, sid = await _running_on_a(stack, tmp_path, dsn)
         listener = buses[0].channel.listener
         connect, refused = listener._connect, 0
 
@@ -162,8 +154,8 @@ async def test_an_interrupt_sent_while_the_owner_reconnects_still_reaches_it(
             await admin.execute("SELECT pg_terminate_backend($1)", listener.server_pid)
         finally:
             await admin.close()
-        assert await b.interrupt(s.id) is True
-        done = await feed.wait("session.execution.interrupted", sessionID=s.id)
+        assert await b.interrupt(sid) is True
+        done = await feed.wait("session.execution.interrupted", sessionID=sid)
         assert done["data"]["reason"] == "user"
         assert refused == 2
         assert listener.connects == 2

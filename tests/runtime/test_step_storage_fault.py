@@ -37,6 +37,7 @@ def _no_growth(wal: Path) -> Iterator[None]:
         signal.signal(signal.SIGXFSZ, old_handler)
 
 
+@pytest.mark.sqlite_only  # the fault is a file that may not grow
 async def test_a_step_cut_off_by_the_database_logs_one_line(
     runtime: Runtime, feed: Feed, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
