@@ -11,19 +11,23 @@ transaction, calls a server-side function (:data:`_HEAD`) that
 
 1. takes the batch lock (:data:`~._writer.LOG_LOCK`), then, in statements
    that see every batch committed before it, checks each remembered head
-   and each held lease (``hold``: that host, that epoch, not expired);
+   and makes each command's lease use in command order (``take``: the row
+   expired or this host's, epoch up by one; ``hold``, ``renew``,
+   ``release``: that host, that epoch, not expired), as
+   :func:`storage._pg_lease.use_lease` does;
 2. allocates the positions (under the lock: they follow commit order),
    inserts the events, runs every op in order (projections, instruction
    blobs and entries) and raises when one touches other than its ``expect``
    rows; records the fences; NOTIFYs with the positions filled in;
-3. returns the positions, once committed.
+3. returns the positions and each lease use's epoch, once committed (a
+   take's records get theirs from it).
 
 Anything this path does not handle exactly as the savepoint path would makes
-it step aside before it writes (:class:`Fallback`): a lease ``take``,
-``renew`` or ``release``, a seq mismatch (a conflict or an exact replay), a
-guard, an op statement or parameter type outside what :class:`Plans` holds,
-a string holding U+0000. Anything that fails while it runs (a moved head, a
-lease not held, a constraint, an ``expect`` count, a projector's bug, data
+it step aside before it writes (:class:`Fallback`): a seq mismatch (a
+conflict or an exact replay), a guard, an op statement or parameter type
+outside what :class:`Plans` holds, a string holding U+0000. Anything that
+fails while it runs (a moved head, a lease held elsewhere or not held, a
+constraint, an ``expect`` count, a projector's bug, data
 the server refuses) rolls the whole batch back, and the caller redoes it on
 the savepoint path, which isolates the failing command with its usual error.
 The outcomes are therefore the savepoint path's; only the positions a rolled
@@ -80,7 +84,6 @@ __all__ = [
     "Heads",
     "Plans",
     "commit_fast",
-    "eligible",
 ]
 
 #: Distinct op statements the function holds; past that, a new one takes the savepoint path.
@@ -91,7 +94,8 @@ MAX_STATEMENTS: Final = 4096
 EXPECT_FAILED: Final = "SRX01"
 #: SQLSTATE the function raises when an aggregate's head is not the one the batch assumed.
 HEAD_MOVED: Final = "SRX02"
-#: SQLSTATE the function raises when a ``hold`` command's lease is not held.
+#: SQLSTATE the function raises when a command's lease use is refused (held
+#: elsewhere for a take, not held for the others).
 LEASE_NOT_HELD: Final = "SRX03"
 #: Aggregates whose head the store remembers between batches (least recently used out).
 MAX_HEADS: Final = 16384
@@ -131,7 +135,7 @@ _TEXT_ARRAYS: Final = (
     "bodies",
     "hold_session",
     "hold_host",
-    "fence_host",
+    "hold_kind",
 )
 _INT_ARRAYS: Final = (
     ("heads", "bigint"),
@@ -142,7 +146,8 @@ _INT_ARRAYS: Final = (
     ("off", "int"),
     ("run", "int"),
     ("hold_epoch", "bigint"),
-    ("fence_epoch", "bigint"),
+    ("hold_ttl", "bigint"),
+    ("fence_lease", "int"),
     ("ref_at", "int"),
     ("ref_rec", "int"),
 )
@@ -176,6 +181,11 @@ DECLARE
     _srt_hit bigint;
     _srt_bad bigint;
     _srt_pos bigint[];
+    _srt_now bigint;
+    _srt_got bigint;
+    _srt_lh text;
+    _srt_le bigint;
+    _srt_lx bigint;
 BEGIN
     -- Each text array arrived as one text, every element followed by chr(31)
     -- (_packed): drop the empty element after the last one.
@@ -190,20 +200,43 @@ BEGIN
     ) THEN
         RAISE EXCEPTION 'a head moved' USING ERRCODE = '{HEAD_MOVED}';
     END IF;
-    -- Commands holding a lease: the row names that host and epoch and is live
-    -- (the rules of storage._pg_lease.use_lease, whose refusal the savepoint
-    -- path then gives the command).
-    IF _srt_hold_session IS NOT NULL THEN
-        PERFORM 1 FROM session_lease WHERE session_id = ANY(_srt_hold_session) FOR UPDATE;
-        IF EXISTS (
-            SELECT 1 FROM unnest(_srt_hold_session, _srt_hold_host, _srt_hold_epoch) AS h(s, o, e)
-            LEFT JOIN session_lease l ON l.session_id = h.s
-            WHERE l.session_id IS NULL OR l.host_id <> h.o OR l.epoch <> h.e
-               OR l.expires <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-        ) THEN
-            RAISE EXCEPTION 'a lease is not held' USING ERRCODE = '{LEASE_NOT_HELD}';
+    -- The commands' lease uses, in command order, by the rules of
+    -- storage._pg_lease.use_lease: a take needs the row expired or this host's
+    -- (the epoch goes up by one), any other use needs it live at that host and
+    -- epoch. A refusal sends the batch to the savepoint path, which gives it to
+    -- its command alone. Each use's epoch is left in _srt_hold_epoch.
+    FOR _srt_k IN 1 .. coalesce(cardinality(_srt_hold_session), 0) LOOP
+        _srt_now := (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+        IF _srt_hold_kind[_srt_k] = 'take' THEN
+            _srt_got := NULL;
+            INSERT INTO session_lease (session_id, host_id, epoch, expires)
+            VALUES (_srt_hold_session[_srt_k], _srt_hold_host[_srt_k], 1,
+                    _srt_now + _srt_hold_ttl[_srt_k])
+            ON CONFLICT (session_id) DO UPDATE SET host_id = excluded.host_id,
+                epoch = session_lease.epoch + 1, expires = excluded.expires
+            WHERE session_lease.expires <= _srt_now
+               OR session_lease.host_id = excluded.host_id
+            RETURNING epoch INTO _srt_got;
+            IF _srt_got IS NULL THEN
+                RAISE EXCEPTION 'a lease is held elsewhere' USING ERRCODE = '{LEASE_NOT_HELD}';
+            END IF;
+            _srt_hold_epoch[_srt_k] := _srt_got;
+        ELSE
+            SELECT host_id, epoch, expires INTO _srt_lh, _srt_le, _srt_lx
+            FROM session_lease WHERE session_id = _srt_hold_session[_srt_k] FOR UPDATE;
+            IF NOT FOUND OR _srt_lh <> _srt_hold_host[_srt_k]
+               OR _srt_le <> _srt_hold_epoch[_srt_k] OR _srt_lx <= _srt_now THEN
+                RAISE EXCEPTION 'a lease is not held' USING ERRCODE = '{LEASE_NOT_HELD}';
+            END IF;
+            IF _srt_hold_kind[_srt_k] = 'renew' THEN
+                UPDATE session_lease SET expires = _srt_now + _srt_hold_ttl[_srt_k]
+                WHERE session_id = _srt_hold_session[_srt_k];
+            ELSIF _srt_hold_kind[_srt_k] = 'release' THEN
+                UPDATE session_lease SET expires = 0
+                WHERE session_id = _srt_hold_session[_srt_k];
+            END IF;
         END IF;
-    END IF;
+    END LOOP;
     SELECT array_agg(p ORDER BY p) INTO _srt_pos FROM (
         SELECT nextval('event_position') AS p
         FROM generate_series(1, coalesce(array_length(_srt_ev_id, 1), 0))
@@ -253,11 +286,12 @@ _TAIL: Final = f"""
     END IF;
     IF _srt_hold_session IS NOT NULL THEN
         INSERT INTO event_fence (position, session_id, host_id, epoch)
-        SELECT p, a, o, e FROM unnest(_srt_pos, _srt_ev_agg, _srt_fence_host, _srt_fence_epoch)
-            AS f(p, a, o, e)
-        WHERE o IS NOT NULL;
+        SELECT p, a, _srt_hold_host[l], _srt_hold_epoch[l]
+        FROM unnest(_srt_pos, _srt_ev_agg, _srt_fence_lease) AS f(p, a, l)
+        WHERE l > 0;
     END IF;
-    RETURN _srt_pos;
+    -- The positions, then each lease use's epoch.
+    RETURN coalesce(_srt_pos, '{{}}') || _srt_hold_epoch;
 END
 $_srt_fn$;
 """
@@ -586,11 +620,6 @@ def _extra_ops(command: Command) -> list[tuple[str, tuple[Any, ...], int | None]
     return ops
 
 
-def eligible(batch: Sequence[Prepared]) -> bool:
-    """Whether the batch can try this path at all (decided before any round trip)."""
-    return all(p.command.lease is None or p.command.lease.kind == "hold" for p in batch)
-
-
 async def commit_fast(
     conn: asyncpg.Connection,
     batch: Sequence[Prepared],
@@ -628,8 +657,11 @@ async def commit_fast(
         args: list[str | None] = []
         unplaced: list[list[RecordedEvent]] = []
         holds: list[LeaseUse] = []
-        fence_host: list[str | None] = []
-        fence_epoch: list[int | None] = []
+        #: Per event, the index (from 1) in ``holds`` of its command's lease use
+        #: when the event is of that lease's session, else 0 (no fence).
+        fence_lease: list[int] = []
+        #: Records whose epoch the server gives (a take's), with their use's index.
+        taken: list[tuple[RecordedEvent, int]] = []
         ref_at: list[int] = []
         ref_rec: list[int] = []
         placed_so_far = 0
@@ -643,12 +675,14 @@ async def commit_fast(
             records = []
             for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
                 epoch = None
-                if lease is not None and new.aggregate_id == lease.session_id:
-                    fence_host.append(lease.host_id)
-                    epoch = lease.epoch
+                fenced = lease is not None and new.aggregate_id == lease.session_id
+                if fenced:
+                    assert lease is not None
+                    fence_lease.append(len(holds))
+                    if lease.kind != "take":
+                        epoch = lease.epoch
                 else:
-                    fence_host.append(None)
-                fence_epoch.append(epoch)
+                    fence_lease.append(0)
                 seqs[new.aggregate_id] += 1
                 placed_so_far += 1
                 # The position is allocated under the lock, in the function:
@@ -667,6 +701,8 @@ async def commit_fast(
                         epoch=epoch,
                     )
                 )
+                if fenced and epoch is None:
+                    taken.append((records[-1], len(holds)))
             # The command's checks first, then its projections, in one order
             # with the other commands' ops: a check that fails rolls back all.
             ops: list[tuple[str, Sequence[Any], int | None]] = [
@@ -715,7 +751,7 @@ async def commit_fast(
             "bodies": bodies if flat else [],
             "hold_session": [h.session_id for h in holds] if holds else None,
             "hold_host": [h.host_id for h in holds],
-            "fence_host": fence_host,
+            "hold_kind": [h.kind for h in holds],
         }
         ints: dict[str, Sequence[int | None]] = {
             "heads": [assumed[agg] for agg in checked],
@@ -725,14 +761,15 @@ async def commit_fast(
             "expect": op_expect,
             "off": op_off,
             "run": op_run,
-            "hold_epoch": [h.epoch for h in holds],
-            "fence_epoch": fence_epoch,
+            "hold_epoch": [0 if h.kind == "take" else h.epoch for h in holds],
+            "hold_ttl": [h.ttl_ms for h in holds],
+            "fence_lease": fence_lease,
             "ref_at": ref_at,
             "ref_rec": ref_rec,
         }
         packed = [None if (v := texts[n]) is None else _packed(v) for n in _TEXT_ARRAYS]
         joined = [_joined(ints[name]) for name, _ in _INT_ARRAYS]
-        positions = await conn.fetchval(_CALL, lock, channel, prefix, packed, joined)
+        returned = await conn.fetchval(_CALL, lock, channel, prefix, packed, joined)
     except Fallback:
         heads.forget(aggregates)
         raise
@@ -749,8 +786,11 @@ async def commit_fast(
     # The records get their positions in place: they were made above, for this
     # batch alone, and nothing has seen them but the projectors (whose ops hold
     # the references, not the records); a copy of each cost twice as much.
-    for record, position in zip(flat, positions or (), strict=True):
+    positions, epochs = returned[: len(flat)], returned[len(flat) :]
+    for record, position in zip(flat, positions, strict=True):
         _place(record, "position", position)
+    for record, use in taken:  # a take's epoch is the server's
+        _place(record, "epoch", epochs[use - 1])
     if flat:
         own(flat[0].position, flat[-1].position)
     return [Outcome(records=records) for records in unplaced], flat

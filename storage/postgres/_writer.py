@@ -40,7 +40,7 @@ from storage.errors import (
     AppendConflictError,
     StorageBrokenError,
 )
-from storage.postgres._fast import Fallback, Heads, Plans, commit_fast, eligible
+from storage.postgres._fast import Fallback, Heads, Plans, commit_fast
 from storage.postgres.dialect import affected, translate
 from storage.postgres.notify import payloads
 from storage.projectors import project
@@ -118,7 +118,7 @@ async def commit_batch(
     path: the caller keeps catch-up reads out meanwhile). ``fast`` False skips
     the optimistic path (tests compare the two).
     """
-    if fast and guard is None and eligible(batch):
+    if fast and guard is None:
         try:
             outcomes, published = await commit_fast(
                 conn, batch, plans, heads, lock=LOG_LOCK, channel=channel, origin=origin, own=own

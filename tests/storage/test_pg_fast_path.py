@@ -27,6 +27,7 @@ from storage import (
     Command,
     Fence,
     FencedError,
+    LeaseHeldError,
     LeaseUse,
     ProjectionConflict,
     RecordedEvent,
@@ -356,7 +357,7 @@ async def test_held_leases_commit_on_the_fast_path_and_a_stale_one_is_fenced_alo
     ]
     outcomes = await _both(pair, commands)
     assert outcomes[1] is FencedError
-    assert fast.batch_paths["savepoints"] == 2  # the take, then the fallback
+    assert fast.batch_paths == {"fast": 2, "savepoints": 1}  # the fallback only
     held = [Command.of(renamed("ses_l", f"fast {i}"), lease=fence.hold()) for i in range(3)]
     futures = [fast.submit(c) for c in held]
     records = [r for f in futures for r in await f]
@@ -372,6 +373,105 @@ async def test_held_leases_commit_on_the_fast_path_and_a_stale_one_is_fenced_alo
         )
         assert fences == [(s, "host-a", 1) for s in (2, 3, 4, 5, 6, 7)], store
     assert started[2] == 2
+
+
+async def _epochs(store: PostgresStore, commands: Sequence[Command]) -> list[Any]:
+    """Like :func:`_outcomes`, each record as (aggregate, seq, epoch)."""
+    done = await asyncio.gather(*(store.submit(c) for c in commands), return_exceptions=True)
+    return [
+        type(d) if isinstance(d, BaseException) else [(r.aggregate_id, r.seq, r.epoch) for r in d]
+        for d in done
+    ]
+
+
+async def _leases(store: PostgresStore) -> tuple[Any, ...]:
+    """The lease rows (their expiry as: gone, under 30 s away, further) and who
+    wrote each fenced event."""
+    conn = await asyncpg.connect(store._url)
+    try:
+        leases = await conn.fetch(
+            "SELECT session_id, host_id, epoch,"
+            " width_bucket(expires - (extract(epoch FROM clock_timestamp()) * 1000)::bigint,"
+            " ARRAY[0, 30000]::bigint[])"
+            " FROM session_lease ORDER BY session_id"
+        )
+        fences = await conn.fetch(
+            "SELECT e.aggregate_id, e.seq, f.host_id, f.epoch FROM event_fence f"
+            " JOIN event e ON e.position = f.position ORDER BY e.aggregate_id, e.seq"
+        )
+        return [tuple(r) for r in leases], [tuple(r) for r in fences]
+    finally:
+        await conn.close()
+
+
+async def _both_leased(
+    pair: tuple[PostgresStore, PostgresStore], commands: Sequence[Command]
+) -> list[Any]:
+    fast, slow = pair
+    got, want = await _epochs(fast, commands), await _epochs(slow, commands)
+    assert got == want
+    assert await _leases(fast) == await _leases(slow)
+    assert await _state(fast) == await _state(slow)
+    return got
+
+
+def _started(session_id: str, lease: LeaseUse) -> Command:
+    return Command.of(ev.ExecutionStarted(session_id=session_id), lease=lease)
+
+
+async def test_takes_renewals_and_releases_commit_on_the_fast_path_as_on_the_savepoint_path(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    fast, _ = pair
+    sessions = [f"ses_t{i}" for i in range(4)]
+    await _both_leased(pair, [Command.of(created(s)) for s in sessions])
+    takes = [_started(s, LeaseUse.take(s, "host-a", 60_000)) for s in sessions]
+    taken = await _both_leased(pair, takes)
+    assert [records[0][2] for records in taken] == [1, 1, 1, 1]  # the server's epoch
+    assert fast.batch_paths == {"fast": 2, "savepoints": 0}
+    uses = [
+        Command.of(renamed("ses_t0", "renewed"), lease=Fence("ses_t0", "host-a", 1).renew(5_000)),
+        Command.of(
+            ev.ExecutionSucceeded(session_id="ses_t1"), lease=Fence("ses_t1", "host-a", 1).release()
+        ),
+        # Taken again by the same host in the same batch: epoch 2, then held.
+        _started("ses_t2", LeaseUse.take("ses_t2", "host-a", 60_000)),
+        Command.of(
+            renamed("ses_t2", "held"),
+            renamed("ses_t3", "unfenced"),
+            lease=Fence("ses_t2", "host-a", 2).hold(),
+        ),
+        Command.of(renamed("ses_t3", "t3")),
+    ]
+    outcomes = await _both_leased(pair, uses)
+    assert outcomes[2] == [("ses_t2", 3, 2)]
+    assert outcomes[3] == [("ses_t2", 4, 2), ("ses_t3", 3, None)]
+    assert fast.batch_paths == {"fast": 3, "savepoints": 0}
+
+
+async def test_lease_uses_refused_in_a_batch_fall_back_and_fail_their_own_commands(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    fast, _ = pair
+    await _both_leased(pair, [Command.of(created("ses_x")), Command.of(created("ses_y"))])
+    await _both_leased(pair, [_started("ses_x", LeaseUse.take("ses_x", "host-a", 60_000))])
+    commands = [
+        Command.of(renamed("ses_y", "fine")),
+        # Host B cannot take what A holds, live.
+        _started("ses_x", LeaseUse.take("ses_x", "host-b", 60_000)),
+        # A releases, then writes under the epoch it just gave up: in command order.
+        Command.of(
+            ev.ExecutionSucceeded(session_id="ses_x"), lease=Fence("ses_x", "host-a", 1).release()
+        ),
+        Command.of(renamed("ses_x", "late"), lease=Fence("ses_x", "host-a", 1).hold()),
+        # Then B can take it: epoch 2.
+        _started("ses_x", LeaseUse.take("ses_x", "host-b", 60_000)),
+    ]
+    outcomes = await _both_leased(pair, commands)
+    assert outcomes[1] is LeaseHeldError
+    assert outcomes[3] is FencedError
+    assert outcomes[4] == [("ses_x", 4, 2)]
+    assert fast.batch_paths["savepoints"] == 1
 
 
 def test_a_notice_moves_a_remembered_head_forward_only() -> None:
