@@ -114,9 +114,14 @@ _KINDS: Final = {
     "bool": "bool",
 }
 #: Statements the function may hold as they are: one DML statement, nothing that
-#: could end it or the function body early (a ``;``, a dollar quote, a comment).
+#: could end it or the function body early (a ``;``, a dollar quote, a comment:
+#: :data:`_UNSAFE`, :data:`_DOLLAR`).
 _STATEMENT: Final = re.compile(r"\s*(INSERT|UPDATE|DELETE)\s", re.IGNORECASE)
-_UNSAFE: Final = (";", "$", "--", "/*")
+_UNSAFE: Final = (";", "--", "/*")
+#: A ``$`` that could open or close a dollar quote (``$$``, ``$tag$``, the
+#: tag any identifier) or be a positional parameter (``$1``, in the body the
+#: function's own): any ``$`` but a JSON path's (``'$.finish'``, ``'$[0]'``).
+_DOLLAR: Final = re.compile(r"\$(?![.\[])")
 #: A keyed UPDATE a run of ops may share (see :func:`_run_body`): one row by a
 #: unique ``id``, its new values from its own columns and the parameters only.
 _KEYED: Final = re.compile(r"UPDATE (?P<table>\w+) SET (?P<set>.+) WHERE id = \?")
@@ -384,6 +389,7 @@ class Plans:
             len(self._held) < MAX_PLANS
             and _STATEMENT.match(sql)
             and not any(mark in sql for mark in _UNSAFE)
+            and _DOLLAR.search(sql) is None
         ):
             try:
                 types = (await conn.prepare(translate(sql))).get_parameters()

@@ -23,6 +23,7 @@ from strategies import values_of
 
 from protocol import REGISTRY, Location, encode_data, stored_type
 from protocol import events as ev
+from protocol.shapes import ModelRef
 from storage import (
     Command,
     Fence,
@@ -36,7 +37,7 @@ from storage import (
 )
 from storage._ops import json_text
 from storage.postgres import PostgresStore
-from storage.postgres._fast import Fallback, Heads, _joined, _packed
+from storage.postgres._fast import Fallback, Heads, Plans, _joined, _packed
 from storage.postgres.rebuild import dump_projections
 from storage.projectors import project
 
@@ -472,6 +473,50 @@ async def test_lease_uses_refused_in_a_batch_fall_back_and_fail_their_own_comman
     assert outcomes[3] is FencedError
     assert outcomes[4] == [("ses_x", 4, 2)]
     assert fast.batch_paths["savepoints"] == 1
+
+
+async def test_a_steps_json_path_updates_commit_on_the_fast_path_and_match(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """The projections of a step write through JSON paths (``'$.finish'``): a ``$``
+    that cannot delimit a dollar quote, so the function holds those statements."""
+    fast, _ = pair
+    await _both(pair, [Command.of(created("ses_s"))])
+    on = {"session_id": "ses_s", "assistant_message_id": "msg_s1"}
+    model = ModelRef(id="scripted", provider_id="scripted")
+    step = [
+        Command.of(ev.StepStarted(**on, agent="build", model=model, started=1)),
+        Command.of(ev.TextStarted(**on, ordinal=0)),
+        Command.of(ev.TextEnded(**on, ordinal=0, text="$$ not a quote $1 $_srt_fn$")),
+        Command.of(
+            ev.StepEnded(**on, finish="stop", cost=0.5, tokens=ev.StepTokens(input=3, output=4))
+        ),
+    ]
+    await _both(pair, step)
+    assert fast.batch_paths == {"fast": 2, "savepoints": 0}
+    assert await _state(fast) == await _state(pair[1])
+
+
+@pytest.mark.parametrize(
+    ("sql", "held"),
+    [
+        ("UPDATE session SET title = json_extract(?, '$.a') WHERE id = ?", True),
+        ("UPDATE session SET title = json_extract(?, '$[0]') WHERE id = ?", True),
+        ("UPDATE session SET title = $$x$$ WHERE id = ?", False),
+        ("UPDATE session SET title = $t$x$t$ WHERE id = ?", False),
+        ("UPDATE session SET title = $1 WHERE id = ?", False),
+        ("UPDATE session SET title = 'a$' WHERE id = ?", False),
+    ],
+)
+async def test_the_function_holds_no_statement_whose_dollar_could_quote(
+    pair: tuple[PostgresStore, PostgresStore], sql: str, held: bool
+) -> None:
+    fast, _ = pair
+    conn = await asyncpg.connect(fast._url)
+    try:
+        assert (await Plans().plan(conn, sql) is not None) is held
+    finally:
+        await conn.close()
 
 
 def test_a_notice_moves_a_remembered_head_forward_only() -> None:
