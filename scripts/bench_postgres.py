@@ -43,6 +43,12 @@ Every phase creates its own uniquely named database on ``--server`` and drops it
    well inside it on loopback, and a shorter ttl only shortens the wait a dead
    host's sessions pay; the figure is meant as "expiry + takeover", so the
    ttl is the baseline it is read against. ``--failovers`` runs, median reported.
+5. **Runtime steps.** ``--step-sessions`` sessions (100) on one in-process
+   runtime with its log on PostgreSQL, each given ``--step-rounds`` prompts (10)
+   one after another, all sessions at once (``prompt(resume=False)`` then
+   ``execution.resume``, as ``bench_runtime`` phase 2); steps/s, and how many
+   of the store's batches took the one-round-trip path. Baseline: the same on
+   a SQLite data dir. No target: context for the multi-host runtime's cost.
 
 The machine's load (other processes) moves every figure; compare rows of one run.
 """
@@ -70,9 +76,10 @@ import orjson
 from _benchlib import percentile, report_main, target_lines
 from aiohttp import web
 
-from actors.runtime import RuntimeConfig
+from actors.runtime import Runtime, RuntimeConfig
 from protocol import Location
 from protocol import events as ev
+from protocol.requests import PromptInput
 from server.app import RUNTIME, ServerSettings, make_app
 from storage import Command, RecordedEvent, connect
 from storage.postgres import PostgresStore
@@ -557,6 +564,53 @@ async def bench_failover(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 # -- report -------------------------------------------------------------------------------------
 
 
+# -- 5. steps ------------------------------------------------------------------------------------
+
+
+async def _steps_on(
+    tmp: Path, database_url: str | None, sessions: int, rounds: int
+) -> dict[str, Any]:
+    base = tmp / ("steps-postgres" if database_url else "steps-sqlite")
+    (base / "project").mkdir(parents=True)
+    config = RuntimeConfig(
+        data_dir=base / "data", default_directory=str(base / "project"), database=database_url
+    )
+    async with Runtime(config) as rt:
+        sids = [(await rt.sessions.create()).id for _ in range(sessions)]
+
+        async def step(sid: str, text: str) -> None:
+            await rt.sessions.prompt(sid, PromptInput(text=text, resume=False))
+            terminal = await rt.execution.resume(sid)
+            if terminal.kind != "succeeded":
+                raise RuntimeError(f"a step ended {terminal}")
+
+        for sid in sids[:5]:
+            await step(sid, "warm-up")
+        paths_before = dict(getattr(rt.store, "batch_paths", {}))
+
+        async def drive(sid: str) -> None:
+            for i in range(rounds):
+                await step(sid, f"prompt {i}")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(drive(sid) for sid in sids))
+        seconds = time.perf_counter() - started
+        paths = {
+            k: v - paths_before.get(k, 0) for k, v in getattr(rt.store, "batch_paths", {}).items()
+        }
+    return {"steps_per_s": round(sessions * rounds / seconds, 1), "batch_paths": paths}
+
+
+async def bench_steps(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """The runtime's steps/s, ``--step-sessions`` sessions x ``--step-rounds`` prompts
+    each (one after another, all sessions at once), on PostgreSQL and on SQLite."""
+    n, rounds = args.step_sessions, args.step_rounds
+    async with database(args.server) as url:
+        postgres = await _steps_on(tmp, url, n, rounds)
+    sqlite = await _steps_on(tmp, None, n, rounds)
+    return {"sessions": n, "rounds": rounds, "postgres": postgres, "sqlite": sqlite}
+
+
 def _figure(
     name: str,
     value: float,
@@ -591,15 +645,20 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
             cross = await bench_cross_host(args, tmp)
             _log(args, f"failover: {args.failovers} SIGKILLs, ttl {args.lease_ttl_ms} ms …")
             failover = await bench_failover(args, tmp)
+            _log(args, f"steps: {args.step_sessions} sessions x {args.step_rounds} prompts …")
+            steps = await bench_steps(args, tmp)
         return {
             "appends": appends,
             "admission": admission,
             "cross_host": cross,
             "failover": failover,
+            "steps": steps,
         }
 
     report = asyncio.run(run())
-    ap, ad, cr, fo = (report[k] for k in ("appends", "admission", "cross_host", "failover"))
+    ap, ad, cr, fo, st = (
+        report[k] for k in ("appends", "admission", "cross_host", "failover", "steps")
+    )
     ttl_s = fo["lease_ttl_ms"] / 1000
     figures = [
         _figure(
@@ -676,6 +735,13 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
             f"<= {ttl_s + 1:g} s",
             fo["median_s"] <= ttl_s + 1,
         ),
+        _figure(
+            f"runtime steps, {st['sessions']} sessions x {st['rounds']} prompts (PostgreSQL)",
+            st["postgres"]["steps_per_s"],
+            "steps/s",
+            st["sqlite"]["steps_per_s"],
+            "SQLite FULL, same run",
+        ),
     ]
     targets = [
         {
@@ -699,7 +765,7 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
 def _num(value: Any, unit: str) -> str:
     if value is None:
         return "-"
-    if unit == "events/s":
+    if unit in ("events/s", "steps/s"):
         return f"{value:,.0f} {unit}"
     return f"{value:,.3f} {unit}"
 
@@ -721,6 +787,8 @@ def render(report: dict[str, Any]) -> str:
         f" {ap['events_per_transaction']} events per commit, {ap['writers']} writer lanes;"
         f" server {ap['server_settings']}"
     )
+    paths = report["steps"]["postgres"]["batch_paths"]
+    lines.append(f"runtime steps on PostgreSQL, the store's batches by path: {paths}")
     lines += target_lines(report["targets"], _num, heading="targets (informational):")
     return "\n".join(lines)
 
@@ -741,6 +809,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--deliveries", type=int, default=200)
     parser.add_argument("--failovers", type=int, default=3)
     parser.add_argument("--lease-ttl-ms", type=int, default=2000)
+    parser.add_argument("--step-sessions", type=int, default=100)
+    parser.add_argument("--step-rounds", type=int, default=10)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     return parser.parse_args(argv)
