@@ -148,9 +148,10 @@ class RemoteCommits:
                         )
                         self._cursor = notice.last
                         self._hand_out([record_from_row(r) for r in rows])
+                except StoreClosedError:
+                    return  # the store is closing: nobody is handed anything more
                 except (
                     StorageBrokenError,
-                    StoreClosedError,
                     OSError,
                     asyncpg.PostgresError,
                     asyncpg.InterfaceError,

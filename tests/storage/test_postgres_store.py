@@ -393,3 +393,22 @@ async def test_cancelled_appenders_keep_their_commands_and_their_failures_stay_q
         await store.append(Command.of(renamed("ses_c", "after")))  # same session: behind it
         assert await store.last_seq("ses_c") == 2
         assert await store.last_seq("ses_nobody") == 0
+
+
+async def test_a_closing_store_hears_another_hosts_commit_without_a_warning(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store that is closing (its last writes still committing) gets a notice
+    from another host: nothing is handed out any more, and nothing is logged."""
+    from storage.postgres.store import _State
+
+    caplog.set_level(logging.WARNING)
+    async with PostgresStore(pg_url) as a:
+        b = PostgresStore(pg_url)
+        async with b:
+            b._state = _State.CLOSING  # as close() sets it while it waits for the writes
+            await a.append(Command.of(created("ses_c")))
+            async with asyncio.timeout(5):
+                await b._deliver_task
+            b._state = _State.OPEN  # let close() run as it would have
+    assert "cannot read announced commits" not in caplog.text
