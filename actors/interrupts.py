@@ -5,9 +5,14 @@ whose connection to the server is being re-made is lost. A lost wake costs
 nothing (the input stays admitted); a lost interrupt would leave the
 execution running while the user was told it stopped. So an interrupt
 carries a request id, the owner answers it with what its own interrupt
-returned, and the sender sends it again, to the same host, until the answer
-comes or :data:`WAIT_S` is over (then a 503: nothing is known, the client may
-try again, and a retry finds whichever host owns the session by then).
+returned, and the sender sends it again until the answer comes or
+:data:`WAIT_S` is over (then a 503: nothing is known, and the client may try
+again). Between sends it looks where the session runs now: an owner that
+stalled past its lease expiry never answers, and the host that took the
+session over (this one, or another) runs the continuation the user meant to
+stop. Taken over here, it is interrupted here; by another host, the request
+goes there; run nowhere any more (no claim left), the target is asked once
+more (its answer may be the one lost) and then the answer is no.
 
 The owner remembers the answers it gave (:data:`REMEMBERED`, by count), so a
 request it sees twice (its answer was the one lost) is answered again, not
@@ -28,7 +33,7 @@ from actors.hostbus import HostBus, HostMessage
 from protocol.errors import ServiceUnavailableError
 from storage.errors import StorageError
 
-__all__ = ["PENDING", "REMEMBERED", "WAIT_S", "RemoteInterrupts"]
+__all__ = ["PENDING", "REMEMBERED", "UNHELD", "WAIT_S", "RemoteInterrupts"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,12 @@ PENDING: Final = 1024
 REMEMBERED: Final = 1024
 
 Spawn = Callable[[Coroutine[Any, Any, object], str], None]
+#: ``locate(session_id)``: the other host holding the session's live lease;
+#: :data:`UNHELD` when it is claimed but no other host holds it (its owner's
+#: lease expired and nobody took it over yet, or this host did); None when
+#: it is not claimed (it runs nowhere).
+Locate = Callable[[str], Coroutine[Any, Any, str | None]]
+UNHELD: Final = ""
 
 
 class RemoteInterrupts:
@@ -56,6 +67,7 @@ class RemoteInterrupts:
         bus: HostBus,
         interrupt: Callable[[str], Coroutine[Any, Any, bool]],
         spawn: Spawn,
+        locate: Locate,
         *,
         wait_s: float = WAIT_S,
     ) -> None:
@@ -65,6 +77,7 @@ class RemoteInterrupts:
         self._bus = bus
         self._interrupt = interrupt
         self._spawn = spawn
+        self._locate = locate
         self.wait_s = wait_s
         self._waiting: dict[str, asyncio.Future[bool]] = {}
         #: request id -> the answer given; None while it is being worked out.
@@ -88,21 +101,37 @@ class RemoteInterrupts:
         message = HostMessage(
             kind="interrupt", origin=self._host_id, session_ids=(session_id,), request=request
         )
-        pause = _RESEND_S
+        pause, target, ended = _RESEND_S, owner, False
         try:
             async with asyncio.timeout(self.wait_s):
                 while True:
                     try:
-                        await self._bus.publish(owner, message)
+                        await self._bus.publish(target, message)
                     except StorageError as exc:
-                        log.warning("interrupt for %s not sent to %s: %s", session_id, owner, exc)
+                        log.warning("interrupt for %s not sent to %s: %s", session_id, target, exc)
                     done, _ = await asyncio.wait((answered,), timeout=pause)
                     if done:
                         return answered.result()
                     pause = min(pause * 2, _RESEND_MAX_S)
+                    if ended:
+                        return False  # it ran nowhere, and no answer came since
+                    if await self._interrupt(session_id):
+                        return True  # taken over here meanwhile: stopped here
+                    try:
+                        where = await self._locate(session_id)
+                    except StorageError as exc:
+                        log.warning("cannot tell where %s runs: %s", session_id, exc)
+                        continue
+                    if where is None:
+                        # It runs nowhere any more. Once more to the target, whose
+                        # answer may be what was lost; never to another host (what
+                        # runs there later is not what the user meant to stop).
+                        ended = True
+                    elif where != UNHELD:
+                        target = where  # the same request: each host acts on it once
         except TimeoutError:
             raise ServiceUnavailableError(
-                f"host {owner}, which runs the session, did not answer the interrupt"
+                f"host {target}, which runs the session, did not answer the interrupt"
                 f" within {self.wait_s:g} s",
                 service="execution",
             ) from None

@@ -55,7 +55,7 @@ from actors.generate import Generator
 from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import InstructionEntries, Instructions
-from actors.interrupts import RemoteInterrupts
+from actors.interrupts import UNHELD, RemoteInterrupts
 from actors.leases import LeaseKeeper
 from actors.llm import (
     SCRIPTED_MODEL,
@@ -388,7 +388,7 @@ class Runtime:
         self._tasks: set[asyncio.Task[object]] = set()
         #: Interrupts to and from the other hosts (answered, resent until then).
         self.remote_interrupts = RemoteInterrupts(
-            self.host_id, self.host_bus, self._interrupt_here, self._spawn
+            self.host_id, self.host_bus, self._interrupt_here, self._spawn, self._locate
         )
         self._closing = False
         #: Wakes that arrived while closing (session id -> widest scope).
@@ -542,6 +542,15 @@ class Runtime:
     async def _interrupt_here(self, session_id: str) -> bool:
         execution = self._execution
         return execution is not None and await execution.interrupt(session_id, "user")
+
+    async def _locate(self, session_id: str) -> str | None:
+        """Where a session runs, for :mod:`actors.interrupts`: another host's id,
+        UNHELD (claimed, no other host's live lease), or None (not claimed)."""
+        owner = await self._owner(session_id)
+        if owner is not None:
+            return owner
+        claimed = any(c.session_id == session_id for c in await self.store.queries.claims())
+        return UNHELD if claimed else None
 
     async def _owner(self, session_id: str) -> str | None:
         """The other host holding a live lease on the session, if any."""

@@ -19,7 +19,7 @@ from actors.bus import EventBus
 from actors.hostbus import HostMessage, LocalHostBus
 from actors.runtime import Runtime, RuntimeConfig
 from protocol.errors import ServiceUnavailableError
-from protocol.requests import PromptInput
+from protocol.requests import CreateSessionInput, PromptInput
 from storage import SQLiteStore
 
 SLEEP = '#tool bash {"command": "sleep 30"}'
@@ -64,9 +64,12 @@ class Two:
         self.events.attach(store)
         self.events.subscribe(self.feed)
 
-    async def start(self, host_id: str) -> Runtime:
+    async def start(self, host_id: str, *, ttl_ms: int = 60_000) -> Runtime:
         config = RuntimeConfig(
-            data_dir=self.tmp_path / "data", default_directory=str(self.tmp_path), host_id=host_id
+            data_dir=self.tmp_path / "data",
+            default_directory=str(self.tmp_path),
+            host_id=host_id,
+            lease_ttl_ms=ttl_ms,
         )
         return await self.stack.enter_async_context(
             Runtime(config, store=self.store, host_bus=self.bus)
@@ -157,6 +160,43 @@ async def test_an_owner_that_never_answers_is_a_503_not_a_yes(two: Two) -> None:
     assert sid in await a.execution.active()
     assert b.remote_interrupts.waiting == 0
     assert await a.interrupt(sid) is True
+
+
+async def test_an_interrupt_outlives_a_stalled_owner_and_stops_the_host_that_took_over(
+    two: Two,
+) -> None:
+    """A stops renewing and hears nothing (as a SIGSTOPped host); B's scan takes the
+    session over and runs the continuation: that is what the interrupt stops."""
+    a, b = await two.start("host-a", ttl_ms=400), await two.start("host-b", ttl_ms=400)
+    s = await a.sessions.create(CreateSessionInput(metadata={"script": SLEEP}))
+    await a.sessions.prompt(s.id, PromptInput(text="go"))
+    await two.feed.wait("session.tool.called", sessionID=s.id)
+    two.bus.drop += [_to_a("interrupt")] * 100
+    a.leases.suspend()
+    asking = asyncio.create_task(b.interrupt(s.id))
+    await two.feed.wait("session.execution.recovering", sessionID=s.id)
+    assert await asyncio.wait_for(asking, 10) is True
+    done = await two.feed.wait("session.execution.interrupted", sessionID=s.id)
+    assert done["data"]["reason"] == "user"
+    await b.execution.wait_idle(s.id)
+    rows = await two.store.fetch(
+        "SELECT f.host_id FROM event_fence f JOIN event e ON e.position = f.position"
+        " WHERE e.aggregate_id = ? AND e.type = 'session.execution.interrupted.1'",
+        (s.id,),
+    )
+    assert rows == [("host-b",)]  # B's own execution, stopped by B
+    a.leases.suspend(False)
+
+
+async def test_an_interrupt_for_a_session_that_stopped_running_meanwhile_is_a_no(
+    two: Two,
+) -> None:
+    a, b, sid = await _running_on_a(two)
+    two.bus.drop += [_to_a("interrupt")] * 100  # A never hears it...
+    asking = asyncio.create_task(b.interrupt(sid))
+    await asyncio.sleep(0.1)
+    assert await a.interrupt(sid) is True  # ...and stops on its own account
+    assert await asyncio.wait_for(asking, 10) is False  # nothing runs: no, not a 503
 
 
 async def test_a_message_with_a_request_id_round_trips_and_a_bad_one_is_refused() -> None:
