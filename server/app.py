@@ -136,6 +136,9 @@ def _error(err: DomainError) -> web.Response:
         response.headers["WWW-Authenticate"] = 'Basic realm="sessionrt"'
     if isinstance(err, StorageUnavailableError):
         response.headers["Retry-After"] = "5"
+    elif isinstance(err, ServiceUnavailableError) and err.fields.get("service") == "execution":
+        # Another host did not answer (or this one is closing): worth a retry soon.
+        response.headers["Retry-After"] = "1"
     if isinstance(err, RequestTimeoutError):
         response.force_close()  # the rest of the body may still come: it is no request
     return response

@@ -134,6 +134,8 @@ async def serve(
         shown = f"[{bound[0]}]" if ":" in str(bound[0]) else bound[0]
         print(f"sessionrt listening on http://{shown}:{bound[1]}", file=out, flush=True)
         print(f"  data: {_data(config)}", file=out, flush=True)
+        # Which host this is, in GET /api/session/active and the fences.
+        print(f"  host: {app[RUNTIME].host_id}", file=out, flush=True)
         _log_start(app, f"http://{shown}:{bound[1]}", config, settings)
         # Everything allocated so far lives as long as the server: keep it out of
         # the collector's generations so full collections stay short (a full
@@ -166,6 +168,7 @@ def _log_start(
                 "phase": "start",
                 "url": url,
                 "data": _data(config),
+                "host": app[RUNTIME].host_id,
                 "password": settings.password is not None,  # whether one is set; never its value
             }
         },

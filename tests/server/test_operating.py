@@ -188,3 +188,15 @@ async def test_metrics_and_health_are_in_the_openapi_document(client: Client) ->
         schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
     assert schema["properties"]["healthy"] == {"type": "boolean"}
     assert "StorageUnavailableError" in health["503"]["description"]
+
+
+def test_a_503_worth_retrying_says_when() -> None:
+    from protocol.errors import ServiceUnavailableError, StorageUnavailableError
+    from server.app import _error
+
+    other_host = ServiceUnavailableError("host h did not answer", service="execution")
+    assert _error(other_host).headers["Retry-After"] == "1"
+    assert _error(StorageUnavailableError("disk full")).headers["Retry-After"] == "5"
+    # Not every 503 is a matter of time (a store open read-only stays so).
+    read_only = ServiceUnavailableError("the store is not open for writing", service="storage")
+    assert "Retry-After" not in _error(read_only).headers
