@@ -11,14 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
-from feed import Feed
+from hosts import Hosts, RecordingBus
 
-from actors.bus import EventBus
-from actors.hostbus import HostMessage, LocalHostBus
 from actors.recovery import RESTART_NOTICE
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import SyntheticMessage
@@ -28,50 +25,6 @@ from protocol.requests import PromptInput
 from storage import Command, Fence, FencedError, SQLiteStore
 
 SLEEP = '#tool bash {"command": "sleep 30"}'
-
-
-class RecordingBus(LocalHostBus):
-    """The in-process bus, keeping what was sent (to whom, what)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent: list[tuple[str | None, HostMessage]] = []
-
-    async def publish(self, host_id: str | None, message: HostMessage) -> None:
-        self.sent.append((host_id, message))
-        await super().publish(host_id, message)
-
-
-class Hosts:
-    def __init__(self, tmp_path: Path, store: SQLiteStore, bus: RecordingBus) -> None:
-        self.tmp_path = tmp_path
-        self.store = store
-        self.bus = bus
-        self.stack = AsyncExitStack()
-        self.feed = Feed()
-        self.events = EventBus()
-        self.events.attach(store)
-        self.events.subscribe(self.feed)
-
-    async def start(self, host_id: str, *, ttl_ms: int = 60_000) -> Runtime:
-        config = RuntimeConfig(
-            data_dir=self.tmp_path / "data",
-            default_directory=str(self.tmp_path),
-            host_id=host_id,
-            lease_ttl_ms=ttl_ms,
-        )
-        return await self.stack.enter_async_context(
-            Runtime(config, store=self.store, host_bus=self.bus)
-        )
-
-    async def writers(self, session_id: str) -> list[tuple[int, str, int]]:
-        """(position, host, epoch) of every fenced event of the session, in log order."""
-        rows = await self.store.fetch(
-            "SELECT position, host_id, epoch FROM event_fence WHERE session_id = ?"
-            " ORDER BY position",
-            (session_id,),
-        )
-        return [(int(r[0]), str(r[1]), int(r[2])) for r in rows]
 
 
 @pytest.fixture

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
-from feed import Feed
+from hosts import Hosts, RecordingBus
 
-from actors.bus import EventBus
 from actors.hostbus import HostMessage, LocalHostBus
-from actors.runtime import Runtime, RuntimeConfig
+from actors.runtime import Runtime
 from protocol.errors import ServiceUnavailableError
 from protocol.requests import CreateSessionInput, PromptInput
 from storage import SQLiteStore
@@ -27,20 +25,19 @@ SLEEP = '#tool bash {"command": "sleep 30"}'
 Rule = Callable[[str | None, HostMessage], bool]
 
 
-class LossyBus(LocalHostBus):
+class LossyBus(RecordingBus):
     """The in-process bus; ``drop`` rules lose a message, ``hold`` rules delay it
     until :attr:`release` is set."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.sent: list[tuple[str | None, HostMessage]] = []
         self.drop: list[Rule] = []
         self.hold: list[Rule] = []
         self.held = asyncio.Event()
         self.release = asyncio.Event()
 
     async def publish(self, host_id: str | None, message: HostMessage) -> None:
-        self.sent.append((host_id, message))
+        self.sent.append((host_id, message))  # lost or not
         for rule in list(self.drop):
             if rule(host_id, message):
                 self.drop.remove(rule)
@@ -50,39 +47,17 @@ class LossyBus(LocalHostBus):
                 self.hold.remove(rule)
                 self.held.set()
                 await self.release.wait()
-        await super().publish(host_id, message)
-
-    def kinds(self, kind: str) -> list[HostMessage]:
-        return [m for _, m in self.sent if m.kind == kind]
+        await LocalHostBus.publish(self, host_id, message)
 
 
-class Two:
-    def __init__(self, tmp_path: Path, store: SQLiteStore) -> None:
-        self.tmp_path, self.store, self.bus = tmp_path, store, LossyBus()
-        self.stack = AsyncExitStack()
-        self.feed, self.events = Feed(), EventBus()
-        self.events.attach(store)
-        self.events.subscribe(self.feed)
-
-    async def start(self, host_id: str, *, ttl_ms: int = 60_000) -> Runtime:
-        config = RuntimeConfig(
-            data_dir=self.tmp_path / "data",
-            default_directory=str(self.tmp_path),
-            host_id=host_id,
-            lease_ttl_ms=ttl_ms,
-        )
-        return await self.stack.enter_async_context(
-            Runtime(config, store=self.store, host_bus=self.bus)
-        )
-
-    async def types(self, session_id: str) -> list[str]:
-        return [r.type for r in await self.store.read(session_id, limit=1000)]
+class Two(Hosts):
+    bus: LossyBus  # what the fixture gives it
 
 
 @pytest.fixture
 async def two(tmp_path: Path) -> AsyncIterator[Two]:
     async with SQLiteStore(tmp_path / "shared.sqlite") as store:
-        t = Two(tmp_path, store)
+        t = Two(tmp_path, store, LossyBus())
         async with t.stack:
             yield t
         t.events.close()
