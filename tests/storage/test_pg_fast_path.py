@@ -450,6 +450,24 @@ async def test_takes_renewals_and_releases_commit_on_the_fast_path_as_on_the_sav
     assert fast.batch_paths == {"fast": 3, "savepoints": 0}
 
 
+async def test_renewals_without_events_commit_on_the_fast_path_and_a_lost_one_is_fenced(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """What the lease keeper sends every ttl / 4: one event-less command per lease."""
+    fast, _ = pair
+    sessions = ["ses_r0", "ses_r1"]
+    await _both_leased(pair, [Command.of(created(s)) for s in sessions])
+    await _both_leased(pair, [_started(s, LeaseUse.take(s, "host-a", 60_000)) for s in sessions])
+    renewals = [
+        Command(events=(), lease=Fence("ses_r0", "host-a", 1).renew(5_000)),
+        Command(events=(), lease=Fence("ses_r1", "host-a", 1).renew(5_000)),
+    ]
+    assert await _both_leased(pair, renewals) == [[], []]
+    assert fast.batch_paths == {"fast": 3, "savepoints": 0}
+    lost = [Command(events=(), lease=Fence("ses_r1", "host-a", 9).renew(5_000))]
+    assert await _both_leased(pair, lost) == [FencedError]
+
+
 async def test_lease_uses_refused_in_a_batch_fall_back_and_fail_their_own_commands(
     pair: tuple[PostgresStore, PostgresStore],
 ) -> None:
