@@ -545,12 +545,17 @@ class Runtime:
 
     async def _locate(self, session_id: str) -> str | None:
         """Where a session runs, for :mod:`actors.interrupts`: another host's id,
-        UNHELD (claimed, no other host's live lease), or None (not claimed)."""
-        owner = await self._owner(session_id)
-        if owner is not None:
-            return owner
-        claimed = any(c.session_id == session_id for c in await self.store.queries.claims())
-        return UNHELD if claimed else None
+        UNHELD (claimed, no other host's live lease), or None (not claimed).
+
+        One read: a lease is taken with its claim and released with its end, so
+        the claims (with their leases) say it all."""
+        for claim in await self.store.queries.claims():
+            if claim.session_id == session_id:
+                lease = claim.lease
+                if claim.orphaned(now_ms()) or lease is None or lease.host_id == self.host_id:
+                    return UNHELD
+                return lease.host_id
+        return None
 
     async def _owner(self, session_id: str) -> str | None:
         """The other host holding a live lease on the session, if any."""
