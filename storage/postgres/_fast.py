@@ -680,15 +680,12 @@ async def commit_fast(
                 holds.append(lease)
             records = []
             for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
-                epoch = None
-                fenced = lease is not None and new.aggregate_id == lease.session_id
-                if fenced:
-                    assert lease is not None
-                    fence_lease.append(len(holds))
+                epoch, use = None, 0
+                if lease is not None and new.aggregate_id == lease.session_id:
+                    use = len(holds)
                     if lease.kind != "take":
                         epoch = lease.epoch
-                else:
-                    fence_lease.append(0)
+                fence_lease.append(use)
                 seqs[new.aggregate_id] += 1
                 placed_so_far += 1
                 # The position is allocated under the lock, in the function:
@@ -707,8 +704,8 @@ async def commit_fast(
                         epoch=epoch,
                     )
                 )
-                if fenced and epoch is None:
-                    taken.append((records[-1], len(holds)))
+                if use and epoch is None:
+                    taken.append((records[-1], use))
             # The command's checks first, then its projections, in one order
             # with the other commands' ops: a check that fails rolls back all.
             ops: list[tuple[str, Sequence[Any], int | None]] = [
