@@ -49,6 +49,7 @@ Configuration is TOML. Two owners, two powers:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 import tomllib
@@ -158,15 +159,38 @@ class AgentCatalogs:
         # By the Location's directory as given (a step asks once or twice; a
         # path built for each ask was most of the cost of a cache hit).
         self._cache: dict[str, tuple[float, AgentCatalog]] = {}
+        #: The read under way per Location, which a caller that finds the entry
+        #: expired waits for instead of starting its own: when the TTL ran out
+        #: under 100 stepping sessions, each of them sent the same read to a
+        #: thread. None when that read failed or its reader was cancelled (the
+        #: waiter then reads for itself). As many as Locations being read.
+        self._reading: dict[str, asyncio.Future[AgentCatalog | None]] = {}
 
     async def load(self, directory: str, *, fresh: bool = False) -> AgentCatalog:
         now = time.monotonic()
         cached = self._cache.get(directory)
         if not fresh and cached is not None and now - cached[0] < CATALOG_TTL_S:
             return cached[1]
-        catalog = await self._blocking(
-            functools.partial(load_catalog, *self._files, project=project_file(directory))
-        )
+        reading = self._reading.get(directory)
+        if reading is not None and not fresh:
+            # Shielded: a waiter that gives up must not end the others' wait.
+            joined = await asyncio.shield(reading)
+            if joined is not None:
+                return joined
+        # A fresh read is its own (a read already under way may have begun
+        # before the file the caller looks for was written).
+        done: asyncio.Future[AgentCatalog | None] = asyncio.get_running_loop().create_future()
+        if not fresh:
+            self._reading[directory] = done
+        catalog = None
+        try:
+            catalog = await self._blocking(
+                functools.partial(load_catalog, *self._files, project=project_file(directory))
+            )
+        finally:
+            done.set_result(catalog)
+            if self._reading.get(directory) is done:
+                del self._reading[directory]
         if len(self._cache) >= 256:
             self._cache.clear()  # many Locations: keep the cache bounded
         self._cache[directory] = (now, catalog)

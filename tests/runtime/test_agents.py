@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import asyncio
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
 from feed import Feed
 
-from actors.agents import DEFAULT_AGENT, load_catalog, project_file
+from actors.agents import (
+    DEFAULT_AGENT,
+    AgentCatalog,
+    AgentCatalogs,
+    load_catalog,
+    project_file,
+)
 from actors.llm import (
     Finish,
     ModelRequest,
@@ -75,6 +82,61 @@ def test_bad_files_are_clear_errors(tmp_path: Path, text: str) -> None:
     path.write_text(text)
     with pytest.raises(InvalidRequestError, match=r"agents"):
         load_catalog(path)
+
+
+class _CountingThread:
+    """Runs each read on a real thread, counting them; ``gate`` holds them until set."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def __call__(self, fn: Callable[[], AgentCatalog]) -> AgentCatalog:
+        self.reads += 1
+        await self.gate.wait()
+        return await asyncio.to_thread(fn)
+
+
+async def test_callers_of_an_expired_catalog_share_one_read(tmp_path: Path) -> None:
+    data = tmp_path / "agents.toml"
+    data.write_text('[agents.extra]\nsystem = "x"\n')
+    thread = _CountingThread()
+    catalogs = AgentCatalogs((data,), thread)
+    thread.gate.clear()
+    callers = [asyncio.ensure_future(catalogs.agent(str(tmp_path), "extra")) for _ in range(50)]
+    await asyncio.sleep(0.01)
+    thread.gate.set()
+    agents = await asyncio.gather(*callers)
+    assert {a.system for a in agents} == {"x"}
+    assert thread.reads == 1  # not one per caller
+
+
+async def test_a_failed_or_cancelled_shared_read_leaves_each_waiter_its_own(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "agents.toml"
+    data.write_text("[agents.build\n")  # unreadable: every read raises
+    thread = _CountingThread()
+    catalogs = AgentCatalogs((data,), thread)
+    thread.gate.clear()
+    callers = [asyncio.ensure_future(catalogs.load(str(tmp_path))) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    thread.gate.set()
+    outcomes = await asyncio.gather(*callers, return_exceptions=True)
+    assert all(isinstance(o, InvalidRequestError) for o in outcomes)
+    data.write_text('[agents.extra]\nsystem = "y"\n')
+    # The reader is cancelled while its read waits: the waiter reads for itself.
+    thread.gate.clear()
+    first = asyncio.ensure_future(catalogs.load(str(tmp_path)))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(catalogs.agent(str(tmp_path), "extra"))
+    await asyncio.sleep(0.01)
+    first.cancel()
+    await asyncio.sleep(0.01)
+    thread.gate.set()
+    assert (await second).system == "y"
+    assert first.cancelled()
 
 
 async def test_a_project_agent_script_drives_the_scripted_model(
