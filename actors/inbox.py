@@ -49,6 +49,7 @@ __all__ = [
     "AdmissionGate",
     "Blocking",
     "Inbox",
+    "Promotion",
     "Scope",
     "Seen",
     "WakeHook",
@@ -71,6 +72,22 @@ class Seen:
 
     generation: int
     items: Sequence[InboxItem]
+
+
+@attrs.frozen
+class Promotion:
+    """What a promotion delivered, and the pending input it left behind.
+
+    ``left`` is the inbox as the promotion knew it under the lock, less what
+    it delivered; ``generation`` is the inbox generation once it let go of
+    the lock. While :meth:`Inbox.generation` still equals it, no mutation on
+    this host has touched the inbox since, so ``left`` is what a read would
+    give on a store only this process writes (``Store.exclusive``).
+    """
+
+    delivered: list[InboxItem]
+    left: list[InboxItem]
+    generation: int
 
 
 class AdmissionGate:
@@ -387,10 +404,8 @@ class Inbox:
         host has let go of its lock since."""
         return self._locks.generation(session_id)
 
-    async def promote(
-        self, session_id: str, scope: Scope, seen: Seen | None = None
-    ) -> list[InboxItem]:
-        """Deliver what ``scope`` allows, in one transaction; return the delivered items.
+    async def promote(self, session_id: str, scope: Scope, seen: Seen | None = None) -> Promotion:
+        """Deliver what ``scope`` allows, in one transaction; say what it delivered and left.
 
         ``seen`` is the inbox as the caller read it at this boundary, with the
         :meth:`generation` taken before that read: while no mutation here has
@@ -400,6 +415,7 @@ class Inbox:
         refuses an item no longer pending, and promotion then reads afresh.
         """
         async with self._locks.hold(session_id):
+            pending: Sequence[InboxItem] | None = None
             if seen is not None and seen.generation == self._locks.generation(session_id):
                 chosen = select_promotable(seen.items, scope)
                 try:
@@ -407,11 +423,14 @@ class Inbox:
                 except ConflictError:
                     pass  # changed by another host since it was read: read it now
                 else:
-                    return chosen
-            pending = await self._store.queries.inbox(session_id)
-            chosen = select_promotable(pending, scope)
-            await self._deliver(session_id, chosen)
-            return chosen
+                    pending = seen.items
+            if pending is None:
+                pending = await self._store.queries.inbox(session_id)
+                chosen = select_promotable(pending, scope)
+                await self._deliver(session_id, chosen)
+        delivered = {item.id for item in chosen}
+        left = [item for item in pending if item.id not in delivered]
+        return Promotion(chosen, left, self._locks.generation(session_id))
 
     async def _deliver(self, session_id: str, chosen: Sequence[InboxItem]) -> None:
         if chosen:

@@ -35,7 +35,7 @@ from actors.agents import Agent, AgentCatalogs
 from actors.bus import EventBus
 from actors.compaction import CompactionSettings, Compactor
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
-from actors.inbox import Scope, Seen, control_head, select_promotable
+from actors.inbox import Promotion, Scope, Seen, control_head, select_promotable
 from actors.llm import (
     SCRIPTED_MODEL,
     ModelLimits,
@@ -246,10 +246,10 @@ class Runner:
             system = await self._instructions.prepare(
                 session, await self._agent(session), boundary.instructions
             )
-            delivered = await self._sessions.promote(
+            promotion = await self._sessions.inbox.promote(
                 session_id, promote_scope, Seen(generation=generation, items=boundary.inbox)
             )
-            if delivered:
+            if promotion.delivered:
                 step = 0  # new input resets the allowance, once per batch
             elif not continuing and not resumed:
                 return  # what was promotable was cancelled meanwhile
@@ -289,6 +289,25 @@ class Runner:
             if outcome.error is not None:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
+            if not continuing and self._nothing_due(session_id, scope, promotion):
+                return
+
+    def _nothing_due(self, session_id: str, scope: Scope, promotion: Promotion) -> bool:
+        """Whether the idle boundary after a turn has nothing to deliver or handle,
+        known without reading the inbox again.
+
+        Only where this process alone writes the log (``Store.exclusive``), and
+        only while no inbox mutation here has let go of the session's lock
+        since the promotion: the inbox is then what that promotion left. With
+        other hosts on the log, input they admitted meanwhile is found by the
+        read (their wake would bring it too, one drain later).
+        """
+        if not self._store.exclusive:
+            return False
+        if self._sessions.inbox.generation(session_id) != promotion.generation:
+            return False
+        left = promotion.left
+        return control_head(left, scope) is None and not select_promotable(left, scope)
 
     async def _control(self, session: Session, scope: Scope, pending: list[InboxItem]) -> bool:
         """Handle the control item due at this boundary, if any; True when one was.

@@ -330,7 +330,7 @@ class Sessions:
         return await self.inbox.move(session_id, Location(directory=directory), delivery)
 
     async def promote(self, session_id: str, scope: Scope, seen: Seen | None = None) -> int:
-        return len(await self.inbox.promote(session_id, scope, seen))
+        return len((await self.inbox.promote(session_id, scope, seen)).delivered)
 
     # -- permissions ----------------------------------------------------------------------------
 

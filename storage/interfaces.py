@@ -226,6 +226,12 @@ class Store(EventLog, Protocol):
     @property
     def read_only(self) -> bool: ...
 
+    @property
+    def exclusive(self) -> bool:
+        """Whether only this process can write the log (SQLite's writer lock):
+        then nothing changes a projection but this process's own commands."""
+        ...
+
     async def check_writable(
         self, timeout_s: float, blocking: Callable[..., Awaitable[None]]
     ) -> None:

@@ -104,6 +104,8 @@ class SQLiteStore:
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._all_readers: list[aiosqlite.Connection] = []
         self.inline = InlineReader(self.path, read_only=read_only)
+        #: One writer process per file (its lock): every change to the log is this process's.
+        self.exclusive = True
         self._subscribers = Subscribers()
         #: Called after each batch with (commands, seconds from hand-off to outcome).
         self.batch_observers: list[Callable[[int, float], None]] = []

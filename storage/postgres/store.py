@@ -150,6 +150,11 @@ class PostgresStore:
         """No local file: a server holds the database (see :class:`storage.Store`)."""
         return None
 
+    @property
+    def exclusive(self) -> bool:
+        """Other hosts write the same database."""
+        return False
+
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r}, {self._state.value})"
 

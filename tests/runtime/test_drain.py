@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from feed import Feed
 
@@ -288,3 +289,44 @@ async def test_no_live_delta_is_made_while_nobody_listens(runtime: Runtime) -> N
     await runtime.sessions.prompt(s.id, PromptInput(text="Now someone does", resume=False))
     assert (await runtime.execution.resume(s.id)).kind == "succeeded"
     assert published
+
+
+async def test_input_admitted_during_a_turn_without_a_wake_runs_at_the_idle_boundary(
+    runtime: Runtime, feed: Feed
+) -> None:
+    """Nothing rings the doorbell for it (``resume: false``): only the idle
+    boundary's look at the inbox finds it, in the same busy period."""
+    s = await runtime.sessions.create()
+    await runtime.sessions.prompt(s.id, PromptInput(text="#delay 200\n#text Slow turn."))
+    await feed.wait("session.step.started", sessionID=s.id)
+    later = await runtime.sessions.prompt(
+        s.id, PromptInput(text="queued meanwhile", delivery="queue", resume=False)
+    )
+    await runtime.execution.wait_idle(s.id)
+    history = await messages(runtime, s.id)
+    assert [m.id for m in history if isinstance(m, UserMessage)][-1] == later.id
+    assert isinstance(history[-1], AssistantMessage)
+    assert await runtime.sessions.pending(s.id) == []
+    assert feed.types(s.id).count("session.execution.started") == 1
+
+
+async def test_the_idle_boundary_after_a_turn_reads_only_where_others_write(
+    runtime: Runtime,
+) -> None:
+    """On a log only this process writes, the inbox the turn's promotion left is
+    the inbox; with other hosts on it (PostgreSQL), the boundary reads again."""
+    reads: list[str] = []
+    queries = runtime.store.queries
+    boundary = queries.boundary
+
+    async def counted(session_id: str) -> Any:
+        reads.append(session_id)
+        return await boundary(session_id)
+
+    queries.boundary = counted  # type: ignore[method-assign]
+    s = await runtime.sessions.create()
+    await runtime.sessions.prompt(s.id, PromptInput(text="one turn", resume=False))
+    assert (await runtime.execution.resume(s.id)).kind == "succeeded"
+    assert len(await messages(runtime, s.id)) == 2
+    assert reads == ([] if runtime.store.exclusive else [s.id])
+    assert runtime.store.exclusive is (runtime.store.path is not None)
