@@ -208,6 +208,22 @@ _OPEN_STEP: Final = (
     " AND json_extract(data, '$.error') IS NULL FROM session_message"
     " WHERE session_id = ? AND type = 'assistant' ORDER BY seq DESC LIMIT 1"
 )
+# The session row, and whether anything a crash or restart can leave open is
+# open: a process group, a streaming or running tool part, a running
+# compaction, a newest assistant message with no terminal (the four reads of
+# DrainStart, as one yes or no). Nearly always no: one statement instead of five.
+_SESSION_STALE: Final = (
+    f"SELECT {_SESSION_COLUMNS},"
+    " EXISTS (SELECT 1 FROM tool_process WHERE session_id = ?)"
+    " OR EXISTS (SELECT 1 FROM session_part"
+    " WHERE session_id = ? AND status IN ('streaming', 'running'))"
+    " OR EXISTS (SELECT 1 FROM session_message WHERE session_id = ? AND type = 'compaction'"
+    " AND json_extract(data, '$.status') = 'running')"
+    " OR coalesce((SELECT json_extract(data, '$.finish') IS NULL"
+    " AND json_extract(data, '$.error') IS NULL FROM session_message"
+    " WHERE session_id = ? AND type = 'assistant' ORDER BY seq DESC LIMIT 1), FALSE)"
+    " FROM session WHERE id = ?"
+)
 #: Bytes of decoded messages kept, least recently used evicted first (values are
 #: immutable). An entry weighs its stored text: the decoded value holds about as much.
 DECODE_CACHE_BYTES: Final = 32 * 1024 * 1024
@@ -708,8 +724,29 @@ class Queries:
 
     async def drain_start(self, session_id: str) -> DrainStart:
         """The session, what a crash or restart left open in it, its pending input
-        and its instruction inputs."""
+        and its instruction inputs.
+
+        One snapshot says whether anything is left open; only then a second
+        one reads what (every part again, so the parts agree).
+        """
         one = (session_id,)
+        session, inbox, instructions = await self._fetch_many(
+            [
+                (_SESSION_STALE, (session_id,) * 5),
+                (_INBOX, one),
+                (_INSTRUCTION_INPUTS, (session_id, session_id)),
+            ]
+        )
+        if not session or not session[0][-1]:
+            return DrainStart(
+                session=_session(session[0]) if session else None,
+                tool_processes=[],
+                open_tool_calls=[],
+                open_step=None,
+                running_compaction=None,
+                inbox=[_inbox_item(r) for r in inbox],
+                instructions=_instruction_inputs(instructions),
+            )
         session, processes, calls, step, compaction, inbox, instructions = await self._fetch_many(
             [
                 (_SESSION_BY_ID, one),

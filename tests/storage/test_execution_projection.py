@@ -260,3 +260,55 @@ async def test_deleting_a_session_forgets_its_processes(store: SQLiteStore) -> N
     await running_call(store)
     await append(store, spawned(), ev.SessionDeleted(session_id=SID))
     assert await store.queries.tool_processes() == []
+
+
+async def _drain_start_stale(store: SQLiteStore) -> tuple[object, ...]:
+    start = await store.queries.drain_start(SID)
+    assert start.session is not None
+    assert start.session.id == SID
+    return (
+        [p.call_id for p in start.tool_processes],
+        [c.id for c in start.open_tool_calls],
+        start.open_step,
+        None if start.running_compaction is None else start.running_compaction.status,
+    )
+
+
+async def test_the_drain_start_finds_each_thing_a_crash_can_leave_open(
+    store: SQLiteStore,
+) -> None:
+    """Its first statement only says whether anything is open; each kind alone must say yes."""
+    await setup(store)
+    clean = ([], [], None, None)
+    assert await _drain_start_stale(store) == clean
+    # A step with no terminal: an open step, nothing else.
+    step = ev.StepStarted(
+        session_id=SID, assistant_message_id=AID, agent="a", model=MODEL, started=1
+    )
+    await append(store, step)
+    assert await _drain_start_stale(store) == ([], [], AID, None)
+    # A running call in it, then its process group.
+    await append(
+        store,
+        ev.ToolCalled(session_id=SID, assistant_message_id=AID, id="call_1", name="bash", input={}),
+    )
+    assert await _drain_start_stale(store) == ([], ["call_1"], AID, None)
+    await append(store, spawned())
+    assert await _drain_start_stale(store) == (["call_1"], ["call_1"], AID, None)
+    await append(
+        store,
+        ev.ToolSucceeded(session_id=SID, assistant_message_id=AID, id="call_1", content=()),
+        ev.StepEnded(session_id=SID, assistant_message_id=AID, finish="stop"),
+    )
+    assert await _drain_start_stale(store) == clean
+    # A compaction cut off while running, alone.
+    await append(store, ev.CompactionStarted(session_id=SID, reason="auto", recent="[user]\nx"))
+    assert await _drain_start_stale(store) == ([], [], None, "running")
+    await append(
+        store,
+        ev.CompactionFailed(
+            session_id=SID, reason="auto", error=ev.ErrorInfo(type="x", message="y")
+        ),
+    )
+    assert await _drain_start_stale(store) == clean
+    assert (await store.queries.drain_start("ses_missing")).session is None
