@@ -236,9 +236,13 @@ HISTORY_CACHE_BYTES: Final = 64 * 1024 * 1024
 # snapshot: the newest position (every later change is marked above it) and
 # how many message and part rows the session has (a removal shows as fewer).
 _HISTORY_STATE: Final = (
-    "SELECT (SELECT coalesce(max(position), 0) FROM event),"
+    "(SELECT coalesce(max(position), 0) FROM event),"
     " (SELECT count(*) FROM session_message WHERE session_id = ?),"
     " (SELECT count(*) FROM session_part WHERE session_id = ?)"
+)
+#: The session row with that state after its columns (no row: no session).
+_SESSION_HISTORY_STATE: Final = (
+    f"SELECT {_SESSION_COLUMNS}, {_HISTORY_STATE} FROM session WHERE id = ?"
 )
 # A session's messages written after a position, or whose parts were. The
 # second branch is driven by the parts' index and finds its messages by id
@@ -465,29 +469,32 @@ class Queries:
         """
         base = self.histories.get(session_id)
         session, history = await self._read_history(session_id, base)
-        if history is None:
+        if session is not None and history is None:
             session, history = await self._read_history(session_id, None)
-            assert history is not None  # a full read always adds up
         if session is None:
             self.histories.forget(session_id)
             return None, []
+        assert history is not None  # a full read always adds up
         self.histories.keep(session_id, history)
         return session, history.active(session.revert)
 
     async def _read_history(
         self, session_id: str, base: _History | None
     ) -> tuple[Session | None, _History | None]:
-        """The session and its rows from ``base`` on; None rows when they do not add up."""
+        """The session and its rows from ``base`` on; None rows when they do not add up
+        (and when there is no session)."""
         marker = -1 if base is None else base.marker
-        session_rows, state, rows = await self._fetch_many(
+        session_rows, rows = await self._fetch_many(
             [
-                (_SESSION_BY_ID, (session_id,)),
-                (_HISTORY_STATE, (session_id, session_id)),
+                (_SESSION_HISTORY_STATE, (session_id, session_id, session_id)),
                 (_HISTORY_CHANGED, (session_id, marker, session_id, marker, marker)),
             ]
         )
-        session = _session(session_rows[0]) if session_rows else None
-        position, messages, parts = (int(v) for v in state[0])
+        if not session_rows:
+            return None, None
+        row = session_rows[0]
+        session = _session(row)
+        position, messages, parts = (int(v) for v in row[-3:])
         history = self._merged(session_id, base, rows, position)
         if len(history.by_id) != messages or history.parts != parts:
             return session, None  # rows were removed since ``base``: read in full
