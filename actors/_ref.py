@@ -72,12 +72,29 @@ class ActorRef(Generic[A]):
             TimeoutError: no reply within ``timeout`` seconds.
             RuntimeError: an actor asked itself from its own handler.
         """
-        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._mailbox.put(Envelope(message=message, reply=reply))
+        reply = self.request(message)
         # Being cancelled here (timeout included) cancels `reply`, which is how the
         # mailbox learns that nobody is waiting any more.
+        if timeout is None:
+            return await reply
         async with asyncio.timeout(timeout):
             return await reply
+
+    def request(self, message: object) -> asyncio.Future[Any]:
+        """Queue ``message`` as :meth:`ask` does and return its reply future at once.
+
+        For an actor that forwards a request to another and hands the reply
+        on without waiting for it (its own handler must never wait on
+        another actor's answer). Cancelling the future before the message is
+        reached withdraws it, as a cancelled ask does.
+
+        Raises:
+            ActorDeadError: the actor is stopped or stopping.
+            RuntimeError: an actor asked itself from its own handler.
+        """
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._mailbox.put(Envelope(message=message, reply=reply))
+        return reply
 
     async def stop(self) -> None:
         """Stop the actor: nothing more is handled, pending asks fail, ``on_stop`` runs once.

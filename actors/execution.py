@@ -51,7 +51,6 @@ import attrs
 
 from actors._actor import Actor
 from actors._ref import ActorRef
-from actors._shield import finish
 from actors.inbox import Scope
 from protocol.events import ErrorInfo, InterruptReason
 from storage import FencedError, LeaseHeldError, StorageBrokenError
@@ -157,9 +156,11 @@ class IsBusy:
 
 @attrs.frozen
 class Idle:
-    """A session actor found itself idle; the supervisor may retire it."""
+    """A session actor found itself idle, having handled ``received`` messages;
+    the supervisor may retire it."""
 
     session_id: str
+    received: int = 0
 
 
 @attrs.frozen
@@ -184,12 +185,18 @@ class SessionActor(Actor):
     """
 
     def __init__(
-        self, session_id: str, hooks: ExecutionHooks, on_idle: Callable[[str], None]
+        self, session_id: str, hooks: ExecutionHooks, on_idle: Callable[[str, int], None]
     ) -> None:
         self.session_id = session_id
         self._hooks = hooks
         self._on_idle = on_idle
+        #: Messages handled so far (the supervisor compares it with what it sent).
+        self._received = 0
         self._busy: asyncio.Task[None] | None = None
+        #: While the busy task runs ``started`` or ``settled``, which must land
+        #: whole, a cancellation waits (``_deferred``) until it returns.
+        self._shielded = False
+        self._deferred = False
         self._terminal: asyncio.Future[Terminal] | None = None
         self._pending: Scope | None = None
         self._pending_force = False
@@ -201,6 +208,7 @@ class SessionActor(Actor):
         self._idle_waiters: list[asyncio.Future[None]] = []
 
     async def on_receive(self, message: object) -> Any:
+        self._received += 1
         match message:
             case Wake(scope=scope):
                 if self._busy is None:
@@ -233,7 +241,7 @@ class SessionActor(Actor):
             if not self._stopping:
                 self._stopping = True
                 self._reason = None  # teardown: classified as shutdown
-                busy.cancel()
+                self._cancel_busy()
             with contextlib.suppress(asyncio.CancelledError):
                 await busy
 
@@ -256,7 +264,7 @@ class SessionActor(Actor):
             return False
         self._stopping = True
         self._reason = reason
-        self._busy.cancel()
+        self._cancel_busy()
         return True
 
     def _lease_lost(self) -> bool:
@@ -266,8 +274,21 @@ class SessionActor(Actor):
         self._fenced = True
         if not self._stopping:
             self._stopping = True
-            self._busy.cancel()
+            self._cancel_busy()
         return True
+
+    def _cancel_busy(self) -> None:
+        """Cancel the busy task, or, while it runs ``started`` or ``settled``
+        (each lands whole), as soon as that returns.
+
+        Only this actor cancels its busy task, so this replaces a shielding
+        task around each of the two (two tasks per busy period fewer).
+        """
+        assert self._busy is not None
+        if self._shielded:
+            self._deferred = True
+        else:
+            self._busy.cancel()
 
     def _start(
         self, scope: Scope, *, force: bool, terminal: asyncio.Future[Terminal] | None = None
@@ -282,7 +303,14 @@ class SessionActor(Actor):
         outcome: Terminal
         try:
             try:
-                await finish(self._hooks.started(self.session_id))
+                self._shielded = True
+                try:
+                    await self._hooks.started(self.session_id)
+                finally:
+                    self._shielded = False
+                    cancelled, self._deferred = self._deferred, False
+                if cancelled:
+                    raise asyncio.CancelledError  # asked for while it ran
             except LeaseHeldError as exc:
                 # Another host runs it: hand it this wake (and any rung meanwhile).
                 wanted = scope if self._pending is None else widest(self._pending, scope)
@@ -311,8 +339,9 @@ class SessionActor(Actor):
             log.info("execution of %s failed", self.session_id, exc_info=exc)
             outcome = Terminal(kind="failed", error=error_info(exc))
         self._settling = True
+        self._shielded = True
         try:
-            await finish(self._hooks.settled(self.session_id, outcome))
+            await self._hooks.settled(self.session_id, outcome)
         except StorageBrokenError as exc:
             # Disk full or an I/O error: the message is the news, a traceback is noise
             # (the claim stays, so the next start recovers the session).
@@ -320,6 +349,8 @@ class SessionActor(Actor):
         except Exception:
             log.exception("settling %s failed", self.session_id)
         finally:
+            # A cancellation asked for meanwhile has nothing left to cut short.
+            self._shielded = self._deferred = False
             self._after_settle(outcome, terminal)
 
     def _after_settle(self, outcome: Terminal, terminal: asyncio.Future[Terminal]) -> None:
@@ -341,7 +372,7 @@ class SessionActor(Actor):
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        self._on_idle(self.session_id)
+        self._on_idle(self.session_id, self._received)
 
 
 # -- the supervisor -------------------------------------------------------------------------------
@@ -353,31 +384,32 @@ class Supervisor(Actor):
     def __init__(self, hooks: ExecutionHooks) -> None:
         self._hooks = hooks
         self._sessions: dict[str, ActorRef[SessionActor]] = {}
+        #: Messages sent to each session actor (see :meth:`_retire`).
+        self._sent: dict[str, int] = {}
         self._closed = False
 
     async def on_receive(self, message: object) -> Any:
+        # Requests for a session are forwarded, never awaited here: the answer
+        # (a future) goes back to the asker, who waits for it, so one
+        # session's handling never holds up the others' in this mailbox.
         match message:
             case Wake(session_id=sid) if not self._closed:
-                (await self._session(sid)).tell(message)
+                self._send(await self._session(sid), message)
                 return None
             case Resume(session_id=sid):
                 if self._closed:
-                    return _ready(Terminal(kind="interrupted", reason="shutdown"))
-                return await (await self._session(sid)).ask(message)
+                    return _ready(_ready(Terminal(kind="interrupted", reason="shutdown")))
+                return self._request(await self._session(sid), message)
             case Interrupt(session_id=sid) | LeaseLost(session_id=sid):
                 ref = self._sessions.get(sid)
-                return False if ref is None else await ref.ask(message)
+                return _ready(False) if ref is None else self._request(ref, message)
             case AwaitIdle(session_id=sid):
                 ref = self._sessions.get(sid)
-                return _ready(None) if ref is None else await ref.ask(message)
+                return _ready(_ready(None)) if ref is None else self._request(ref, message)
             case Active():
-                return [sid for sid, ref in self._sessions.items() if await ref.ask(IsBusy())]
-            case Idle(session_id=sid):
-                ref = self._sessions.get(sid)
-                # The session may have been woken again since it said so.
-                if ref is not None and await ref.ask(Retire()):
-                    del self._sessions[sid]
-                    await ref.stop()
+                return [sid for sid in list(self._sessions) if await self._ask(sid, IsBusy())]
+            case Idle(session_id=sid, received=received):
+                await self._retire(sid, received)
                 return None
             case Shutdown():
                 return await self._shutdown()
@@ -389,18 +421,51 @@ class Supervisor(Actor):
         ref = self._sessions.get(session_id)
         if ref is None:
             me = self.actor_ref
-            ref = await SessionActor.start(
-                session_id, self._hooks, lambda sid: me.tell(Idle(sid)) if me.is_alive() else None
-            )
+
+            def idle(sid: str, received: int) -> None:
+                if me.is_alive():
+                    me.tell(Idle(sid, received))
+
+            ref = await SessionActor.start(session_id, self._hooks, idle)
             self._sessions[session_id] = ref
+            self._sent[session_id] = 0
         return ref
+
+    def _send(self, ref: ActorRef[SessionActor], message: Wake) -> None:
+        self._sent[message.session_id] += 1
+        ref.tell(message)
+
+    def _request(self, ref: ActorRef[SessionActor], message: Any) -> asyncio.Future[Any]:
+        self._sent[message.session_id] += 1
+        return ref.request(message)
+
+    async def _ask(self, session_id: str, message: object) -> Any:
+        self._sent[session_id] += 1
+        return await self._sessions[session_id].ask(message)
+
+    async def _retire(self, session_id: str, received: int) -> None:
+        """Stop an idle session actor, unless it has been sent something since.
+
+        Every message a session actor gets comes from here. When it has
+        handled as many as were sent to it by the time it said it was idle,
+        nothing is on its way to it and it is idle still; otherwise it is
+        asked (after whatever it has queued).
+        """
+        ref = self._sessions.get(session_id)
+        if ref is None:
+            return
+        if self._sent[session_id] != received and not await self._ask(session_id, Retire()):
+            return  # woken again since it said so
+        del self._sessions[session_id]
+        del self._sent[session_id]
+        await ref.stop()
 
     async def _shutdown(self) -> list[asyncio.Future[None]]:
         self._closed = True
         waiters = []
-        for sid, ref in list(self._sessions.items()):
-            await ref.ask(Interrupt(sid, "shutdown"))
-            waiters.append(await ref.ask(AwaitIdle(sid)))
+        for sid in list(self._sessions):
+            await self._ask(sid, Interrupt(sid, "shutdown"))
+            waiters.append(await self._ask(sid, AwaitIdle(sid)))
         return waiters
 
     async def on_stop(self) -> None:
@@ -435,14 +500,19 @@ class Execution:
 
     async def resume(self, session_id: str) -> Terminal:
         """Start or join the session's execution and return its terminal."""
-        future: asyncio.Future[Terminal] = await self._supervisor.ask(Resume(session_id))
+        # The supervisor answers with the session actor's answer to come, whose
+        # own answer is the terminal's future.
+        answer: asyncio.Future[asyncio.Future[Terminal]] = await self._supervisor.ask(
+            Resume(session_id)
+        )
+        future = await answer
         # Shielded: a joined waiter that gives up must not cancel the terminal
         # every other waiter is waiting for.
         return await asyncio.shield(future)
 
     async def interrupt(self, session_id: str, reason: InterruptReason = "user") -> bool:
-        result: bool = await self._supervisor.ask(Interrupt(session_id, reason))
-        return result
+        answer: asyncio.Future[bool] = await self._supervisor.ask(Interrupt(session_id, reason))
+        return await answer
 
     def lease_lost(self, session_id: str) -> None:
         """This host lost the session's lease: stop its busy period, writing nothing more."""
@@ -452,8 +522,10 @@ class Execution:
     async def wait_idle(self, session_id: str) -> None:
         """Return once the session has no busy period (successors included)."""
         while True:
-            future: asyncio.Future[None] = await self._supervisor.ask(AwaitIdle(session_id))
-            await asyncio.shield(future)
+            answer: asyncio.Future[asyncio.Future[None]] = await self._supervisor.ask(
+                AwaitIdle(session_id)
+            )
+            await asyncio.shield(await answer)
             if session_id not in await self.active():
                 return
 

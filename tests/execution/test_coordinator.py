@@ -32,8 +32,13 @@ class Hooks:
         self.drains: asyncio.Queue[DrainCall] = asyncio.Queue()
         self.settle_gate: asyncio.Future[None] | None = None
         self.settling = asyncio.Event()
+        self.start_gate: asyncio.Future[None] | None = None
+        self.starting = asyncio.Event()
 
     async def started(self, session_id: str) -> None:
+        self.starting.set()
+        if self.start_gate is not None:
+            await self.start_gate
         self.log.append(("started", session_id))
 
     async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
@@ -217,6 +222,55 @@ async def test_interrupt_answers_before_cleanup_and_clears_the_doorbell(
     assert hooks.kinds() == ["started", "drain", "settled"]  # no successor
 
 
+async def test_an_interrupt_while_the_start_is_recorded_waits_for_it_and_runs_no_drain(
+    execution: Execution, hooks: Hooks
+) -> None:
+    """The start lands whole (it carries the claim); the interrupt takes effect
+    right after it, before any drain."""
+    hooks.start_gate = asyncio.get_running_loop().create_future()
+    waiter = asyncio.ensure_future(execution.resume("ses_a"))
+    await hooks.starting.wait()
+    assert await execution.interrupt("ses_a") is True
+    assert await execution.interrupt("ses_a") is False  # already stopping
+    await asyncio.sleep(0.01)
+    assert hooks.log == []  # the start is not cut short
+    hooks.start_gate.set_result(None)
+    assert await waiter == Terminal(kind="interrupted", reason="user")
+    assert hooks.kinds() == ["started", "settled"]
+
+
+async def test_a_shutdown_while_the_start_or_the_terminal_is_recorded_lets_it_land(
+    hooks: Hooks,
+) -> None:
+    execution = await Execution.start(hooks)
+    hooks.start_gate = asyncio.get_running_loop().create_future()
+    execution.wake("ses_a")
+    await hooks.starting.wait()
+    stopping = asyncio.ensure_future(execution.shutdown())
+    await asyncio.sleep(0.01)
+    assert not stopping.done()
+    hooks.start_gate.set_result(None)
+    await stopping
+    assert hooks.log == [
+        ("started", "ses_a"),
+        ("settled", "ses_a", Terminal(kind="interrupted", reason="shutdown")),
+    ]
+    # The terminal: a teardown while it is recorded waits for it.
+    hooks2 = Hooks()
+    hooks2.settle_gate = asyncio.get_running_loop().create_future()
+    execution = await Execution.start(hooks2)
+    execution.wake("ses_b")
+    (await next_drain(hooks2)).release.set_result(None)
+    await hooks2.settling.wait()
+    stopping = asyncio.ensure_future(execution.shutdown())
+    await asyncio.sleep(0.01)
+    assert not stopping.done()
+    hooks2.settle_gate.set_result(None)
+    await stopping
+    assert hooks2.log[-1] == ("settled", "ses_b", OK)
+    assert ActorRegistry.get_all() == []
+
+
 async def test_a_wake_during_interrupt_cleanup_starts_a_successor_with_its_scope(
     execution: Execution, hooks: Hooks
 ) -> None:
@@ -297,6 +351,33 @@ async def test_settles_once_per_busy_period_and_retires_idle_actors(
     assert hooks.kinds().count("started") == 1
     assert hooks.kinds().count("settled") == 1
     for _ in range(20):  # the retirement travels through two mailboxes
+        if not ActorRegistry.get_by_class(SessionActor):
+            break
+        await asyncio.sleep(0)
+    assert ActorRegistry.get_by_class(SessionActor) == []
+
+
+async def test_an_actor_woken_while_its_idle_notice_travels_is_not_retired(
+    execution: Execution, hooks: Hooks
+) -> None:
+    """The wake reaches the supervisor just before the actor's "idle" does, and
+    the actor just after it said so: it is busy again, and must not be stopped."""
+    settled = hooks.settled
+    woke: list[bool] = []
+
+    async def settled_then_wake(session_id: str, terminal: Terminal) -> None:
+        await settled(session_id, terminal)
+        if not woke:
+            woke.append(True)
+            execution.wake(session_id)  # told before the actor tells it is idle
+
+    hooks.settled = settled_then_wake  # type: ignore[method-assign]
+    execution.wake("ses_a")
+    (await next_drain(hooks)).release.set_result(None)
+    (await next_drain(hooks)).release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert [e for e in hooks.log if e[0] == "settled"] == [("settled", "ses_a", OK)] * 2
+    for _ in range(20):
         if not ActorRegistry.get_by_class(SessionActor):
             break
         await asyncio.sleep(0)
