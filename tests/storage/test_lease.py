@@ -353,3 +353,33 @@ def test_with_lease_keeps_every_other_field_of_the_command() -> None:
     )
     use = LeaseUse(kind="hold", session_id=SID, host_id="h", epoch=2)
     assert command.with_lease(use) == attrs.evolve(command, lease=use)
+
+
+async def test_a_batch_of_more_fenced_events_than_one_statement_takes_records_each(
+    store: SQLiteStore,
+) -> None:
+    """The writer inserts a batch's fence rows together, several hundred per
+    statement: every fenced event still gets its own row, and no other does."""
+    await _session(store)
+    await _session(store, "ses_free")
+    a = await _take(store, "host-a")
+    [last] = await store.fetch("SELECT max(position) FROM event")
+    position = last[0]
+    futures = []
+    for i in range(700):
+        renamed = ev.SessionRenamed(session_id=SID, title=f"t{i}")
+        if i % 100 == 7:  # one command of three events, two of them fenced
+            free = ev.SessionRenamed(session_id="ses_free", title=f"f{i}")
+            futures.append(store.submit(Command.of(renamed, free, renamed, lease=a.hold())))
+        else:
+            futures.append(store.submit(Command.of(renamed, lease=a.hold())))
+    results = await asyncio.gather(*futures)
+    fenced = [r.position for records in results for r in records if r.aggregate_id == SID]
+    assert len(fenced) == 700 + 7
+    rows = await store.fetch(
+        "SELECT position, session_id, host_id, epoch FROM event_fence WHERE position > ?"
+        " ORDER BY position",
+        (position,),
+    )
+    assert [r[0] for r in rows] == fenced
+    assert {(r[1], r[2], r[3]) for r in rows} == {(SID, "host-a", a.epoch)}
