@@ -50,7 +50,6 @@ from actors.shells import Environments
 from actors.snapshots import Snapshots
 from actors.step import StepRunner, retry_policy
 from actors.tools import ToolExecutor, ToolRegistry
-from actors.tools._permission import offered
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, SessionNotFoundError
 from protocol.shapes import (
@@ -451,9 +450,6 @@ class Runner:
         """
         if history is None:
             history = await self._store.queries.context(session.id)
-        # Only what the agent may call is offered; a call to anything else
-        # still fails (ToolCalls checks again), but the model is not invited.
-        allowed = [t.name for t in self._tools if offered(agent.permissions, t.name)]
         metadata: dict[str, Any] = {"step": step, "attempt": 1}
         script = _script(agent, session.metadata)
         if script is not None:
@@ -464,7 +460,9 @@ class Runner:
             model=session.model or agent.model or self._default_model,
             system=system,
             messages=to_chat(history, self._chat, native=native),
-            tools=self._tools.specs(allowed),
+            # Only what the agent may call is offered; a call to anything else
+            # still fails (ToolCalls checks again), but the model is not invited.
+            tools=self._tools.offered_specs(agent.permissions),
             metadata=metadata,
         )
         return with_max_steps(request) if limited else request

@@ -8,7 +8,7 @@ built once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import jsonschema
@@ -17,9 +17,13 @@ import jsonschema.validators
 from jsonschema.protocols import Validator
 
 from actors.llm._request import ToolSpec
+from actors.tools._permission import Rule, offered
 from actors.tools._types import Tool, ToolError
 
 __all__ = ["ToolRegistry", "ToolSpec"]
+
+#: Permission tables whose offered tools a registry keeps (by count).
+_OFFERED_ENTRIES: Final = 64
 
 
 @attrs.frozen
@@ -35,6 +39,11 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._entries: dict[str, _Entry] = {}
+        #: :meth:`offered_specs` by the identity of the rules table asked with
+        #: (the table is kept, so its id is not reused while the entry lives);
+        #: at most :data:`_OFFERED_ENTRIES` tables, emptied when full or when a
+        #: tool is registered.
+        self._offered: dict[int, tuple[Mapping[str, Rule], tuple[ToolSpec, ...]]] = {}
         for tool in tools:
             self.register(tool)
 
@@ -60,6 +69,23 @@ class ToolRegistry:
             raise ValueError(f"tool {tool.name!r}: invalid input_schema: {exc.message}") from exc
         spec = ToolSpec(name=tool.name, description=tool.description, input_schema=schema)
         self._entries[tool.name] = _Entry(tool, cls(dict(schema)), spec)
+        self._offered.clear()
+
+    def offered_specs(self, rules: Mapping[str, Rule]) -> tuple[ToolSpec, ...]:
+        """Specs of the tools an agent with permission table ``rules`` may call
+        (:func:`~actors.tools._permission.offered`), as a model request lists them.
+
+        Asked at every step with the same few tables (an agent catalog keeps
+        its agents), so the answer is kept per table.
+        """
+        kept = self._offered.get(id(rules))
+        if kept is not None and kept[0] is rules:
+            return kept[1]
+        specs = tuple(e.spec for e in self._entries.values() if offered(rules, e.tool.name))
+        if len(self._offered) >= _OFFERED_ENTRIES:
+            self._offered.clear()
+        self._offered[id(rules)] = (rules, specs)
+        return specs
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

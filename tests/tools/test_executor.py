@@ -83,6 +83,24 @@ def test_specs_list_every_tool_in_registration_order() -> None:
     assert len(registry) == 7
 
 
+def test_offered_specs_follow_each_permission_table_and_later_registrations() -> None:
+    registry = ToolRegistry(builtin_tools())
+    plan = {"*": "allow", "write": "deny", "edit": "deny", "bash": "deny"}
+    names = [s.name for s in registry.offered_specs(plan)]
+    assert names == ["read", "list", "glob", "grep"]
+    assert registry.offered_specs(plan) is registry.offered_specs(plan)  # kept
+    # An equal table, another object: answered for itself, the same way.
+    assert [s.name for s in registry.offered_specs(dict(plan))] == names
+    ask = {"bash": {"*": "deny", "git *": "ask"}}
+    assert [s.name for s in registry.offered_specs(ask)][-1] == "bash"
+    assert [s.name for s in registry.offered_specs({"*": "deny"})] == []
+    registry.register(FnTool("t", echo))
+    assert [s.name for s in registry.offered_specs(plan)] == [*names, "t"]
+    # Many tables: the kept answers are bounded, every answer still right.
+    tables = [{"*": "allow", "read": "deny"} for _ in range(200)]
+    assert {len(registry.offered_specs(t)) for t in tables} == {len(registry) - 1}
+
+
 def test_registering_a_name_twice_is_refused() -> None:
     registry = ToolRegistry([FnTool("t", echo)])
     with pytest.raises(ValueError, match="already registered"):
