@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
+from types import TracebackType
 from typing import Final
 
 __all__ = ["MAX_GENERATIONS", "KeyedLock"]
@@ -24,24 +23,28 @@ class KeyedLock:
         self._forgotten = 0
         self._max_generations = max_generations
 
-    @contextlib.asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
+    def hold(self, key: str) -> _Hold:
+        """``async with locks.hold(key):`` holds ``key``'s mutex for the block.
+
+        A class rather than an ``asynccontextmanager``: a prompt and a
+        promotion take it at every step, and the generator-based form cost
+        several times the lock itself.
+        """
+        return _Hold(self, key)
+
+    def _enter(self, key: str) -> asyncio.Lock:
         lock, users = self._locks.get(key, (None, 0))
         if lock is None:
             lock = asyncio.Lock()
         self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                try:
-                    yield
-                finally:
-                    self._release(key)
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+        return lock
+
+    def _leave(self, key: str) -> None:
+        lock, users = self._locks[key]
+        if users == 1:
+            del self._locks[key]
+        else:
+            self._locks[key] = (lock, users - 1)
 
     def generation(self, key: str) -> int:
         """A number that grows whenever a holder of ``key`` lets it go.
@@ -62,3 +65,37 @@ class KeyedLock:
 
     def __len__(self) -> int:
         return len(self._locks)
+
+
+class _Hold:
+    """One holding of one key (see :meth:`KeyedLock.hold`)."""
+
+    __slots__ = ("_key", "_lock", "_owner")
+
+    def __init__(self, owner: KeyedLock, key: str) -> None:
+        self._owner = owner
+        self._key = key
+        self._lock: asyncio.Lock | None = None
+
+    async def __aenter__(self) -> None:
+        lock = self._owner._enter(self._key)
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._owner._leave(self._key)
+            raise
+        self._lock = lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock = self._lock
+        assert lock is not None
+        try:
+            self._owner._release(self._key)
+        finally:
+            lock.release()
+            self._owner._leave(self._key)

@@ -28,9 +28,9 @@ before a control item (compaction, move); at the idle boundary (scope
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Final, Literal
 
 import attrs
@@ -105,18 +105,26 @@ class AdmissionGate:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    @contextlib.contextmanager
-    def admitting(self) -> Iterator[None]:
+    def admitting(self) -> AdmissionGate:
+        """``with gate.admitting():`` around an admission (the gate is its own
+        context manager: a generator-based one cost more than the counting)."""
+        return self
+
+    def __enter__(self) -> None:
         if not self._open:
             raise ServiceUnavailableError("this host is shutting down", service="execution")
         self._inflight += 1
         self._idle.clear()
-        try:
-            yield
-        finally:
-            self._inflight -= 1
-            if not self._inflight:
-                self._idle.set()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._inflight -= 1
+        if not self._inflight:
+            self._idle.set()
 
     async def close(self) -> None:
         self._open = False
@@ -158,6 +166,13 @@ class Inbox:
                     withheld=self._withheld,
                 )
             return _compact({"text": request.text, "files": files, "metadata": request.metadata})
+
+        if request.files is None:
+            # Nothing to read first: the payload as it is (no coroutine to make).
+            ready = _compact({"text": request.text, "metadata": request.metadata})
+            return await self._admit(
+                session_id, "user", request.id, request.delivery, request.resume, ready
+            )
 
         return await self._admit(
             session_id, "user", request.id, request.delivery, request.resume, payload
@@ -265,8 +280,9 @@ class Inbox:
         item_id: str | None,
         delivery: Delivery,
         resume: bool,
-        prepare: Callable[[], Any],
+        prepare: Callable[[], Awaitable[Mapping[str, Any]]] | Mapping[str, Any],
     ) -> InboxItem:
+        """``prepare`` makes the payload (reading attachments), or is it."""
         ids.validate("ses", session_id, field="sessionID")
         with self.gate.admitting():
             receipt = None if item_id is None else await self._reconcile(session_id, type_, item_id)
@@ -274,7 +290,7 @@ class Inbox:
                 # No existence check here: the enqueue's projection refuses an
                 # unknown or deleted session in the same transaction (one read
                 # fewer per admission); only attachment reading happens first.
-                payload = await prepare()
+                payload = prepare if isinstance(prepare, Mapping) else await prepare()
                 receipt = await self._enqueue(session_id, type_, item_id, delivery, payload)
             if resume and type_ == "synthetic" and self.revert_commit is not None:
                 # Held behind a staged revert: recorded, never woken for.

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
+
 from actors._keyed_lock import KeyedLock
-from actors.inbox import Seen
+from actors.inbox import AdmissionGate, Seen
 from actors.sessions import Sessions
 from protocol import events as ev
+from protocol.errors import ServiceUnavailableError
 from protocol.requests import PromptInput
 from protocol.shapes import InboxItem
 from storage import Command, SQLiteStore
@@ -175,5 +178,78 @@ def test_a_lock_generation_grows_on_release_and_survives_forgetting() -> None:
         await hold("c")
         await hold("d")  # "a" is forgotten (two remembered)
         assert locks.generation("a") >= after_a  # never smaller once forgotten
+
+    asyncio.run(scenario())
+
+
+def test_a_key_is_held_by_one_at_a_time_and_forgotten_when_nobody_wants_it() -> None:
+    locks = KeyedLock()
+    inside: list[str] = []
+    log: list[str] = []
+
+    async def holder(name: str, gate: asyncio.Event | None = None) -> None:
+        async with locks.hold("k"):
+            inside.append(name)
+            assert len(inside) == 1
+            log.append(name)
+            if gate is not None:
+                await gate.wait()
+            inside.remove(name)
+
+    async def failing() -> None:
+        async with locks.hold("k"):
+            raise ValueError("in the block")
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        first = asyncio.ensure_future(holder("first", gate))
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(holder("second"))
+        cancelled = asyncio.ensure_future(holder("cancelled"))
+        await asyncio.sleep(0)
+        cancelled.cancel()  # while waiting for the key
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(first, second)
+        assert cancelled.cancelled()
+        assert log == ["first", "second"]
+        before = locks.generation("k")
+        with pytest.raises(ValueError, match="in the block"):
+            await failing()
+        assert locks.generation("k") > before  # released all the same
+        assert len(locks) == 0  # no holder, no waiter: nothing kept
+        await holder("again")  # and usable
+        assert log[-1] == "again"
+
+    asyncio.run(scenario())
+
+
+def test_a_closing_gate_waits_for_admissions_under_way_then_refuses() -> None:
+    gate = AdmissionGate()
+
+    async def admission(release: asyncio.Event, fail: bool = False) -> None:
+        with gate.admitting():
+            await release.wait()
+            if fail:
+                raise ValueError("refused")
+
+    async def scenario() -> None:
+        ok, bad = asyncio.Event(), asyncio.Event()
+        first = asyncio.ensure_future(admission(ok))
+        second = asyncio.ensure_future(admission(bad, fail=True))
+        await asyncio.sleep(0)
+        closing = asyncio.ensure_future(gate.close())
+        await asyncio.sleep(0.01)
+        assert not closing.done()  # two under way
+        bad.set()
+        with pytest.raises(ValueError, match="refused"):
+            await second
+        await asyncio.sleep(0.01)
+        assert not closing.done()  # a failed one counts out too, one is left
+        ok.set()
+        await first
+        await asyncio.wait_for(closing, 1)
+        with pytest.raises(ServiceUnavailableError), gate.admitting():
+            pass
 
     asyncio.run(scenario())
