@@ -481,6 +481,31 @@ async def test_a_model_switch_is_no_source_and_an_agent_switch_is_an_update(
     assert recorder.requests[2].agent == "plan"
 
 
+async def test_each_step_admits_what_moved_since_steps_that_admitted_nothing(
+    rt: Runtime, feed: Feed, monkeypatch: pytest.MonkeyPatch, recorder: Recorder
+) -> None:
+    """Steps that find nothing to admit remember what they compared; a new day,
+    an API entry and an entry's removal still reach the very next step."""
+    day = ["2026-12-01"]
+    monkeypatch.setattr(_admission, "_today", lambda: day[0])
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    for n in (1, 2, 3):
+        await turn(rt, feed, s.id, f"same {n}", n)
+    assert len(updates(feed, s.id)) == 1  # the baseline only
+    day[0] = "2026-12-02"
+    await turn(rt, feed, s.id, "next day", 4)
+    assert list(updates(feed, s.id)[-1]["data"]["delta"]) == ["builtin/environment"]  # the date
+    await rt.instructions.put(s.id, "style", "terse")
+    await turn(rt, feed, s.id, "with an entry", 5)
+    assert list(updates(feed, s.id)[-1]["data"]["delta"]) == ["api/style"]
+    await turn(rt, feed, s.id, "nothing new", 6)
+    assert len(updates(feed, s.id)) == 3
+    await rt.instructions.remove(s.id, "style")
+    await turn(rt, feed, s.id, "entry gone", 7)
+    assert updates(feed, s.id)[-1]["data"]["delta"] == {"api/style": ev.REMOVED}
+    assert len(recorder.requests) == 7
+
+
 def test_the_hash_cache_holds_one_entry_per_distinct_value_whatever_the_sessions() -> None:
     cache = _values.HashCache(max_entries=3)
     prompt = encode({"system": "You are a careful engineer." * 100})
