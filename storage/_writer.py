@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
 import attrs
+import orjson
 
 from storage import schema
 from storage._replay import mismatched, refusal, stored_replay
@@ -471,22 +472,25 @@ _TAKE_LEASE: Final = (
     " RETURNING epoch"
 )
 _READ_LEASE: Final = "SELECT host_id, epoch, expires FROM session_lease WHERE session_id = ?"
-_INSERT_FENCES: Final = "INSERT INTO event_fence (position, session_id, host_id, epoch) VALUES "
-#: Fence rows per INSERT (four parameters each: far inside SQLite's 32,766).
-_FENCE_ROWS: Final = 512
+#: Every fence row of a run from one parameter, a JSON array of rows: one
+#: statement text, prepared once (a VALUES list per row count was a new
+#: statement to parse at nearly every batch).
+_INSERT_FENCES: Final = (
+    "INSERT INTO event_fence (position, session_id, host_id, epoch)"
+    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
+    " json_extract(value, '$[2]'), json_extract(value, '$[3]') FROM json_each(?)"
+)
 
 
 def _insert_fences(conn: sqlite3.Connection, rows: Sequence[Fence]) -> None:
-    """Insert ``rows`` with one statement per :data:`_FENCE_ROWS`.
+    """Insert ``rows`` with one statement.
 
     An execution's events are nearly all fenced; a statement each (and a
     GIL hand-off each, for this thread) was a quarter of the writer's
     statements with 100 sessions stepping.
     """
-    for start in range(0, len(rows), _FENCE_ROWS):
-        chunk = rows[start : start + _FENCE_ROWS]
-        values = ", ".join(["(?, ?, ?, ?)"] * len(chunk))
-        conn.execute(_INSERT_FENCES + values, [v for row in chunk for v in row])
+    if rows:
+        conn.execute(_INSERT_FENCES, (orjson.dumps(rows).decode(),))
 
 
 _RENEW_LEASE: Final = "UPDATE session_lease SET expires = ? WHERE session_id = ?"

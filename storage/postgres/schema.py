@@ -310,6 +310,11 @@ CREATE INDEX session_message_changed ON session_message (session_id, changed);
 CREATE INDEX session_part_changed ON session_part (session_id, changed);
 """
 
+# v11: no index on event_fence by session (see storage.schema._V11).
+_V11: Final = """
+DROP INDEX event_fence_session;
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -321,6 +326,7 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V8,
     LEASE_SCHEMA,
     _V10,
+    _V11,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION, "a SQLite migration without its PostgreSQL twin"
 
