@@ -66,8 +66,6 @@ log = logging.getLogger(__name__)
 
 #: A batch handed to the writer never holds more commands than this, so one
 #: huge burst cannot make the first caller wait for all the others.
-#: The longest run of inline reads without a turn for the rest of the loop.
-TURN_EVERY_S: Final = 0.001
 MAX_BATCH: Final = 1024
 
 _EVENT_COLUMNS: Final = "position, id, aggregate_id, seq, type, created, data"
@@ -106,8 +104,6 @@ class SQLiteStore:
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._all_readers: list[aiosqlite.Connection] = []
         self.inline = InlineReader(self.path, read_only=read_only)
-        #: When an inline read last gave the loop a turn (see :meth:`fetch_many`).
-        self._turn = 0.0
         #: One writer process per file (its lock): every change to the log is this process's.
         self.exclusive = True
         self._subscribers = Subscribers()
@@ -325,15 +321,7 @@ class SQLiteStore:
         self._check_open()
         inline = self.inline.fetch_many(statements)
         if inline is not None:
-            # A turn for the rest of the loop, as a thread hop gave, once per
-            # TURN_EVERY_S of reads answered here: a task reading page after
-            # page still lets the others run, and the runtime's own reads (a
-            # few per step, each followed by an append that waits anyway) do
-            # not each pay a task switch.
-            now = time.perf_counter()
-            if now - self._turn >= TURN_EVERY_S:
-                self._turn = now
-                await asyncio.sleep(0)
+            await asyncio.sleep(0)  # a turn for the rest of the loop, as a thread hop gave
             return inline
         async with self.reader() as conn:
             # aiosqlite's worker thread keeps its last result bound until its
