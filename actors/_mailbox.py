@@ -68,7 +68,7 @@ import enum
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -110,6 +110,29 @@ def _cancelling() -> bool:
     """Whether the current task has a cancellation pending (vs. a stray CancelledError)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def _nothing() -> None:
+    pass
+
+
+class _Stopped:
+    """The hooks of an actor that has stopped (never called: the mailbox is closed)."""
+
+    async def on_start(self) -> None:
+        raise RuntimeError("the actor has stopped")
+
+    async def on_stop(self) -> None:
+        raise RuntimeError("the actor has stopped")
+
+    async def on_failure(self, exc: Exception) -> None:
+        raise RuntimeError("the actor has stopped")
+
+    async def on_receive(self, message: object) -> Any:
+        raise RuntimeError("the actor has stopped")
+
+
+_STOPPED: Final = _Stopped()
 
 
 def _fail(reply: asyncio.Future[Any] | None, error: BaseException) -> None:
@@ -265,7 +288,9 @@ class Mailbox:
         if not self.alive:
             return
         self._state = _State.STOPPING
-        self._unregister()
+        # The unregistering closure holds the ref, which holds this mailbox.
+        unregister, self._unregister = self._unregister, _nothing
+        unregister()
         self._drop_queued(f"{self._name} stopped before handling the message")
 
     def _drop_queued(self, reason: str) -> None:
@@ -289,3 +314,10 @@ class Mailbox:
             _log.exception("%s: on_stop raised", self._name)
         finally:
             self._state = _State.STOPPED
+            # Nothing calls the actor any more: let go of it (it holds its ref,
+            # which holds this mailbox) and of the task running this (which
+            # holds this mailbox too), so a stopped actor is freed at once,
+            # not at the next pass of the cyclic collector. Whoever awaits the
+            # stop holds the task.
+            self._actor = _STOPPED
+            self._closer = None
