@@ -178,26 +178,20 @@ def _abandoned(future: asyncio.Future[list[RecordedEvent]]) -> None:
         log.debug("an event of the step failed: %s", exc)
 
 
-class _Attempt:
-    """The mutable bookkeeping of one physical attempt (one assistant message)."""
+class _Journal:
+    """Where one attempt's events go: submitted in order, the live deltas held
+    behind them; what the attempt's tool calls write through.
 
-    def __init__(self, store: Store, bus: EventBus, session_id: str, assistant_id: str):
+    Apart from the attempt, which holds it, so that the attempt's tool calls
+    (which hold the journal) and the attempt (which holds them) make no
+    reference cycle: an attempt's objects go when the step is done, not at
+    the next pass of the cyclic collector.
+    """
+
+    def __init__(self, store: Store, bus: EventBus) -> None:
         self.store = store
-        self.session_id = session_id
-        self.assistant_id = assistant_id
         self.submitted: list[asyncio.Future[list[RecordedEvent]]] = []
-        #: Open text/reasoning blocks: ordinal -> (kind, pieces streamed so far).
-        self.blocks: dict[int, tuple[str, list[str]]] = {}
-        self.inputs: dict[str, list[str]] = {}
-        #: Native continuation state seen so far (reasoning signatures by ordinal).
-        self.signatures: dict[str, str] = {}
-        #: Whether anything of the answer is durable yet (then a retry would
-        #: contradict what the user saw: the step continues instead).
-        self.output = False
         self.live = _Live(bus)
-        self.calls: ToolCalls
-        #: The step's snapshots around its writing calls (None without a store).
-        self.writes: StepWrites | None = None
 
     def emit(self, event: ev.Event) -> None:
         future = self.store.submit(Command.of(event))
@@ -217,6 +211,31 @@ class _Attempt:
         pending, self.submitted = self.submitted, []
         for future in pending:
             await asyncio.shield(future)
+
+
+class _Attempt:
+    """The mutable bookkeeping of one physical attempt (one assistant message)."""
+
+    def __init__(self, store: Store, bus: EventBus, session_id: str, assistant_id: str):
+        self.journal = _Journal(store, bus)
+        self.session_id = session_id
+        self.assistant_id = assistant_id
+        #: Open text/reasoning blocks: ordinal -> (kind, pieces streamed so far).
+        self.blocks: dict[int, tuple[str, list[str]]] = {}
+        self.inputs: dict[str, list[str]] = {}
+        #: Native continuation state seen so far (reasoning signatures by ordinal).
+        self.signatures: dict[str, str] = {}
+        #: Whether anything of the answer is durable yet (then a retry would
+        #: contradict what the user saw: the step continues instead).
+        self.output = False
+        self.live = self.journal.live
+        self.emit = self.journal.emit
+        self.durable = self.journal.durable
+        self.gate = self.journal.gate
+        self.flushed = self.journal.flushed
+        self.calls: ToolCalls
+        #: The step's snapshots around its writing calls (None without a store).
+        self.writes: StepWrites | None = None
 
     @property
     def provider_state(self) -> dict[str, Any] | None:
@@ -390,7 +409,7 @@ class StepRunner:
         if self._snapshots is not None:
             step.writes = StepWrites(self._snapshots, session.location.directory)
         step.calls = ToolCalls(
-            journal=step,
+            journal=step.journal,
             session=session,
             agent=agent,
             assistant_id=assistant_id,

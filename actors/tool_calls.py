@@ -169,8 +169,10 @@ class ToolCalls:
         #: Calls whose task began to run (so the tool may have executed).
         self._ran: set[str] = set()
         self._terminals = asyncio.Lock()
-        #: The step's child actors, one per running call; they report Progress here.
-        self._owner = ToolOwner(on_progress=self._progress)
+        #: The step's child actors, one per running call; they report Progress
+        #: here, through a function that holds no reference back to these calls
+        #: (a bound method would make a cycle only the collector could undo).
+        self._owner = ToolOwner(on_progress=_progress_to(bus, session.id, assistant_id))
 
     def input_started(self, call_id: str, name: str) -> None:
         self._unfinished[call_id] = name
@@ -420,16 +422,20 @@ class ToolCalls:
             await self._journal.durable(event)
             del self._open[call_id]
 
-    def _progress(self, message: Progress) -> None:
+
+def _progress_to(bus: EventBus, session_id: str, assistant_id: str) -> Callable[[Progress], None]:
+    def progress(message: Progress) -> None:
         """A child's Progress (on the loop): published live, never stored."""
-        self._bus.live(
+        bus.live(
             ev.ToolProgress(
-                session_id=self._session.id,
-                assistant_message_id=self._assistant_id,
+                session_id=session_id,
+                assistant_message_id=assistant_id,
                 id=message.call_id,
                 metadata=dict(message.metadata),
             )
         )
+
+    return progress
 
 
 def _denied(agent: Agent, call: ToolCall, check: Check) -> str:

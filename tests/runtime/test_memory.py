@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from pathlib import Path
 
 import attrs
@@ -112,3 +114,37 @@ def test_reused_prefix_stops_at_the_first_difference_near_the_end() -> None:
     assert reused_prefix((*last[:early], 99, *last[early + 1 :]), last) == 0
     assert reused_prefix(last[:5], last) == 5  # shrunk: what is left
     assert reused_prefix((), last) == 0
+
+
+async def test_turns_leave_no_reference_cycles_behind(tmp_path: Path) -> None:
+    """Everything a turn makes (its session actor, its attempt, its tool calls
+    and their owner) is freed by reference counting when the turn is done. A
+    cycle would wait for the collector, whose passes grow with what survives
+    to them: with 100 sessions stepping that was 38 objects a step, an eighth
+    of the loop's time in collections and their pauses in its lag."""
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
+    script = '#tool write {"path": "n.txt", "content": "x"}\n#step\n#text done'
+    async with Runtime(config) as rt:
+        sid = (await rt.sessions.create()).id
+
+        async def turn(text: str) -> None:
+            await rt.sessions.prompt(sid, PromptInput(text=text, resume=False))
+            assert (await rt.execution.resume(sid)).kind == "succeeded"
+
+        await turn(script)  # first turns fill the caches that live on
+        await turn("plain")
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(3):
+                await turn(script)
+                await turn("plain")
+            await rt.execution.wait_idle(sid)
+            for _ in range(10):  # the idle actor's retirement, through two mailboxes
+                await asyncio.sleep(0)
+            assert gc.collect() == 0, sorted({type(o).__qualname__ for o in gc.garbage})
+        finally:
+            gc.garbage.clear()
+            gc.set_debug(0)
+            gc.enable()
