@@ -140,6 +140,11 @@ class _Field:
     required: bool
     #: A required ``Any`` field: JSON ``null`` is a value there, kept both ways.
     nullable: bool = False
+    #: For a type whose valid values decode as themselves (strings, integers,
+    #: booleans, literals, objects kept as they are, any JSON): the validity
+    #: test, which spares the decoder call and its member path; a value that
+    #: fails it goes to the decoder, which says why.
+    leaf: Callable[[Any], bool] | None = None
 
 
 @attrs.frozen
@@ -163,15 +168,19 @@ class _Plan:
         kwargs: dict[str, Any] = {}
         for f in self.fields:
             raw = data.get(f.wire)
-            sub = f"{path}.{f.wire}" if path else f.wire
             if raw is None:
                 if f.nullable and f.wire in data:
                     kwargs[f.name] = None
                     continue
                 if f.required:
+                    sub = f"{path}.{f.wire}" if path else f.wire
                     raise InvalidRequestError(f"{sub} is required", kind="missing", field=sub)
                 continue
-            kwargs[f.name] = f.decode(raw, sub)
+            leaf = f.leaf
+            if leaf is not None and leaf(raw):
+                kwargs[f.name] = raw
+            else:
+                kwargs[f.name] = f.decode(raw, f"{path}.{f.wire}" if path else f.wire)
         try:
             return self.cls(**kwargs)
         except InvalidRequestError:
@@ -202,9 +211,49 @@ def _plan_cached(cls: Any) -> _Plan:
                 decode=decode,
                 required=a.default is attrs.NOTHING and not _is_optional(tp),
                 nullable=tp is Any and a.default is attrs.NOTHING,
+                leaf=_leaf_test(tp),
             )
         )
     return _Plan(cls=cls, fields=tuple(fields))
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_object(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _is_anything(v: Any) -> bool:
+    return True
+
+
+@functools.cache
+def _leaf_test(tp: Any) -> Callable[[Any], bool] | None:
+    """The validity test of a type whose decoder returns a valid value as it is
+    (see :attr:`_Field.leaf`); None for one that builds or converts (attrs
+    classes, tuples, floats from integers)."""
+    if tp is Any:
+        return _is_anything
+    if _is_union(tp):
+        options = tuple(a for a in typing.get_args(tp) if a is not type(None))
+        return _leaf_test(options[0]) if len(options) == 1 else None
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)  # a tuple: any value can be looked for
+        return lambda v: v in allowed
+    if origin in (dict, collections.abc.Mapping) or tp in (dict, Mapping):
+        return _is_object
+    return {str: _is_str, int: _is_int, bool: _is_bool}.get(tp)
 
 
 def _is_optional(tp: Any) -> bool:

@@ -104,3 +104,28 @@ def test_malformed_json_is_an_invalid_request() -> None:
     with pytest.raises(InvalidRequestError) as info:
         codec.loads(b"{nope")
     assert info.value.fields["kind"] == "json"
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"time": {"created": "x", "updated": 2}}, "time.created"),
+        ({"time": {"created": 1, "updated": True}}, "time.updated"),  # a bool is no integer
+        ({"model": {"id": 3, "providerID": "p"}}, "model.id"),
+        ({"parts": [{"type": "text", "ordinal": 0, "text": ["no"]}]}, "parts[0].text"),
+        ({"parts": [{"type": ["text"], "ordinal": 0, "text": "t"}]}, "parts[0].type"),
+        ({"error": "boom"}, "error"),
+    ],
+)
+def test_a_bad_member_deep_inside_is_named_by_its_path(data: Any, field: str) -> None:
+    good = {
+        "type": "assistant",
+        "id": "msg_1",
+        "sessionID": "ses_1",
+        "seq": 1,
+        "time": {"created": 1, "updated": 2},
+    }
+    assert codec.from_json(AssistantMessage, good).seq == 1
+    with pytest.raises(InvalidRequestError) as info:
+        codec.from_json(AssistantMessage, {**good, **data})
+    assert info.value.fields.get("field") == field
