@@ -291,6 +291,8 @@ def _revert_committed(rec: RecordedEvent, e: ev.RevertCommitted) -> tuple[Op, ..
     # instruction projection's own hook. A user shell still running stays: a
     # revert cannot undo live work, and its entry is what its end (and, after a
     # crash, recovery's kill and cancellation) finds.
+    # ``removals`` counts it: a reader holding the session's history (see
+    # storage.queries.HistoryCache) reads the whole of it again.
     return (
         Op(
             "DELETE FROM session_message WHERE session_id = ? AND seq >="
@@ -298,7 +300,14 @@ def _revert_committed(rec: RecordedEvent, e: ev.RevertCommitted) -> tuple[Op, ..
             " AND NOT (type = 'shell' AND json_extract(data, '$.shell.state') = 'running')",
             (e.session_id, e.to, e.session_id),
         ),
-        *_set(rec, "revert", None),
+        Op(
+            "UPDATE session SET revert = NULL, removals = removals + 1, time_updated = ?"
+            " WHERE id = ?",
+            (rec.created, rec.aggregate_id),
+            expect=1,
+            reason="session.missing",
+            subject=rec.aggregate_id,
+        ),
     )
 
 

@@ -221,8 +221,28 @@ _V11: Final = """
 DROP INDEX event_fence_session;
 """
 
+# v12: how many times rows have left a session's transcript (a committed
+# revert deletes them): a reader holding the session's history compares it
+# instead of counting the session's rows (see storage.queries.HistoryCache).
+_V12: Final = """
+ALTER TABLE session ADD COLUMN removals INTEGER NOT NULL DEFAULT 0;
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
+MIGRATIONS: Final[tuple[str, ...]] = (
+    _V1,
+    _V2,
+    _V3,
+    _V4,
+    _V5,
+    _V6,
+    _V7,
+    _V8,
+    _V9,
+    _V10,
+    _V11,
+    _V12,
+)
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 #: Tables derived from the event log, in dependency order (parents first).

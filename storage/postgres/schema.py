@@ -315,6 +315,11 @@ _V11: Final = """
 DROP INDEX event_fence_session;
 """
 
+# v12: a session's removals (see storage.schema._V12).
+_V12: Final = """
+ALTER TABLE session ADD COLUMN removals BIGINT NOT NULL DEFAULT 0;
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -327,6 +332,7 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     LEASE_SCHEMA,
     _V10,
     _V11,
+    _V12,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION, "a SQLite migration without its PostgreSQL twin"
 
