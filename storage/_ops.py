@@ -11,7 +11,7 @@ from protocol import codec
 from storage.errors import ProjectionConflict
 from storage.recorder import RecordedEvent
 
-__all__ = ["Op", "json_text", "no_staged_revert", "touch"]
+__all__ = ["TOUCH", "Op", "json_text", "no_staged_revert", "touch"]
 
 
 # Conflict messages are formatted only when a conflict happens: building one
@@ -65,9 +65,16 @@ def no_staged_revert(session_id: str) -> Op:
     )
 
 
+#: :func:`touch`'s statement. It clears the session's retry as well: every event
+#: but ``session.retry.scheduled`` (which touches nothing) ends the wait, and an
+#: event whose first op this is needs no clearing of its own (see
+#: ``storage.projectors._with_retry_cleared``).
+TOUCH: Final = "UPDATE session SET time_updated = ?, retry = NULL WHERE id = ?"
+
+
 def touch(rec: RecordedEvent) -> Op:
     return Op(
-        "UPDATE session SET time_updated = ? WHERE id = ?",
+        TOUCH,
         (rec.created, rec.aggregate_id),
         expect=1,
         reason="session.missing",

@@ -21,7 +21,7 @@ import orjson
 
 from protocol import codec
 from protocol import events as ev
-from storage._ops import Op, json_text, touch
+from storage._ops import TOUCH, Op, json_text, touch
 from storage._project_compaction import COMPACTION_PROJECTORS
 from storage._project_instructions import INSTRUCTION_PROJECTORS
 from storage._project_permissions import PERMISSION_PROJECTORS
@@ -58,8 +58,10 @@ def _created(rec: RecordedEvent, e: ev.SessionCreated) -> tuple[Op, ...]:
     )
 
 
+# Each clears the session's retry too, as every event's first op must (see
+# _with_retry_cleared): in the statement itself, no second op made to fold it in.
 _SET: Final = {
-    column: f"UPDATE session SET {column} = ?, time_updated = ? WHERE id = ?"
+    column: f"UPDATE session SET {column} = ?, time_updated = ?, retry = NULL WHERE id = ?"
     for column in ("title", "metadata", "agent", "model", "revert")
 }
 
@@ -367,6 +369,8 @@ _PROJECTORS: Final = _combined(
 #: A statement that updates one session row by id and leaves ``retry`` alone:
 #: the event's retry clearing can ride on it (see :func:`_with_retry_cleared`).
 _SESSION_ROW: Final = re.compile(r"UPDATE session SET (?P<set>.+) WHERE id = \?")
+#: First ops that clear their session's retry themselves.
+_CLEARING: Final = frozenset({TOUCH, *_SET.values()})
 #: Each such statement with ``retry = NULL`` added, by statement (None: not one).
 #: Bounded by the projectors' own statements, which are constants.
 _FOLDED: Final[dict[str, str | None]] = {}
@@ -392,10 +396,13 @@ def _with_retry_cleared(rec: RecordedEvent, ops: tuple[Op, ...]) -> tuple[Op, ..
     When the event's first op already updates its session's row by id, it sets
     ``retry = NULL`` too: one statement instead of two for most events. Same
     rows, same values: the first op ran right after the clearing anyway, and a
-    command whose op fails rolls back whole.
+    command whose op fails rolls back whole. ``touch`` and ``_set``, the first
+    op of most events, clear it in their own statements already.
     """
     if ops:
         first = ops[0]
+        if first.sql in _CLEARING and first.params[-1] == rec.aggregate_id:
+            return ops
         folded = _folded(first.sql)
         if folded is not None and first.params[-1] == rec.aggregate_id:
             # The constructor, not attrs.evolve (this runs for nearly every event).
