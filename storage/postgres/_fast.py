@@ -68,6 +68,7 @@ from typing import Any, Final
 import asyncpg
 import attrs
 
+from storage._ops import Op
 from storage._replay import mismatched
 from storage._writer import Outcome, Prepared
 from storage.lease import LeaseUse
@@ -557,6 +558,15 @@ class _PositionRef(int):
         return ref
 
 
+#: The references of a batch's first records, made once (each is immutable),
+#: rather than an int subclass made per record.
+_REFS: Final = tuple(_PositionRef(i) for i in range(2049))
+
+
+def _position_ref(index: int) -> _PositionRef:
+    return _REFS[index] if index < len(_REFS) else _PositionRef(index)
+
+
 #: Ends each element of a packed text array; marks a NULL element (see :func:`_packed`).
 _END: Final = "\x1f"
 _NULL: Final = "\x1e"
@@ -608,19 +618,16 @@ def _as_text(kind: str, value: Any) -> str | None:
     raise Fallback(f"a {type(value).__name__} parameter for a {kind} placeholder")
 
 
-def _extra_ops(command: Command) -> list[tuple[str, tuple[Any, ...], int | None]]:
-    ops: list[tuple[str, tuple[Any, ...], int | None]] = [
-        (_INSERT_BLOB, (h, v), None) for h, v in command.blobs.items()
-    ]
+def _extra_ops(command: Command) -> list[Op]:
+    ops = [Op(_INSERT_BLOB, (h, v)) for h, v in command.blobs.items()]
     for entry in command.entries:
         if entry.removed:
-            ops.append((_REMOVE_ENTRY, (entry.time, entry.session_id, entry.key), None))
+            ops.append(Op(_REMOVE_ENTRY, (entry.time, entry.session_id, entry.key)))
         else:
             ops.append(
-                (
+                Op(
                     _UPSERT_ENTRY,
                     (entry.session_id, entry.key, entry.value, entry.time, entry.time),
-                    None,
                 )
             )
     return ops
@@ -693,7 +700,7 @@ async def commit_fast(
                 # record gets the real one after COMMIT (see below).
                 records.append(
                     RecordedEvent(
-                        position=_PositionRef(placed_so_far),
+                        position=_position_ref(placed_so_far),
                         id=new.id,
                         aggregate_id=new.aggregate_id,
                         seq=seqs[new.aggregate_id],
@@ -708,13 +715,15 @@ async def commit_fast(
                     taken.append((records[-1], use))
             # The command's checks first, then its projections, in one order
             # with the other commands' ops: a check that fails rolls back all.
-            ops: list[tuple[str, Sequence[Any], int | None]] = [
-                (c.sql, c.params, c.expect) for c in command.checks
-            ]
-            ops += [(op.sql, op.params, op.expect) for r in records for op in project(r)]
+            ops: Sequence[Op] = (
+                project(records[0])
+                if len(records) == 1 and not command.checks
+                else [*command.checks, *(op for r in records for op in project(r))]
+            )
             if command.blobs or command.entries:
-                ops += _extra_ops(command)
-            for sql, params, expect in ops:
+                ops = [*ops, *_extra_ops(command)]
+            for op in ops:
+                sql, params, expect = op.sql, op.params, op.expect
                 plan = plans.held(sql) or await plans.plan(conn, sql)
                 if plan is None or len(params) != len(plan.kinds):
                     raise Fallback("an op this path cannot hold")
@@ -730,7 +739,13 @@ async def commit_fast(
                 op_expect.append(expect)
                 op_off.append(len(args))
                 for kind, value in zip(plan.kinds, params, strict=True):
-                    if isinstance(value, _PositionRef):
+                    # The two usual cases inline; _as_text decides the others.
+                    cls = value.__class__
+                    if cls is str and kind == "text" and "\x00" not in value:
+                        args.append(value)
+                    elif cls is int and kind == "int":
+                        args.append(int.__repr__(value))
+                    elif cls is _PositionRef:
                         if kind != "int":
                             raise Fallback("a position bound to a parameter that is not an integer")
                         ref_at.append(len(args) + 1)
