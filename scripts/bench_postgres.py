@@ -11,9 +11,12 @@ Every phase creates its own uniquely named database on ``--server`` and drops it
 1. **Appends.** ``storage.connect(url)`` (the ``PostgresStore``); ``--producers``
    tasks each append ``--appends`` one-event commands (``SessionRenamed`` on its own
    session, awaited one after another): durable events/s over the wall time.
-   Baseline: the same number of rows in the ``event`` table's shape, inserted with
-   raw asyncpg ``executemany`` in one transaction on one connection, in a fresh
-   table of the same database. Target: the store within 3x of it. Shown too, as
+   Baseline: the same rows in the ``event`` table's shape, inserted with raw
+   asyncpg ``executemany`` in one transaction on one connection, in a fresh
+   table of the same database. The two take turns, ``--append-rounds`` times:
+   a round of the store's appends, then the baseline inserting that round's
+   rows; each side's time is summed over its rounds (a machine whose speed
+   drifts slows both alike). Target: the store within 3x of it. Shown too, as
    context: the same rows from as many tasks, one INSERT (one commit, one WAL
    flush) each, on a pool of 10 connections; and the same rows plus the
    projection writes the store made for them (``storage.projectors.project``:
@@ -151,58 +154,69 @@ async def database(server: str) -> AsyncIterator[str]:
 async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
     import asyncpg
 
-    producers, per = args.producers, args.appends
+    producers, per, rounds = args.producers, args.appends, args.append_rounds
+    store_s = raw_s = raw_projected_s = 0.0
+    commits = 0
     async with database(args.server) as url:
-        store = connect(url) if args.writers is None else PostgresStore(url, writers=args.writers)
-        async with store:
-            sessions = [f"ses_bench{i:05d}" for i in range(producers)]
-            loc = Location(directory="/")
-            await asyncio.gather(
-                *(
-                    store.append(
-                        Command.of(ev.SessionCreated(session_id=s, title="t", location=loc))
-                    )
-                    for s in sessions
-                )
-            )
-
-            async def producer(session_id: str) -> None:
-                for k in range(per):
-                    event = ev.SessionRenamed(session_id=session_id, title=f"renamed {k}")
-                    await store.append(Command.of(event))
-
-            batches_before = sum(store.batch_paths.values())
-            started = time.perf_counter()
-            await asyncio.gather(*(producer(s) for s in sessions))
-            store_s = time.perf_counter() - started
-            commits = sum(store.batch_paths.values()) - batches_before
-            stored = await _same_rows(url, producers * per)
         conn = await asyncpg.connect(url)
+        store = connect(url) if args.writers is None else PostgresStore(url, writers=args.writers)
         try:
             settings = {
                 name: await conn.fetchval(f"SHOW {name}")
                 for name in ("synchronous_commit", "fsync", "server_version")
             }
             await conn.execute(_RAW_TABLE)
-            started = time.perf_counter()
-            async with conn.transaction():
-                await conn.executemany(_RAW_INSERT, stored)
-            raw_s = time.perf_counter() - started
-            await conn.execute("TRUNCATE raw_event")
-            # Context: the same rows plus the projection writes the store made
-            # for them (the statements ``project`` gives), still one transaction.
-            ops = _projection_ops(stored)
-            started = time.perf_counter()
-            async with conn.transaction():
-                await conn.executemany(_RAW_INSERT, stored)
-                for sql, params in ops.items():
-                    await conn.executemany(sql, params)
-            raw_projected_s = time.perf_counter() - started
+            async with store:
+                sessions = [f"ses_bench{i:05d}" for i in range(producers)]
+                loc = Location(directory="/")
+                await asyncio.gather(
+                    *(
+                        store.append(
+                            Command.of(ev.SessionCreated(session_id=s, title="t", location=loc))
+                        )
+                        for s in sessions
+                    )
+                )
+                for n in range(rounds):
+                    # The store's round, then raw executemany of the very rows
+                    # it committed: the two take turns, so a machine whose speed
+                    # drifts slows both alike (one short raw run beside one long
+                    # store run put the ratio anywhere from 2.8x to 4.7x).
+
+                    async def producer(session_id: str, n: int = n) -> None:
+                        for k in range(per):
+                            title = f"renamed {n}.{k}"
+                            event = ev.SessionRenamed(session_id=session_id, title=title)
+                            await store.append(Command.of(event))
+
+                    after = await conn.fetchval("SELECT coalesce(max(position), 0) FROM event")
+                    batches_before = sum(store.batch_paths.values())
+                    started = time.perf_counter()
+                    await asyncio.gather(*(producer(s) for s in sessions))
+                    store_s += time.perf_counter() - started
+                    commits += sum(store.batch_paths.values()) - batches_before
+                    stored = await _same_rows(conn, producers * per, after)
+                    await conn.execute("TRUNCATE raw_event")
+                    started = time.perf_counter()
+                    async with conn.transaction():
+                        await conn.executemany(_RAW_INSERT, stored)
+                    raw_s += time.perf_counter() - started
+                    await conn.execute("TRUNCATE raw_event")
+                    # Context: the same rows plus the projection writes the store
+                    # made for them (the statements ``project`` gives), still one
+                    # transaction.
+                    ops = _projection_ops(stored)
+                    started = time.perf_counter()
+                    async with conn.transaction():
+                        await conn.executemany(_RAW_INSERT, stored)
+                        for sql, params in ops.items():
+                            await conn.executemany(sql, params)
+                    raw_projected_s += time.perf_counter() - started
             await conn.execute("TRUNCATE raw_event")
         finally:
             await conn.close()
         per_row_s = await _raw_per_row(url, stored, producers)
-    events = producers * per
+    events = producers * per * rounds
     store_rate = events / store_s
     raw_rate = events / raw_s
     return {
@@ -211,9 +225,10 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
         "store_events_per_s": round(store_rate, 1),
         "raw_executemany_events_per_s": round(raw_rate, 1),
         "raw_over_store": round(raw_rate / store_rate, 2),
+        "rounds": rounds,
         "raw_executemany_projected_events_per_s": round(events / raw_projected_s, 1),
         "raw_projected_over_store": round(events / raw_projected_s / store_rate, 2),
-        "raw_per_row_txn_events_per_s": round(events / per_row_s, 1),
+        "raw_per_row_txn_events_per_s": round(producers * per / per_row_s, 1),
         "raw_per_row_pool": RAW_POOL,
         "store_transactions": commits,
         "writers": len(store._writers),
@@ -251,18 +266,14 @@ async def _raw_per_row(url: str, rows: Sequence[tuple[Any, ...]], producers: int
         await pool.close()
 
 
-async def _same_rows(url: str, count: int) -> list[tuple[Any, ...]]:
-    """The rows the store committed (the renames), as the raw baseline inserts them."""
-    import asyncpg
-
-    conn = await asyncpg.connect(url)
-    try:
-        rows = await conn.fetch(
-            "SELECT id, aggregate_id, seq, type, created, data FROM event"
-            " WHERE type LIKE 'session.renamed%' ORDER BY position"
-        )
-    finally:
-        await conn.close()
+async def _same_rows(conn: Any, count: int, after: int) -> list[tuple[Any, ...]]:
+    """The rows the store committed after position ``after`` (a round's renames), as
+    the raw baseline inserts them."""
+    rows = await conn.fetch(
+        "SELECT id, aggregate_id, seq, type, created, data FROM event"
+        " WHERE type LIKE 'session.renamed%' AND position > $1 ORDER BY position",
+        after,
+    )
     if len(rows) != count:
         raise RuntimeError(f"the store committed {len(rows)} renames, expected {count}")
     return [tuple(r) for r in rows]
@@ -797,7 +808,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default="postgresql://postgres@127.0.0.1:5432")
     parser.add_argument("--producers", type=int, default=100)
-    parser.add_argument("--appends", type=int, default=50, help="appends per producer")
+    parser.add_argument(
+        "--appends", type=int, default=50, help="appends per producer in each round"
+    )
+    parser.add_argument(
+        "--append-rounds",
+        type=int,
+        default=3,
+        help="rounds of appends, each followed by raw executemany of its rows (default 3)",
+    )
     parser.add_argument(
         "--writers",
         type=int,
