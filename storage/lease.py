@@ -119,13 +119,17 @@ def default_host_id() -> str:
     return f"{name}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-_FENCE: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("fence", default=None)
+#: The fence in force: its session and the use every append of it makes (one
+#: LeaseUse for the whole context, not one per append).
+_FENCE: contextvars.ContextVar[tuple[str, LeaseUse] | None] = contextvars.ContextVar(
+    "fence", default=None
+)
 
 
 @contextlib.contextmanager
 def fenced(fence: Fence | None) -> Iterator[None]:
     """Appends made in this context (and tasks it starts) for ``fence``'s session hold it."""
-    token = _FENCE.set(fence)
+    token = _FENCE.set(None if fence is None else (fence.session_id, fence.hold()))
     try:
         yield
     finally:
@@ -134,9 +138,11 @@ def fenced(fence: Fence | None) -> Iterator[None]:
 
 def apply_fence(command: Command) -> Command:
     """``command`` with the fence in force, when it touches that session and names no lease."""
-    fence = _FENCE.get()
-    if fence is None or command.lease is not None:
+    held = _FENCE.get()
+    if held is None or command.lease is not None:
         return command
-    if not any(e.aggregate_id == fence.session_id for e in command.events):
-        return command
-    return command.with_lease(fence.hold())
+    session_id, hold = held
+    for e in command.events:
+        if e.aggregate_id == session_id:
+            return command.with_lease(hold)
+    return command
