@@ -1,0 +1,113 @@
+"""What a busy period ends as, what it runs, and the messages between the actors."""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import attrs
+
+from actors.inbox import Scope
+from protocol.events import ErrorInfo, InterruptReason
+
+
+@attrs.frozen(kw_only=True)
+class Terminal:
+    """How a busy period ended."""
+
+    kind: Literal["succeeded", "failed", "interrupted", "elsewhere", "fenced"]
+    reason: InterruptReason | None = None
+    error: ErrorInfo | None = None
+    #: ``elsewhere``: the host that holds the lease, and what to ask it for.
+    owner: str | None = None
+    scope: Scope = "input"
+    force: bool = False
+
+    @property
+    def written(self) -> bool:
+        """Whether this host records the terminal (it held the lease to the end)."""
+        return self.kind not in ("elsewhere", "fenced")
+
+
+SUCCEEDED = Terminal(kind="succeeded")
+
+
+class ExecutionHooks(Protocol):
+    """What a busy period does; the runtime supplies the durable versions."""
+
+    async def started(self, session_id: str) -> None:
+        """Publish ``execution.started`` (and the claim). Runs once, uncancelled."""
+
+    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
+        """Run one drain; cancelled by ``interrupt``."""
+
+    async def settled(self, session_id: str, terminal: Terminal) -> None:
+        """Publish the single terminal event. Runs once, uncancelled."""
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """The public ``{type, message}`` of an exception that failed an execution."""
+    kind = getattr(exc, "type", None)
+    return ErrorInfo(
+        type=kind if isinstance(kind, str) else "unknown",
+        message=str(exc) or type(exc).__name__,
+    )
+
+
+def widest(a: Scope | None, b: Scope) -> Scope:
+    return "input" if "input" in (a, b) else "steer"
+
+
+@attrs.frozen
+class Wake:
+    session_id: str
+    scope: Scope = "input"
+
+
+@attrs.frozen
+class Resume:
+    session_id: str
+
+
+@attrs.frozen
+class Interrupt:
+    session_id: str
+    reason: InterruptReason = "user"
+
+
+@attrs.frozen
+class LeaseLost:
+    session_id: str
+
+
+@attrs.frozen
+class AwaitIdle:
+    session_id: str
+
+
+@attrs.frozen
+class Active:
+    pass
+
+
+@attrs.frozen
+class IsBusy:
+    pass
+
+
+@attrs.frozen
+class Idle:
+    """A session actor found itself idle, having handled ``received`` messages;
+    the supervisor may retire it."""
+
+    session_id: str
+    received: int = 0
+
+
+@attrs.frozen
+class Retire:
+    pass
+
+
+@attrs.frozen
+class Shutdown:
+    pass

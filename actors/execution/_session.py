@@ -1,0 +1,229 @@
+"""One session's busy periods and doorbell: the session actor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from actors._actor import Actor
+from actors.execution._messages import (
+    SUCCEEDED,
+    AwaitIdle,
+    ExecutionHooks,
+    Interrupt,
+    IsBusy,
+    LeaseLost,
+    Resume,
+    Retire,
+    Terminal,
+    Wake,
+    error_info,
+    widest,
+)
+from actors.inbox import Scope
+from protocol.events import InterruptReason
+from storage import FencedError, LeaseHeldError, StorageBrokenError
+
+log = logging.getLogger("actors.execution")
+
+
+class SessionActor(Actor):
+    """Owns one session's busy periods and its doorbell.
+
+    The busy-period task is this actor's child: it is created and cancelled
+    only by this actor's handlers, and it mutates this actor's state between
+    awaits on the same loop, never concurrently with a handler.
+    """
+
+    def __init__(
+        self, session_id: str, hooks: ExecutionHooks, on_idle: Callable[[str, int], None]
+    ) -> None:
+        self.session_id = session_id
+        self._hooks = hooks
+        self._on_idle = on_idle
+        #: Messages handled so far (the supervisor compares it with what it sent).
+        self._received = 0
+        self._busy: asyncio.Task[None] | None = None
+        #: While the busy task runs ``started`` or ``settled``, which must land
+        #: whole, a cancellation waits (``_deferred``) until it returns.
+        self._shielded = False
+        self._deferred = False
+        self._terminal: asyncio.Future[Terminal] | None = None
+        self._pending: Scope | None = None
+        self._pending_force = False
+        self._successor: asyncio.Future[Terminal] | None = None
+        self._stopping = False
+        self._settling = False
+        self._reason: InterruptReason | None = None
+        self._fenced = False
+        self._idle_waiters: list[asyncio.Future[None]] = []
+
+    async def on_receive(self, message: object) -> Any:
+        self._received += 1
+        match message:
+            case Wake(scope=scope):
+                if self._busy is None:
+                    _ = self._start(scope, force=False)
+                else:
+                    self._pending = widest(self._pending, scope)
+                return None
+            case Resume():
+                return self._resume()
+            case Interrupt(reason=reason):
+                return self._interrupt(reason)
+            case LeaseLost():
+                return self._lease_lost()
+            case AwaitIdle():
+                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                if self._busy is None:
+                    waiter.set_result(None)
+                else:
+                    self._idle_waiters.append(waiter)
+                return waiter
+            case IsBusy():
+                return self._busy is not None
+            case Retire():
+                return self._busy is None
+        return await super().on_receive(message)
+
+    async def on_stop(self) -> None:
+        busy = self._busy
+        if busy is not None:
+            if not self._stopping:
+                self._stopping = True
+                self._reason = None  # teardown: classified as shutdown
+                self._cancel_busy()
+            with contextlib.suppress(asyncio.CancelledError):
+                await busy
+
+    def _resume(self) -> asyncio.Future[Terminal]:
+        if self._busy is None:
+            return self._start("input", force=True)
+        if not self._stopping:
+            assert self._terminal is not None
+            return self._terminal
+        self._pending_force = True
+        if self._successor is None:
+            self._successor = asyncio.get_running_loop().create_future()
+        return self._successor
+
+    def _interrupt(self, reason: InterruptReason) -> bool:
+        if self._busy is None or self._stopping:
+            return False
+        self._pending = None
+        if self._settling:
+            return False
+        self._stopping = True
+        self._reason = reason
+        self._cancel_busy()
+        return True
+
+    def _lease_lost(self) -> bool:
+        if self._busy is None or self._settling:
+            return False
+        self._pending = None
+        self._fenced = True
+        if not self._stopping:
+            self._stopping = True
+            self._cancel_busy()
+        return True
+
+    def _cancel_busy(self) -> None:
+        """Cancel the busy task, or, while it runs ``started`` or ``settled``
+        (each lands whole), as soon as that returns.
+
+        Only this actor cancels its busy task, so this replaces a shielding
+        task around each of the two (two tasks per busy period fewer).
+        """
+        assert self._busy is not None
+        if self._shielded:
+            self._deferred = True
+        else:
+            self._busy.cancel()
+
+    def _start(
+        self, scope: Scope, *, force: bool, terminal: asyncio.Future[Terminal] | None = None
+    ) -> asyncio.Future[Terminal]:
+        self._terminal = terminal or asyncio.get_running_loop().create_future()
+        self._busy = asyncio.get_running_loop().create_task(
+            self._run(scope, force, self._terminal), name=f"execution:{self.session_id}"
+        )
+        return self._terminal
+
+    async def _run(self, scope: Scope, force: bool, terminal: asyncio.Future[Terminal]) -> None:
+        outcome: Terminal
+        try:
+            try:
+                self._shielded = True
+                try:
+                    await self._hooks.started(self.session_id)
+                finally:
+                    self._shielded = False
+                    cancelled, self._deferred = self._deferred, False
+                if cancelled:
+                    raise asyncio.CancelledError  # asked for while it ran
+            except LeaseHeldError as exc:
+                # Another host runs it: hand it this wake (and any rung meanwhile).
+                wanted = scope if self._pending is None else widest(self._pending, scope)
+                self._pending = None
+                outcome = Terminal(kind="elsewhere", owner=exc.owner, scope=wanted, force=force)
+            else:
+                while True:
+                    await self._hooks.drain(self.session_id, scope, force)
+                    if self._pending is None:
+                        break
+                    scope, self._pending, force = self._pending, None, False
+                outcome = SUCCEEDED
+        except asyncio.CancelledError:
+            # Only this actor cancels its busy task (interrupt, lease loss, or
+            # teardown in on_stop): the cancellation is the outcome, not a
+            # reason to skip settlement, so it is not re-raised.
+            if self._fenced:
+                outcome = Terminal(kind="fenced")
+            else:
+                outcome = Terminal(kind="interrupted", reason=self._reason or "shutdown")
+        except FencedError as exc:
+            log.warning("execution of %s lost its lease: %s", self.session_id, exc)
+            self._pending = None
+            outcome = Terminal(kind="fenced")
+        except Exception as exc:
+            log.info("execution of %s failed", self.session_id, exc_info=exc)
+            outcome = Terminal(kind="failed", error=error_info(exc))
+        self._settling = True
+        self._shielded = True
+        try:
+            await self._hooks.settled(self.session_id, outcome)
+        except StorageBrokenError as exc:
+            # Disk full or an I/O error: the message is the news, a traceback is noise
+            # (the claim stays, so the next start recovers the session).
+            log.error("settling %s failed: %s", self.session_id, exc)
+        except Exception:
+            log.exception("settling %s failed", self.session_id)
+        finally:
+            # A cancellation asked for meanwhile has nothing left to cut short.
+            self._shielded = self._deferred = False
+            self._after_settle(outcome, terminal)
+
+    def _after_settle(self, outcome: Terminal, terminal: asyncio.Future[Terminal]) -> None:
+        if not terminal.done():
+            terminal.set_result(outcome)
+        self._busy = None
+        self._terminal = None
+        self._settling = False
+        self._stopping = False
+        self._reason = None
+        self._fenced = False
+        if self._pending is not None or self._pending_force:
+            scope: Scope = self._pending or "input"
+            force, successor = self._pending_force, self._successor
+            self._pending, self._pending_force, self._successor = None, False, None
+            _ = self._start(scope, force=force, terminal=successor)
+            return
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._on_idle(self.session_id, self._received)
