@@ -228,11 +228,6 @@ class _Attempt:
         #: Whether anything of the answer is durable yet (then a retry would
         #: contradict what the user saw: the step continues instead).
         self.output = False
-        self.live = self.journal.live
-        self.emit = self.journal.emit
-        self.durable = self.journal.durable
-        self.gate = self.journal.gate
-        self.flushed = self.journal.flushed
         self.calls: ToolCalls
         #: The step's snapshots around its writing calls (None without a store).
         self.writes: StepWrites | None = None
@@ -302,7 +297,7 @@ class StepRunner:
             step = self._attempt(session, agent, assistant_id)
             if not started:
                 started = True
-                step.emit(
+                step.journal.emit(
                     ev.StepStarted(
                         session_id=session.id,
                         assistant_message_id=assistant_id,
@@ -369,7 +364,7 @@ class StepRunner:
                 # Cut off after output: keep the partial message, continue in a new one.
                 await finish(self._fail(step, error))
                 await self._backoff(session.id, assistant_id, retries, delay, error, failed=True)
-                await step.durable(
+                await step.journal.durable(
                     ev.SyntheticRecorded(
                         session_id=session.id,
                         message_id=ids.message_id(),
@@ -476,20 +471,22 @@ class StepRunner:
                         text = isinstance(part, TextStart)
                         step.blocks[n] = ("text" if text else "reasoning", [])
                         step.output = True
-                        step.emit(
+                        step.journal.emit(
                             ev.TextStarted(**on, ordinal=n)
                             if text
                             else ev.ReasoningStarted(**on, ordinal=n)
                         )
                     case TextDelta(ordinal=n, delta=d):
                         step.blocks.setdefault(n, ("text", []))[1].append(d)
-                        if step.live.listening:
-                            step.live.publish(ev.TextDelta(**on, ordinal=n, delta=d), step.gate())
+                        if step.journal.live.listening:
+                            step.journal.live.publish(
+                                ev.TextDelta(**on, ordinal=n, delta=d), step.journal.gate()
+                            )
                     case ReasoningDelta(ordinal=n, delta=d):
                         step.blocks.setdefault(n, ("reasoning", []))[1].append(d)
-                        if step.live.listening:
-                            step.live.publish(
-                                ev.ReasoningDelta(**on, ordinal=n, delta=d), step.gate()
+                        if step.journal.live.listening:
+                            step.journal.live.publish(
+                                ev.ReasoningDelta(**on, ordinal=n, delta=d), step.journal.gate()
                             )
                     case TextEnd(ordinal=n) | ReasoningEnd(ordinal=n):
                         if isinstance(part, ReasoningEnd) and part.signature:
@@ -499,16 +496,16 @@ class StepRunner:
                         step.inputs[call_id] = []
                         step.output = True
                         step.calls.input_started(call_id, name)
-                        step.emit(ev.ToolInputStarted(**on, id=call_id, name=name))
+                        step.journal.emit(ev.ToolInputStarted(**on, id=call_id, name=name))
                     case ToolInputDelta(id=call_id, delta=d):
                         step.inputs.setdefault(call_id, []).append(d)
-                        if step.live.listening:
-                            step.live.publish(
-                                ev.ToolInputDelta(**on, id=call_id, delta=d), step.gate()
+                        if step.journal.live.listening:
+                            step.journal.live.publish(
+                                ev.ToolInputDelta(**on, id=call_id, delta=d), step.journal.gate()
                             )
                     case ToolInputEnd(id=call_id):
-                        await step.live.drain()
-                        step.emit(
+                        await step.journal.live.drain()
+                        step.journal.emit(
                             ev.ToolInputEnded(
                                 **on,
                                 id=call_id,
@@ -532,10 +529,10 @@ class StepRunner:
     async def _close(self, step: _Attempt, ordinal: int) -> None:
         """Close a text/reasoning block durably with what streamed into it."""
         kind, pieces = step.blocks.pop(ordinal, ("text", []))
-        await step.live.drain()  # its deltas go out before its end
+        await step.journal.live.drain()  # its deltas go out before its end
         on = {"session_id": step.session_id, "assistant_message_id": step.assistant_id}
         text = "".join(pieces)
-        step.emit(
+        step.journal.emit(
             ev.TextEnded(**on, ordinal=ordinal, text=text)
             if kind == "text"
             else ev.ReasoningEnded(**on, ordinal=ordinal, text=text)
@@ -544,7 +541,7 @@ class StepRunner:
     async def _discard(self, step: _Attempt) -> None:
         """An attempt that failed before any output: nothing to close, no terminal yet."""
         await step.calls.cancel()
-        await step.flushed()
+        await step.journal.flushed()
 
     async def _failed(self, step: _Attempt, error: ev.ErrorInfo) -> StepOutcome:
         await finish(self._fail(step, error))
@@ -558,7 +555,7 @@ class StepRunner:
         step.calls.fail_unfinished("Tool input interrupted")
         # What its writing calls changed stays revertible after a failure too.
         recorded = await self._recorded(step)
-        step.emit(
+        step.journal.emit(
             ev.StepFailed(
                 session_id=step.session_id,
                 assistant_message_id=step.assistant_id,
@@ -567,7 +564,7 @@ class StepRunner:
                 **_snapshot_fields(recorded),
             )
         )
-        await step.flushed()
+        await step.journal.flushed()
 
     async def _end(
         self,
@@ -584,7 +581,7 @@ class StepRunner:
             error = ev.ErrorInfo(
                 type="provider.content-filter", message="The provider filtered the response"
             )
-            step.emit(
+            step.journal.emit(
                 ev.StepFailed(
                     session_id=sid,
                     assistant_message_id=aid,
@@ -595,10 +592,10 @@ class StepRunner:
                     provider_state=step.provider_state,
                 )
             )
-            await step.flushed()
+            await step.journal.flushed()
             return StepOutcome(error=error)
         recorded = await self._recorded(step)
-        step.emit(
+        step.journal.emit(
             ev.StepEnded(
                 session_id=sid,
                 assistant_message_id=aid,
@@ -609,7 +606,7 @@ class StepRunner:
                 **_snapshot_fields(recorded),
             )
         )
-        await step.flushed()
+        await step.journal.flushed()
         return StepOutcome(
             needs_continuation=finished.reason == "tool-calls" and bool(outcomes) and not limited
         )
