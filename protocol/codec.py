@@ -325,19 +325,11 @@ def _codec_for(tp: Any) -> tuple[_Encoder, _Decoder]:
 
         return encode_tuple, decode_tuple
     if origin in (dict, collections.abc.Mapping) or tp in (dict, Mapping):
-
-        def decode_object(v: Any, path: str) -> Any:
-            if not isinstance(v, dict):
-                raise _invalid(path, "an object")
-            return v
-
-        return _identity, decode_object
+        return _identity, _scalar(_is_object, "an object")
     if tp is bool:
-        return _identity, _scalar(lambda v: isinstance(v, bool), "a boolean")
+        return _identity, _scalar(_is_bool, "a boolean")
     if tp is int:
-        return _identity, _scalar(
-            lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"
-        )
+        return _identity, _scalar(_is_int, "an integer")
     if tp is float:
 
         def decode_float(v: Any, path: str) -> Any:
@@ -347,7 +339,7 @@ def _codec_for(tp: Any) -> tuple[_Encoder, _Decoder]:
 
         return _identity, decode_float
     if tp is str:
-        return _identity, _scalar(lambda v: isinstance(v, str), "a string")
+        return _identity, _scalar(_is_str, "a string")
     raise TypeError(f"codec: unsupported field type {tp!r}")
 
 
