@@ -205,23 +205,20 @@ _RUNNING_COMPACTION: Final = (
 )
 _OPEN_STEP: Final = (
     "SELECT id, json_extract(data, '$.finish') IS NULL"
-    " AND json_extract(data, '$.error') IS NULL FROM session_message"
+    " AND json_extract(data, '$.error') IS NULL AS unfinished FROM session_message"
     " WHERE session_id = ? AND type = 'assistant' ORDER BY seq DESC LIMIT 1"
 )
 # The session row, and whether anything a crash or restart can leave open is
 # open: a process group, a streaming or running tool part, a running
 # compaction, a newest assistant message with no terminal (the four reads of
-# DrainStart, as one yes or no). Nearly always no: one statement instead of five.
+# DrainStart, as one yes or no, made of those reads themselves). Nearly
+# always no: one statement instead of five.
 _SESSION_STALE: Final = (
     f"SELECT {_SESSION_COLUMNS},"
-    " EXISTS (SELECT 1 FROM tool_process WHERE session_id = ?)"
-    " OR EXISTS (SELECT 1 FROM session_part"
-    " WHERE session_id = ? AND status IN ('streaming', 'running'))"
-    " OR EXISTS (SELECT 1 FROM session_message WHERE session_id = ? AND type = 'compaction'"
-    " AND json_extract(data, '$.status') = 'running')"
-    " OR coalesce((SELECT json_extract(data, '$.finish') IS NULL"
-    " AND json_extract(data, '$.error') IS NULL FROM session_message"
-    " WHERE session_id = ? AND type = 'assistant' ORDER BY seq DESC LIMIT 1), FALSE)"
+    f" EXISTS ({_TOOL_PROCESSES.format(where=_ONE_SESSION)})"
+    f" OR EXISTS ({_OPEN_TOOL_CALLS})"
+    f" OR EXISTS ({_RUNNING_COMPACTION})"
+    f" OR coalesce((SELECT s.unfinished FROM ({_OPEN_STEP}) AS s), FALSE)"
     " FROM session WHERE id = ?"
 )
 #: Bytes of decoded messages kept, least recently used evicted first (values are
