@@ -228,6 +228,16 @@ _V12: Final = """
 ALTER TABLE session ADD COLUMN removals INTEGER NOT NULL DEFAULT 0;
 """
 
+# v13: the parent index holds children only. Its one reader looks sessions up
+# by a parent id (``parent_id = ?``), never for roots; and on PostgreSQL every
+# update of a session row that cannot be HOT (any that moves time_updated,
+# which session_updated indexes) inserts into every index whose predicate the
+# row meets, so a root's edits stop paying for an entry nobody reads.
+_V13: Final = """
+DROP INDEX session_parent;
+CREATE INDEX session_parent ON session (parent_id) WHERE parent_id IS NOT NULL;
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
@@ -242,6 +252,7 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V10,
     _V11,
     _V12,
+    _V13,
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

@@ -320,6 +320,12 @@ _V12: Final = """
 ALTER TABLE session ADD COLUMN removals BIGINT NOT NULL DEFAULT 0;
 """
 
+# v13: the parent index holds children only (see storage.schema._V13).
+_V13: Final = """
+DROP INDEX session_parent;
+CREATE INDEX session_parent ON session (parent_id) WHERE parent_id IS NOT NULL;
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -333,6 +339,7 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V10,
     _V11,
     _V12,
+    _V13,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION, "a SQLite migration without its PostgreSQL twin"
 

@@ -412,3 +412,42 @@ async def test_a_closing_store_hears_another_hosts_commit_without_a_warning(
                 await b._deliver_task
             b._state = _State.OPEN  # let close() run as it would have
     assert "cannot read announced commits" not in caplog.text
+
+
+async def test_a_root_sessions_edits_add_nothing_to_the_parent_index(pg_url: str) -> None:
+    # Every edit of a session moves time_updated, which session_updated indexes,
+    # so the update is never HOT: it inserts into each index whose predicate the
+    # new row meets. The parent index holds children only (v13), so roots, most
+    # sessions, pay nothing there.
+    conn = await asyncpg.connect(pg_url)
+    try:
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        except asyncpg.PostgresError as exc:
+            pytest.skip(f"pageinspect is not available on this server: {exc}")
+        async with connect(pg_url) as store:
+            for root in ("ses_r1", "ses_r2", "ses_r3"):
+                await store.append(Command.of(created(root)))
+            for child in ("ses_c1", "ses_c2"):
+                child_of = ev.SessionCreated(
+                    session_id=child,
+                    parent_id="ses_r1",
+                    title="t",
+                    location=Location(directory="/"),
+                )
+                await store.append(Command.of(child_of))
+            for n in range(10):
+                for root in ("ses_r1", "ses_r2", "ses_r3"):
+                    await store.append(Command.of(renamed(root, f"title {n}")))
+            assert sorted(await store.queries.children("ses_r1")) == ["ses_c1", "ses_c2"]
+        # Block 1 is the only leaf of an index this small (block 0 is its metapage).
+        entries = await conn.fetchval("SELECT count(*) FROM bt_page_items('session_parent', 1)")
+        assert entries == 2
+        async with conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            plan = await conn.fetchval(
+                "EXPLAIN (FORMAT TEXT) SELECT id FROM session WHERE parent_id = 'ses_r1'"
+            )
+        assert "session_parent" in plan
+    finally:
+        await conn.close()

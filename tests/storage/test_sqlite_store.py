@@ -248,3 +248,28 @@ async def test_a_read_only_store_creates_no_database(tmp_path: Path) -> None:
     assert not [t for t in threading.enumerate() if "_connection_worker_thread" in t.name]
     assert not path.exists()
     assert not Path(f"{path}.lock").exists()  # noqa: ASYNC240
+
+
+async def test_children_are_looked_up_through_the_parent_index(db_path: Path) -> None:
+    # The index holds children only (v13: WHERE parent_id IS NOT NULL); a
+    # lookup by parent id must still be able to use it.
+    async with SQLiteStore(db_path) as store:
+        await store.append(Command.of(created("ses_root")))
+        child = ev.SessionCreated(
+            session_id="ses_child",
+            parent_id="ses_root",
+            title="t",
+            location=Location(directory="/"),
+        )
+        await store.append(Command.of(child))
+        assert await store.queries.children("ses_root") == ["ses_child"]
+        async with store.reader() as conn:
+            plan = await conn.execute_fetchall(
+                "EXPLAIN QUERY PLAN SELECT id FROM session WHERE parent_id = ?", ("ses_root",)
+            )
+            [[indexed]] = await conn.execute_fetchall(
+                "SELECT count(*) FROM session INDEXED BY session_parent WHERE parent_id = ?",
+                ("ses_root",),
+            )
+    assert any("USING INDEX session_parent" in str(row[-1]) for row in plan)
+    assert indexed == 1
