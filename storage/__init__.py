@@ -42,11 +42,12 @@ from storage.recorder import (
     Subscriber,
     now_ms,
 )
-from storage.schema import SCHEMA_VERSION
+from storage.schema import SCHEMA_VERSION, SESSION_BUCKET_MS
 from storage.sqlite import SQLiteStore
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SESSION_BUCKET_MS",
     "AppendConflictError",
     "BatchObserver",
     "Boundary",

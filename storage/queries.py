@@ -52,6 +52,7 @@ from protocol.shapes import (
     UserMessage,
 )
 from storage.lease import Lease
+from storage.schema import SESSION_BUCKET_MS
 
 __all__ = [
     "Boundary",
@@ -393,13 +394,16 @@ class Queries:
             where.append("parent_id = ?")
             params.append(query.parent_id)
         if anchor is not None:
-            where.append(f"(time_updated, id) {_cmp(query.order, anchor.direction)} (?, ?)")
-            params += [anchor.time, anchor.id]
+            # The bucket's bound is implied by the exact one; it lets the
+            # index (on the bucket first: schema v14) start at the anchor.
+            cmp = _cmp(query.order, anchor.direction)
+            where.append(f"time_bucket {cmp}= ? AND (time_updated, id) {cmp} (?, ?)")
+            params += [anchor.time // SESSION_BUCKET_MS, anchor.time, anchor.id]
         rows, more = await self._page(
             f"SELECT {_SESSION_COLUMNS} FROM session",
             where,
             params,
-            "time_updated {dir}, id {dir}",
+            "time_bucket {dir}, time_updated {dir}, id {dir}",
             query.order,
             None if anchor is None else anchor.direction,
             query.limit,

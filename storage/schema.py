@@ -13,7 +13,7 @@ from typing import Final
 
 from storage.errors import StorageBrokenError
 
-__all__ = ["MIGRATIONS", "PROJECTION_TABLES", "SCHEMA_VERSION", "migrate"]
+__all__ = ["MIGRATIONS", "PROJECTION_TABLES", "SCHEMA_VERSION", "SESSION_BUCKET_MS", "migrate"]
 
 _V1: Final = """
 CREATE TABLE event (
@@ -238,6 +238,21 @@ DROP INDEX session_parent;
 CREATE INDEX session_parent ON session (parent_id) WHERE parent_id IS NOT NULL;
 """
 
+# v14: the session list walks a coarse key, time_bucket (time_updated in whole
+# seconds: SESSION_BUCKET_MS), then sorts within it by (time_updated, id);
+# the order is the same, as the bucket never decreases with time_updated. On
+# PostgreSQL the list's index holds the bucket alone: an edit within the
+# second of the session's last one then changes no indexed column, so it can
+# be a HOT update (no new index entry, the old version pruned in place) where
+# an index holding time_updated made every edit insert into every index.
+# SQLite has no HOT; its index holds the whole order.
+_V14: Final = """
+ALTER TABLE session ADD COLUMN time_bucket INTEGER
+    GENERATED ALWAYS AS (time_updated / 1000) VIRTUAL;
+DROP INDEX session_updated;
+CREATE INDEX session_updated ON session (time_bucket, time_updated, id);
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
@@ -253,8 +268,11 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V11,
     _V12,
     _V13,
+    _V14,
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
+#: The width of ``session.time_bucket`` (v14), in milliseconds of time_updated.
+SESSION_BUCKET_MS: Final = 1000
 
 #: Tables derived from the event log, in dependency order (parents first).
 PROJECTION_TABLES: Final = (

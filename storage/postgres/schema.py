@@ -326,6 +326,15 @@ DROP INDEX session_parent;
 CREATE INDEX session_parent ON session (parent_id) WHERE parent_id IS NOT NULL;
 """
 
+# v14: the session list's index holds the coarse time_bucket only, so most
+# edits are HOT updates (see storage.schema._V14).
+_V14: Final = """
+ALTER TABLE session ADD COLUMN time_bucket BIGINT
+    GENERATED ALWAYS AS (time_updated / 1000) STORED;
+DROP INDEX session_updated;
+CREATE INDEX session_updated ON session (time_bucket);
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -340,6 +349,7 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V11,
     _V12,
     _V13,
+    _V14,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION, "a SQLite migration without its PostgreSQL twin"
 

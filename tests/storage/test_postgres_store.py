@@ -22,6 +22,7 @@ from protocol import events as ev
 from storage import (
     AppendConflictError,
     Command,
+    NewEvent,
     RecordedEvent,
     StorageBrokenError,
     StoreClosedError,
@@ -449,5 +450,52 @@ async def test_a_root_sessions_edits_add_nothing_to_the_parent_index(pg_url: str
                 "EXPLAIN (FORMAT TEXT) SELECT id FROM session WHERE parent_id = 'ses_r1'"
             )
         assert "session_parent" in plan
+    finally:
+        await conn.close()
+
+
+async def test_edits_within_a_second_are_hot_updates_and_the_list_walks_its_index(
+    pg_url: str,
+) -> None:
+    # The list's index holds time_bucket (whole seconds of time_updated) alone
+    # (v14): an edit in the same second as the last changes no indexed column,
+    # so it adds no index entry; one in a later second does.
+    conn = await asyncpg.connect(pg_url)
+    try:
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        except asyncpg.PostgresError as exc:
+            pytest.skip(f"pageinspect is not available on this server: {exc}")
+        roots = ("ses_r1", "ses_r2", "ses_r3")
+
+        async def entries(index: str) -> int:
+            return int(await conn.fetchval(f"SELECT count(*) FROM bt_page_items('{index}', 1)"))
+
+        async with connect(pg_url) as store:
+            for root in roots:
+                await store.append(Command(events=(NewEvent(event=created(root), created=50_000),)))
+            for n in range(10):
+                for root in roots:
+                    edit = NewEvent(event=renamed(root, f"title {n}"), created=50_001 + n)
+                    await store.append(Command(events=(edit,)))
+            assert await entries("session_updated") == 3
+            assert await entries("session_pkey") == 3
+            later = NewEvent(event=renamed("ses_r1", "a second later"), created=51_000)
+            await store.append(Command(events=(later,)))
+            assert await entries("session_updated") == 4
+            rows = await conn.fetch("SELECT id, time_bucket FROM session ORDER BY id")
+            assert [tuple(r) for r in rows] == [("ses_r1", 51), ("ses_r2", 50), ("ses_r3", 50)]
+        async with conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            plan = "\n".join(
+                r[0]
+                for r in await conn.fetch(
+                    "EXPLAIN SELECT id FROM session WHERE time_bucket <= 60"
+                    " AND (time_updated, id) < (60000, 'ses_x')"
+                    " ORDER BY time_bucket DESC, time_updated DESC, id DESC LIMIT 3"
+                )
+            )
+        assert "session_updated" in plan
+        assert "Incremental Sort" in plan
     finally:
         await conn.close()

@@ -288,6 +288,52 @@ async def test_empty_command_stores_nothing(recorder: Any) -> None:
     assert await recorder.read_all() == []
 
 
+async def test_the_session_list_pages_in_exact_update_order_across_seconds(
+    recorder: Any,
+) -> None:
+    # The list walks a per-second bucket first (schema v14), then the exact
+    # (time_updated, id): ties within a millisecond, within a second, and on
+    # both sides of a second's edge must come out in one order both ways.
+    from protocol.cursor import SessionCursor, SessionQuery, decode_cursor
+
+    times = {
+        "ses_a": 5_999,
+        "ses_b": 6_000,
+        "ses_c": 6_000,
+        "ses_d": 6_500,
+        "ses_e": 6_999,
+        "ses_f": 7_000,
+        "ses_g": 7_000,
+        "ses_h": 8_001,
+        "ses_i": 60_000,
+    }
+    for sid, created_at in times.items():
+        await recorder.append(Command(events=(NewEvent(event=created(sid), created=created_at),)))
+    # An edit moves a session to its new time, across a second's edge.
+    await recorder.append(
+        Command(events=(NewEvent(event=renamed("ses_a", "moved"), created=7_000),))
+    )
+    times["ses_a"] = 7_000
+    for order in ("desc", "asc"):
+        expected = sorted(times, key=lambda sid: (times[sid], sid), reverse=order == "desc")
+        page = await recorder.queries.sessions(SessionQuery(order=order, limit=2), None)
+        walked = [s.id for s in page.data]
+        pages = [page]
+        while page.cursor.next is not None:
+            cursor = decode_cursor(SessionCursor, page.cursor.next)
+            page = await recorder.queries.sessions(cursor.query, cursor.anchor)
+            walked += [s.id for s in page.data]
+            pages.append(page)
+        assert walked == expected
+        # And back from the last page, through every previous link.
+        back: list[str] = []
+        while page.cursor.previous is not None:
+            cursor = decode_cursor(SessionCursor, page.cursor.previous)
+            page = await recorder.queries.sessions(cursor.query, cursor.anchor)
+            back = [s.id for s in page.data] + back
+        assert back + [s.id for s in pages[-1].data] == expected
+
+
 # -- the reads, and the rebuild, after a real runtime workload ----------------------------------
 
 

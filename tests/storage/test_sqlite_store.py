@@ -13,6 +13,7 @@ from protocol import Location
 from protocol import events as ev
 from storage import (
     SCHEMA_VERSION,
+    SESSION_BUCKET_MS,
     Command,
     RecordedEvent,
     SQLiteStore,
@@ -273,3 +274,24 @@ async def test_children_are_looked_up_through_the_parent_index(db_path: Path) ->
             )
     assert any("USING INDEX session_parent" in str(row[-1]) for row in plan)
     assert indexed == 1
+
+
+async def test_the_session_list_is_read_in_its_index_order(db_path: Path) -> None:
+    # SQLite has no HOT updates to win, so its list index holds the whole order
+    # (v14: time_bucket, time_updated, id): no sort step for a page.
+    async with SQLiteStore(db_path) as store:
+        await store.append(Command.of(created("ses_a")))
+        async with store.reader() as conn:
+            plan = await conn.execute_fetchall(
+                "EXPLAIN QUERY PLAN SELECT id FROM session WHERE time_bucket <= ?"
+                " AND (time_updated, id) < (?, ?)"
+                " ORDER BY time_bucket DESC, time_updated DESC, id DESC LIMIT 3",
+                (60, 60_000, "ses_x"),
+            )
+            [[bucket, updated]] = await conn.execute_fetchall(
+                "SELECT time_bucket, time_updated FROM session"
+            )
+    details = [str(row[-1]) for row in plan]
+    assert any("session_updated" in d for d in details)
+    assert not any("TEMP B-TREE" in d for d in details)
+    assert bucket == updated // SESSION_BUCKET_MS
