@@ -415,87 +415,86 @@ async def test_a_closing_store_hears_another_hosts_commit_without_a_warning(
     assert "cannot read announced commits" not in caplog.text
 
 
-async def test_a_root_sessions_edits_add_nothing_to_the_parent_index(pg_url: str) -> None:
-    # Every edit of a session moves time_updated, which session_updated indexes,
-    # so the update is never HOT: it inserts into each index whose predicate the
-    # new row meets. The parent index holds children only (v13), so roots, most
-    # sessions, pay nothing there.
+@pytest.fixture
+async def inspected(pg_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to ``pg_url``'s database with pageinspect (to count index entries)."""
     conn = await asyncpg.connect(pg_url)
     try:
         try:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
         except asyncpg.PostgresError as exc:
             pytest.skip(f"pageinspect is not available on this server: {exc}")
-        async with connect(pg_url) as store:
-            for root in ("ses_r1", "ses_r2", "ses_r3"):
-                await store.append(Command.of(created(root)))
-            for child in ("ses_c1", "ses_c2"):
-                child_of = ev.SessionCreated(
-                    session_id=child,
-                    parent_id="ses_r1",
-                    title="t",
-                    location=Location(directory="/"),
-                )
-                await store.append(Command.of(child_of))
-            for n in range(10):
-                for root in ("ses_r1", "ses_r2", "ses_r3"):
-                    await store.append(Command.of(renamed(root, f"title {n}")))
-            assert sorted(await store.queries.children("ses_r1")) == ["ses_c1", "ses_c2"]
-        # Block 1 is the only leaf of an index this small (block 0 is its metapage).
-        entries = await conn.fetchval("SELECT count(*) FROM bt_page_items('session_parent', 1)")
-        assert entries == 2
-        async with conn.transaction():
-            await conn.execute("SET LOCAL enable_seqscan = off")
-            plan = await conn.fetchval(
-                "EXPLAIN (FORMAT TEXT) SELECT id FROM session WHERE parent_id = 'ses_r1'"
-            )
-        assert "session_parent" in plan
+        yield conn
     finally:
         await conn.close()
 
 
+async def leaf_entries(conn: asyncpg.Connection, index: str) -> int:
+    """Entries in ``index``, small enough to be one leaf (block 1; block 0 is its metapage)."""
+    return int(await conn.fetchval(f"SELECT count(*) FROM bt_page_items('{index}', 1)"))
+
+
+async def test_a_root_sessions_edits_add_nothing_to_the_parent_index(
+    pg_url: str, inspected: asyncpg.Connection
+) -> None:
+    # An edit a second after the session's last moves time_bucket, which the
+    # list's index holds, so it is no HOT update: it inserts into each index
+    # whose predicate the new row meets. The parent index holds children only
+    # (v13), so roots, most sessions, pay nothing there.
+    roots = ("ses_r1", "ses_r2", "ses_r3")
+    async with connect(pg_url) as store:
+        for root in roots:
+            await store.append(Command(events=(NewEvent(event=created(root), created=50_000),)))
+        for child in ("ses_c1", "ses_c2"):
+            child_of = ev.SessionCreated(
+                session_id=child, parent_id="ses_r1", title="t", location=Location(directory="/")
+            )
+            await store.append(Command.of(child_of))
+        for n in range(1, 11):
+            for root in roots:
+                edit = NewEvent(event=renamed(root, f"title {n}"), created=50_000 + 1000 * n)
+                await store.append(Command(events=(edit,)))
+        assert sorted(await store.queries.children("ses_r1")) == ["ses_c1", "ses_c2"]
+    assert await leaf_entries(inspected, "session_updated") > len(roots) * 10
+    assert await leaf_entries(inspected, "session_parent") == 2
+    async with inspected.transaction():
+        await inspected.execute("SET LOCAL enable_seqscan = off")
+        plan = await inspected.fetchval(
+            "EXPLAIN (FORMAT TEXT) SELECT id FROM session WHERE parent_id = 'ses_r1'"
+        )
+    assert "session_parent" in plan
+
+
 async def test_edits_within_a_second_are_hot_updates_and_the_list_walks_its_index(
-    pg_url: str,
+    pg_url: str, inspected: asyncpg.Connection
 ) -> None:
     # The list's index holds time_bucket (whole seconds of time_updated) alone
     # (v14): an edit in the same second as the last changes no indexed column,
     # so it adds no index entry; one in a later second does.
-    conn = await asyncpg.connect(pg_url)
-    try:
-        try:
-            await conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
-        except asyncpg.PostgresError as exc:
-            pytest.skip(f"pageinspect is not available on this server: {exc}")
-        roots = ("ses_r1", "ses_r2", "ses_r3")
-
-        async def entries(index: str) -> int:
-            return int(await conn.fetchval(f"SELECT count(*) FROM bt_page_items('{index}', 1)"))
-
-        async with connect(pg_url) as store:
+    roots = ("ses_r1", "ses_r2", "ses_r3")
+    async with connect(pg_url) as store:
+        for root in roots:
+            await store.append(Command(events=(NewEvent(event=created(root), created=50_000),)))
+        for n in range(10):
             for root in roots:
-                await store.append(Command(events=(NewEvent(event=created(root), created=50_000),)))
-            for n in range(10):
-                for root in roots:
-                    edit = NewEvent(event=renamed(root, f"title {n}"), created=50_001 + n)
-                    await store.append(Command(events=(edit,)))
-            assert await entries("session_updated") == 3
-            assert await entries("session_pkey") == 3
-            later = NewEvent(event=renamed("ses_r1", "a second later"), created=51_000)
-            await store.append(Command(events=(later,)))
-            assert await entries("session_updated") == 4
-            rows = await conn.fetch("SELECT id, time_bucket FROM session ORDER BY id")
-            assert [tuple(r) for r in rows] == [("ses_r1", 51), ("ses_r2", 50), ("ses_r3", 50)]
-        async with conn.transaction():
-            await conn.execute("SET LOCAL enable_seqscan = off")
-            plan = "\n".join(
-                r[0]
-                for r in await conn.fetch(
-                    "EXPLAIN SELECT id FROM session WHERE time_bucket <= 60"
-                    " AND (time_updated, id) < (60000, 'ses_x')"
-                    " ORDER BY time_bucket DESC, time_updated DESC, id DESC LIMIT 3"
-                )
+                edit = NewEvent(event=renamed(root, f"title {n}"), created=50_001 + n)
+                await store.append(Command(events=(edit,)))
+        assert await leaf_entries(inspected, "session_updated") == 3
+        assert await leaf_entries(inspected, "session_pkey") == 3
+        later = NewEvent(event=renamed("ses_r1", "a second later"), created=51_000)
+        await store.append(Command(events=(later,)))
+        assert await leaf_entries(inspected, "session_updated") == 4
+    rows = await inspected.fetch("SELECT id, time_bucket FROM session ORDER BY id")
+    assert [tuple(r) for r in rows] == [("ses_r1", 51), ("ses_r2", 50), ("ses_r3", 50)]
+    async with inspected.transaction():
+        await inspected.execute("SET LOCAL enable_seqscan = off")
+        plan = "\n".join(
+            r[0]
+            for r in await inspected.fetch(
+                "EXPLAIN SELECT id FROM session WHERE time_bucket <= 60"
+                " AND (time_updated, id) < (60000, 'ses_x')"
+                " ORDER BY time_bucket DESC, time_updated DESC, id DESC LIMIT 3"
             )
-        assert "session_updated" in plan
-        assert "Incremental Sort" in plan
-    finally:
-        await conn.close()
+        )
+    assert "session_updated" in plan
+    assert "Incremental Sort" in plan
