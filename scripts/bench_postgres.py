@@ -24,7 +24,11 @@ Every phase creates its own uniquely named database on ``--server`` and drops it
    target's baseline writes the rows only, so it leaves out the projection
    writes and every commit but one; the second row says how much.
    The store's batches (transactions) are its own count (``batch_paths``);
-   it writes through two writer lanes (``storage.postgres._lanes``).
+   it writes through two writer lanes (``storage.postgres._lanes``). Shown
+   too: CPU per event on each side, for the store's rounds and the
+   baseline's (this process's loop thread, ``time.thread_time``; every
+   ``postgres`` process of the local server, from ``/proc``): where the
+   store's time goes when the ratio is over target.
 2. **Admission over HTTP.** The real app (``server.app.make_app``) on a loopback
    ``TCPSite`` with ``[runtime] database`` the PostgreSQL URL; ``--requests``
    sequential ``POST /api/session/{id}/prompt`` (``resume: false``) after a
@@ -70,7 +74,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -110,6 +114,58 @@ _RAW_INSERT = (
     "INSERT INTO raw_event (id, aggregate_id, seq, type, created, data)"
     " VALUES ($1, $2, $3, $4, $5, $6)"
 )
+
+
+def _server_cpu_s() -> float | None:
+    """CPU seconds (user + system) of every ``postgres`` process on this machine so far.
+
+    Context for the appends: the server is local in these runs, and its backends,
+    WAL writer and listeners all count. None where ``/proc`` says nothing of it.
+    """
+    total, found = 0, False
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() != "postgres":
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        total += int(fields[11]) + int(fields[12])
+        found = True
+    return total / os.sysconf("SC_CLK_TCK") if found else None
+
+
+class _Cpu:
+    """This thread's and the server's CPU seconds over the spans it measures, summed."""
+
+    def __init__(self) -> None:
+        self.client = 0.0
+        self.server: float | None = 0.0
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator[None]:
+        client, server = time.thread_time(), _server_cpu_s()
+        try:
+            yield
+        finally:
+            self.client += time.thread_time() - client
+            after = _server_cpu_s()
+            if server is None or after is None or self.server is None:
+                self.server = None
+            else:
+                self.server += after - server
+
+    def per_event_us(self, events: int) -> dict[str, float | None]:
+        return {
+            "client_cpu_us_per_event": round(self.client / events * 1e6, 2),
+            "server_cpu_us_per_event": (
+                None if self.server is None else round(self.server / events * 1e6, 2)
+            ),
+        }
 
 
 def _log(args: argparse.Namespace, message: str) -> None:
@@ -156,6 +212,7 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
 
     producers, per, rounds = args.producers, args.appends, args.append_rounds
     store_s = raw_s = raw_projected_s = 0.0
+    store_cpu, raw_cpu = _Cpu(), _Cpu()
     commits = 0
     async with database(args.server) as url:
         conn = await asyncpg.connect(url)
@@ -192,14 +249,16 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
                     after = await conn.fetchval("SELECT coalesce(max(position), 0) FROM event")
                     batches_before = sum(store.batch_paths.values())
                     started = time.perf_counter()
-                    await asyncio.gather(*(producer(s) for s in sessions))
+                    with store_cpu.measure():
+                        await asyncio.gather(*(producer(s) for s in sessions))
                     store_s += time.perf_counter() - started
                     commits += sum(store.batch_paths.values()) - batches_before
                     stored = await _same_rows(conn, producers * per, after)
                     await conn.execute("TRUNCATE raw_event")
                     started = time.perf_counter()
-                    async with conn.transaction():
-                        await conn.executemany(_RAW_INSERT, stored)
+                    with raw_cpu.measure():
+                        async with conn.transaction():
+                            await conn.executemany(_RAW_INSERT, stored)
                     raw_s += time.perf_counter() - started
                     await conn.execute("TRUNCATE raw_event")
                     # Context: the same rows plus the projection writes the store
@@ -234,6 +293,8 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
         "writers": len(store._writers),
         "events_per_transaction": round(events / commits, 1) if commits > 0 else None,
         "server_settings": settings,
+        "store_cpu": store_cpu.per_event_us(events),
+        "raw_cpu": raw_cpu.per_event_us(events),
     }
 
 
@@ -703,6 +764,20 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
             "<= 3x",
             ap["raw_over_store"] <= TARGET_RATIO,
         ),
+        *(
+            _figure(
+                f"appends: CPU per event, {side}",
+                ap["store_cpu"][key],
+                "us",
+                ap["raw_cpu"][key],
+                "raw executemany",
+            )
+            for side, key in (
+                ("this process's loop thread", "client_cpu_us_per_event"),
+                ("the local server's processes", "server_cpu_us_per_event"),
+            )
+            if ap["store_cpu"][key] is not None
+        ),
         _figure(
             "admission p50 over HTTP (PostgreSQL)",
             ad["postgres"]["p50_ms"],
@@ -797,6 +872,12 @@ def render(report: dict[str, Any]) -> str:
         f"store appends: {ap['store_transactions']} transactions,"
         f" {ap['events_per_transaction']} events per commit, {ap['writers']} writer lanes;"
         f" server {ap['server_settings']}"
+    )
+    sc, rc = ap["store_cpu"], ap["raw_cpu"]
+    lines.append(
+        "CPU per event (us), this process's loop thread / the local server's processes:"
+        f" store {sc['client_cpu_us_per_event']} / {sc['server_cpu_us_per_event']},"
+        f" raw executemany {rc['client_cpu_us_per_event']} / {rc['server_cpu_us_per_event']}"
     )
     paths = report["steps"]["postgres"]["batch_paths"]
     lines.append(f"runtime steps on PostgreSQL, the store's batches by path: {paths}")
