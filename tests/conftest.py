@@ -63,8 +63,17 @@ async def store(request: pytest.FixtureRequest, db_path: Path) -> AsyncIterator[
 @pytest.fixture(autouse=True)
 def _postgres_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
     """On the PostgreSQL pass, every runtime a test opens keeps its log in the test's own
-    database (the backend choice is the only thing changed; the server is real)."""
-    if not pgdb.on_postgres() or request.node.get_closest_marker("sqlite_only"):
+    database (the backend choice is the only thing changed; the server is real).
+
+    Not for a test that names its backend itself (the store contract's
+    ``store_factory``, one parameter per backend): its SQLite runs must stay on
+    SQLite, or they would read back a file nobody wrote.
+    """
+    if (
+        not pgdb.on_postgres()
+        or request.node.get_closest_marker("sqlite_only")
+        or "store_factory" in request.fixturenames
+    ):
         yield
         return
     from actors import runtime as runtime_module
