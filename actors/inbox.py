@@ -156,26 +156,27 @@ class Inbox:
     # -- admission ------------------------------------------------------------------------------
 
     async def prompt(self, session_id: str, request: PromptInput) -> InboxItem:
-        async def payload() -> dict[str, Any]:
-            files = None
-            if request.files is not None:
-                files = await materialise(
-                    request.files,
+        files = request.files
+        prepare: Callable[[], Awaitable[Mapping[str, Any]]] | Mapping[str, Any]
+        if files is None:
+            # Nothing to read first: the payload as it is (no coroutine to make).
+            prepare = _compact({"text": request.text, "metadata": request.metadata})
+        else:
+
+            async def read_files() -> dict[str, Any]:
+                materialised = await materialise(
+                    files,
                     self._blocking,
                     directory=await self._directory(session_id),
                     withheld=self._withheld,
                 )
-            return _compact({"text": request.text, "files": files, "metadata": request.metadata})
+                return _compact(
+                    {"text": request.text, "files": materialised, "metadata": request.metadata}
+                )
 
-        if request.files is None:
-            # Nothing to read first: the payload as it is (no coroutine to make).
-            ready = _compact({"text": request.text, "metadata": request.metadata})
-            return await self._admit(
-                session_id, "user", request.id, request.delivery, request.resume, ready
-            )
-
+            prepare = read_files
         return await self._admit(
-            session_id, "user", request.id, request.delivery, request.resume, payload
+            session_id, "user", request.id, request.delivery, request.resume, prepare
         )
 
     async def synthetic(self, session_id: str, request: SyntheticInput) -> InboxItem:
