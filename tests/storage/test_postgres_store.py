@@ -429,6 +429,11 @@ async def inspected(pg_url: str) -> AsyncIterator[asyncpg.Connection]:
         await conn.close()
 
 
+def at(event: ev.Event, created: int) -> Command:
+    """``event`` as a command, created at ``created`` (ms): its session's time_updated."""
+    return Command(events=(NewEvent(event=event, created=created),))
+
+
 async def leaf_entries(conn: asyncpg.Connection, index: str) -> int:
     """Entries in ``index``, small enough to be one leaf (block 1; block 0 is its metapage)."""
     return int(await conn.fetchval(f"SELECT count(*) FROM bt_page_items('{index}', 1)"))
@@ -444,7 +449,7 @@ async def test_a_root_sessions_edits_add_nothing_to_the_parent_index(
     roots = ("ses_r1", "ses_r2", "ses_r3")
     async with connect(pg_url) as store:
         for root in roots:
-            await store.append(Command(events=(NewEvent(event=created(root), created=50_000),)))
+            await store.append(at(created(root), 50_000))
         for child in ("ses_c1", "ses_c2"):
             child_of = ev.SessionCreated(
                 session_id=child, parent_id="ses_r1", title="t", location=Location(directory="/")
@@ -452,8 +457,7 @@ async def test_a_root_sessions_edits_add_nothing_to_the_parent_index(
             await store.append(Command.of(child_of))
         for n in range(1, 11):
             for root in roots:
-                edit = NewEvent(event=renamed(root, f"title {n}"), created=50_000 + 1000 * n)
-                await store.append(Command(events=(edit,)))
+                await store.append(at(renamed(root, f"title {n}"), 50_000 + 1000 * n))
         assert sorted(await store.queries.children("ses_r1")) == ["ses_c1", "ses_c2"]
     assert await leaf_entries(inspected, "session_updated") > len(roots) * 10
     assert await leaf_entries(inspected, "session_parent") == 2
@@ -474,15 +478,13 @@ async def test_edits_within_a_second_are_hot_updates_and_the_list_walks_its_inde
     roots = ("ses_r1", "ses_r2", "ses_r3")
     async with connect(pg_url) as store:
         for root in roots:
-            await store.append(Command(events=(NewEvent(event=created(root), created=50_000),)))
+            await store.append(at(created(root), 50_000))
         for n in range(10):
             for root in roots:
-                edit = NewEvent(event=renamed(root, f"title {n}"), created=50_001 + n)
-                await store.append(Command(events=(edit,)))
+                await store.append(at(renamed(root, f"title {n}"), 50_001 + n))
         assert await leaf_entries(inspected, "session_updated") == 3
         assert await leaf_entries(inspected, "session_pkey") == 3
-        later = NewEvent(event=renamed("ses_r1", "a second later"), created=51_000)
-        await store.append(Command(events=(later,)))
+        await store.append(at(renamed("ses_r1", "a second later"), 51_000))
         assert await leaf_entries(inspected, "session_updated") == 4
     rows = await inspected.fetch("SELECT id, time_bucket FROM session ORDER BY id")
     assert [tuple(r) for r in rows] == [("ses_r1", 51), ("ses_r2", 50), ("ses_r3", 50)]
