@@ -243,6 +243,7 @@ class Instructions:
             self._settled.pop(session.id, None)
             return (await self.baseline(state),)
         text = await self.baseline(state)
+        # Out first, so that putting it back makes it the newest (oldest go first).
         self._settled.pop(session.id, None)
         if len(self._settled) >= SETTLED_SESSIONS:
             del self._settled[next(iter(self._settled))]
