@@ -56,10 +56,20 @@ def loads(data: bytes | str) -> Any:
         raise InvalidRequestError(f"Malformed JSON: {exc}", kind="json") from None
 
 
+#: Each attrs class met by :func:`to_json` -> its plan: one dict lookup per value
+#: instead of ``attrs.has`` and the cached ``_plan`` call. Bounded by the attrs
+#: classes defined in code.
+_ENCODERS: dict[type[Any], _Plan] = {}
+
+
 def to_json(value: Any) -> Any:
     """Turn an attrs value into JSON-ready data; other values pass through."""
+    plan = _ENCODERS.get(value.__class__)
+    if plan is not None:
+        return plan.encode(value)
     if attrs.has(type(value)):
-        return _plan(type(value)).encode(value)
+        plan = _ENCODERS[type(value)] = _plan(type(value))
+        return plan.encode(value)
     if isinstance(value, tuple | list):
         return [to_json(v) for v in value]
     if isinstance(value, dict):
@@ -145,6 +155,8 @@ class _Field:
     #: test, which spares the decoder call and its member path; a value that
     #: fails it goes to the decoder, which says why.
     leaf: Callable[[Any], bool] | None = None
+    #: Encodes as itself (``encode`` is the identity): the call is skipped.
+    plain: bool = False
 
 
 @attrs.frozen
@@ -157,7 +169,7 @@ class _Plan:
         for f in self.fields:
             v = getattr(value, f.name)
             if v is not None:
-                out[f.wire] = f.encode(v)
+                out[f.wire] = v if f.plain else f.encode(v)
             elif f.nullable:
                 out[f.wire] = None
         return out
@@ -212,6 +224,7 @@ def _plan_cached(cls: Any) -> _Plan:
                 required=a.default is attrs.NOTHING and not _is_optional(tp),
                 nullable=tp is Any and a.default is attrs.NOTHING,
                 leaf=_leaf_test(tp),
+                plain=encode is _identity,
             )
         )
     return _Plan(cls=cls, fields=tuple(fields))
