@@ -45,6 +45,7 @@ from typing import Any, Final, Literal
 import attrs
 import orjson
 
+from protocol.events import encode_data, stored_type
 from storage import schema
 from storage._replay import mismatched, refusal, stored_replay
 from storage.errors import (
@@ -58,7 +59,7 @@ from storage.lease import LeaseUse
 from storage.projectors import project
 from storage.recorder import Command, NewEvent, RecordedEvent
 
-__all__ = ["Outcome", "Synchronous", "Writer"]
+__all__ = ["Outcome", "Synchronous", "Writer", "encode_events"]
 
 Synchronous = Literal["FULL", "NORMAL"]
 
@@ -86,6 +87,14 @@ class Prepared:
 
     command: Command
     encoded: tuple[tuple[str, str], ...]
+
+
+def encode_events(events: Sequence[NewEvent]) -> tuple[tuple[str, str], ...]:
+    """Each event's stored type and JSON data, as :attr:`Prepared.encoded` holds them."""
+    if len(events) == 1:  # most commands: no generator for one
+        event = events[0].event
+        return ((stored_type(event), encode_data(event).decode()),)
+    return tuple((stored_type(new.event), encode_data(new.event).decode()) for new in events)
 
 
 Batch = list[Prepared]

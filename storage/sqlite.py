@@ -36,10 +36,10 @@ from typing import Any, Final, Self
 
 import aiosqlite
 
-from protocol.events import decode_event, encode_data, stored_type
+from protocol.events import decode_event
 from storage._inline_reads import InlineReader
 from storage._subscribers import Subscribers
-from storage._writer import Outcome, Prepared, Synchronous, Writer, shared_lock
+from storage._writer import Outcome, Prepared, Synchronous, Writer, encode_events, shared_lock
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
@@ -234,9 +234,7 @@ class SQLiteStore:
             future.set_result([])
             return future
         # Encoding here, on the loop, overlaps with the writer's fsync.
-        encoded = tuple(
-            (stored_type(new.event), encode_data(new.event).decode()) for new in command.events
-        )
+        encoded = encode_events(command.events)
         self._pending.append((Prepared(command=command, encoded=encoded), future))
         self._drained.clear()
         if not self._inflight and not self._flush_scheduled:

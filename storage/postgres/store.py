@@ -47,10 +47,9 @@ from typing import Any, Final, Self
 import asyncpg
 
 from protocol import ids
-from protocol.events import encode_data, stored_type
 from storage._subscribers import Subscribers
 from storage._url import redact
-from storage._writer import Outcome, Prepared
+from storage._writer import Outcome, Prepared, encode_events
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
 from storage.postgres import schema
@@ -314,9 +313,7 @@ class PostgresStore:
         if command.empty:
             future.set_result([])
             return future
-        encoded = tuple(
-            (stored_type(new.event), encode_data(new.event).decode()) for new in command.events
-        )
+        encoded = encode_events(command.events)
         self._pending.append((Prepared(command=command, encoded=encoded), future))
         self._drained.clear()
         self._wake.set()
