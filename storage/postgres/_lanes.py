@@ -51,7 +51,15 @@ T = TypeVar("T")
 def keys(prepared: Prepared) -> frozenset[str]:
     """What orders ``prepared`` against other commands (see the module's first rule)."""
     command = prepared.command
-    out = {new.aggregate_id for new in command.events}
+    events = command.events
+    if len(events) == 1 and not (command.expected or command.lease or command.entries):
+        # Most commands: one event, nothing else named.
+        new = events[0]
+        parent = getattr(new.event, "parent_id", None)
+        if isinstance(parent, str):
+            return frozenset((new.aggregate_id, parent))
+        return frozenset((new.aggregate_id,))
+    out = {new.aggregate_id for new in events}
     for new in command.events:
         parent = getattr(new.event, "parent_id", None)
         if isinstance(parent, str):
