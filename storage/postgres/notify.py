@@ -63,19 +63,21 @@ _POSITION_DIGITS: Final = 19
 
 
 def _heads(records: Sequence[RecordedEvent]) -> dict[str, int]:
-    heads: dict[str, int] = {}
-    for r in records:
-        heads[r.aggregate_id] = max(r.seq, heads.get(r.aggregate_id, 0))
-    return heads
+    """Each aggregate's latest seq among ``records``: its last record's, as a
+    batch's records come in commit order (an aggregate's seqs rise with it)."""
+    return {r.aggregate_id: r.seq for r in records}
 
 
 def _bodies(heads: dict[str, int], header: int) -> list[str]:
-    """The ``"\\n<aggregate> <seq>"`` lines, in chunks that fit after a ``header``-long line."""
+    """The ``"\n<aggregate> <seq>"`` lines, in chunks that fit after a ``header``-long line."""
+    lines = [f"\n{agg} {seq}" for agg, seq in heads.items()]
+    whole = "".join(lines)
+    if header + len(whole) <= MAX_PAYLOAD:
+        return [whole]  # nearly every batch: one payload
     out: list[str] = []
     body: list[str] = []
     size = header
-    for agg, seq in heads.items():
-        line = f"\n{agg} {seq}"
+    for line in lines:
         if size + len(line) > MAX_PAYLOAD and body:
             out.append("".join(body))
             body, size = [], header
