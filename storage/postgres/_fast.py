@@ -561,10 +561,7 @@ class _PositionRef(int):
 #: The references of a batch's first records, made once (each is immutable),
 #: rather than an int subclass made per record.
 _REFS: Final = tuple(_PositionRef(i) for i in range(2049))
-
-
-def _position_ref(index: int) -> _PositionRef:
-    return _REFS[index] if index < len(_REFS) else _PositionRef(index)
+_MADE_REFS: Final = len(_REFS)
 
 
 #: Ends each element of a packed text array; marks a NULL element (see :func:`_packed`).
@@ -678,6 +675,7 @@ async def commit_fast(
         ref_at: list[int] = []
         ref_rec: list[int] = []
         placed_so_far = 0
+        held = plans.held
         for prepared in batch:
             command = prepared.command
             if command.expected and mismatched(prepared, seqs.__getitem__):
@@ -687,23 +685,26 @@ async def commit_fast(
                 holds.append(lease)
             records = []
             for new, (type_, data) in zip(command.events, prepared.encoded, strict=True):
+                agg = new.aggregate_id
                 epoch, use = None, 0
-                if lease is not None and new.aggregate_id == lease.session_id:
+                if lease is not None and agg == lease.session_id:
                     use = len(holds)
                     if lease.kind != "take":
                         epoch = lease.epoch
                 fence_lease.append(use)
-                seqs[new.aggregate_id] += 1
+                seq = seqs[agg] = seqs[agg] + 1
                 placed_so_far += 1
                 # The position is allocated under the lock, in the function:
                 # projectors get a reference to it (see _PositionRef), and the
                 # record gets the real one after COMMIT (see below).
                 records.append(
                     RecordedEvent(
-                        position=_position_ref(placed_so_far),
+                        position=_REFS[placed_so_far]
+                        if placed_so_far < _MADE_REFS
+                        else _PositionRef(placed_so_far),
                         id=new.id,
-                        aggregate_id=new.aggregate_id,
-                        seq=seqs[new.aggregate_id],
+                        aggregate_id=agg,
+                        seq=seq,
                         type=type_,
                         created=new.created,
                         data=data,
@@ -724,7 +725,7 @@ async def commit_fast(
                 ops = [*ops, *_extra_ops(command)]
             for op in ops:
                 sql, params, expect = op.sql, op.params, op.expect
-                plan = plans.held(sql) or await plans.plan(conn, sql)
+                plan = held(sql) or await plans.plan(conn, sql)
                 if plan is None or len(params) != len(plan.kinds):
                     raise Fallback("an op this path cannot hold")
                 if plan.run is not None and plan is run_plan and params[-1] not in run_keys:
