@@ -69,7 +69,7 @@ def _heads(records: Sequence[RecordedEvent]) -> dict[str, int]:
 
 
 def _bodies(heads: dict[str, int], header: int) -> list[str]:
-    """The ``"\n<aggregate> <seq>"`` lines, in chunks that fit after a ``header``-long line."""
+    """The ``"\\n<aggregate> <seq>"`` lines, in chunks that fit after a ``header``-long line."""
     lines = [f"\n{agg} {seq}" for agg, seq in heads.items()]
     whole = "".join(lines)
     if header + len(whole) <= MAX_PAYLOAD:
