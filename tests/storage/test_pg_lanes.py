@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import asyncpg
+import attrs
 import pytest
 
 from protocol import Location
@@ -23,6 +24,7 @@ from storage.lease import LeaseUse
 from storage.postgres import LOG_LOCK, PostgresStore
 from storage.postgres._lanes import MAX_SHARE, SPLIT_AT, Share, keys, take
 from storage.postgres.remote import CommitGate, RemoteCommits
+from storage.recorder import EntryWrite
 
 
 def created(session_id: str, parent: str | None = None) -> ev.SessionCreated:
@@ -50,6 +52,12 @@ def test_keys_name_every_session_a_command_orders_against() -> None:
         renamed("ses_a", "x"), lease=LeaseUse(kind="hold", session_id="ses_b", host_id="h", epoch=3)
     )
     assert keys(prepared(held)[0]) == {"ses_a", "ses_b"}
+    # One event, and a session it only expects or writes an entry of.
+    expecting = Command.of(renamed("ses_a", "x"), expected={"ses_c": 2})
+    assert keys(prepared(expecting)[0]) == {"ses_a", "ses_c"}
+    entry = EntryWrite(session_id="ses_d", key="k", value='"v"')
+    writing = attrs.evolve(Command.of(renamed("ses_a", "x")), entries=(entry,))
+    assert keys(prepared(writing)[0]) == {"ses_a", "ses_d"}
 
 
 def test_a_share_is_the_outstanding_commands_over_the_lanes_and_forgets_slowly() -> None:
