@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import attrs
 import pytest
 from pgdb import SERVER, database
 
@@ -374,6 +375,15 @@ def test_a_store_skips_its_own_origin_by_prefix_only() -> None:
         on_payload(payload)
     assert [n.origin for n in heard] == ["abcd"]
     assert own_prefix("abc") == "v1 abc "
+
+
+def test_a_notice_names_each_session_at_its_batch_s_last_seq() -> None:
+    records = [_record(3), _record(4), attrs.evolve(_record(5), aggregate_id="ses_b", seq=1)]
+    (payload,) = payloads("abc", records)
+    notice = parse(payload)
+    assert notice is not None
+    assert (notice.first, notice.last) == (3, 5)
+    assert notice.heads == (("ses_a", 4), ("ses_b", 1))
 
 
 async def test_cancelled_appenders_keep_their_commands_and_their_failures_stay_quiet(
