@@ -56,20 +56,14 @@ def loads(data: bytes | str) -> Any:
         raise InvalidRequestError(f"Malformed JSON: {exc}", kind="json") from None
 
 
-#: Each attrs class met by :func:`to_json` -> its plan: one dict lookup per value
-#: instead of ``attrs.has`` and the cached ``_plan`` call. Bounded by the attrs
-#: classes defined in code.
-_ENCODERS: dict[type[Any], _Plan] = {}
-
-
 def to_json(value: Any) -> Any:
     """Turn an attrs value into JSON-ready data; other values pass through."""
-    plan = _ENCODERS.get(value.__class__)
+    # A class planned already costs one dict lookup, not attrs.has and a call.
+    plan = _PLANS.get(value.__class__)
     if plan is not None:
         return plan.encode(value)
     if attrs.has(type(value)):
-        plan = _ENCODERS[type(value)] = _plan(type(value))
-        return plan.encode(value)
+        return _plan(type(value)).encode(value)
     if isinstance(value, tuple | list):
         return [to_json(v) for v in value]
     if isinstance(value, dict):
@@ -201,13 +195,19 @@ class _Plan:
             raise InvalidRequestError(f"{path or 'body'}: {exc}", field=path or None) from None
 
 
+#: Each attrs class -> its plan, made on first use. Bounded by the attrs
+#: classes defined in code.
+_PLANS: dict[type[Any], _Plan] = {}
+
+
 def _plan(cls: type[Any]) -> _Plan:
-    key: Any = cls  # classes are hashable; typeshed's type[Any] just does not say so
-    return _plan_cached(key)
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = _make_plan(cls)
+    return plan
 
 
-@functools.cache
-def _plan_cached(cls: Any) -> _Plan:
+def _make_plan(cls: type[Any]) -> _Plan:
     hints = typing.get_type_hints(cls)
     fields = []
     for a in attrs.fields(cls):
