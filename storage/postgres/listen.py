@@ -69,11 +69,16 @@ class Listener:
         *,
         on_payload: Callable[[str], None],
         on_reconnect: Callable[[], None],
+        on_listening: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
     ) -> None:
         self._connect = connect
         self._channel = channel
         self._on_payload = on_payload
         self._on_reconnect = on_reconnect
+        #: Run on each new connection once it LISTENs, before the listener is
+        #: ready or ``on_reconnect`` is told (a store lists itself there:
+        #: :mod:`.listeners`); what it raises fails the attempt.
+        self._on_listening = on_listening
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
         #: One statement at a time on the connection: the pings and the owner's.
@@ -130,6 +135,8 @@ class Listener:
     async def _listen(self, conn: asyncpg.Connection) -> None:
         self._conn = conn
         await conn.add_listener(self._channel, self._notified)
+        if self._on_listening is not None:
+            await self._on_listening(conn)
         self.connects += 1
         self.ready.set()
 

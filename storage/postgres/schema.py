@@ -335,6 +335,20 @@ DROP INDEX session_updated;
 CREATE INDEX session_updated ON session (time_bucket);
 """
 
+# v15: the processes listening for commit notices (see
+# storage.postgres.listeners). A batch NOTIFYs only while a process other
+# than its own store's is listed, so a host alone on its database sends none.
+# UNLOGGED: the rows describe live connections, which a server crash ends
+# anyway (and the crash recovery empties the table); each listener writes
+# its row again whenever it connects.
+_V15: Final = """
+CREATE UNLOGGED TABLE log_listener (
+    origin  TEXT PRIMARY KEY,
+    pid     INTEGER,
+    expires BIGINT
+);
+"""
+
 MIGRATIONS: Final[tuple[str, ...]] = (
     _V1,
     _V2,
@@ -350,6 +364,7 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     _V12,
     _V13,
     _V14,
+    _V15,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION, "a SQLite migration without its PostgreSQL twin"
 

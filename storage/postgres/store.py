@@ -17,7 +17,8 @@ which path each batch took.
 Connections: ``writers`` writer lanes (each a task committing one batch at a
 time on a connection of its own, reconnecting after losing it; two lanes
 keep one batch on the server while the next is built: :mod:`._lanes`), a
-pool of ``readers``, and one that LISTENs (:mod:`.listen`). Subscribers
+pool of ``readers``, and one that LISTENs (:mod:`.listen`), listed while it
+does so that other origins' batches notify it (:mod:`.listeners`). Subscribers
 hear this store's own commits right after COMMIT, and other processes'
 commits once the notice arrives: the listener reads those rows back from
 the table, in commit order. So each origin's batches reach a subscriber in
@@ -56,9 +57,10 @@ from storage.postgres import schema
 from storage.postgres._errors import UNAVAILABLE
 from storage.postgres._errors import reason as _reason
 from storage.postgres._lanes import Share, take
-from storage.postgres._writer import CommandGuard, Heads, Plans, commit_batch
+from storage.postgres._writer import LOG_LOCK, CommandGuard, Heads, Plans, commit_batch
 from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener, notices
+from storage.postgres.listeners import UNLIST, register
 from storage.postgres.notify import Notice
 from storage.postgres.remote import RemoteCommits
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
@@ -218,6 +220,7 @@ class PostgresStore:
                 self.channel,
                 on_payload=notices(self.origin, self._noticed),
                 on_reconnect=self._remote.lost_notices,
+                on_listening=self._list_listener,
             )
             await self._listener.start()
             # Listening first, then the cursor: a commit in between is both
@@ -250,6 +253,7 @@ class PostgresStore:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             if self._listener is not None:
+                await self._unlist()
                 await self._listener.stop()
             for lane, writer in enumerate(self._writers):
                 if writer is not None:
@@ -277,6 +281,20 @@ class PostgresStore:
     def _check_open(self) -> None:
         if self._state is not _State.OPEN:
             raise StoreClosedError(f"store is {self._state.value}")
+
+    async def _list_listener(self, conn: asyncpg.Connection) -> None:
+        """The listen connection is (again) in place: list it, so batches notify it."""
+        await register(conn, self.origin, lock=LOG_LOCK)
+
+    async def _unlist(self) -> None:
+        """Stop other origins' batches notifying this store (best effort: a row
+        left behind is deleted by the next store to list itself)."""
+        assert self._listener is not None
+        if not self._listener.ready.is_set():
+            return  # never listed, or reconnecting: nothing to wait for
+        with contextlib.suppress(Exception):  # TimeoutError too: the connection may be lost
+            async with asyncio.timeout(1.0):
+                await self._listener.execute(UNLIST, self.origin)
 
     def _noticed(self, notice: Notice) -> None:
         """Another host's commit: the fast path's heads first, then the followers."""

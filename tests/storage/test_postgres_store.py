@@ -264,6 +264,58 @@ async def test_a_batch_touching_many_sessions_is_announced_in_several_payloads(
     assert {agg for n in notices if n for agg, _ in n.heads} == set(ids)
 
 
+async def _listed(conn: asyncpg.Connection) -> dict[str, int | None]:
+    return dict(await conn.fetch("SELECT origin, pid FROM log_listener"))
+
+
+async def test_a_store_lists_its_listen_connection_again_after_losing_it_and_unlists_it_at_close(
+    pg_url: str,
+) -> None:
+    admin = await asyncpg.connect(pg_url)
+    try:
+        async with PostgresStore(pg_url) as store:
+            first = store.listener.server_pid
+            assert await _listed(admin) == {store.origin: first}
+            await admin.execute("SELECT pg_terminate_backend($1)", first)
+            async with asyncio.timeout(10):
+                while (await _listed(admin)).get(store.origin) == first:  # noqa: ASYNC110 (the database's view)
+                    await asyncio.sleep(0.01)
+            second = store.listener.server_pid
+            assert store.listener.connects == 2
+            assert second not in (None, first)
+            assert await _listed(admin) == {store.origin: second}
+        assert await _listed(admin) == {}
+    finally:
+        await admin.close()
+
+
+async def test_listing_a_store_deletes_the_rows_of_listeners_whose_process_is_gone(
+    pg_url: str,
+) -> None:
+    admin = await asyncpg.connect(pg_url)
+    gone = await asyncpg.connect(pg_url)
+    try:
+        gone_pid = gone.get_server_pid()
+        await admin.execute(
+            "INSERT INTO log_listener (origin, pid) VALUES ('crashed', $1), ('alive', $2)",
+            gone_pid,
+            admin.get_server_pid(),
+        )
+        await gone.close()
+        async with asyncio.timeout(10):
+            while await admin.fetchval(  # noqa: ASYNC110 (the server's view)
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", gone_pid
+            ):
+                await asyncio.sleep(0.01)
+        async with PostgresStore(pg_url) as store:
+            assert await _listed(admin) == {
+                "alive": admin.get_server_pid(),
+                store.origin: store.listener.server_pid,
+            }
+    finally:
+        await admin.close()
+
+
 async def test_a_guard_refuses_its_command_alone_inside_the_batch(pg_url: str) -> None:
     async def fence(conn: Any, command: Command) -> None:
         # A real query in the batch's transaction, as a fencing check would run.

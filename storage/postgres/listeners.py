@@ -1,0 +1,60 @@
+"""Who listens for commit notices (the ``log_listener`` table), so a batch NOTIFYs only for them.
+
+A batch's NOTIFY costs the batch, and PostgreSQL wakes every process that
+LISTENs on the database for it, the sending store's own listener included
+(which then skips its own notice). Measured with one store and 100
+producers, it is about a tenth of the appends' throughput; a host alone on
+its database needs none of it. So each store lists its LISTEN connection
+(its origin and the server process serving it) while it listens, and a
+batch NOTIFYs only while another origin is listed (:data:`OTHERS_LISTEN`).
+
+**Order.** A store lists itself under the batch lock, once its LISTEN is in
+place and before it reads anything (at open, the position it follows from;
+after a lost connection, the catch-up: see :class:`.listen.Listener`'s
+``on_listening``). A batch reads the table under the same lock, after it
+took it. So a batch that commits after the row was written notifies the
+store, and one that committed before is in the table by the time the store
+reads it: none falls between the two.
+
+**Liveness.** A store that stops deletes its row. A process that dies
+leaves it behind, naming a server process that is gone; the next store to
+list itself deletes every such row (``pg_stat_activity`` lists the live
+ones). Until then batches notify for nothing, as they all did before this
+table. A host that is paused keeps its connection, so its row stays and it
+is notified as before.
+
+The statements take the lock's key as a parameter: the batch lock lives in
+:mod:`._writer`, which imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import asyncpg
+
+__all__ = ["OTHERS_LISTEN", "UNLIST", "register"]
+
+#: True while an origin other than ``$1`` is listed: the condition a batch's
+#: NOTIFY waits for. The fast path's function inlines it with its own variable.
+OTHERS_LISTEN: Final = "SELECT EXISTS (SELECT 1 FROM log_listener WHERE origin <> $1)"
+
+_PRUNE: Final = (
+    "DELETE FROM log_listener WHERE pid IS NOT NULL"
+    " AND pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)"
+)
+_UPSERT: Final = (
+    "INSERT INTO log_listener (origin, pid, expires) VALUES ($1, pg_backend_pid(), NULL)"
+    " ON CONFLICT (origin) DO UPDATE SET pid = excluded.pid, expires = NULL"
+)
+#: Deletes origin ``$1``'s row, run on its own listen connection as the store stops.
+UNLIST: Final = "DELETE FROM log_listener WHERE origin = $1 AND pid = pg_backend_pid()"
+
+
+async def register(conn: asyncpg.Connection, origin: str, *, lock: int) -> None:
+    """List ``conn`` (LISTENing already) as ``origin``'s, under the batch lock ``lock``;
+    rows of server processes that are gone go first."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock)
+        await conn.execute(_PRUNE)
+        await conn.execute(_UPSERT, origin)
