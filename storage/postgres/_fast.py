@@ -18,7 +18,8 @@ transaction, calls a server-side function (:data:`_HEAD`) that
 2. allocates the positions (under the lock: they follow commit order),
    inserts the events, runs every op in order (projections, instruction
    blobs and entries) and raises when one touches other than its ``expect``
-   rows; records the fences; NOTIFYs with the positions filled in;
+   rows; records the fences; NOTIFYs with the positions filled in, if
+   another origin listens (:mod:`.listeners`);
 3. returns the positions and each lease use's epoch, once committed (a
    take's records get theirs from it).
 
@@ -174,7 +175,8 @@ _TRIMS: Final = "".join(
 _HEAD: Final = (
     """
 CREATE OR REPLACE FUNCTION pg_temp.sessionrt_apply(
-    _srt_lock bigint, _srt_channel text, _srt_prefix text, _srt_texts text[], _srt_ints text[]
+    _srt_lock bigint, _srt_channel text, _srt_origin text, _srt_prefix text,
+    _srt_texts text[], _srt_ints text[]
 ) RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $_srt_fn$
 #variable_conflict use_column
 DECLARE
@@ -284,7 +286,9 @@ _TAIL: Final = f"""
         END IF;
         _srt_i := _srt_i + 1;
     END LOOP;
-    IF _srt_pos IS NOT NULL THEN
+    -- Notices only while another origin listens (see storage.postgres.listeners).
+    IF _srt_pos IS NOT NULL
+       AND EXISTS (SELECT 1 FROM log_listener WHERE origin <> _srt_origin) THEN
         FOR _srt_i IN 1 .. coalesce(array_length(_srt_bodies, 1), 0) LOOP
             PERFORM pg_notify(_srt_channel, _srt_prefix || ' ' || _srt_pos[1] || ' '
                 || _srt_pos[array_length(_srt_pos, 1)] || _srt_bodies[_srt_i]);
@@ -302,7 +306,7 @@ END
 $_srt_fn$;
 """
 
-_CALL: Final = "SELECT pg_temp.sessionrt_apply($1, $2, $3, $4, $5)"
+_CALL: Final = "SELECT pg_temp.sessionrt_apply($1, $2, $3, $4, $5, $6)"
 _HEADS: Final = (
     "SELECT a, coalesce((SELECT max(seq) FROM event WHERE aggregate_id = a), 0)"
     " FROM unnest($1::text[]) AS u(a)"
@@ -788,7 +792,7 @@ async def commit_fast(
         }
         packed = [None if (v := texts[n]) is None else _packed(v) for n in _TEXT_ARRAYS]
         joined = [_joined(ints[name]) for name, _ in _INT_ARRAYS]
-        returned = await conn.fetchval(_CALL, lock, channel, prefix, packed, joined)
+        returned = await conn.fetchval(_CALL, lock, channel, origin, prefix, packed, joined)
     except Fallback:
         heads.forget(aggregates)
         raise

@@ -19,7 +19,8 @@ on several hosts, may write one database:
   against other tables (fencing a stale execution epoch). It raises an
   :class:`~storage.errors.AppendConflictError` to refuse the command alone.
 - The batch NOTIFYs its commit in the same transaction (delivered only if it
-  commits): see :mod:`.notify`.
+  commits): see :mod:`.notify`. It does so only while a process of another
+  origin listens (:mod:`.listeners`, read under the lock).
 
 Each batch first tries the optimistic path of :mod:`._fast` (the whole batch
 in one round trip, no savepoints); a batch it cannot take, or that fails on
@@ -42,6 +43,7 @@ from storage.errors import (
 )
 from storage.postgres._fast import Fallback, Heads, Plans, commit_fast
 from storage.postgres.dialect import affected, translate
+from storage.postgres.listeners import OTHERS_LISTEN
 from storage.postgres.notify import payloads
 from storage.projectors import project
 from storage.recorder import Command, RecordedEvent
@@ -162,8 +164,10 @@ async def _commit_savepoints(
         if published:
             # Known before COMMIT, so a catch-up racing this commit skips it too.
             own(published[0].position, published[-1].position)
-        for payload in payloads(origin, published):
-            await conn.execute("SELECT pg_notify($1, $2)", channel, payload)
+        notices = payloads(origin, published)
+        if notices and await conn.fetchval(OTHERS_LISTEN, origin):
+            for payload in notices:
+                await conn.execute("SELECT pg_notify($1, $2)", channel, payload)
     return BatchResult(outcomes, published), seqs
 
 

@@ -30,9 +30,10 @@ from storage import (
     connect,
 )
 from storage.follow import FollowDispatcher
-from storage.postgres import PostgresStore
+from storage.postgres import CHANNEL, LOG_LOCK, PostgresStore
 from storage.postgres import schema as pg_schema
-from storage.postgres.notify import MAX_PAYLOAD, parse, payloads
+from storage.postgres.listeners import register
+from storage.postgres.notify import MAX_PAYLOAD, Notice, parse, payloads
 from storage.schema import SCHEMA_VERSION
 
 
@@ -264,8 +265,57 @@ async def test_a_batch_touching_many_sessions_is_announced_in_several_payloads(
     assert {agg for n in notices if n for agg, _ in n.heads} == set(ids)
 
 
+class Listening:
+    """A bare LISTEN connection on the log's channel, as another host's would be."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.notices: list[Notice] = []
+        self._grew = asyncio.Event()
+
+    @classmethod
+    async def on(cls, url: str) -> Listening:
+        listening = cls(await asyncpg.connect(url))
+        await listening.conn.add_listener(CHANNEL, listening._heard)
+        return listening
+
+    def _heard(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        notice = parse(payload)
+        assert notice is not None
+        self.notices.append(notice)
+        self._grew.set()
+
+    async def reach(self, n: int) -> None:
+        async with asyncio.timeout(10):  # a guard, not the synchronisation
+            while len(self.notices) < n:
+                self._grew.clear()
+                await self._grew.wait()
+
+
 async def _listed(conn: asyncpg.Connection) -> dict[str, int | None]:
     return dict(await conn.fetch("SELECT origin, pid FROM log_listener"))
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "savepoints"])
+async def test_a_store_alone_notifies_nobody_and_notifies_a_listener_once_it_is_listed(
+    pg_url: str, fast: bool
+) -> None:
+    other = await Listening.on(pg_url)
+    try:
+        async with PostgresStore(pg_url) as store:
+            store.fast_path = fast
+            await store.append(Command.of(created("ses_a")))  # only its own listener listed
+            await register(other.conn, "other-host", lock=LOG_LOCK)
+            [second] = await store.append(Command.of(renamed("ses_a", "x")))
+            await other.reach(1)
+            # Notices arrive in commit order: had the first batch sent one, it
+            # would be here before the second's.
+            assert [(n.origin, n.first, n.last) for n in other.notices] == [
+                (store.origin, second.position, second.position)
+            ]
+            assert store.batch_paths["fast" if fast else "savepoints"] == 2
+    finally:
+        await other.conn.close()
 
 
 async def test_a_store_lists_its_listen_connection_again_after_losing_it_and_unlists_it_at_close(
