@@ -74,6 +74,7 @@ from storage._replay import mismatched
 from storage._writer import Outcome, Prepared
 from storage.lease import LeaseUse
 from storage.postgres.dialect import translate, translate_cast
+from storage.postgres.listeners import others_listen
 from storage.postgres.notify import parts
 from storage.projectors import project
 from storage.recorder import Command, RecordedEvent
@@ -288,7 +289,7 @@ _TAIL: Final = f"""
     END LOOP;
     -- Notices only while another origin listens (see storage.postgres.listeners).
     IF _srt_pos IS NOT NULL
-       AND EXISTS (SELECT 1 FROM log_listener WHERE origin <> _srt_origin) THEN
+       AND {others_listen("_srt_origin")} THEN
         FOR _srt_i IN 1 .. coalesce(array_length(_srt_bodies, 1), 0) LOOP
             PERFORM pg_notify(_srt_channel, _srt_prefix || ' ' || _srt_pos[1] || ' '
                 || _srt_pos[array_length(_srt_pos, 1)] || _srt_bodies[_srt_i]);

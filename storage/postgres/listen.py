@@ -105,6 +105,10 @@ class Listener:
         """Run a short statement on the listen connection, waiting for it to be
         back if it is reconnecting (callers bound the wait); raises
         StorageBrokenError when the statement fails for want of a connection."""
+        await self.fetchval(sql, *args)
+
+    async def fetchval(self, sql: str, *args: object) -> Any:
+        """:meth:`execute`, returning the first column of the first row (None for none)."""
         while True:
             await self.ready.wait()
             conn = self._conn
@@ -114,12 +118,11 @@ class Listener:
                 continue
             async with self._busy:
                 try:
-                    await conn.execute(sql, *args)
+                    return await conn.fetchval(sql, *args)
                 except _LOST as exc:
                     if conn.is_closed():
                         continue  # lost meanwhile: once more on the next connection
                     raise StorageBrokenError(f"statement failed: {type(exc).__name__}") from None
-                return
 
     @property
     def server_pid(self) -> int | None:

@@ -23,6 +23,16 @@ ones). Until then batches notify for nothing, as they all did before this
 table. A host that is paused keeps its connection, so its row stays and it
 is notified as before.
 
+**Hosts of an earlier build** (before schema v15) listen without a row, and
+their followers and their executions' wakes rely on every batch's notice.
+A store that hears a notice from an origin with no row writes one for it
+with no server process and an expiry (:data:`EARLIER_BUILD_TTL_MS` after
+its latest notice, renewed as they come: :data:`HEARD`), and batches notify
+while it lasts. Such a host hears every commit while it commits itself; one
+silent for longer may miss live notices until it commits again (each notice
+it reads makes it read everything after its cursor, so none is lost for
+good) or is restarted on this build, which is how an upgrade ends anyway.
+
 The statements take the lock's key as a parameter: the batch lock lives in
 :mod:`._writer`, which imports this module.
 """
@@ -33,15 +43,46 @@ from typing import Final
 
 import asyncpg
 
-__all__ = ["OTHERS_LISTEN", "UNLIST", "register"]
+__all__ = [
+    "EARLIER_BUILD_TTL_MS",
+    "HEARD",
+    "OTHERS_LISTEN",
+    "UNLIST",
+    "others_listen",
+    "register",
+]
 
-#: True while an origin other than ``$1`` is listed: the condition a batch's
-#: NOTIFY waits for. The fast path's function inlines it with its own variable.
-OTHERS_LISTEN: Final = "SELECT EXISTS (SELECT 1 FROM log_listener WHERE origin <> $1)"
+#: How long a host of an earlier build counts as listening after its latest notice.
+EARLIER_BUILD_TTL_MS: Final = 10 * 60 * 1000
+#: The server's clock in milliseconds (what ``expires`` is compared with).
+_NOW_MS: Final = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+
+def others_listen(origin: str) -> str:
+    """The condition a batch's NOTIFY waits for: a live row of an origin other
+    than the SQL expression ``origin`` (a store's, or a host of an earlier build's)."""
+    return (
+        f"EXISTS (SELECT 1 FROM log_listener WHERE origin <> {origin}"
+        f" AND (pid IS NOT NULL OR expires > {_NOW_MS}))"
+    )
+
+
+#: :func:`others_listen` for the origin ``$1``, as a statement.
+OTHERS_LISTEN: Final = f"SELECT {others_listen('$1')}"
 
 _PRUNE: Final = (
     "DELETE FROM log_listener WHERE pid IS NOT NULL"
     " AND pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)"
+    f" OR pid IS NULL AND expires <= {_NOW_MS}"
+)
+#: A notice came from origin ``$1``: unless it is listed with its process, it
+#: is a host of an earlier build, listening until ``$2`` ms from now. Returns
+#: true for such a host, nothing for a listed one.
+HEARD: Final = (
+    "INSERT INTO log_listener (origin, pid, expires)"
+    f" VALUES ($1, NULL, {_NOW_MS} + $2::bigint)"
+    " ON CONFLICT (origin) DO UPDATE SET expires = excluded.expires"
+    " WHERE log_listener.pid IS NULL RETURNING true"
 )
 _UPSERT: Final = (
     "INSERT INTO log_listener (origin, pid, expires) VALUES ($1, pg_backend_pid(), NULL)"

@@ -318,6 +318,38 @@ async def test_a_store_alone_notifies_nobody_and_notifies_a_listener_once_it_is_
         await other.conn.close()
 
 
+async def test_a_host_of_an_earlier_build_is_notified_while_it_is_heard_from(
+    pg_url: str,
+) -> None:
+    """Hosts of builds before schema v15 listen without a row: a store that
+    hears one writes a row for it, which lasts a while after its last notice."""
+    other = await Listening.on(pg_url)  # the earlier build's listener: no row
+    try:
+        async with PostgresStore(pg_url) as store:
+            [first] = await store.append(Command.of(created("ses_a")))
+            await other.conn.execute(  # long expired: counts for nothing
+                "INSERT INTO log_listener (origin, pid, expires) VALUES ('gone', NULL, 1)"
+            )
+            await store.append(Command.of(renamed("ses_a", "x")))
+            # The earlier build commits, and its notice says so, as every batch's did.
+            await other.conn.execute(
+                "SELECT pg_notify($1, $2)", CHANNEL, f"v1 earlier 1 {first.position}\nses_a 1"
+            )
+            async with asyncio.timeout(10):
+                while not await other.conn.fetchval(  # noqa: ASYNC110 (the database's view)
+                    "SELECT expires FROM log_listener WHERE origin = 'earlier' AND pid IS NULL"
+                ):
+                    await asyncio.sleep(0.01)
+            [third] = await store.append(Command.of(renamed("ses_a", "y")))
+            await other.reach(2)
+            assert [(n.origin, n.first) for n in other.notices] == [
+                ("earlier", 1),  # its own, heard back
+                (store.origin, third.position),
+            ]
+    finally:
+        await other.conn.close()
+
+
 async def test_a_store_lists_its_listen_connection_again_after_losing_it_and_unlists_it_at_close(
     pg_url: str,
 ) -> None:
@@ -339,7 +371,7 @@ async def test_a_store_lists_its_listen_connection_again_after_losing_it_and_unl
         await admin.close()
 
 
-async def test_listing_a_store_deletes_the_rows_of_listeners_whose_process_is_gone(
+async def test_listing_a_store_deletes_the_rows_of_listeners_gone_or_expired(
     pg_url: str,
 ) -> None:
     admin = await asyncpg.connect(pg_url)
@@ -347,9 +379,11 @@ async def test_listing_a_store_deletes_the_rows_of_listeners_whose_process_is_go
     try:
         gone_pid = gone.get_server_pid()
         await admin.execute(
-            "INSERT INTO log_listener (origin, pid) VALUES ('crashed', $1), ('alive', $2)",
+            "INSERT INTO log_listener (origin, pid, expires) VALUES ('crashed', $1, NULL),"
+            " ('alive', $2, NULL), ('earlier, silent', NULL, 1), ('earlier', NULL, $3)",
             gone_pid,
             admin.get_server_pid(),
+            (1 << 62),
         )
         await gone.close()
         async with asyncio.timeout(10):
@@ -360,6 +394,7 @@ async def test_listing_a_store_deletes_the_rows_of_listeners_whose_process_is_go
         async with PostgresStore(pg_url) as store:
             assert await _listed(admin) == {
                 "alive": admin.get_server_pid(),
+                "earlier": None,
                 store.origin: store.listener.server_pid,
             }
     finally:
