@@ -1,7 +1,8 @@
 """Commit notifications across processes: the NOTIFY payload and its parsing.
 
 A batch that commits sends, in its own transaction, one or more NOTIFYs on the
-store's channel. Each payload is lines of ASCII text::
+store's channel, when a process of another origin listens (:mod:`.listeners`).
+Each payload is lines of ASCII text::
 
     v1 <origin> <first position> <last position>
     <aggregate id> <latest seq>
