@@ -39,21 +39,40 @@ The statements take the lock's key as a parameter: the batch lock lives in
 
 from __future__ import annotations
 
-from typing import Final
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
 
 import asyncpg
+
+from storage.errors import StorageBrokenError
 
 __all__ = [
     "EARLIER_BUILD_TTL_MS",
     "HEARD",
+    "MAX_ORIGINS",
+    "MAX_UNHEARD",
     "OTHERS_LISTEN",
     "UNLIST",
+    "Origins",
     "others_listen",
     "register",
 ]
 
+log = logging.getLogger(__name__)
+
 #: How long a host of an earlier build counts as listening after its latest notice.
 EARLIER_BUILD_TTL_MS: Final = 10 * 60 * 1000
+#: Origins looked up (listed, or hosts of an earlier build), remembered; the
+#: least recently looked up go first.
+MAX_ORIGINS: Final = 1024
+#: Origins heard and not looked up yet; past this many, a new one waits for
+#: its next notice.
+MAX_UNHEARD: Final = 64
+_NEVER: Final = float("inf")
 #: The server's clock in milliseconds (what ``expires`` is compared with).
 _NOW_MS: Final = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
@@ -99,3 +118,52 @@ async def register(conn: asyncpg.Connection, origin: str, *, lock: int) -> None:
         await conn.execute("SELECT pg_advisory_xact_lock($1)", lock)
         await conn.execute(_PRUNE)
         await conn.execute(_UPSERT, origin)
+
+
+class Origins:
+    """The origins of the notices a store hears, each looked up once (:data:`HEARD`):
+    a listed store is known for good, a host of an earlier build gets a row,
+    renewed when it is heard from after half its expiry.
+
+    :meth:`heard` runs for every notice, so it only queues; :meth:`look_up`
+    (the store's task) runs the statements on the listen connection
+    (``fetchval``). Bounded: :data:`MAX_ORIGINS` remembered,
+    :data:`MAX_UNHEARD` queued.
+    """
+
+    def __init__(self, fetchval: Callable[..., Awaitable[Any]]) -> None:
+        self._fetchval = fetchval
+        #: Origin -> the time (monotonic) until which it needs no look-up.
+        self._known: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._unheard: set[str] = set()
+        self._bell = asyncio.Event()
+
+    def heard(self, origin: str) -> None:
+        until = self._known.get(origin)
+        if (until is None or until <= time.monotonic()) and len(self._unheard) < MAX_UNHEARD:
+            self._unheard.add(origin)
+            self._bell.set()
+
+    async def look_up(self) -> None:
+        while True:
+            await self._bell.wait()
+            self._bell.clear()
+            while self._unheard:
+                origin = self._unheard.pop()
+                try:
+                    earlier = await self._fetchval(HEARD, origin, EARLIER_BUILD_TTL_MS)
+                except StorageBrokenError as exc:
+                    # Looked up again at its next notice.
+                    log.warning("cannot look up a notice's origin yet: %s", exc)
+                    continue
+                except Exception:
+                    log.exception("looking up a notice's origin failed")
+                    continue
+                if earlier and origin not in self._known:
+                    log.info("a host of an earlier build listens (origin %s)", origin)
+                self._known[origin] = (
+                    time.monotonic() + EARLIER_BUILD_TTL_MS / 2000 if earlier else _NEVER
+                )
+                self._known.move_to_end(origin)
+                while len(self._known) > MAX_ORIGINS:
+                    self._known.popitem(last=False)

@@ -37,7 +37,6 @@ never appears in a log line or an error: :func:`storage._url.redact`.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import enum
 import logging
@@ -61,7 +60,7 @@ from storage.postgres._lanes import Share, take
 from storage.postgres._writer import LOG_LOCK, CommandGuard, Heads, Plans, commit_batch
 from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener, notices
-from storage.postgres.listeners import EARLIER_BUILD_TTL_MS, HEARD, UNLIST, register
+from storage.postgres.listeners import UNLIST, Origins, register
 from storage.postgres.notify import Notice
 from storage.postgres.remote import RemoteCommits
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
@@ -80,15 +79,8 @@ MAX_BATCH: Final = 1024
 WRITERS: Final = 2
 #: The NOTIFY channel every store of one database shares.
 CHANNEL: Final = "sessionrt_log"
-#: Origins whose notices were looked up in ``log_listener`` (listed, or hosts of
-#: an earlier build: see :mod:`.listeners`), remembered; the oldest go first.
-MAX_ORIGINS: Final = 1024
-#: Origins heard and not yet looked up; past this many, later ones wait for
-#: their next notice.
-MAX_UNHEARD: Final = 64
 
 _EVENT_COLUMNS: Final = "position, id, aggregate_id, seq, type, created, data"
-_NEVER: Final = float("inf")
 
 
 class _State(enum.Enum):
@@ -138,12 +130,8 @@ class PostgresStore:
         self._drained.set()
         self._write_tasks: list[asyncio.Task[None]] = []
         self._deliver_task: asyncio.Task[None] | None = None
-        #: Other origins heard from, each with the time (monotonic) until which
-        #: it needs no look-up: never for a listed store, half the expiry for
-        #: a host of an earlier build (whose row is renewed then).
-        self._origins: collections.OrderedDict[str, float] = collections.OrderedDict()
-        self._unheard: set[str] = set()
-        self._heard_bell = asyncio.Event()
+        #: The origins of the notices heard (hosts of an earlier build get rows).
+        self._origins = Origins(self._listener_fetchval)
         self._origins_task: asyncio.Task[None] | None = None
         #: Everything up to here (other origins') has been handed to subscribers.
         self._remote = RemoteCommits(self.fetch, self._publish)
@@ -247,7 +235,7 @@ class PostgresStore:
                 self._remote.deliver(), name="sessionrt-deliver"
             )
             self._origins_task = asyncio.create_task(
-                self._look_up_origins(), name="sessionrt-origins"
+                self._origins.look_up(), name="sessionrt-origins"
             )
             if not self.read_only:
                 self._write_tasks = [
@@ -304,6 +292,10 @@ class PostgresStore:
         """The listen connection is (again) in place: list it, so batches notify it."""
         await register(conn, self.origin, lock=LOG_LOCK)
 
+    async def _listener_fetchval(self, sql: str, *args: object) -> Any:
+        assert self._listener is not None
+        return await self._listener.fetchval(sql, *args)
+
     async def _unlist(self) -> None:
         """Stop other origins' batches notifying this store (best effort: a row
         left behind is deleted by the next store to list itself)."""
@@ -318,36 +310,7 @@ class PostgresStore:
         """Another host's commit: the fast path's heads first, then the followers."""
         self._heads.saw(notice.heads)
         self._remote.noticed(notice)
-        until = self._origins.get(notice.origin)
-        if (until is None or until <= time.monotonic()) and len(self._unheard) < MAX_UNHEARD:
-            self._unheard.add(notice.origin)
-            self._heard_bell.set()
-
-    async def _look_up_origins(self) -> None:
-        """Each origin heard from and not known: listed, or a host of an earlier
-        build, which gets (or renews) a row of its own (see :mod:`.listeners`)."""
-        assert self._listener is not None
-        while True:
-            await self._heard_bell.wait()
-            self._heard_bell.clear()
-            while self._unheard:
-                origin = self._unheard.pop()
-                try:
-                    earlier = await self._listener.fetchval(HEARD, origin, EARLIER_BUILD_TTL_MS)
-                except StorageBrokenError as exc:
-                    # Looked up again at its next notice.
-                    log.warning("cannot look up a notice's origin yet: %s", exc)
-                    continue
-                except Exception:
-                    log.exception("looking up a notice's origin failed")
-                    continue
-                if earlier and origin not in self._origins:
-                    log.info("a host of an earlier build listens (origin %s)", origin)
-                until = time.monotonic() + EARLIER_BUILD_TTL_MS / 2000 if earlier else _NEVER
-                self._origins[origin] = until
-                self._origins.move_to_end(origin)
-                while len(self._origins) > MAX_ORIGINS:
-                    self._origins.popitem(last=False)
+        self._origins.heard(notice.origin)
 
     # -- appends --------------------------------------------------------------------------------
 

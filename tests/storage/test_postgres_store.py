@@ -9,6 +9,7 @@ between writers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,7 +31,7 @@ from storage import (
     connect,
 )
 from storage.follow import FollowDispatcher
-from storage.postgres import CHANNEL, LOG_LOCK, PostgresStore
+from storage.postgres import CHANNEL, LOG_LOCK, PostgresStore, listeners
 from storage.postgres import schema as pg_schema
 from storage.postgres.listeners import register
 from storage.postgres.notify import MAX_PAYLOAD, Notice, parse, payloads
@@ -348,6 +349,53 @@ async def test_a_host_of_an_earlier_build_is_notified_while_it_is_heard_from(
             ]
     finally:
         await other.conn.close()
+
+
+async def test_origins_heard_are_looked_up_once_within_their_bounds(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(listeners, "MAX_UNHEARD", 2)
+    monkeypatch.setattr(listeners, "MAX_ORIGINS", 3)
+    conn = await asyncpg.connect(pg_url)
+    looked_up: list[str] = []
+    progress = asyncio.Event()
+
+    async def fetchval(sql: str, origin: str, ttl: int) -> Any:
+        value = await conn.fetchval(sql, origin, ttl)
+        looked_up.append(origin)
+        progress.set()
+        return value
+
+    async def until(count: int) -> None:
+        async with asyncio.timeout(10):  # a guard, not the synchronisation
+            while len(looked_up) < count:
+                progress.clear()
+                await progress.wait()
+
+    origins = listeners.Origins(fetchval)
+    task = asyncio.create_task(origins.look_up())
+    try:
+        await register(conn, "listed", lock=LOG_LOCK)
+        origins.heard("listed")
+        await until(1)
+        for origin in ("earlier-1", "earlier-2", "earlier-3"):
+            origins.heard(origin)  # the queue holds two: the third waits for its next notice
+        await until(3)
+        assert sorted(looked_up[1:]) == ["earlier-1", "earlier-2"]
+        for origin in ("listed", "earlier-1", "earlier-3"):
+            origins.heard(origin)  # known ones are not looked up again
+        await until(4)
+        assert looked_up[3:] == ["earlier-3"]
+        rows = dict(await conn.fetch("SELECT origin, pid IS NULL FROM log_listener"))
+        assert rows == {"listed": False, "earlier-1": True, "earlier-2": True, "earlier-3": True}
+        origins.heard("listed")  # four looked up, three remembered: the first one went
+        await until(5)
+        assert looked_up[4:] == ["listed"]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await conn.close()
 
 
 async def test_a_store_lists_its_listen_connection_again_after_losing_it_and_unlists_it_at_close(
