@@ -87,6 +87,7 @@ __all__ = [
     "Heads",
     "Plans",
     "commit_fast",
+    "ints_from",
 ]
 
 #: Distinct op statements the function holds; past that, a new one takes the savepoint path.
@@ -159,13 +160,22 @@ _INT_ARRAYS: Final = (
     ("ref_at", "int"),
     ("ref_rec", "int"),
 )
+
+
+def ints_from(text: str, kind: str) -> str:
+    """SQL reading an integer array back from ``text``, an expression holding
+    :func:`_joined`'s form: the array's own literal, braces aside (the array
+    input parses it straight to ``kind``, at about half the cost of splitting
+    it to text elements and casting each)."""
+    return f"('{{' || {text} || '}}')::{kind}[]"
+
+
 #: Their declarations, each split from its text...
 _ARRAYS: Final = "".join(
     f"    _srt_{name} text[] := string_to_array(_srt_texts[{i}], chr(31), chr(30));\n"
     for i, name in enumerate(_TEXT_ARRAYS, 1)
 ) + "".join(
-    f"    _srt_{name} {kind}[] :="
-    f" coalesce(string_to_array(_srt_ints[{i}], ',', 'n')::{kind}[], '{{}}');\n"
+    f"    _srt_{name} {kind}[] := {ints_from(f'_srt_ints[{i}]', kind)};\n"
     for i, (name, kind) in enumerate(_INT_ARRAYS, 1)
 )
 #: ...and, for a text array, the empty element after the last mark dropped.
@@ -595,11 +605,11 @@ def _packed(values: Sequence[str | None]) -> str:
 
 
 def _joined(values: Sequence[int | None]) -> str:
-    """An integer array as one text, ``n`` for None (the function splits it on ``,``)."""
+    """An integer array as one text, ``NULL`` for None (:func:`ints_from` reads it)."""
     try:
         return ",".join(map(int.__repr__, values))  # a None: TypeError
     except TypeError:
-        return ",".join(["n" if v is None else int.__repr__(v) for v in values])
+        return ",".join(["NULL" if v is None else int.__repr__(v) for v in values])
 
 
 def _as_text(kind: str, value: Any) -> str | None:

@@ -37,7 +37,7 @@ from storage import (
 )
 from storage._ops import json_text
 from storage.postgres import PostgresStore
-from storage.postgres._fast import Fallback, Heads, Plans, _joined, _packed
+from storage.postgres._fast import Fallback, Heads, Plans, _joined, _packed, ints_from
 from storage.postgres.rebuild import dump_projections
 from storage.projectors import project
 
@@ -250,10 +250,7 @@ async def test_packed_arrays_reach_the_server_as_the_arrays_they_were() -> None:
                 )
                 assert got == values
             for ints in ([], [7], [1, None, -3]):
-                got = await conn.fetchval(
-                    "SELECT coalesce(string_to_array($1, ',', 'n')::bigint[], '{}')",
-                    _joined(ints),
-                )
+                got = await conn.fetchval(f"SELECT {ints_from('$1', 'bigint')}", _joined(ints))
                 assert got == ints
         finally:
             await conn.close()
