@@ -202,6 +202,7 @@ DECLARE
     _srt_hit bigint;
     _srt_bad bigint;
     _srt_pos bigint[];
+    _srt_last bigint;
     _srt_now bigint;
     _srt_got bigint;
     _srt_lh text;
@@ -256,10 +257,14 @@ BEGIN
             END IF;
         END IF;
     END LOOP;
-    SELECT array_agg(p ORDER BY p) INTO _srt_pos FROM (
-        SELECT nextval('event_position') AS p
-        FROM generate_series(1, coalesce(array_length(_srt_ev_id, 1), 0))
-    ) AS allocated;
+    -- The batch's positions as one block, its last taken at once: every
+    -- allocation of a position happens under the lock (this path's and the
+    -- savepoint path's), so no other can land inside the block.
+    _srt_len := coalesce(array_length(_srt_ev_id, 1), 0);
+    IF _srt_len > 0 THEN
+        _srt_last := setval('event_position', nextval('event_position') + _srt_len - 1);
+        _srt_pos := ARRAY(SELECT generate_series(_srt_last - _srt_len + 1, _srt_last));
+    END IF;
     INSERT INTO event (position, id, aggregate_id, seq, type, created, data)
     SELECT * FROM unnest(_srt_pos, _srt_ev_id, _srt_ev_agg, _srt_ev_seq, _srt_ev_type,
         _srt_ev_created, _srt_ev_data);

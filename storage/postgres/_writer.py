@@ -13,7 +13,10 @@ on several hosts, may write one database:
   follow commit order: once ``position = p`` is visible, every event with a
   smaller position is either visible too or never will be. ``read_all(after)``
   therefore never skips an event that commits later; positions may have gaps
-  (a rolled-back command's values are not reused).
+  (a rolled-back command's values are not reused). Nothing takes a position
+  but under the lock: the fast path takes a batch's positions as one block
+  (``setval`` past them), which a value taken elsewhere meanwhile would land
+  inside.
 - :class:`CommandGuard` runs inside each command's SAVEPOINT, after the seq
   checks and before anything is written: the place for a per-command check
   against other tables (fencing a stale execution epoch). It raises an
