@@ -26,6 +26,7 @@ from protocol import events as ev
 from protocol.shapes import ModelRef
 from storage import (
     Command,
+    DivergedError,
     Fence,
     FencedError,
     LeaseHeldError,
@@ -285,6 +286,32 @@ async def test_a_head_moved_unheard_sends_the_batch_to_the_savepoint_path() -> N
             [record] = await a.append(Command.of(renamed("ses_x", "a3")))
             assert record.seq == 5
             assert [r.seq for r in await a.read("ses_x")] == [1, 2, 3, 4, 5]
+
+
+async def test_an_expected_head_moved_unheard_refuses_the_command_it_does_not_append_to() -> None:
+    """A command may expect an aggregate it appends nothing to: the function
+    checks that head itself (no insert would find it moved)."""
+    async with database() as url:
+        a = PostgresStore(url, writers=1)
+        async with a:
+            for command in (created("ses_a"), created("ses_b"), renamed("ses_b", "b1")):
+                await a.append(Command.of(command))  # a remembers ses_b at 2
+            moved = renamed("ses_b", "elsewhere")
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute(
+                    "INSERT INTO event (id, aggregate_id, seq, type, created, data)"
+                    " VALUES ('evt_unheard', 'ses_b', 3, $1, 0, $2)",
+                    stored_type(moved),
+                    encode_data(moved).decode(),
+                )
+            finally:
+                await conn.close()
+            # The savepoint path's answer: ses_b's seq 3 is not what this command saw.
+            with pytest.raises(DivergedError):
+                await a.append(Command.of(renamed("ses_a", "a1"), expected={"ses_b": 2}))
+            assert a.batch_paths["savepoints"] == 1
+            assert [r.seq for r in await a.read("ses_a")] == [1]
 
 
 async def test_a_head_moved_by_another_host_and_heard_keeps_the_fast_path() -> None:
