@@ -468,6 +468,8 @@ class Heads:
         self._seqs: collections.OrderedDict[str, int] = collections.OrderedDict()
 
     async def of(self, conn: asyncpg.Connection, aggregates: Sequence[str]) -> dict[str, int]:
+        """The guesses for ``aggregates``. Their recency is left to what follows:
+        :meth:`moved` once the batch commits, :meth:`forget` if it does not."""
         known = self._seqs
         out: dict[str, int] = {}
         missing = []
@@ -476,7 +478,6 @@ class Heads:
             if seq is None:
                 missing.append(agg)
             else:
-                known.move_to_end(agg)
                 out[agg] = seq
         if missing:
             out.update((r[0], int(r[1])) for r in await conn.fetch(_HEADS, missing))
