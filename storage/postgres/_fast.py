@@ -279,12 +279,20 @@ BEGIN
     WHILE _srt_i <= coalesce(array_length(_srt_op, 1), 0) LOOP
         _srt_id := _srt_op[_srt_i];
         _srt_o := _srt_off[_srt_i];
-        _srt_len := _srt_run[_srt_i];
+        _srt_len := abs(_srt_run[_srt_i]);
         _srt_n := NULL;
         IF _srt_len > 1 THEN
             -- A run of one keyed UPDATE over distinct rows, as one statement:
             -- each op touched its row (expect 1) or none, and nothing else.
-{RUNS}            IF _srt_bad <> 0 OR _srt_hit <> _srt_need THEN
+            IF _srt_run[_srt_i] < 0 THEN
+                -- Every op expects its row (the length came negative): each
+                -- touches at most its one, so the row count is the check.
+{PLAINS}                _srt_hit := _srt_n;
+                _srt_bad := 0;
+                _srt_need := _srt_len;
+            ELSE
+{RUNS}            END IF;
+            IF _srt_bad <> 0 OR _srt_hit <> _srt_need THEN
                 RAISE EXCEPTION 'a run of op % touched other rows than expected', _srt_i
                     USING ERRCODE = '{EXPECT_FAILED}';
             END IF;
@@ -363,8 +371,11 @@ class Plan:
     body: str
     kinds: tuple[str, ...]
     #: For a keyed UPDATE (its last parameter the row's id): the statement that
-    #: runs a run of it over distinct rows at once; None for any other.
+    #: runs a run of it over distinct rows at once, counting each op's rows;
+    #: None for any other.
     run: str | None = None
+    #: The same run when every op of it expects its row: the row count alone says so.
+    plain: str | None = None
 
 
 class Plans:
@@ -427,6 +438,7 @@ class Plans:
                     body=translate_cast(sql, casts, "(_srt_args[_srt_o + {n}])::{type}"),
                     kinds=tuple(_KINDS[t.name] for t in types),
                     run=_run_body(sql, casts),
+                    plain=_run_body(sql, casts, plain=True),
                 )
                 self._held.append(plan)
         self._plans[sql] = plan
@@ -439,8 +451,9 @@ class Plans:
             return
         try:
             runs = _dispatch([(p.id, p.run) for p in self._held if p.run is not None])
+            plains = _dispatch([(p.id, p.plain) for p in self._held if p.plain is not None])
             await conn.execute(
-                _HEAD.replace("{RUNS}", runs)
+                _HEAD.replace("{RUNS}", runs).replace("{PLAINS}", plains)
                 + _dispatch([(p.id, p.body) for p in self._held])
                 + _TAIL
             )
@@ -528,9 +541,11 @@ _RUN_ROWS: Final = (
     " FROM unnest(_srt_off[_srt_i : _srt_i + _srt_len - 1],"
     " _srt_expect[_srt_i : _srt_i + _srt_len - 1]) AS _srt_u(_srt_uo, _srt_ue)"
 )
+#: ...and of a plain run, whose every ``expect`` is 1.
+_PLAIN_ROWS: Final = " FROM unnest(_srt_off[_srt_i : _srt_i + _srt_len - 1]) AS _srt_u(_srt_uo)"
 
 
-def _run_body(sql: str, casts: tuple[str, ...]) -> str | None:
+def _run_body(sql: str, casts: tuple[str, ...], *, plain: bool = False) -> str | None:
     """The set-based form of a keyed UPDATE, for a run of ops on distinct rows.
 
     ``UPDATE t SET … WHERE id = ?`` once per op costs a statement each; one
@@ -538,8 +553,9 @@ def _run_body(sql: str, casts: tuple[str, ...]) -> str | None:
     touch distinct rows (the caller makes runs of distinct ids only) and each
     new value depends on its own row and the op's parameters alone (no
     subquery). Each touched row returns its op's ``expect``, so the run
-    checks every op's count as the one-by-one form would. None for any other
-    statement.
+    checks every op's count as the one-by-one form would. ``plain``: the
+    bare UPDATE, for a run whose every op expects its row (the caller reads
+    the row count). None for any other statement.
     """
     match = _KEYED.fullmatch(sql)
     if (
@@ -550,8 +566,11 @@ def _run_body(sql: str, casts: tuple[str, ...]) -> str | None:
         or not casts
     ):
         return None
-    keyed = f"UPDATE {match['table']} SET {match['set']}{_RUN_ROWS} WHERE id = ?"
+    rows = _PLAIN_ROWS if plain else _RUN_ROWS
+    keyed = f"UPDATE {match['table']} SET {match['set']}{rows} WHERE id = ?"
     update = translate_cast(keyed, casts, "(_srt_args[_srt_u._srt_uo + {n}])::{type}")
+    if plain:
+        return update
     return (
         f"WITH _srt_done AS ({update} RETURNING _srt_u._srt_ue)"
         " SELECT count(*) FILTER (WHERE _srt_ue = 1),"
@@ -761,12 +780,14 @@ async def commit_fast(
                 plan = held(sql) or await plans.plan(conn, sql)
                 if plan is None or len(params) != len(plan.kinds):
                     raise Fallback("an op this path cannot hold")
+                # A run's length, negative while every op of it expects its row.
                 if plan.run is not None and plan is run_plan and params[-1] not in run_keys:
-                    op_run[run_at] += 1
+                    length = op_run[run_at]
+                    op_run[run_at] = length - 1 if length < 0 and expect == 1 else abs(length) + 1
                     op_run.append(0)
                 else:
                     run_at, run_plan, run_keys = len(op_run), plan, set()
-                    op_run.append(1)
+                    op_run.append(-1 if expect == 1 else 1)
                 if plan.run is not None:
                     run_keys.add(params[-1])
                 op_ids.append(plan.id)

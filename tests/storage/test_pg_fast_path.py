@@ -36,7 +36,7 @@ from storage import (
     SeqConflictError,
     StorageBrokenError,
 )
-from storage._ops import json_text
+from storage._ops import Op, json_text
 from storage.postgres import PostgresStore
 from storage.postgres._fast import (
     Fallback,
@@ -165,6 +165,55 @@ async def test_one_conflicting_command_falls_back_and_the_good_ones_commit(
     after = await _both(pair, [Command.of(renamed("ses_a", "four"))])
     assert after[0][0][2] == 4
     assert fast.batch_paths == {"fast": 2, "savepoints": 1}
+
+
+async def test_runs_of_a_keyed_update_check_each_ops_expectation_on_either_form(
+    pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """A run of one keyed UPDATE over distinct rows is one statement: its bare
+    form when every op expects its row (the row count is the check), else
+    the form that counts each op's rows. Both must answer as op by op."""
+    fast, slow = pair
+    await _both(pair, [Command.of(created(f"ses_{i}")) for i in range(4)])
+    event = renamed("ses_0", "x")
+    [title] = project(
+        RecordedEvent(
+            position=1,
+            id="evt_x",
+            aggregate_id="ses_0",
+            seq=2,
+            type=stored_type(event),
+            created=1,
+            data=encode_data(event).decode(),
+            event=event,
+        )
+    )
+
+    def check(session_id: str, expect: int | None) -> Op:
+        """The renames' own statement, as a check with another expectation."""
+        return attrs.evolve(title, params=("checked", 1, session_id), expect=expect)
+
+    renames = [renamed(f"ses_{i}", f"title {i}") for i in range(3)]
+    # Every op expects its row: the bare form. Then checks with other
+    # expectations leading the same run: the counting form.
+    for command in (
+        Command.of(*renames),
+        Command.of(*renames, checks=(check("ses_3", None), check("ses_gone", 0))),
+    ):
+        before = dict(fast.batch_paths)
+        await _both(pair, [command])
+        assert fast.batch_paths == {**before, "fast": before["fast"] + 1}
+    # A run whose expectation fails, in either form, fails its command alone.
+    for refused in (
+        Command.of(*renames[:2], renamed("ses_gone", "x")),
+        Command.of(*renames, checks=(check("ses_3", 0),)),
+    ):
+        before = dict(fast.batch_paths)
+        outcomes = await _both(pair, [refused, Command.of(renamed("ses_3", "fine"))])
+        assert outcomes[0] is ProjectionConflict
+        assert isinstance(outcomes[1], list)
+        assert fast.batch_paths == {**before, "savepoints": before["savepoints"] + 1}
+    assert await _state(fast) == await _state(slow)
 
 
 async def test_hostile_strings_round_trip_byte_for_byte_on_the_fast_path(
