@@ -310,6 +310,23 @@ async def test_packed_arrays_reach_the_server_as_the_arrays_they_were() -> None:
             await conn.close()
 
 
+async def _commit_unheard(url: str, event: ev.SessionRenamed, *, seq: int) -> None:
+    """Commit ``event`` at ``seq`` of its session straight to the table: a commit
+    no store hears of (it sends no notice)."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            "INSERT INTO event (id, aggregate_id, seq, type, created, data)"
+            " VALUES ('evt_unheard', $1, $2, $3, 0, $4)",
+            event.session_id,
+            seq,
+            stored_type(event),
+            encode_data(event).decode(),
+        )
+    finally:
+        await conn.close()
+
+
 async def test_a_head_moved_unheard_sends_the_batch_to_the_savepoint_path() -> None:
     """A commit whose notice has not reached this store yet (here: one that
     sends none, written straight to the table) leaves its head stale."""
@@ -318,17 +335,7 @@ async def test_a_head_moved_unheard_sends_the_batch_to_the_savepoint_path() -> N
         async with a:
             await a.append(Command.of(created("ses_x")))
             await a.append(Command.of(renamed("ses_x", "a1")))  # a remembers head 2
-            moved = renamed("ses_x", "b1")
-            conn = await asyncpg.connect(url)
-            try:
-                await conn.execute(
-                    "INSERT INTO event (id, aggregate_id, seq, type, created, data)"
-                    " VALUES ('evt_unheard', 'ses_x', 3, $1, 0, $2)",
-                    stored_type(moved),
-                    encode_data(moved).decode(),
-                )
-            finally:
-                await conn.close()
+            await _commit_unheard(url, renamed("ses_x", "b1"), seq=3)
             [record] = await a.append(Command.of(renamed("ses_x", "a2")))
             assert record.seq == 4
             assert a.batch_paths["savepoints"] == 1
@@ -345,17 +352,7 @@ async def test_an_expected_head_moved_unheard_refuses_the_command_it_does_not_ap
         async with a:
             for command in (created("ses_a"), created("ses_b"), renamed("ses_b", "b1")):
                 await a.append(Command.of(command))  # a remembers ses_b at 2
-            moved = renamed("ses_b", "elsewhere")
-            conn = await asyncpg.connect(url)
-            try:
-                await conn.execute(
-                    "INSERT INTO event (id, aggregate_id, seq, type, created, data)"
-                    " VALUES ('evt_unheard', 'ses_b', 3, $1, 0, $2)",
-                    stored_type(moved),
-                    encode_data(moved).decode(),
-                )
-            finally:
-                await conn.close()
+            await _commit_unheard(url, renamed("ses_b", "elsewhere"), seq=3)
             # The savepoint path's answer: ses_b's seq 3 is not what this command saw.
             with pytest.raises(DivergedError):
                 await a.append(Command.of(renamed("ses_a", "a1"), expected={"ses_b": 2}))
