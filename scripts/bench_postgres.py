@@ -97,7 +97,7 @@ from storage import Command, RecordedEvent, connect
 from storage.postgres import PostgresStore
 from storage.postgres.dialect import translate
 from storage.projectors import project
-from storage.sqlite import record_from_row
+from storage.reads import record_from_row
 
 TARGET_RATIO: Final = 3.0
 TARGET_ADMIT_P50_MS: Final = 3.0

@@ -19,7 +19,7 @@ from storage.errors import DivergedError, SeqConflictError
 from storage.recorder import RecordedEvent
 
 if TYPE_CHECKING:
-    from storage._writer import Prepared
+    from storage.batch import Prepared
 
 __all__ = ["StoredRow", "mismatched", "refusal", "stored_replay"]
 

@@ -42,24 +42,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
-import attrs
 import orjson
 
-from protocol.events import encode_data, stored_type
 from storage import schema
 from storage._replay import mismatched, refusal, stored_replay
-from storage.errors import (
-    AppendConflictError,
-    FencedError,
-    LeaseHeldError,
-    StorageBrokenError,
-    StoreLockedError,
-)
-from storage.lease import LeaseUse
+from storage.batch import Outcome, Prepared
+from storage.errors import AppendConflictError, StorageBrokenError, StoreLockedError
+from storage.lease import LeaseRow, LeaseUse, use_lease
 from storage.projectors import project
 from storage.recorder import Command, NewEvent, RecordedEvent
 
-__all__ = ["Outcome", "Synchronous", "Writer", "encode_events"]
+__all__ = ["Synchronous", "Writer", "shared_lock"]
 
 Synchronous = Literal["FULL", "NORMAL"]
 
@@ -70,44 +63,9 @@ _INSERT_EVENT: Final = (
 )
 
 
-# Outcome and Prepared are made once per command on the append path and never
-# changed after: plain slotted classes, as a frozen one pays a guarded
-# __setattr__ per field at every construction (about half of their cost).
-
-
-@attrs.define
-class Outcome:
-    """What became of one command: its records, or the error that refused it."""
-
-    records: list[RecordedEvent] | None = None
-    error: BaseException | None = None
-    #: False for an idempotent replay: the records were already public.
-    publish: bool = True
-
-
-@attrs.define
-class Prepared:
-    """A command with each event's stored type and encoded data, computed on
-    the producer's side so the writer thread spends its time on SQL only."""
-
-    command: Command
-    encoded: tuple[tuple[str, str], ...]
-
-
-def encode_events(events: Sequence[NewEvent]) -> tuple[tuple[str, str], ...]:
-    """Each event's stored type and JSON data, as :attr:`Prepared.encoded` holds them."""
-    if len(events) == 1:  # most commands: no generator for one
-        event = events[0].event
-        return ((stored_type(event), encode_data(event).decode()),)
-    return tuple((stored_type(new.event), encode_data(new.event).decode()) for new in events)
-
-
 Batch = list[Prepared]
 Done = Callable[[list[Outcome]], None]
 
-#: A ``session_lease`` row as the writer knows it (host_id, epoch, expires), or
-#: None: the session has no row.
-LeaseRow = tuple[str, int, int] | None
 #: (cache, key, value before): what restores one in-memory change.
 Undo = list[tuple[dict[str, Any], str, Any]]
 #: An ``event_fence`` row: position, session, host, epoch.
@@ -416,40 +374,19 @@ class Writer:
         self._leases[session_id] = row
 
     def _use_lease(self, conn: sqlite3.Connection, use: LeaseUse, undo: Undo) -> int:
-        """Take, check, renew or release ``use``'s lease; the epoch the command holds.
+        """Take, check, renew or release ``use``'s lease (:func:`storage.lease.use_lease`);
+        the epoch the command holds.
 
-        Raises :class:`LeaseHeldError` (take) or :class:`FencedError` (the
-        others); the caller rolls the command back either way. The clock is
-        this writer's: on SQLite every host is this one process.
+        Raises :class:`LeaseHeldError` or :class:`FencedError`; the caller rolls
+        the command back either way. The clock is this writer's: on SQLite every
+        host is this one process.
         """
-        now = time.time_ns() // 1_000_000
-        sid = use.session_id
-        if use.kind == "take":
-            expires = now + use.ttl_ms
-            row = conn.execute(_TAKE_LEASE, (sid, use.host_id, expires, now)).fetchone()
-            if row is not None:
-                epoch = int(row[0])
-                self._set_lease(sid, (use.host_id, epoch, expires), undo)
-                return epoch
-            held = self._lease(conn, sid)
-            assert held is not None  # the upsert inserts when there is no row
-            raise LeaseHeldError(sid, held[0], held[1])
-        held = self._lease(conn, sid)
-        if held is None:
-            raise FencedError(sid, use.host_id, use.epoch, "no lease was taken")
-        host_id, epoch, expires = held
-        if (host_id, epoch) != (use.host_id, use.epoch):
-            raise FencedError(sid, use.host_id, use.epoch, f"host {host_id} holds epoch {epoch}")
-        if expires <= now:
-            raise FencedError(sid, use.host_id, use.epoch, "the lease expired")
-        if use.kind == "renew":
-            expires = now + use.ttl_ms
-            conn.execute(_RENEW_LEASE, (expires, sid))
-            self._set_lease(sid, (host_id, epoch, expires), undo)
-        elif use.kind == "release":
-            conn.execute(_RELEASE_LEASE, (sid,))
-            self._set_lease(sid, (host_id, epoch, 0), undo)
-        return use.epoch
+        held = self._lease(conn, use.session_id)
+        row, epoch = use_lease(held, use, time.time_ns() // 1_000_000)
+        if row != held and row is not None:
+            conn.execute(_WRITE_LEASE, (use.session_id, *row))
+            self._set_lease(use.session_id, row, undo)
+        return epoch
 
 
 _INSERT_BLOB: Final = "INSERT OR IGNORE INTO instruction_blob (hash, value) VALUES (?, ?)"
@@ -478,12 +415,10 @@ def _write_side(conn: sqlite3.Connection, command: Command) -> None:
             )
 
 
-_TAKE_LEASE: Final = (
-    "INSERT INTO session_lease (session_id, host_id, epoch, expires) VALUES (?, ?, 1, ?)"
+_WRITE_LEASE: Final = (
+    "INSERT INTO session_lease (session_id, host_id, epoch, expires) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (session_id) DO UPDATE SET host_id = excluded.host_id,"
-    " epoch = session_lease.epoch + 1, expires = excluded.expires"
-    " WHERE session_lease.expires <= ? OR session_lease.host_id = excluded.host_id"
-    " RETURNING epoch"
+    " epoch = excluded.epoch, expires = excluded.expires"
 )
 _READ_LEASE: Final = "SELECT host_id, epoch, expires FROM session_lease WHERE session_id = ?"
 #: Every fence row of a run from one parameter, a JSON array of rows: one
@@ -505,10 +440,6 @@ def _insert_fences(conn: sqlite3.Connection, rows: Sequence[Fence]) -> None:
     """
     if rows:
         conn.execute(_INSERT_FENCES, (orjson.dumps(rows).decode(),))
-
-
-_RENEW_LEASE: Final = "UPDATE session_lease SET expires = ? WHERE session_id = ?"
-_RELEASE_LEASE: Final = "UPDATE session_lease SET expires = 0 WHERE session_id = ?"
 
 
 def _trim(cache: dict[str, Any], limit: int) -> None:

@@ -22,6 +22,11 @@ runs its drains inside :func:`fenced`, and the store applies the fence in
 force (:func:`apply_fence`) to each command that touches the session and
 names no lease of its own; tasks started from a drain inherit it.
 
+The rules are :func:`use_lease`, one pure function every backend's writer
+calls with the row as it read it and its clock (SQLite's writer the
+process's; PostgreSQL's the server's, so hosts whose clocks disagree still
+agree on expiry); the writer stores the row it returns.
+
 Which epoch and host wrote each fenced event is recorded (``event_fence``),
 so that "no two hosts wrote one session under overlapping epochs" can be
 checked after the fact. Neither table is a projection: the lease is not
@@ -40,16 +45,20 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
+from storage.errors import FencedError, LeaseHeldError
+
 if TYPE_CHECKING:
     from storage.recorder import Command
 
 __all__ = [
     "Fence",
     "Lease",
+    "LeaseRow",
     "LeaseUse",
     "apply_fence",
     "default_host_id",
     "fenced",
+    "use_lease",
 ]
 
 LeaseKind = Literal["take", "hold", "renew", "release"]
@@ -111,6 +120,40 @@ class Lease:
 
     def live(self, now: int) -> bool:
         return self.expires > now
+
+
+#: A ``session_lease`` row as a writer holds it, (host_id, epoch, expires in
+#: ms), or None: the session has none.
+LeaseRow = tuple[str, int, int] | None
+
+
+def use_lease(row: LeaseRow, use: LeaseUse, now: int) -> tuple[LeaseRow, int]:
+    """The row after ``use`` at ``now`` (ms), and the epoch the command holds.
+
+    ``take``: allowed when there is no row, the row expired, or it is this
+    host's already; the epoch goes up by one. Every other use needs the row
+    live, at ``use``'s host and epoch; ``renew`` moves the expiry, ``release``
+    expires it at once. Raises :class:`LeaseHeldError` (a take) or
+    :class:`FencedError` (the others); the row is then unchanged.
+    """
+    sid = use.session_id
+    if use.kind == "take":
+        if row is not None and row[2] > now and row[0] != use.host_id:
+            raise LeaseHeldError(sid, row[0], row[1])
+        epoch = 1 if row is None else row[1] + 1
+        return (use.host_id, epoch, now + use.ttl_ms), epoch
+    if row is None:
+        raise FencedError(sid, use.host_id, use.epoch, "no lease was taken")
+    host_id, epoch, expires = row
+    if (host_id, epoch) != (use.host_id, use.epoch):
+        raise FencedError(sid, use.host_id, use.epoch, f"host {host_id} holds epoch {epoch}")
+    if expires <= now:
+        raise FencedError(sid, use.host_id, use.epoch, "the lease expired")
+    if use.kind == "renew":
+        return (host_id, epoch, now + use.ttl_ms), epoch
+    if use.kind == "release":
+        return (host_id, epoch, 0), epoch
+    return row, epoch
 
 
 def default_host_id() -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from storage import schema
 from storage.errors import ProjectionConflict
 from storage.projectors import project
-from storage.sqlite import record_from_row
+from storage.reads import record_from_row
 
 __all__ = ["dump_projections", "rebuild_projections"]
 

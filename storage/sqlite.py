@@ -36,13 +36,14 @@ from typing import Any, Final, Self
 
 import aiosqlite
 
-from protocol.events import decode_event
 from storage._inline_reads import InlineReader
 from storage._subscribers import Subscribers
-from storage._writer import Outcome, Prepared, Synchronous, Writer, encode_events, shared_lock
+from storage._writer import Synchronous, Writer, shared_lock
+from storage.batch import Outcome, Prepared
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
+from storage.reads import LogReads
 from storage.recorder import Command, RecordedEvent, Subscriber
 
 __all__ = ["SQLiteStore"]
@@ -68,8 +69,6 @@ log = logging.getLogger(__name__)
 #: huge burst cannot make the first caller wait for all the others.
 MAX_BATCH: Final = 1024
 
-_EVENT_COLUMNS: Final = "position, id, aggregate_id, seq, type, created, data"
-
 
 class _State(enum.Enum):
     UNOPENED = "unopened"
@@ -78,7 +77,7 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class SQLiteStore:
+class SQLiteStore(LogReads):
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -234,8 +233,7 @@ class SQLiteStore:
             future.set_result([])
             return future
         # Encoding here, on the loop, overlaps with the writer's fsync.
-        encoded = encode_events(command.events)
-        self._pending.append((Prepared(command=command, encoded=encoded), future))
+        self._pending.append((Prepared.of(command), future))
         self._drained.clear()
         if not self._inflight and not self._flush_scheduled:
             # Flush on the next tick, not now: producers that are already
@@ -332,23 +330,6 @@ class SQLiteStore:
             )
             return box.pop()
 
-    async def read(
-        self, aggregate_id: str, *, after: int = 0, limit: int = 512
-    ) -> list[RecordedEvent]:
-        rows = await self.fetch(
-            f"SELECT {_EVENT_COLUMNS} FROM event WHERE aggregate_id = ? AND seq > ?"
-            " ORDER BY seq LIMIT ?",
-            (aggregate_id, after, limit),
-        )
-        return [record_from_row(r) for r in rows]
-
-    async def read_all(self, *, after: int = 0, limit: int = 512) -> list[RecordedEvent]:
-        rows = await self.fetch(
-            f"SELECT {_EVENT_COLUMNS} FROM event WHERE position > ? ORDER BY position LIMIT ?",
-            (after, limit),
-        )
-        return [record_from_row(r) for r in rows]
-
     async def check_writable(
         self, timeout_s: float, blocking: Callable[..., Awaitable[None]]
     ) -> None:
@@ -364,12 +345,6 @@ class SQLiteStore:
             await blocking(_probe_writable, self.path, timeout_s)
         except (sqlite3.Error, OSError) as exc:
             raise StorageBrokenError(str(exc)) from None
-
-    async def last_seq(self, aggregate_id: str) -> int:
-        rows = await self.fetch(
-            "SELECT coalesce(max(seq), 0) FROM event WHERE aggregate_id = ?", (aggregate_id,)
-        )
-        return int(rows[0][0])
 
 
 def _probe_writable(path: str, timeout_s: float) -> None:
@@ -393,16 +368,3 @@ async def _threads_gone(readers: Sequence[aiosqlite.Connection]) -> None:
         if not any(t.is_alive() for t in threads):
             return
         await asyncio.sleep(0.001)
-
-
-def record_from_row(r: Row) -> RecordedEvent:
-    return RecordedEvent(
-        position=r[0],
-        id=r[1],
-        aggregate_id=r[2],
-        seq=r[3],
-        type=r[4],
-        created=r[5],
-        data=r[6],
-        event=decode_event(r[4], r[6]),
-    )

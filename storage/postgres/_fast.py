@@ -71,7 +71,7 @@ import attrs
 
 from storage._ops import Op
 from storage._replay import mismatched
-from storage._writer import Outcome, Prepared
+from storage.batch import Outcome, Prepared
 from storage.lease import LeaseUse
 from storage.postgres.dialect import translate, translate_cast
 from storage.postgres.listeners import others_listen

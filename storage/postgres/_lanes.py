@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, TypeVar
 
-from storage._writer import Prepared
+from storage.batch import Prepared, keys
 
 __all__ = ["SPLIT_AT", "Share", "keys", "take"]
 
@@ -46,30 +46,6 @@ MAX_SHARE: Final = 1 << 30
 DECAY: Final = 0.9
 
 T = TypeVar("T")
-
-
-def keys(prepared: Prepared) -> frozenset[str]:
-    """What orders ``prepared`` against other commands (see the module's first rule)."""
-    command = prepared.command
-    events = command.events
-    if len(events) == 1 and not (command.expected or command.lease or command.entries):
-        # Most commands: one event, nothing else named.
-        new = events[0]
-        parent = getattr(new.event, "parent_id", None)
-        if isinstance(parent, str):
-            return frozenset((new.aggregate_id, parent))
-        return frozenset((new.aggregate_id,))
-    out = {new.aggregate_id for new in events}
-    for new in command.events:
-        parent = getattr(new.event, "parent_id", None)
-        if isinstance(parent, str):
-            out.add(parent)
-    if command.expected:
-        out.update(command.expected)
-    if command.lease is not None:
-        out.add(command.lease.session_id)
-    out.update(entry.session_id for entry in command.entries)
-    return frozenset(out)
 
 
 class Share:

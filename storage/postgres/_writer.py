@@ -39,7 +39,7 @@ import asyncpg
 
 from storage._pg_lease import fence_records, use_lease
 from storage._replay import mismatched, refusal, stored_replay
-from storage._writer import Outcome, Prepared
+from storage.batch import Outcome, Prepared
 from storage.errors import (
     AppendConflictError,
     StorageBrokenError,

@@ -17,7 +17,7 @@ from storage.errors import ProjectionConflict
 from storage.postgres import schema
 from storage.postgres.dialect import affected, translate
 from storage.projectors import project
-from storage.sqlite import record_from_row
+from storage.reads import record_from_row
 
 __all__ = ["dump_projections", "rebuild_projections"]
 

@@ -27,8 +27,8 @@ from storage.errors import StorageBrokenError, StoreClosedError
 from storage.postgres._errors import reason as _reason
 from storage.postgres.notify import Notice
 from storage.queries import Fetch
+from storage.reads import record_from_row
 from storage.recorder import RecordedEvent
-from storage.sqlite import record_from_row
 
 __all__ = ["MAX_NOTICES", "MAX_OWN_RANGES", "CommitGate", "RemoteCommits"]
 

@@ -50,7 +50,7 @@ import asyncpg
 from protocol import ids
 from storage._subscribers import Subscribers
 from storage._url import redact
-from storage._writer import Outcome, Prepared, encode_events
+from storage.batch import Outcome, Prepared
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
 from storage.postgres import schema
@@ -64,9 +64,9 @@ from storage.postgres.listeners import UNLIST, Origins, register
 from storage.postgres.notify import Notice
 from storage.postgres.remote import RemoteCommits
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
+from storage.reads import record_from_row
 from storage.recorder import Command, RecordedEvent, Subscriber
 from storage.schema import SCHEMA_VERSION
-from storage.sqlite import record_from_row
 
 __all__ = ["CHANNEL", "PostgresStore"]
 
@@ -342,8 +342,7 @@ class PostgresStore:
         if command.empty:
             future.set_result([])
             return future
-        encoded = encode_events(command.events)
-        self._pending.append((Prepared(command=command, encoded=encoded), future))
+        self._pending.append((Prepared.of(command), future))
         self._drained.clear()
         self._wake.set()
         return future

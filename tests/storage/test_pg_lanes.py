@@ -19,10 +19,10 @@ import pytest
 from protocol import Location
 from protocol import events as ev
 from storage import Command, RecordedEvent
-from storage._writer import Prepared
+from storage.batch import Prepared, keys
 from storage.lease import LeaseUse
 from storage.postgres import LOG_LOCK, PostgresStore
-from storage.postgres._lanes import MAX_SHARE, SPLIT_AT, Share, keys, take
+from storage.postgres._lanes import MAX_SHARE, SPLIT_AT, Share, take
 from storage.postgres.remote import CommitGate, RemoteCommits
 from storage.recorder import EntryWrite
 
