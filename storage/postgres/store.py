@@ -53,7 +53,7 @@ from storage._url import redact
 from storage.batch import Outcome, Prepared
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
-from storage.postgres import schema
+from storage.postgres import schema, writer
 from storage.postgres._errors import UNAVAILABLE
 from storage.postgres._errors import reason as _reason
 from storage.postgres._lanes import Share, take
@@ -144,10 +144,11 @@ class PostgresStore:
         #: The optimistic path's statement plans (see :mod:`._fast`).
         self._plans = Plans()
         self._heads = Heads()
-        #: False: every batch takes the savepoint path (tests compare the two).
-        self.fast_path = True
-        #: Batches committed by the optimistic path, and by the savepoint path.
-        self.batch_paths = {"fast": 0, "savepoints": 0}
+        #: True: the generated function's path (:mod:`._fast`), False: the plain
+        #: path (:mod:`.writer`). Both exist for one measurement (issue 38).
+        self.fast_path = False
+        #: Batches committed by each path.
+        self.batch_paths = {"fast": 0, "savepoints": 0, "plain": 0, "isolated": 0}
 
     @property
     def path(self) -> str | None:
@@ -397,13 +398,23 @@ class PostgresStore:
     async def _commit(
         self, lane: int, batch: list[Prepared]
     ) -> tuple[list[Outcome], list[RecordedEvent]]:
-        writer = self._writers[lane]
+        writer_conn = self._writers[lane]
         try:
-            if writer is None or writer.is_closed():
-                writer = self._writers[lane] = await self._connect()
+            if writer_conn is None or writer_conn.is_closed():
+                writer_conn = self._writers[lane] = await self._connect()
             async with self._remote.gate.commit():
+                if not self.fast_path and self.guard is None:
+                    plain = await writer.commit_batch(
+                        writer_conn,
+                        batch,
+                        channel=self.channel,
+                        origin=self.origin,
+                        own=self._remote.own,
+                    )
+                    self.batch_paths["isolated" if plain.isolated else "plain"] += 1
+                    return plain.outcomes, plain.published
                 result = await commit_batch(
-                    writer,
+                    writer_conn,
                     batch,
                     guard=self.guard,
                     plans=self._plans,
@@ -416,8 +427,8 @@ class PostgresStore:
         except (*UNAVAILABLE, asyncpg.PostgresError, StorageBrokenError) as exc:
             # The outcome of a COMMIT cut off by a lost connection is unknown;
             # an exact replay of the command is idempotent, so retrying is safe.
-            if writer is not None and (
-                writer.is_closed() or isinstance(exc, asyncpg.InternalClientError)
+            if writer_conn is not None and (
+                writer_conn.is_closed() or isinstance(exc, asyncpg.InternalClientError)
             ):
                 self._drop_writer(lane)  # the driver's own state is in doubt: a new one
             broken = StorageBrokenError(f"commit failed: {_reason(exc)}")

@@ -84,6 +84,7 @@ async def pair() -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
     """
     async with database() as url_fast, database() as url_slow:
         fast, slow = PostgresStore(url_fast, writers=1), PostgresStore(url_slow, writers=1)
+        fast.fast_path = True
         slow.fast_path = False
         async with fast, slow:
             yield fast, slow
@@ -136,8 +137,8 @@ async def test_a_batch_that_commits_whole_takes_one_path_and_matches(
     ]
     outcomes = await _both(pair, commands)
     assert [records[0][2] for records in outcomes[:5]] == [2, 2, 2, 2, 2]
-    assert fast.batch_paths == {"fast": 2, "savepoints": 0}
-    assert slow.batch_paths == {"fast": 0, "savepoints": 2}
+    assert fast.batch_paths == {"fast": 2, "savepoints": 0, "plain": 0, "isolated": 0}
+    assert slow.batch_paths == {"fast": 0, "savepoints": 0, "plain": 2, "isolated": 0}
     assert await _state(fast) == await _state(slow)
 
 
@@ -164,7 +165,7 @@ async def test_one_conflicting_command_falls_back_and_the_good_ones_commit(
     # The next batch is back on the fast path, with the heads the fallback left.
     after = await _both(pair, [Command.of(renamed("ses_a", "four"))])
     assert after[0][0][2] == 4
-    assert fast.batch_paths == {"fast": 2, "savepoints": 1}
+    assert fast.batch_paths == {"fast": 2, "savepoints": 1, "plain": 0, "isolated": 0}
 
 
 async def test_runs_of_a_keyed_update_check_each_ops_expectation_on_either_form(
@@ -233,7 +234,12 @@ async def test_hostile_strings_round_trip_byte_for_byte_on_the_fast_path(
             )
             assert title == text
             assert metadata == json_text({text: text})
-    assert fast.batch_paths == {"fast": 1 + len(HOSTILE), "savepoints": 0}
+    assert fast.batch_paths == {
+        "fast": 1 + len(HOSTILE),
+        "savepoints": 0,
+        "plain": 0,
+        "isolated": 0,
+    }
     assert await _state(fast) == await _state(slow)
     [[tables]] = await fast.fetch("SELECT count(*) FROM pg_tables WHERE tablename = 'event'")
     assert tables == 1
@@ -271,14 +277,14 @@ async def test_a_text_holding_a_packing_mark_commits_whole_on_the_savepoint_path
         pair, [Command.of(renamed("ses_m", "before")), Command.of(renamed("ses_m", text))]
     )
     assert [o[0][2] for o in outcomes] == [2, 3]
-    assert fast.batch_paths == {"fast": 1, "savepoints": 1}
+    assert fast.batch_paths == {"fast": 1, "savepoints": 1, "plain": 0, "isolated": 0}
     for store in (fast, slow):
         [[title]] = await store.fetch("SELECT title FROM session WHERE id = ?", ("ses_m",))
         assert title == text
     assert await _state(fast) == await _state(slow)
     # The next batch, free of marks, is back on the fast path.
     await _both(pair, [Command.of(renamed("ses_m", "after"))])
-    assert fast.batch_paths == {"fast": 2, "savepoints": 1}
+    assert fast.batch_paths == {"fast": 2, "savepoints": 1, "plain": 0, "isolated": 0}
 
 
 @given(st.lists(st.one_of(st.none(), st.text(st.characters(blacklist_characters="\x00")))))
@@ -332,6 +338,7 @@ async def test_a_head_moved_unheard_sends_the_batch_to_the_savepoint_path() -> N
     sends none, written straight to the table) leaves its head stale."""
     async with database() as url:
         a = PostgresStore(url, writers=1)
+        a.fast_path = True
         async with a:
             await a.append(Command.of(created("ses_x")))
             await a.append(Command.of(renamed("ses_x", "a1")))  # a remembers head 2
@@ -349,6 +356,7 @@ async def test_an_expected_head_moved_unheard_refuses_the_command_it_does_not_ap
     checks that head itself (no insert would find it moved)."""
     async with database() as url:
         a = PostgresStore(url, writers=1)
+        a.fast_path = True
         async with a:
             for command in (created("ses_a"), created("ses_b"), renamed("ses_b", "b1")):
                 await a.append(Command.of(command))  # a remembers ses_b at 2
@@ -363,6 +371,7 @@ async def test_an_expected_head_moved_unheard_refuses_the_command_it_does_not_ap
 async def test_a_head_moved_by_another_host_and_heard_keeps_the_fast_path() -> None:
     async with database() as url:
         a, b = PostgresStore(url, writers=1), PostgresStore(url, writers=1)
+        a.fast_path = b.fast_path = True
         async with a, b:
             heard = asyncio.Event()
             a.subscribe(lambda records: any(r.seq == 3 for r in records) and heard.set())
@@ -374,7 +383,12 @@ async def test_a_head_moved_by_another_host_and_heard_keeps_the_fast_path() -> N
             before = dict(a.batch_paths)
             [record] = await a.append(Command.of(renamed("ses_x", "a2")))
             assert record.seq == 4
-            assert a.batch_paths == {"fast": before["fast"] + 1, "savepoints": 0}
+            assert a.batch_paths == {
+                "fast": before["fast"] + 1,
+                "savepoints": 0,
+                "plain": 0,
+                "isolated": 0,
+            }
             assert [r.seq for r in await a.read("ses_x")] == [1, 2, 3, 4]
 
 
@@ -432,7 +446,12 @@ async def test_held_leases_commit_on_the_fast_path_and_a_stale_one_is_fenced_alo
     ]
     outcomes = await _both(pair, commands)
     assert outcomes[1] is FencedError
-    assert fast.batch_paths == {"fast": 2, "savepoints": 1}  # the fallback only
+    assert fast.batch_paths == {
+        "fast": 2,
+        "savepoints": 1,
+        "plain": 0,
+        "isolated": 0,
+    }  # the fallback only
     held = [Command.of(renamed("ses_l", f"fast {i}"), lease=fence.hold()) for i in range(3)]
     futures = [fast.submit(c) for c in held]
     records = [r for f in futures for r in await f]
@@ -503,7 +522,7 @@ async def test_takes_renewals_and_releases_commit_on_the_fast_path_as_on_the_sav
     takes = [_started(s, LeaseUse.take(s, "host-a", 60_000)) for s in sessions]
     taken = await _both_leased(pair, takes)
     assert [records[0][2] for records in taken] == [1, 1, 1, 1]  # the server's epoch
-    assert fast.batch_paths == {"fast": 2, "savepoints": 0}
+    assert fast.batch_paths == {"fast": 2, "savepoints": 0, "plain": 0, "isolated": 0}
     uses = [
         Command.of(renamed("ses_t0", "renewed"), lease=Fence("ses_t0", "host-a", 1).renew(5_000)),
         Command.of(
@@ -521,7 +540,7 @@ async def test_takes_renewals_and_releases_commit_on_the_fast_path_as_on_the_sav
     outcomes = await _both_leased(pair, uses)
     assert outcomes[2] == [("ses_t2", 3, 2)]
     assert outcomes[3] == [("ses_t2", 4, 2), ("ses_t3", 3, None)]
-    assert fast.batch_paths == {"fast": 3, "savepoints": 0}
+    assert fast.batch_paths == {"fast": 3, "savepoints": 0, "plain": 0, "isolated": 0}
 
 
 async def test_renewals_without_events_commit_on_the_fast_path_and_a_lost_one_is_fenced(
@@ -537,7 +556,7 @@ async def test_renewals_without_events_commit_on_the_fast_path_and_a_lost_one_is
         Command(events=(), lease=Fence("ses_r1", "host-a", 1).renew(5_000)),
     ]
     assert await _both_leased(pair, renewals) == [[], []]
-    assert fast.batch_paths == {"fast": 3, "savepoints": 0}
+    assert fast.batch_paths == {"fast": 3, "savepoints": 0, "plain": 0, "isolated": 0}
     lost = [Command(events=(), lease=Fence("ses_r1", "host-a", 9).renew(5_000))]
     assert await _both_leased(pair, lost) == [FencedError]
 
@@ -585,7 +604,7 @@ async def test_a_steps_json_path_updates_commit_on_the_fast_path_and_match(
         ),
     ]
     await _both(pair, step)
-    assert fast.batch_paths == {"fast": 2, "savepoints": 0}
+    assert fast.batch_paths == {"fast": 2, "savepoints": 0, "plain": 0, "isolated": 0}
     assert await _state(fast) == await _state(pair[1])
 
 

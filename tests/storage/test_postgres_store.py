@@ -228,7 +228,7 @@ async def test_a_batch_that_fails_in_an_unforeseen_way_fails_its_appenders_and_t
     StorageBrokenError, the lane's connection is replaced, and writes go on."""
     from storage.postgres import store as store_module
 
-    real = store_module.commit_batch
+    real = store_module.writer.commit_batch
     calls = 0
 
     async def failing_once(*args: Any, **kwargs: Any) -> Any:
@@ -238,7 +238,7 @@ async def test_a_batch_that_fails_in_an_unforeseen_way_fails_its_appenders_and_t
             raise failure
         return await real(*args, **kwargs)
 
-    monkeypatch.setattr(store_module, "commit_batch", failing_once)
+    monkeypatch.setattr(store_module.writer, "commit_batch", failing_once)
     async with PostgresStore(pg_url) as store:
         async with asyncio.timeout(10):
             with pytest.raises(StorageBrokenError, match="commit failed"):
@@ -314,7 +314,7 @@ async def test_a_store_alone_notifies_nobody_and_notifies_a_listener_once_it_is_
             assert [(n.origin, n.first, n.last) for n in other.notices] == [
                 (store.origin, second.position, second.position)
             ]
-            assert store.batch_paths["fast" if fast else "savepoints"] == 2
+            assert store.batch_paths["fast" if fast else "plain"] == 2
     finally:
         await other.conn.close()
 
