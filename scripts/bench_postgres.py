@@ -91,7 +91,7 @@ from protocol import Location
 from protocol import events as ev
 from protocol.requests import PromptInput
 from server.app import RUNTIME, ServerSettings, make_app
-from storage import Command, RecordedEvent, connect
+from storage import Command, RecordedEvent
 from storage.postgres import PostgresStore
 from storage.postgres.dialect import translate
 from storage.projectors import project
@@ -232,25 +232,23 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
     raw_span = _Span()
     raw_s = raw_projected_s = 0.0
     forms_s = dict.fromkeys(EVENT_FORMS, 0.0)
-    commits = 0
+    commits = writers = 0
     async with database(args.server) as url:
         conn = await asyncpg.connect(url)
         # The projected context writes a copy of the session table (see
         # _context_sessions): its thousands of updates in one transaction
         # must not leave the store's own table bloated for the next round.
         context = await asyncpg.connect(url, server_settings={"search_path": "raw_ctx, public"})
-        store = connect(url) if args.writers is None else PostgresStore(url, writers=args.writers)
-        # The store's write paths measured side by side (a build with one path has one).
-        sides = ("plain", "fast") if hasattr(store, "fast_path") else ("plain",)
-        store_spans = {side: _Span() for side in sides}
+        opens = _sides(url, args)
+        store_spans = {side: _Span() for side in opens}
+        sessions = [f"ses_bench{i:05d}" for i in range(producers)]
         try:
             settings = {
                 name: await conn.fetchval(f"SHOW {name}")
                 for name in ("synchronous_commit", "fsync", "server_version")
             }
             await conn.execute(_RAW_TABLE)
-            async with store:
-                sessions = [f"ses_bench{i:05d}" for i in range(producers)]
+            async with opens["plain"]() as store:
                 loc = Location(directory="/")
                 await asyncio.gather(
                     *(
@@ -260,61 +258,65 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
                         for s in sessions
                     )
                 )
-                for n in range(warmups + rounds):
-                    # Each side's round, then the baselines on the very rows it
-                    # committed: they take turns (the sides in a new order each
-                    # round), so a machine whose speed drifts slows all alike.
-                    # The first rounds warm every side up (the store's writer
-                    # connections learn their statements, the raw side prepares
-                    # its insert) and are not counted.
-                    timed = n >= warmups
-                    for side in sides if n % 2 == 0 else sides[::-1]:
-                        if hasattr(store, "fast_path"):
-                            store.fast_path = side == "fast"
+            for n in range(warmups + rounds):
+                # Each side's round, then the baselines on the very rows it
+                # committed: they take turns (the sides in a new order each
+                # round), so a machine whose speed drifts slows all alike.
+                # The first rounds warm every side up (the raw side prepares
+                # its insert) and are not counted; each side's store is
+                # opened for its round, and its first appends (its
+                # connections learning their statements) are not counted.
+                timed = n >= warmups
+                sides = list(opens) if n % 2 == 0 else list(opens)[::-1]
+                for side in sides:
+                    async with opens[side]() as store:
 
-                        async def producer(session_id: str, tag: str = f"{n}{side}") -> None:
-                            for k in range(per):
+                        async def producer(session_id: str, k0: int, k1: int, tag: str) -> None:
+                            for k in range(k0, k1):
                                 title = f"renamed {tag}.{k}"
                                 event = ev.SessionRenamed(session_id=session_id, title=title)
                                 await store.append(Command.of(event))
 
+                        tag = f"{n}{side}"
+                        await asyncio.gather(*(producer(s, -2, 0, tag) for s in sessions))
                         after = await conn.fetchval("SELECT coalesce(max(position), 0) FROM event")
                         batches_before = sum(store.batch_paths.values())
                         with store_spans[side].measure(timed):
-                            await asyncio.gather(*(producer(s) for s in sessions))
+                            await asyncio.gather(*(producer(s, 0, per, tag) for s in sessions))
                         if timed and side == "plain":
                             commits += sum(store.batch_paths.values()) - batches_before
-                        stored = await _same_rows(conn, producers * per, after)
-                        await conn.execute("TRUNCATE raw_event")
-                        started = time.perf_counter()
-                        with raw_span.measure(timed):
-                            async with conn.transaction():
-                                await conn.executemany(_RAW_INSERT, stored)
+                            writers = len(store._writers)
+                    stored = await _same_rows(conn, producers * per, after)
+                    await conn.execute("TRUNCATE raw_event")
+                    started = time.perf_counter()
+                    with raw_span.measure(timed):
+                        async with conn.transaction():
+                            await conn.executemany(_RAW_INSERT, stored)
+                    if timed:
+                        raw_s += time.perf_counter() - started
+                    await conn.execute("TRUNCATE raw_event")
+                    # The like-for-like baseline: the same rows plus the
+                    # projection writes the store made for them (the
+                    # statements ``project`` gives), still one transaction.
+                    ops = _projection_ops(stored)
+                    await _context_sessions(conn)
+                    started = time.perf_counter()
+                    async with context.transaction():
+                        await context.executemany(_RAW_INSERT, stored)
+                        for sql, params in ops.items():
+                            await context.executemany(sql, params)
+                    if timed:
+                        raw_projected_s += time.perf_counter() - started
+                    for form, seconds in (await _event_forms(conn, stored, n)).items():
                         if timed:
-                            raw_s += time.perf_counter() - started
-                        await conn.execute("TRUNCATE raw_event")
-                        # The like-for-like baseline: the same rows plus the
-                        # projection writes the store made for them (the
-                        # statements ``project`` gives), still one transaction.
-                        ops = _projection_ops(stored)
-                        await _context_sessions(conn)
-                        started = time.perf_counter()
-                        async with context.transaction():
-                            await context.executemany(_RAW_INSERT, stored)
-                            for sql, params in ops.items():
-                                await context.executemany(sql, params)
-                        if timed:
-                            raw_projected_s += time.perf_counter() - started
-                        for form, seconds in (await _event_forms(conn, stored, n)).items():
-                            if timed:
-                                forms_s[form] += seconds
+                            forms_s[form] += seconds
             await conn.execute("TRUNCATE raw_event")
         finally:
             await context.close()
             await conn.close()
         per_row_s = await _raw_per_row(url, stored, producers)
     events = producers * per * rounds
-    baselines = len(sides) * events  # each side's rows went through the baselines
+    baselines = len(opens) * events  # each side's rows went through the baselines
     rates = {side: round(events / span.seconds, 1) for side, span in store_spans.items()}
     raw_rate = baselines / raw_s
     projected_rate = baselines / raw_projected_s
@@ -335,7 +337,7 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
         "raw_per_row_txn_events_per_s": round(producers * per / per_row_s, 1),
         "raw_per_row_pool": RAW_POOL,
         "store_transactions": commits,
-        "writers": len(store._writers),
+        "writers": writers,
         "events_per_transaction": round(events / commits, 1) if commits > 0 else None,
         "server_settings": settings,
         "store_cpu": {side: span.per_event_us(events) for side, span in store_spans.items()},
@@ -386,6 +388,23 @@ async def _event_forms(conn: Any, rows: Sequence[tuple[Any, ...]], n: int) -> di
         out[form] = time.perf_counter() - started
     await conn.execute("TRUNCATE raw_event")
     return out
+
+
+def _sides(url: str, args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
+    """Each write path measured, as a function opening a store on it: the plain
+    path (one writer connection: a second would hold the batch lock across its
+    round trips while the first waits) and, while this build has it, the
+    generated-function path as it ran before (two writer lanes)."""
+
+    def plain() -> Any:
+        return PostgresStore(url, writers=args.writers or 1)
+
+    def fast() -> Any:
+        store = PostgresStore(url, writers=2)
+        store.fast_path = True
+        return store
+
+    return {"plain": plain, "fast": fast}
 
 
 async def _context_sessions(conn: Any) -> None:

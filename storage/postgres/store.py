@@ -74,9 +74,11 @@ log = logging.getLogger(__name__)
 
 #: A batch never holds more commands than this (as for SQLite).
 MAX_BATCH: Final = 1024
-#: Writer connections by default (see :mod:`._lanes`): two overlap one batch's
-#: Python half with the other's server half; more add connections, not overlap.
-WRITERS: Final = 2
+#: Writer connections by default (see :mod:`._lanes`). Two overlapped one
+#: batch's Python half with the other's server half on the fast path, whose
+#: lock is held on the server alone; the plain path holds it across its round
+#: trips, so a second lane's batch only waits for it (scripts/bench_postgres.py).
+WRITERS: Final = 1
 #: The NOTIFY channel every store of one database shares.
 CHANNEL: Final = "sessionrt_log"
 

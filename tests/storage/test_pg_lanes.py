@@ -194,7 +194,7 @@ async def test_two_lanes_put_two_batches_on_the_server_and_nothing_overtakes(
     pg_url: str, outsider: asyncpg.Connection
 ) -> None:
     sessions = [f"ses_{i:02d}" for i in range(SPLIT_AT * 2)]
-    async with PostgresStore(pg_url) as store:
+    async with PostgresStore(pg_url, writers=2) as store:
         await asyncio.gather(*(store.append(Command.of(created(s))) for s in sessions))
         async with lock_held(outsider):
             first = [store.submit(Command.of(renamed(s, "first"))) for s in sessions]
@@ -234,7 +234,7 @@ async def test_one_lane_still_commits_in_submission_order(pg_url: str) -> None:
 async def test_a_free_lane_leaves_a_command_behind_its_sessions_batch_in_flight(
     pg_url: str, outsider: asyncpg.Connection
 ) -> None:
-    async with PostgresStore(pg_url) as store:
+    async with PostgresStore(pg_url, writers=2) as store:
         await asyncio.gather(*(store.append(Command.of(created(s))) for s in ("ses_a", "ses_b")))
         async with lock_held(outsider):
             one = store.submit(Command.of(renamed("ses_a", "one")))
