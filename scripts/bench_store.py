@@ -56,7 +56,7 @@ from protocol import events as ev
 from protocol import ids
 from protocol.events import encode_data, stored_type
 from protocol.shapes import Location
-from storage import schema
+from storage._writer import migrate
 from storage.recorder import Command, now_ms
 from storage.sqlite import SQLiteStore
 
@@ -216,7 +216,7 @@ def _raw_connect(path: str, synchronous: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
-    schema.migrate(conn)
+    migrate(conn)
     return conn
 
 

@@ -44,15 +44,15 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from storage import schema
 from storage._replay import mismatched, refusal, stored_replay
 from storage.batch import Outcome, Prepared
 from storage.errors import AppendConflictError, StorageBrokenError, StoreLockedError
 from storage.lease import LeaseRow, LeaseUse, use_lease
 from storage.projectors import project
 from storage.recorder import Command, NewEvent, RecordedEvent
+from storage.schema import MIGRATIONS, SCHEMA_VERSION
 
-__all__ = ["Synchronous", "Writer", "shared_lock"]
+__all__ = ["Synchronous", "Writer", "migrate", "shared_lock"]
 
 Synchronous = Literal["FULL", "NORMAL"]
 
@@ -166,7 +166,7 @@ class Writer:
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA busy_timeout = 5000")
-            schema.migrate(conn)
+            migrate(conn)
             # This process holds the only writer lock: every lease still live
             # belongs to a process that is gone, so none is waited out.
             conn.execute("UPDATE session_lease SET expires = 0 WHERE expires > 0")
@@ -478,3 +478,33 @@ def shared_lock(path: str) -> int | None:
         os.close(fd)
         raise StoreLockedError(f"another process is writing {path}") from None
     return fd
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring ``conn``'s database to :data:`~storage.schema.SCHEMA_VERSION` (the
+    migrations of :mod:`storage.schema`); return the version found.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``).
+    """
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    row = conn.execute("SELECT version FROM schema_version").fetchone()
+    found = 0 if row is None else int(row[0])
+    if found > SCHEMA_VERSION:
+        raise StorageBrokenError(
+            f"database schema version {found} is newer than this build ({SCHEMA_VERSION})"
+        )
+    for version in range(found + 1, SCHEMA_VERSION + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # executescript() would COMMIT on its own; statement by statement
+            # keeps each migration atomic.
+            for statement in MIGRATIONS[version - 1].script("sqlite").split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("DELETE FROM schema_version")
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return found

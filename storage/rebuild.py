@@ -12,10 +12,11 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from storage import schema
+from storage._writer import migrate
 from storage.errors import ProjectionConflict
 from storage.projectors import project
 from storage.reads import record_from_row
+from storage.schema import PROJECTION_TABLES
 
 __all__ = ["dump_projections", "rebuild_projections"]
 
@@ -26,7 +27,7 @@ def dump_projections(conn: sqlite3.Connection) -> Dump:
     """Every projection row, sorted, per table."""
     return {
         table: sorted(conn.execute(f"SELECT * FROM {table}").fetchall())
-        for table in schema.PROJECTION_TABLES
+        for table in PROJECTION_TABLES
     }
 
 
@@ -41,7 +42,7 @@ def rebuild_projections(path: str) -> tuple[Dump, Dump]:
         source.execute("BEGIN")  # one snapshot for both the dump and the replay
         stored = dump_projections(source)
         target.execute("PRAGMA foreign_keys = ON")
-        schema.migrate(target)
+        migrate(target)
         target.execute("BEGIN")
         rows = source.execute(
             "SELECT position, id, aggregate_id, seq, type, created, data FROM event"

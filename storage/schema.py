@@ -1,19 +1,58 @@
-"""The SQLite schema and its forward migrations.
+"""The schema of both backends and its forward migrations: one list, one version number.
 
-``schema_version`` holds one row. Migrations are applied in order inside one
-transaction each; a database newer than this build is refused rather than
-guessed at. Projection tables are derived from ``event`` and can be rebuilt
-from it (see :mod:`storage.rebuild`).
+Each :class:`Migration` is DDL both backends run, written as SQLite reads
+it, and what one backend alone needs (PostgreSQL's position sequence and the
+list of its notice listeners, an index shaped for its HOT updates). SQLite
+runs the shared text as it is; PostgreSQL reads it once through
+:data:`POSTGRES_TYPES`, the one place its types are chosen (``BIGINT`` for
+SQLite's 64-bit ``INTEGER`` …). The runners are the backends' own
+(:func:`storage._writer.migrate`, :func:`storage.postgres.schema.migrate`):
+``schema_version`` holds one row, each migration runs in one transaction,
+and a database newer than this build is refused rather than guessed at.
+Projection tables are derived from ``event`` and can be rebuilt from it
+(see :mod:`storage.rebuild`).
 """
 
 from __future__ import annotations
 
-import sqlite3
-from typing import Final
+import re
+from typing import Final, Literal
 
-from storage.errors import StorageBrokenError
+import attrs
 
-__all__ = ["MIGRATIONS", "PROJECTION_TABLES", "SCHEMA_VERSION", "SESSION_BUCKET_MS", "migrate"]
+__all__ = [
+    "MIGRATIONS",
+    "POSTGRES_TYPES",
+    "PROJECTION_TABLES",
+    "SCHEMA_VERSION",
+    "SESSION_BUCKET_MS",
+    "Backend",
+    "Migration",
+]
+
+Backend = Literal["sqlite", "postgres"]
+
+#: PostgreSQL's word for each of the shared DDL's (SQLite's) types: SQLite's
+#: INTEGER holds 64 bits, its REAL is a double; PostgreSQL 15 stores every
+#: generated column.
+POSTGRES_TYPES: Final = {"INTEGER": "BIGINT", "REAL": "DOUBLE PRECISION", "VIRTUAL": "STORED"}
+_TYPE_WORD: Final = re.compile(r"\b(" + "|".join(POSTGRES_TYPES) + r")\b")
+
+
+@attrs.frozen
+class Migration:
+    """One version's DDL: what both backends run, then what one alone runs."""
+
+    both: str
+    sqlite: str = ""
+    postgres: str = ""
+
+    def script(self, backend: Backend) -> str:
+        """The DDL ``backend`` runs for this version."""
+        if backend == "sqlite":
+            return self.both + self.sqlite
+        return _TYPE_WORD.sub(lambda m: POSTGRES_TYPES[m[1]], self.both) + self.postgres
+
 
 _V1: Final = """
 CREATE TABLE event (
@@ -70,6 +109,13 @@ CREATE TABLE session_inbox (
     UNIQUE (session_id, enqueued_seq)
 );
 CREATE INDEX session_inbox_delivery ON session_inbox (session_id, delivery, enqueued_seq);
+"""
+# PostgreSQL takes each batch's positions from a sequence (see
+# storage.postgres.writer); the default serves hosts of an earlier build,
+# whose writers insert without a position.
+_V1_POSTGRES: Final = """
+CREATE SEQUENCE event_position AS BIGINT OWNED BY event.position;
+ALTER TABLE event ALTER COLUMN position SET DEFAULT nextval('event_position');
 """
 
 # v2: execution claims (the write-ahead claim is time_claimed; the name says
@@ -250,31 +296,46 @@ _V14: Final = """
 ALTER TABLE session ADD COLUMN time_bucket INTEGER
     GENERATED ALWAYS AS (time_updated / 1000) VIRTUAL;
 DROP INDEX session_updated;
+"""
+_V14_SQLITE: Final = """
 CREATE INDEX session_updated ON session (time_bucket, time_updated, id);
 """
+_V14_POSTGRES: Final = """
+CREATE INDEX session_updated ON session (time_bucket);
+"""
 
-# v15: PostgreSQL's alone (who listens for its commit notices: see
-# storage.postgres.schema._V15). SQLite has no notices, so nothing changes
-# here; the version still moves, so one number names one schema on both.
-_V15: Final = ""
+# v15: PostgreSQL's alone: the processes listening for its commit notices
+# (see storage.postgres.listeners). A batch NOTIFYs only while a process
+# other than its own store's is listed, so a host alone on its database
+# sends none. UNLOGGED: the rows describe live connections, which a server
+# crash ends anyway (and the crash recovery empties the table); each
+# listener writes its row again whenever it connects. SQLite has no notices;
+# the version still moves, so one number names one schema on both.
+_V15_POSTGRES: Final = """
+CREATE UNLOGGED TABLE log_listener (
+    origin  TEXT PRIMARY KEY,
+    pid     INTEGER,
+    expires BIGINT
+);
+"""
 
 #: Migration n (1-based) brings the schema from version n-1 to n.
-MIGRATIONS: Final[tuple[str, ...]] = (
-    _V1,
-    _V2,
-    _V3,
-    _V4,
-    _V5,
-    _V6,
-    _V7,
-    _V8,
-    _V9,
-    _V10,
-    _V11,
-    _V12,
-    _V13,
-    _V14,
-    _V15,
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(_V1, postgres=_V1_POSTGRES),
+    Migration(_V2),
+    Migration(_V3),
+    Migration(_V4),
+    Migration(_V5),
+    Migration(_V6),
+    Migration(_V7),
+    Migration(_V8),
+    Migration(_V9),
+    Migration(_V10),
+    Migration(_V11),
+    Migration(_V12),
+    Migration(_V13),
+    Migration(_V14, sqlite=_V14_SQLITE, postgres=_V14_POSTGRES),
+    Migration("", postgres=_V15_POSTGRES),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 #: The width of ``session.time_bucket`` (v14), in milliseconds of time_updated.
@@ -290,34 +351,3 @@ PROJECTION_TABLES: Final = (
     "session_permission",
     "instruction_state",
 )
-
-
-def migrate(conn: sqlite3.Connection) -> int:
-    """Bring ``conn``'s database to :data:`SCHEMA_VERSION`; return the version found.
-
-    ``conn`` must be in autocommit mode (``isolation_level=None``).
-    """
-    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-    row = conn.execute("SELECT version FROM schema_version").fetchone()
-    found = 0 if row is None else int(row[0])
-    if found > SCHEMA_VERSION:
-        raise StorageBrokenError(
-            f"database schema version {found} is newer than this build ({SCHEMA_VERSION})"
-        )
-    for version in range(found + 1, SCHEMA_VERSION + 1):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in _statements(MIGRATIONS[version - 1]):
-                conn.execute(statement)
-            conn.execute("DELETE FROM schema_version")
-            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-    return found
-
-
-def _statements(script: str) -> list[str]:
-    # executescript() would COMMIT on its own; splitting keeps each migration atomic.
-    return [s.strip() for s in script.split(";") if s.strip()]

@@ -12,12 +12,12 @@ from typing import Any
 
 import asyncpg
 
-from storage import schema as sqlite_schema
 from storage.errors import ProjectionConflict
 from storage.postgres import schema
 from storage.postgres.dialect import affected, translate
 from storage.projectors import project
 from storage.reads import record_from_row
+from storage.schema import PROJECTION_TABLES
 
 __all__ = ["dump_projections", "rebuild_projections"]
 
@@ -28,7 +28,7 @@ async def dump_projections(conn: asyncpg.Connection, namespace: str = "public") 
     """Every projection row, sorted, per table."""
     return {
         table: sorted(tuple(r) for r in await conn.fetch(f"SELECT * FROM {namespace}.{table}"))
-        for table in sqlite_schema.PROJECTION_TABLES
+        for table in PROJECTION_TABLES
     }
 
 

@@ -1,21 +1,19 @@
-"""The PostgreSQL schema: the same tables as :mod:`storage.schema`, and SQLite's JSON.
+"""PostgreSQL's schema: the migrations of :mod:`storage.schema`, and SQLite's JSON functions.
 
-Versions 1..8 mirror SQLite's migrations one for one (same tables, columns,
-constraints and indexes; ``BIGINT`` for SQLite's 64-bit ``INTEGER``,
-``DOUBLE PRECISION`` for ``REAL``), so one schema version number means the
-same shape on both backends. ``schema_version`` holds one row; each migration
-runs in its own transaction under a transaction-scoped advisory lock, so hosts
-starting together migrate once.
+:func:`migrate` runs each version's DDL as :meth:`storage.schema.Migration.script`
+gives it for PostgreSQL (one list for both backends, one version number),
+each in its own transaction under a transaction-scoped advisory lock, so
+hosts starting together migrate once.
 
 Version 1 also creates the SQLite JSON1 functions the shared projectors and
 queries call (``json``, ``json_extract``, ``json_set``, ``json_patch``,
 ``json_each``, ``json_group_array``, ``total`` and the two-argument scalar
 ``max``). Keeping them in the database, under SQLite's names, is what lets
 one set of projector and query SQL serve both backends; :mod:`.dialect` only
-renumbers placeholders and renames ``json_object``. JSON columns stay
-``TEXT`` on both; the functions work on the ``json`` type (verbatim text),
-not ``jsonb``, wherever they can, so member order and the stored text
-survive; only ``json_patch`` (a recursive merge) goes through ``jsonb``.
+renumbers placeholders. JSON columns stay ``TEXT`` on both; the functions
+work on the ``json`` type (verbatim text), not ``jsonb``, wherever they
+can, so member order and the stored text survive; only ``json_patch`` (a
+recursive merge) goes through ``jsonb``.
 
 Limits, which the projectors respect: ``json_set`` paths name one top-level
 member (``'$.key'``) and every value is passed through ``json()``;
@@ -30,11 +28,10 @@ from typing import Final
 
 import asyncpg
 
-from storage._pg_lease import LEASE_SCHEMA
 from storage.errors import StorageBrokenError
-from storage.schema import SCHEMA_VERSION
+from storage.schema import MIGRATIONS, SCHEMA_VERSION
 
-__all__ = ["MIGRATIONS", "migrate"]
+__all__ = ["FUNCTIONS", "migrate"]
 
 #: Pairs of (path, value) the ``json_set`` overloads accept.
 _JSON_SET_PAIRS: Final = 8
@@ -54,7 +51,8 @@ def _json_set_overloads() -> str:
     return "\n".join(out)
 
 
-_FUNCTIONS: Final = (
+#: SQLite's JSON functions, as version 1 creates them (see the module's docstring).
+FUNCTIONS: Final = (
     r"""
 CREATE FUNCTION _sessionrt_path(path text) RETURNS text[] LANGUAGE sql IMMUTABLE STRICT AS
 $$ SELECT coalesce(string_to_array(nullif(substr(path, 3), ''), '.'), '{}'::text[]) $$;
@@ -152,221 +150,6 @@ $$ SELECT CASE WHEN a IS NULL OR b IS NULL THEN NULL ELSE greatest(a, b) END $$;
 """
 )
 
-_V1: Final = (
-    """
-CREATE SEQUENCE event_position AS BIGINT;
-CREATE TABLE event (
-    position     BIGINT PRIMARY KEY DEFAULT nextval('event_position'),
-    id           TEXT NOT NULL UNIQUE,
-    aggregate_id TEXT NOT NULL,
-    seq          BIGINT NOT NULL CHECK (seq >= 1),
-    type         TEXT NOT NULL,
-    created      BIGINT NOT NULL,
-    data         TEXT NOT NULL,
-    UNIQUE (aggregate_id, seq)
-);
-ALTER SEQUENCE event_position OWNED BY event.position;
-
-CREATE TABLE session (
-    id                 TEXT PRIMARY KEY,
-    parent_id          TEXT,
-    title              TEXT NOT NULL,
-    agent              TEXT,
-    model              TEXT,
-    directory          TEXT NOT NULL,
-    metadata           TEXT,
-    cost               DOUBLE PRECISION NOT NULL DEFAULT 0,
-    tokens_input       BIGINT NOT NULL DEFAULT 0,
-    tokens_output      BIGINT NOT NULL DEFAULT 0,
-    tokens_reasoning   BIGINT NOT NULL DEFAULT 0,
-    tokens_cache_read  BIGINT NOT NULL DEFAULT 0,
-    tokens_cache_write BIGINT NOT NULL DEFAULT 0,
-    time_created       BIGINT NOT NULL,
-    time_updated       BIGINT NOT NULL
-);
-CREATE INDEX session_parent ON session (parent_id);
-CREATE INDEX session_updated ON session (time_updated, id);
-
-CREATE TABLE session_message (
-    id           TEXT PRIMARY KEY,
-    session_id   TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
-    type         TEXT NOT NULL,
-    seq          BIGINT NOT NULL,
-    time_created BIGINT NOT NULL,
-    time_updated BIGINT NOT NULL,
-    data         TEXT NOT NULL,
-    UNIQUE (session_id, seq)
-);
-CREATE INDEX session_message_type ON session_message (session_id, type, seq);
-
-CREATE TABLE session_inbox (
-    id           TEXT PRIMARY KEY,
-    session_id   TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
-    type         TEXT NOT NULL,
-    payload      TEXT NOT NULL,
-    delivery     TEXT NOT NULL CHECK (delivery IN ('steer', 'queue')),
-    enqueued_seq BIGINT NOT NULL,
-    time_created BIGINT NOT NULL,
-    UNIQUE (session_id, enqueued_seq)
-);
-CREATE INDEX session_inbox_delivery ON session_inbox (session_id, delivery, enqueued_seq);
-"""
-    + _FUNCTIONS
-)
-
-_V2: Final = """
-ALTER TABLE session ADD COLUMN time_claimed BIGINT;
-ALTER TABLE session ADD COLUMN resume_attempts BIGINT NOT NULL DEFAULT 0;
-CREATE INDEX session_claimed ON session (time_claimed) WHERE time_claimed IS NOT NULL;
-
-CREATE TABLE session_part (
-    message_id TEXT NOT NULL REFERENCES session_message (id) ON DELETE CASCADE,
-    session_id TEXT NOT NULL,
-    key        TEXT NOT NULL,
-    position   BIGINT NOT NULL,
-    status     TEXT,
-    data       TEXT NOT NULL,
-    PRIMARY KEY (message_id, key)
-);
-CREATE INDEX session_part_open ON session_part (session_id, status)
-    WHERE status IN ('streaming', 'running');
-"""
-
-_V3: Final = """
-ALTER TABLE session ADD COLUMN retry TEXT;
-"""
-
-_V4: Final = """
-CREATE TABLE tool_process (
-    message_id  TEXT NOT NULL,
-    call_id     TEXT NOT NULL,
-    session_id  TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
-    pgid        BIGINT NOT NULL,
-    start_ticks BIGINT NOT NULL,
-    boot_id     TEXT NOT NULL,
-    PRIMARY KEY (message_id, call_id)
-);
-CREATE INDEX tool_process_session ON tool_process (session_id);
-"""
-
-_V5: Final = """
-CREATE TABLE session_permission (
-    id           TEXT PRIMARY KEY,
-    session_id   TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
-    message_id   TEXT NOT NULL,
-    call_id      TEXT NOT NULL,
-    permission   TEXT NOT NULL,
-    status       TEXT NOT NULL
-        CHECK (status IN ('pending', 'once', 'always', 'reject', 'expired')),
-    asked_seq    BIGINT NOT NULL,
-    time_created BIGINT NOT NULL,
-    data         TEXT NOT NULL
-);
-CREATE INDEX session_permission_status ON session_permission (session_id, status, asked_seq);
-CREATE INDEX session_permission_call ON session_permission (message_id, call_id);
-"""
-
-_V6: Final = """
-CREATE TABLE instruction_state (
-    session_id     TEXT PRIMARY KEY REFERENCES session (id) ON DELETE CASCADE,
-    epoch_start    BIGINT NOT NULL,
-    through_seq    BIGINT NOT NULL,
-    initial_values TEXT NOT NULL,
-    current_values TEXT NOT NULL
-);
-
-CREATE TABLE instruction_blob (
-    hash  TEXT PRIMARY KEY CHECK (length(hash) = 64),
-    value TEXT NOT NULL
-);
-
-CREATE TABLE instruction_entry (
-    session_id   TEXT NOT NULL REFERENCES session (id) ON DELETE CASCADE,
-    key          TEXT NOT NULL,
-    value        TEXT,
-    removed      BIGINT NOT NULL DEFAULT 0,
-    time_created BIGINT NOT NULL,
-    time_updated BIGINT NOT NULL,
-    PRIMARY KEY (session_id, key)
-);
-"""
-
-_V7: Final = """
-ALTER TABLE session ADD COLUMN revert TEXT;
-"""
-
-_V8: Final = """
-ALTER TABLE session ADD COLUMN fork_session_id TEXT;
-ALTER TABLE session ADD COLUMN fork_boundary TEXT;
-ALTER TABLE session ADD COLUMN time_idle BIGINT;
-ALTER TABLE session ADD COLUMN time_viewed BIGINT;
-"""
-
-# v10: the change marker of transcript rows (see storage.schema._V10).
-_V10: Final = """
-ALTER TABLE session_message ADD COLUMN changed BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE session_part ADD COLUMN changed BIGINT NOT NULL DEFAULT 0;
-CREATE INDEX session_message_changed ON session_message (session_id, changed);
-CREATE INDEX session_part_changed ON session_part (session_id, changed);
-"""
-
-# v11: no index on event_fence by session (see storage.schema._V11).
-_V11: Final = """
-DROP INDEX event_fence_session;
-"""
-
-# v12: a session's removals (see storage.schema._V12).
-_V12: Final = """
-ALTER TABLE session ADD COLUMN removals BIGINT NOT NULL DEFAULT 0;
-"""
-
-# v13: the parent index holds children only (see storage.schema._V13).
-_V13: Final = """
-DROP INDEX session_parent;
-CREATE INDEX session_parent ON session (parent_id) WHERE parent_id IS NOT NULL;
-"""
-
-# v14: the session list's index holds the coarse time_bucket only, so most
-# edits are HOT updates (see storage.schema._V14).
-_V14: Final = """
-ALTER TABLE session ADD COLUMN time_bucket BIGINT
-    GENERATED ALWAYS AS (time_updated / 1000) STORED;
-DROP INDEX session_updated;
-CREATE INDEX session_updated ON session (time_bucket);
-"""
-
-# v15: the processes listening for commit notices (see
-# storage.postgres.listeners). A batch NOTIFYs only while a process other
-# than its own store's is listed, so a host alone on its database sends none.
-# UNLOGGED: the rows describe live connections, which a server crash ends
-# anyway (and the crash recovery empties the table); each listener writes
-# its row again whenever it connects.
-_V15: Final = """
-CREATE UNLOGGED TABLE log_listener (
-    origin  TEXT PRIMARY KEY,
-    pid     INTEGER,
-    expires BIGINT
-);
-"""
-
-MIGRATIONS: Final[tuple[str, ...]] = (
-    _V1,
-    _V2,
-    _V3,
-    _V4,
-    _V5,
-    _V6,
-    _V7,
-    _V8,
-    LEASE_SCHEMA,
-    _V10,
-    _V11,
-    _V12,
-    _V13,
-    _V14,
-    _V15,
-)
-assert len(MIGRATIONS) == SCHEMA_VERSION, "a SQLite migration without its PostgreSQL twin"
 
 #: Key of the transaction-scoped advisory lock migrations take ("sessmigr").
 _MIGRATION_LOCK: Final = 0x7365_7373_6D69_6772
@@ -391,7 +174,9 @@ async def migrate(conn: asyncpg.Connection) -> int:
             if current >= version:
                 continue  # another host migrated while we waited for the lock
             # A multi-statement string without parameters runs as one simple query.
-            await conn.execute(MIGRATIONS[version - 1])
+            await conn.execute(MIGRATIONS[version - 1].script("postgres"))
+            if version == 1:
+                await conn.execute(FUNCTIONS)
             await conn.execute("DELETE FROM schema_version")
             await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
     return found

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import attrs
 import pytest
-from pgdb import SERVER, database
+from pgdb import SERVER
 
 from protocol import Location
 from protocol import events as ev
@@ -27,15 +27,12 @@ from storage import (
     NewEvent,
     RecordedEvent,
     StorageBrokenError,
-    StoreClosedError,
     connect,
 )
 from storage.follow import FollowDispatcher
 from storage.postgres import CHANNEL, LOG_LOCK, PostgresStore, listeners
-from storage.postgres import schema as pg_schema
 from storage.postgres.listeners import register
 from storage.postgres.notify import MAX_PAYLOAD, Notice, parse, payloads
-from storage.schema import SCHEMA_VERSION
 
 
 def created(session_id: str) -> ev.SessionCreated:
@@ -472,34 +469,6 @@ async def test_a_guard_refuses_its_command_alone_inside_the_batch(pg_url: str) -
         assert titles == ["ok", "one", "two"]
 
 
-async def test_an_old_schema_is_migrated_forward_and_a_reader_refuses_it_before() -> None:
-    async with database(migrated=False) as url:
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute("CREATE TABLE schema_version (version BIGINT NOT NULL)")
-            await conn.execute(pg_schema.MIGRATIONS[0])
-            await conn.execute("INSERT INTO schema_version VALUES (1)")
-            await conn.execute(
-                "INSERT INTO session (id, title, directory, time_created, time_updated)"
-                " VALUES ('ses_old', 'kept', '/', 1, 1)"
-            )
-        finally:
-            await conn.close()
-        with pytest.raises(StorageBrokenError, match="schema version 1"):
-            async with PostgresStore(url, read_only=True):
-                pass
-        async with PostgresStore(url) as store:
-            [[version]] = await store.fetch("SELECT version FROM schema_version")
-            assert version == SCHEMA_VERSION
-            session = await store.queries.session("ses_old")
-            assert session is not None
-            assert session.title == "kept"
-        async with PostgresStore(url, read_only=True) as reader:
-            assert (await reader.queries.session("ses_old")) is not None
-            with pytest.raises(StoreClosedError):
-                reader.submit(Command.of(renamed("ses_old", "no")))
-
-
 async def test_the_password_in_the_url_never_reaches_an_error_or_a_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -695,3 +664,4 @@ async def test_edits_within_a_second_are_hot_updates_and_the_list_walks_its_inde
         )
     assert "session_updated" in plan
     assert "Incremental Sort" in plan
+

@@ -170,7 +170,7 @@ async def test_a_version_1_database_is_migrated_forward(db_path: Path) -> None:
 
     conn = sqlite3.connect(db_path, isolation_level=None)
     conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    for statement in schema.MIGRATIONS[0].split(";"):
+    for statement in schema.MIGRATIONS[0].script("sqlite").split(";"):
         if statement.strip():
             conn.execute(statement)
     conn.execute("INSERT INTO schema_version VALUES (1)")
