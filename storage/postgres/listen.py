@@ -8,7 +8,10 @@ by asyncpg's termination callback, or by a ping every :data:`PING_S` seconds
 (a silent network loss), and reconnected with a capped backoff, through any
 failure to connect (a server restarting refuses connections for a while);
 once listening again, the owner is told to catch up (``on_reconnect``):
-whatever committed while nobody listened is read from the table. The same
+whatever committed while nobody listened is read from the table. Payloads
+the new connection hears before that (while its owner lists it) are held
+and handed over right after, so an owner that reads "everything after my
+cursor" on that call never meets a notice from past the gap first. The same
 connection runs the owner's short statements (:meth:`Listener.execute`, one
 at a time with the pings), so a host's notices need no second connection.
 Connection errors never carry the URL (it may hold a password).
@@ -35,6 +38,9 @@ log = logging.getLogger(__name__)
 #: Seconds between pings of an idle listen connection.
 PING_S: Final = 5.0
 _BACKOFF_MAX_S: Final = 2.0
+#: Payloads held while a new connection's owner is not told yet; past this,
+#: the rest are dropped (the owner's catch-up reads what they announced).
+MAX_HELD: Final = 1024
 #: What a failed connection attempt or statement raises: the connection not
 #: there for now (UNAVAILABLE, the driver's InternalClientError included), any
 #: other server error, and a connect function's own (a store's raises
@@ -86,6 +92,8 @@ class Listener:
         self.ready = asyncio.Event()
         #: Times the connection was (re)established; tests and metrics read it.
         self.connects = 0
+        #: Payloads of a new connection heard before ``on_reconnect`` was called.
+        self._held: list[str] | None = None
 
     async def start(self) -> None:
         """Listen; returns once the first LISTEN is in place."""
@@ -156,10 +164,17 @@ class Listener:
                 conn.terminate()
 
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        if self._held is not None:
+            if len(self._held) < MAX_HELD:
+                self._held.append(payload)
+            return
+        self._deliver(payload)
+
+    def _deliver(self, payload: str) -> None:
         try:
             self._on_payload(payload)
         except Exception:
-            log.exception("a notice handler on %s failed", channel)
+            log.exception("a notice handler on %s failed", self._channel)
 
     async def _run(self, conn: asyncpg.Connection) -> None:
         while True:
@@ -177,11 +192,15 @@ class Listener:
                 except (TimeoutError, *_LOST):
                     break
             log.warning("lost the listen connection on %s; reconnecting", self._channel)
+            self._held = []
             await self._drop()
             conn = await self._reconnect()
             # As loud as the loss: an operator reading warnings sees both ends.
             log.warning("listening on %s again", self._channel)
+            held, self._held = self._held, None
             self._on_reconnect()
+            for payload in held or ():
+                self._deliver(payload)
 
     async def _reconnect(self) -> asyncpg.Connection:
         backoff = 0.05

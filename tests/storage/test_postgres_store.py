@@ -665,3 +665,53 @@ async def test_edits_within_a_second_are_hot_updates_and_the_list_walks_its_inde
     assert "session_updated" in plan
     assert "Incremental Sort" in plan
 
+
+async def test_a_notice_heard_while_a_new_listen_connection_is_listed_comes_after_the_catch_up(
+    pg_url: str,
+) -> None:
+    """A store lists a new listen connection (several statements) before it is
+    told to catch up. A notice heard meanwhile was handed over first, so the
+    store read that batch alone and moved its cursor past everything missed
+    while nobody listened (they never reached a subscriber). Now such a
+    payload waits for the owner to be told: "reconnected" comes first."""
+    from storage.postgres.listen import Listener
+
+    order: list[str] = []
+    listing, sent, both = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    def note(what: str) -> None:
+        order.append(what)
+        if len(order) == 2:
+            both.set()
+
+    async def connect() -> asyncpg.Connection:
+        return await asyncpg.connect(pg_url)
+
+    async def on_listening(conn: asyncpg.Connection) -> None:
+        if listener.connects == 0:
+            return
+        listing.set()
+        await sent.wait()
+        # The notice was committed before this round trip: it has been heard.
+        await conn.fetchval("SELECT 1")
+
+    listener = Listener(
+        connect,
+        "c",
+        on_payload=note,
+        on_reconnect=lambda: note("reconnected"),
+        on_listening=on_listening,
+    )
+    await listener.start()
+    notifier = await asyncpg.connect(pg_url)
+    try:
+        listener.kill_connection()
+        async with asyncio.timeout(10):  # guards, not the synchronisation
+            await listing.wait()
+            await notifier.execute("SELECT pg_notify('c', 'a batch past the gap')")
+            sent.set()
+            await both.wait()
+        assert order == ["reconnected", "a batch past the gap"]
+    finally:
+        await notifier.close()
+        await listener.stop()
