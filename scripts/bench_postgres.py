@@ -17,14 +17,13 @@ Every phase creates its own uniquely named database on ``--server`` and drops it
    fresh copy of the session table, ``raw_ctx.session``) in one transaction
    on one connection, the like-for-like figure (target: the store at 0.7x of
    it or better); and ``executemany`` of the event rows alone, printed beside
-   it. A build that still has the generated-function path (``fast_path``)
-   runs it as a second side of the same rounds. Every side and the
-   baselines take turns, ``--append-rounds`` times, the sides in a new order
-   each round; each one's time is summed over its rounds (a machine whose
-   speed drifts slows all alike). ``--append-warmup`` rounds (1) go first and
-   are not counted. Shown too: a batch's events inserted 50 per statement by
-   ``executemany``, by ``INSERT … SELECT FROM unnest`` (the store's form) and
-   by ``copy_records_to_table``, on each round's rows; the same rows from as
+   it. The store and the baselines take turns, ``--append-rounds`` times;
+   each one's time is summed over its rounds (a machine whose speed drifts
+   slows all alike). ``--append-warmup`` rounds (1) go first and are not
+   counted; the store is opened for each round, its first appends uncounted.
+   Shown too: a batch's events inserted 50 per statement by ``executemany``,
+   by ``INSERT … SELECT FROM unnest`` (the store's form) and by
+   ``copy_records_to_table``, on each round's rows; the same rows from as
    many tasks, one INSERT (one commit) each, on a pool of 10 connections;
    CPU per event on each side (this process's loop thread,
    ``time.thread_time``; every ``postgres`` process of the local server,
@@ -91,16 +90,13 @@ from protocol import Location
 from protocol import events as ev
 from protocol.requests import PromptInput
 from server.app import RUNTIME, ServerSettings, make_app
-from storage import Command, RecordedEvent
-from storage.postgres import PostgresStore
+from storage import Command, RecordedEvent, connect
 from storage.postgres.dialect import translate
 from storage.projectors import project
 from storage.reads import record_from_row
 
 #: The store's appends/s over raw executemany of the same rows plus their projection writes.
 TARGET_STORE_OVER_PROJECTED: Final = 0.7
-#: Past this, the generated-function path would earn its keep (issue 38).
-TARGET_FAST_OVER_PLAIN: Final = 1.5
 #: Admission p50 on PostgreSQL over SQLite's, same run.
 TARGET_ADMIT_OVER_SQLITE: Final = 1.5
 TARGET_CROSS_HOST_P50_MS: Final = 5.0
@@ -232,14 +228,14 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
     raw_span = _Span()
     raw_s = raw_projected_s = 0.0
     forms_s = dict.fromkeys(EVENT_FORMS, 0.0)
-    commits = writers = 0
+    commits = 0
     async with database(args.server) as url:
         conn = await asyncpg.connect(url)
         # The projected context writes a copy of the session table (see
         # _context_sessions): its thousands of updates in one transaction
         # must not leave the store's own table bloated for the next round.
         context = await asyncpg.connect(url, server_settings={"search_path": "raw_ctx, public"})
-        opens = _sides(url, args)
+        opens = _sides(url)
         store_spans = {side: _Span() for side in opens}
         sessions = [f"ses_bench{i:05d}" for i in range(producers)]
         try:
@@ -285,7 +281,6 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
                             await asyncio.gather(*(producer(s, 0, per, tag) for s in sessions))
                         if timed and side == "plain":
                             commits += sum(store.batch_paths.values()) - batches_before
-                            writers = len(store._writers)
                     stored = await _same_rows(conn, producers * per, after)
                     await conn.execute("TRUNCATE raw_event")
                     started = time.perf_counter()
@@ -329,7 +324,6 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
         "raw_executemany_projected_events_per_s": round(projected_rate, 1),
         "store_over_raw_projected": round(plain / projected_rate, 2),
         "store_over_raw_events": round(plain / raw_rate, 2),
-        "fast_over_plain": round(rates["fast"] / plain, 2) if "fast" in rates else None,
         "event_forms_events_per_s": {f: round(baselines / s, 1) for f, s in forms_s.items()},
         "event_form_chunk": EVENT_FORM_CHUNK,
         "rounds": rounds,
@@ -337,7 +331,6 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
         "raw_per_row_txn_events_per_s": round(producers * per / per_row_s, 1),
         "raw_per_row_pool": RAW_POOL,
         "store_transactions": commits,
-        "writers": writers,
         "events_per_transaction": round(events / commits, 1) if commits > 0 else None,
         "server_settings": settings,
         "store_cpu": {side: span.per_event_us(events) for side, span in store_spans.items()},
@@ -347,8 +340,8 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
 
 #: The forms an insert of a batch's events can take, measured side by side.
 EVENT_FORMS: Final = ("executemany", "unnest", "copy")
-#: Events per statement in that measurement: about what one of the store's
-#: batches holds with 100 producers on two writer lanes.
+#: Events per statement in that measurement: what one of the store's batches
+#: held with 100 producers on two writer lanes (one lane's hold all 100).
 EVENT_FORM_CHUNK: Final = 50
 _RAW_COLUMNS: Final = ("position", "id", "aggregate_id", "seq", "type", "created", "data")
 _RAW_POSITIONED: Final = (
@@ -390,21 +383,11 @@ async def _event_forms(conn: Any, rows: Sequence[tuple[Any, ...]], n: int) -> di
     return out
 
 
-def _sides(url: str, args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
-    """Each write path measured, as a function opening a store on it: the plain
-    path (one writer connection: a second would hold the batch lock across its
-    round trips while the first waits) and, while this build has it, the
-    generated-function path as it ran before (two writer lanes)."""
-
-    def plain() -> Any:
-        return PostgresStore(url, writers=args.writers or 1)
-
-    def fast() -> Any:
-        store = PostgresStore(url, writers=2)
-        store.fast_path = True
-        return store
-
-    return {"plain": plain, "fast": fast}
+def _sides(url: str) -> dict[str, Callable[[], Any]]:
+    """Each write path measured, as a function opening a store on it. Issue 38
+    measured the generated-function path (``_fast``) as a second side here in
+    the same rounds, then deleted it (see the README)."""
+    return {"plain": lambda: connect(url)}
 
 
 async def _context_sessions(conn: Any) -> None:
@@ -897,21 +880,6 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
             "raw executemany, same rows, one transaction",
         ),
         *(
-            [
-                _figure(
-                    "durable appends on the generated-function path (_fast), same run",
-                    rates["fast"],
-                    "events/s",
-                    rates["plain"],
-                    "the plain path",
-                    f"<= {TARGET_FAST_OVER_PLAIN}x (else keep it)",
-                    ap["fast_over_plain"] <= TARGET_FAST_OVER_PLAIN,
-                )
-            ]
-            if "fast" in rates
-            else []
-        ),
-        *(
             _figure(
                 f"a batch's events, {ap['event_form_chunk']} per statement: {form}",
                 rate,
@@ -1035,13 +1003,12 @@ def render(report: dict[str, Any]) -> str:
     ap = report["appends"]
     lines.append(
         f"store appends: {ap['store_transactions']} transactions,"
-        f" {ap['events_per_transaction']} events per commit, {ap['writers']} writer lanes;"
+        f" {ap['events_per_transaction']} events per commit;"
         f" server {ap['server_settings']}"
     )
     lines.append(
         f"store / raw projected: {ap['store_over_raw_projected']}x;"
-        f" store / raw events only: {ap['store_over_raw_events']}x;"
-        f" fast path / plain path: {ap['fast_over_plain']}"
+        f" store / raw events only: {ap['store_over_raw_events']}x"
     )
     lines.append(f"load average at the end: {report['load']}")
     paths = report["steps"]["postgres"]["batch_paths"]
@@ -1068,12 +1035,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1,
         help="rounds of both before the timed ones, not counted (default 1)",
-    )
-    parser.add_argument(
-        "--writers",
-        type=int,
-        default=None,
-        help="the store's writer lanes for the appends (default: what connect() opens)",
     )
     parser.add_argument("--requests", type=int, default=300, help="sequential admissions")
     parser.add_argument("--warmup", type=int, default=50)

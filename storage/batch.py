@@ -60,9 +60,8 @@ def keys(prepared: Prepared) -> frozenset[str]:
     Every aggregate it appends to or expects, the session of its lease and of
     its instruction entries, and the parent an event names (a fork's
     projection copies the parent's rows). Two commands sharing none write
-    disjoint rows, so they may commit (PostgreSQL's writer lanes) or run
-    their statements (its batch, grouped) in either order; two that share
-    one keep their submission order.
+    disjoint rows, so PostgreSQL's writer may run their statements in
+    either order (grouped by statement); two that share one keep theirs.
     """
     command = prepared.command
     events = command.events

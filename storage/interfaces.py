@@ -50,11 +50,9 @@ class EventLog(Recorder, Protocol):
     def submit(self, command: Command) -> asyncio.Future[list[RecordedEvent]]:
         """Queue ``command`` without waiting.
 
-        Commands that share a session (one they append to, expect, lease, or
-        name as a parent) commit in submission order. Commands on disjoint
-        sessions that were submitted without one awaiting the other may
-        commit in either order (PostgreSQL's writer lanes); positions always
-        follow commit order.
+        Commands commit in submission order, so a caller may submit several
+        and await only the last one it needs to be durable; positions follow
+        commit order.
         """
         ...
 

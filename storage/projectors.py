@@ -140,7 +140,10 @@ _DELIVER_MESSAGE: Final = (
     "INSERT INTO session_message"
     " (id, session_id, type, seq, time_created, time_updated, data, changed)"
     " SELECT id, session_id, type, ?, ?, ?,"
-    " json_object('payload', json(payload), 'delivery', delivery, 'timeCreated', time_created), ?"
+    # A JSON object both engines build alike (SQLite's json_object, minified;
+    # delivery is 'steer' or 'queue' by the inbox's CHECK).
+    """ '{"payload":' || json(payload) || ',"delivery":"' || delivery"""
+    """ || '","timeCreated":' || time_created || '}', ?"""
     " FROM session_inbox WHERE id = ? AND session_id = ? AND type IN ('user', 'synthetic')"
 )
 

@@ -14,7 +14,7 @@ import asyncpg
 
 from storage.errors import ProjectionConflict
 from storage.postgres import schema
-from storage.postgres.dialect import affected, translate
+from storage.postgres.dialect import translate
 from storage.projectors import project
 from storage.reads import record_from_row
 from storage.schema import PROJECTION_TABLES
@@ -64,3 +64,9 @@ async def rebuild_projections(url: str) -> tuple[Dump, Dump]:
         return stored, rebuilt
     finally:
         await conn.close()
+
+
+def affected(status: str) -> int:
+    """Rows a statement touched, from its command tag (``UPDATE 3``, ``INSERT 0 1``)."""
+    tail = status.rpartition(" ")[2]
+    return int(tail) if tail.isdigit() else 0

@@ -7,18 +7,17 @@ them in commit order. ``cursor`` is the last position handed out this way.
 After a lost listen connection (or a notice queue past its bound) nothing
 is known about what was missed, so a catch-up reads everything after the
 cursor instead, skipping this store's own recent batches (published at
-their COMMIT already; a catch-up never reads while one of them commits, so
-their ranges are known by then: :class:`CommitGate`).
+their COMMIT already; the writer owns each batch's range before its
+COMMIT, so no row of one is visible before its range is known).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from bisect import bisect_right
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import asyncpg
@@ -27,10 +26,10 @@ from storage.errors import StorageBrokenError, StoreClosedError
 from storage.postgres._errors import reason as _reason
 from storage.postgres.notify import Notice
 from storage.queries import Fetch
-from storage.reads import record_from_row
+from storage.reads import EVENT_COLUMNS, record_from_row
 from storage.recorder import RecordedEvent
 
-__all__ = ["MAX_NOTICES", "MAX_OWN_RANGES", "CommitGate", "RemoteCommits"]
+__all__ = ["MAX_NOTICES", "MAX_OWN_RANGES", "RemoteCommits"]
 
 log = logging.getLogger(__name__)
 
@@ -42,47 +41,6 @@ MAX_NOTICES: Final = 4096
 MAX_OWN_RANGES: Final = 4096
 _PAGE: Final = 512
 _CATCH_UP: Final = None  # a queue entry: read everything after the cursor
-_EVENT_COLUMNS: Final = "position, id, aggregate_id, seq, type, created, data"
-
-
-class CommitGate:
-    """Any number of this store's batches committing, or one catch-up read: never both.
-
-    A catch-up closes the gate to new commits, waits for the running ones to
-    finish (their ranges are owned by then), reads, and opens it again.
-    """
-
-    def __init__(self) -> None:
-        self._commits = 0
-        #: Set while no commit runs.
-        self._idle = asyncio.Event()
-        self._idle.set()
-        #: Set while no catch-up runs (or waits to).
-        self._open = asyncio.Event()
-        self._open.set()
-
-    @contextlib.asynccontextmanager
-    async def commit(self) -> AsyncIterator[None]:
-        while not self._open.is_set():
-            await self._open.wait()
-        self._commits += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self._commits -= 1
-            if self._commits == 0:
-                self._idle.set()
-
-    @contextlib.asynccontextmanager
-    async def catch_up(self) -> AsyncIterator[None]:
-        """For one caller at a time (the delivery task)."""
-        self._open.clear()
-        try:
-            await self._idle.wait()
-            yield
-        finally:
-            self._open.set()
 
 
 class RemoteCommits:
@@ -92,11 +50,6 @@ class RemoteCommits:
         self._queue: deque[Notice | None] = deque()
         self._bell = asyncio.Event()
         self._own_ranges: deque[tuple[int, int]] = deque(maxlen=MAX_OWN_RANGES)
-        #: Passed by the store's writer lanes while a batch commits, until its
-        #: range is owned; a catch-up reads with it closed, so it never sees an
-        #: unowned batch of this store (the fast path learns its range only
-        #: after COMMIT).
-        self.gate = CommitGate()
         self._cursor = 0
 
     async def start_after(self, position: int) -> None:
@@ -106,16 +59,9 @@ class RemoteCommits:
     def own(self, first: int, last: int) -> None:
         """This store's batch at ``first..last``: never hand it out again.
 
-        Two writer lanes may tell their ranges out of position order (each
-        learns its own when its answer arrives); the ranges stay sorted.
+        Told before the batch's COMMIT, in commit order.
         """
-        own = self._own_ranges
-        if not own or own[-1][0] < first:
-            own.append((first, last))
-            return
-        if len(own) == own.maxlen:
-            own.popleft()
-        own.insert(bisect_right(own, (first, last)), (first, last))
+        self._own_ranges.append((first, last))
 
     def noticed(self, notice: Notice) -> None:
         if len(self._queue) >= MAX_NOTICES:
@@ -142,7 +88,7 @@ class RemoteCommits:
                         await self._catch_up()
                     elif notice.last > self._cursor:
                         rows = await self._fetch(
-                            f"SELECT {_EVENT_COLUMNS} FROM event"
+                            f"SELECT {EVENT_COLUMNS} FROM event"
                             " WHERE position > ? AND position <= ? ORDER BY position",
                             (max(notice.first - 1, self._cursor), notice.last),
                         )
@@ -161,13 +107,9 @@ class RemoteCommits:
                     await asyncio.sleep(0.1)
 
     async def _catch_up(self) -> None:
-        async with self.gate.catch_up():
-            await self._catch_up_owned()
-
-    async def _catch_up_owned(self) -> None:
         while True:
             rows = await self._fetch(
-                f"SELECT {_EVENT_COLUMNS} FROM event WHERE position > ? ORDER BY position LIMIT ?",
+                f"SELECT {EVENT_COLUMNS} FROM event WHERE position > ? ORDER BY position LIMIT ?",
                 (self._cursor, _PAGE),
             )
             if not rows:

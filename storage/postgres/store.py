@@ -5,27 +5,24 @@
         session = await store.queries.session(session_id)
 
 The same surface and semantics as :class:`~storage.sqlite.SQLiteStore`
-(group commit, one transaction per batch and a SAVEPOINT per command, seq
-from 1 without gaps, idempotent exact replay, projections in the same
-transaction, subscribers told only after COMMIT), except that any number of
-processes on any number of hosts may write one database: see
-:mod:`._writer` for how seq and position stay safe, and the ordering
-``read_all`` guarantees. Most batches commit in one round trip without
-savepoints, with the same outcomes (:mod:`._fast`); ``batch_paths`` counts
-which path each batch took.
+(group commit, one transaction per batch, one command's failure failing it
+alone, seq from 1 without gaps, idempotent exact replay, projections in the
+same transaction, commands committed in submission order, subscribers told
+only after COMMIT), except that any number of processes on any number of
+hosts may write one database: see :mod:`.writer` for how seq and position
+stay safe, and the ordering ``read_all`` guarantees. ``batch_paths`` counts
+the batches committed whole and those redone a command at a time.
 
-Connections: ``writers`` writer lanes (each a task committing one batch at a
-time on a connection of its own, reconnecting after losing it; two lanes
-keep one batch on the server while the next is built: :mod:`._lanes`), a
-pool of ``readers``, and one that LISTENs (:mod:`.listen`), listed while it
-does so that other origins' batches notify it (:mod:`.listeners`). Subscribers
-hear this store's own commits right after COMMIT, and other processes'
-commits once the notice arrives: the listener reads those rows back from
-the table, in commit order. So each origin's batches reach a subscriber in
-position order per session, but a local batch may be heard before an
-earlier remote one is read back (or, with two lanes, before an earlier
-local one on disjoint sessions); a reader that needs one total order reads
-it from the log (``read_all``), as :mod:`storage.follow` does.
+Connections: one writer (a task committing one batch at a time,
+reconnecting after losing it), a pool of ``readers``, and one that LISTENs
+(:mod:`.listen`), listed while it does so that other origins' batches
+notify it (:mod:`.listeners`). Subscribers hear this store's own commits
+right after COMMIT, and other processes' commits once the notice arrives:
+the listener reads those rows back from the table, in commit order. So each
+origin's batches reach a subscriber in position order, but a local batch
+may be heard before an earlier remote one is read back; a reader that needs
+one total order reads it from the log (``read_all``), as
+:mod:`storage.follow` does.
 
 ``read_only=True`` opens no writer and runs no migration (an older schema
 is refused), and its readers' sessions are read-only; it still listens.
@@ -53,18 +50,17 @@ from storage._url import redact
 from storage.batch import Outcome, Prepared
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
-from storage.postgres import schema, writer
+from storage.postgres import schema
 from storage.postgres._errors import UNAVAILABLE
 from storage.postgres._errors import reason as _reason
-from storage.postgres._lanes import Share, take
-from storage.postgres._writer import LOG_LOCK, CommandGuard, Heads, Plans, commit_batch
 from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener, notices
 from storage.postgres.listeners import UNLIST, Origins, register
 from storage.postgres.notify import Notice
 from storage.postgres.remote import RemoteCommits
+from storage.postgres.writer import LOG_LOCK, commit_batch
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
-from storage.reads import record_from_row
+from storage.reads import LogReads
 from storage.recorder import Command, RecordedEvent, Subscriber
 from storage.schema import SCHEMA_VERSION
 
@@ -74,16 +70,8 @@ log = logging.getLogger(__name__)
 
 #: A batch never holds more commands than this (as for SQLite).
 MAX_BATCH: Final = 1024
-#: Writer connections by default (see :mod:`._lanes`). Two overlapped one
-#: batch's Python half with the other's server half on the fast path, whose
-#: lock is held on the server alone; the plain path holds it across its round
-#: trips, so a second lane's batch only waits for it (scripts/bench_postgres.py).
-WRITERS: Final = 1
 #: The NOTIFY channel every store of one database shares.
 CHANNEL: Final = "sessionrt_log"
-
-_EVENT_COLUMNS: Final = "position, id, aggregate_id, seq, type, created, data"
-
 
 class _State(enum.Enum):
     UNOPENED = "unopened"
@@ -92,16 +80,14 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-class PostgresStore:
+class PostgresStore(LogReads):
     def __init__(
         self,
         url: str,
         *,
         readers: int = 4,
-        writers: int = WRITERS,
         read_only: bool = False,
         decode_cache_bytes: int = DECODE_CACHE_BYTES,
-        guard: CommandGuard | None = None,
         channel: str = CHANNEL,
     ) -> None:
         self._url = url
@@ -109,28 +95,19 @@ class PostgresStore:
         self.where = redact(url)
         self.read_only = read_only
         self.channel = channel
-        #: Runs inside each command's SAVEPOINT before it writes (see :mod:`._writer`).
-        self.guard = guard
         #: Tells this store's NOTIFYs from other processes'.
         self.origin = ids.event_id().removeprefix("evt_")
         self._reader_count = readers
-        if writers < 1:
-            raise ValueError("a store that writes needs at least one writer connection")
         self._state = _State.UNOPENED
-        #: One connection per writer lane, opened at open (lane 0's first, for
-        #: the migration); a lane that loses its connection opens another.
-        self._writers: list[asyncpg.Connection | None] = [None] * writers
-        #: Each lane's batch in flight: the keys it holds and its commands
-        #: (see :func:`._lanes.take`).
-        self._in_flight: list[tuple[frozenset[str], int] | None] = [None] * writers
-        self._share = Share(writers)
+        #: Opened at open (the migration runs on it); replaced when lost.
+        self._writer: asyncpg.Connection | None = None
         self._pool: asyncpg.Pool | None = None
         self._listener: Listener | None = None
         self._pending: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]] = []
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
-        self._write_tasks: list[asyncio.Task[None]] = []
+        self._write_task: asyncio.Task[None] | None = None
         self._deliver_task: asyncio.Task[None] | None = None
         #: The origins of the notices heard (hosts of an earlier build get rows).
         self._origins = Origins(self._listener_fetchval)
@@ -143,14 +120,8 @@ class PostgresStore:
         self.queries = Queries(
             self.fetch, cache_bytes=decode_cache_bytes, fetch_many=self.fetch_many
         )
-        #: The optimistic path's statement plans (see :mod:`._fast`).
-        self._plans = Plans()
-        self._heads = Heads()
-        #: True: the generated function's path (:mod:`._fast`), False: the plain
-        #: path (:mod:`.writer`). Both exist for one measurement (issue 38).
-        self.fast_path = False
-        #: Batches committed by each path.
-        self.batch_paths = {"fast": 0, "savepoints": 0, "plain": 0, "isolated": 0}
+        #: Batches committed whole, and redone with a SAVEPOINT per command.
+        self.batch_paths = {"plain": 0, "isolated": 0}
 
     @property
     def path(self) -> str | None:
@@ -202,12 +173,8 @@ class PostgresStore:
                         f" {SCHEMA_VERSION}; open it for writing once to migrate"
                     )
             else:
-                self._writers[0] = await self._connect()
-                await schema.migrate(self._writers[0])
-                # The other lanes now, not at their first batch: a burst's
-                # first split would otherwise wait for a connection.
-                for lane in range(1, len(self._writers)):
-                    self._writers[lane] = await self._connect()
+                self._writer = await self._connect()
+                await schema.migrate(self._writer)
             settings = {"default_transaction_read_only": "on"} if self.read_only else {}
             try:
                 self._pool = await asyncpg.create_pool(
@@ -241,10 +208,7 @@ class PostgresStore:
                 self._origins.look_up(), name="sessionrt-origins"
             )
             if not self.read_only:
-                self._write_tasks = [
-                    asyncio.create_task(self._write_loop(lane), name=f"sessionrt-write-{lane}")
-                    for lane in range(len(self._writers))
-                ]
+                self._write_task = asyncio.create_task(self._write_loop(), name="sessionrt-write")
         except BaseException:
             await self.close()
             raise
@@ -256,7 +220,7 @@ class PostgresStore:
         try:
             await self._drained.wait()
         finally:
-            for task in (*self._write_tasks, self._deliver_task, self._origins_task):
+            for task in (self._write_task, self._deliver_task, self._origins_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -264,11 +228,10 @@ class PostgresStore:
             if self._listener is not None:
                 await self._unlist()
                 await self._listener.stop()
-            for lane, writer in enumerate(self._writers):
-                if writer is not None:
-                    with contextlib.suppress(Exception):
-                        await writer.close()
-                    self._writers[lane] = None
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    await writer.close()
             if self._pool is not None:
                 with contextlib.suppress(Exception):  # TimeoutError too: terminated below
                     async with asyncio.timeout(5.0):  # not wait_for (3.11 can swallow a cancel)
@@ -310,8 +273,7 @@ class PostgresStore:
                 await self._listener.execute(UNLIST, self.origin)
 
     def _noticed(self, notice: Notice) -> None:
-        """Another host's commit: the fast path's heads first, then the followers."""
-        self._heads.saw(notice.heads)
+        """Another host's commit: for the followers, and its origin looked up."""
         self._remote.noticed(notice)
         self._origins.heard(notice.origin)
 
@@ -331,12 +293,8 @@ class PostgresStore:
         return await self.submit(command)
 
     def submit(self, command: Command) -> asyncio.Future[list[RecordedEvent]]:
-        """Queue ``command``; a future of its records.
-
-        Commands sharing a session commit in submission order; commands on
-        disjoint sessions, submitted without one awaiting the other, may
-        commit in either order (two writer lanes: see :mod:`._lanes`).
-        """
+        """Queue ``command``; a future of its records. Commands commit in
+        submission order, so a caller may submit several and await the last."""
         self._check_open()
         if self.read_only:
             raise StoreClosedError(f"store {self.where} is open read-only")
@@ -350,92 +308,55 @@ class PostgresStore:
         self._wake.set()
         return future
 
-    async def _write_loop(self, lane: int) -> None:
-        """One writer lane: take what may go now (see :mod:`._lanes`), commit it, repeat."""
+    async def _write_loop(self) -> None:
+        """Take what is pending (at most :data:`MAX_BATCH`), commit it, repeat."""
         while True:
-            batch = self._take(lane)
-            if not batch:
-                if not self._pending and all(held is None for held in self._in_flight):
-                    self._drained.set()
+            if not self._pending:
+                self._drained.set()
                 await self._wake.wait()
                 self._wake.clear()
                 # One tick for producers that are already runnable to join the batch.
                 await asyncio.sleep(0)
                 continue
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             started = time.perf_counter()
             try:
-                outcomes, published = await self._commit(lane, [p for p, _ in batch])
+                outcomes, published = await self._commit([p for p, _ in batch])
             except Exception as exc:
                 # Nothing named it (a bug, or the driver failing in a way not
                 # foreseen): the batch fails, its appenders hear so, and the
-                # lane goes on, on a new connection. A dead lane would leave
-                # its appenders waiting for ever.
-                log.exception("writer lane %d failed", lane)
-                self._drop_writer(lane)
+                # writer goes on, on a new connection. A dead writer would
+                # leave its appenders waiting for ever.
+                log.exception("the writer failed")
+                self._drop_writer()
                 broken = StorageBrokenError(f"commit failed: {type(exc).__name__}")
                 outcomes, published = [Outcome(error=broken) for _ in batch], []
-            finally:
-                self._in_flight[lane] = None
             self._batch_done(batch, outcomes, published, time.perf_counter() - started)
-            if self._pending:
-                # Commands held back behind this batch's keys may go now, on any lane.
-                self._wake.set()
 
-    def _drop_writer(self, lane: int) -> None:
-        """Forget the lane's connection (closing it at once); the next batch makes one."""
-        writer, self._writers[lane] = self._writers[lane], None
+    def _drop_writer(self) -> None:
+        """Forget the writer connection (closing it at once); the next batch makes one."""
+        writer, self._writer = self._writer, None
         if writer is not None and not writer.is_closed():
             writer.terminate()
 
-    def _take(self, lane: int) -> list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]]:
-        if not self._pending:
-            return []
-        busy = [held for held in self._in_flight if held is not None]
-        share = self._share.seen(len(self._pending) + sum(count for _, count in busy))
-        batch, self._pending, held = take(self._pending, busy, share=min(share, MAX_BATCH))
-        if batch:
-            self._in_flight[lane] = (held, len(batch))
-        return batch
-
-    async def _commit(
-        self, lane: int, batch: list[Prepared]
-    ) -> tuple[list[Outcome], list[RecordedEvent]]:
-        writer_conn = self._writers[lane]
+    async def _commit(self, batch: list[Prepared]) -> tuple[list[Outcome], list[RecordedEvent]]:
+        writer = self._writer
         try:
-            if writer_conn is None or writer_conn.is_closed():
-                writer_conn = self._writers[lane] = await self._connect()
-            async with self._remote.gate.commit():
-                if not self.fast_path and self.guard is None:
-                    plain = await writer.commit_batch(
-                        writer_conn,
-                        batch,
-                        channel=self.channel,
-                        origin=self.origin,
-                        own=self._remote.own,
-                    )
-                    self.batch_paths["isolated" if plain.isolated else "plain"] += 1
-                    return plain.outcomes, plain.published
-                result = await commit_batch(
-                    writer_conn,
-                    batch,
-                    guard=self.guard,
-                    plans=self._plans,
-                    heads=self._heads,
-                    channel=self.channel,
-                    origin=self.origin,
-                    own=self._remote.own,
-                    fast=self.fast_path,
-                )
+            if writer is None or writer.is_closed():
+                writer = self._writer = await self._connect()
+            result = await commit_batch(
+                writer, batch, channel=self.channel, origin=self.origin, own=self._remote.own
+            )
         except (*UNAVAILABLE, asyncpg.PostgresError, StorageBrokenError) as exc:
             # The outcome of a COMMIT cut off by a lost connection is unknown;
             # an exact replay of the command is idempotent, so retrying is safe.
-            if writer_conn is not None and (
-                writer_conn.is_closed() or isinstance(exc, asyncpg.InternalClientError)
+            if writer is not None and (
+                writer.is_closed() or isinstance(exc, asyncpg.InternalClientError)
             ):
-                self._drop_writer(lane)  # the driver's own state is in doubt: a new one
+                self._drop_writer()  # the driver's own state is in doubt: a new one
             broken = StorageBrokenError(f"commit failed: {_reason(exc)}")
             return [Outcome(error=broken) for _ in batch], []
-        self.batch_paths["fast" if result.fast else "savepoints"] += 1
+        self.batch_paths["isolated" if result.isolated else "plain"] += 1
         return result.outcomes, result.published
 
     def _batch_done(
@@ -458,7 +379,7 @@ class PostgresStore:
             else:
                 future.set_exception(outcome.error or StorageBrokenError("no outcome"))
         if published:
-            self._publish(sorted(published, key=lambda r: r.position))
+            self._publish(published)
 
     # -- live subscribers -----------------------------------------------------------------------
 
@@ -526,30 +447,6 @@ class PostgresStore:
     async def _fetchval(self, sql: str, params: Sequence[Any] = ()) -> Any:
         rows = await self.fetch(sql, params)
         return rows[0][0]
-
-    async def read(
-        self, aggregate_id: str, *, after: int = 0, limit: int = 512
-    ) -> list[RecordedEvent]:
-        rows = await self.fetch(
-            f"SELECT {_EVENT_COLUMNS} FROM event WHERE aggregate_id = ? AND seq > ?"
-            " ORDER BY seq LIMIT ?",
-            (aggregate_id, after, limit),
-        )
-        return [record_from_row(r) for r in rows]
-
-    async def read_all(self, *, after: int = 0, limit: int = 512) -> list[RecordedEvent]:
-        """Events with ``position > after`` in position order (= commit order, see ``_writer``)."""
-        rows = await self.fetch(
-            f"SELECT {_EVENT_COLUMNS} FROM event WHERE position > ? ORDER BY position LIMIT ?",
-            (after, limit),
-        )
-        return [record_from_row(r) for r in rows]
-
-    async def last_seq(self, aggregate_id: str) -> int:
-        rows = await self.fetch(
-            "SELECT coalesce(max(seq), 0) FROM event WHERE aggregate_id = ?", (aggregate_id,)
-        )
-        return int(rows[0][0])
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

@@ -152,18 +152,20 @@ async def commit_batch(
     channel: str,
     origin: str,
     own: Callable[[int, int], None],
+    isolate: bool = False,
 ) -> BatchResult:
     """Commit ``batch`` in one transaction; raise only if the batch as a whole failed.
 
     The batch NOTIFYs ``channel`` with ``origin``'s payloads; ``own`` is told
     the positions it published before COMMIT (a catch-up racing the commit
-    skips them too). Any exception is the connection's, whose state is then
-    unknown: the caller replaces it.
+    skips them too). ``isolate`` runs a command at a time from the start
+    (tests compare the two runs). Any exception is the connection's, whose
+    state is then unknown: the caller replaces it.
     """
-    for isolate in (False, True):
+    for one_at_a_time in (True,) if isolate else (False, True):
         await conn.execute(_BEGIN)
         try:
-            result = await _commit(conn, batch, channel, origin, own, isolate=isolate)
+            result = await _commit(conn, batch, channel, origin, own, isolate=one_at_a_time)
         except _Redo:
             await conn.execute("ROLLBACK")
             continue  # again, a command at a time

@@ -23,6 +23,7 @@ from storage import (
     now_ms,
 )
 from storage._ops import Op
+from storage.lease import use_lease
 from storage.recorder import EntryWrite
 
 SID = "ses_lease"
@@ -44,6 +45,44 @@ async def _take(store: SQLiteStore, host: str, ttl_ms: int = 10_000, *, sid: str
 
 def _step(fence: Fence) -> Command:
     return Command.of(ev.SessionRenamed(session_id=SID, title="step"), lease=fence.hold())
+
+
+# -- the rules (one pure function; both backends' writers call it) -----------------------------
+
+
+def test_a_take_needs_no_row_an_expired_one_or_its_own_and_raises_the_epoch() -> None:
+    take = LeaseUse.take(SID, "host-a", 500)
+    assert use_lease(None, take, now=1_000) == (("host-a", 1, 1_500), 1)
+    assert use_lease(("host-b", 4, 1_000), take, now=1_000) == (("host-a", 5, 1_500), 5)
+    assert use_lease(("host-a", 4, 9_999), take, now=1_000) == (("host-a", 5, 1_500), 5)
+    with pytest.raises(LeaseHeldError) as caught:
+        use_lease(("host-b", 4, 1_001), take, now=1_000)
+    assert (caught.value.owner, caught.value.epoch) == ("host-b", 4)
+
+
+@pytest.mark.parametrize(
+    ("row", "detail"),
+    [
+        (None, "no lease was taken"),
+        (("host-b", 3, 9_000), "host host-b holds epoch 3"),
+        (("host-a", 2, 9_000), "host host-a holds epoch 2"),
+        (("host-a", 3, 1_000), "the lease expired"),
+    ],
+)
+def test_every_other_use_needs_the_row_live_at_its_host_and_epoch(
+    row: tuple[str, int, int] | None, detail: str
+) -> None:
+    fence = Fence(SID, "host-a", 3)
+    for use in (fence.hold(), fence.renew(500), fence.release()):
+        with pytest.raises(FencedError, match=detail):
+            use_lease(row, use, now=1_000)
+
+
+def test_hold_keeps_the_row_renew_moves_its_expiry_release_expires_it() -> None:
+    fence, row = Fence(SID, "host-a", 3), ("host-a", 3, 1_001)
+    assert use_lease(row, fence.hold(), now=1_000) == (row, 3)
+    assert use_lease(row, fence.renew(500), now=1_000) == (("host-a", 3, 1_500), 3)
+    assert use_lease(row, fence.release(), now=1_000) == (("host-a", 3, 0), 3)
 
 
 async def test_a_take_claims_and_leases_in_one_command(store: SQLiteStore) -> None:

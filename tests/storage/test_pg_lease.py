@@ -1,180 +1,132 @@
-"""Leases and fencing on a real PostgreSQL server (:mod:`storage._pg_lease`).
+"""Leases and fencing on a real PostgreSQL server, through stores standing for hosts.
 
-Each test gets its own database (created and dropped here). Two connections
-stand for two hosts; every lease step runs in a savepoint of a transaction,
-as a PostgreSQL batch runs it.
+The rules are :func:`storage.lease.use_lease` (tests/storage/test_lease.py
+holds them to each case); here, that PostgreSQL's writer applies them to the
+rows it reads under the batch lock, with the server's clock, so hosts on one
+database agree. A ttl of 0 is a lease already expired: no test waits for one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-asyncpg = pytest.importorskip("asyncpg")
+from protocol import Location
+from protocol import events as ev
+from storage import Command, Fence, FencedError, LeaseHeldError, LeaseUse, Store, connect
 
-from storage import Fence, FencedError, LeaseHeldError, LeaseUse, RecordedEvent  # noqa: E402
-from storage._pg_lease import LEASE_SCHEMA, fence_records, use_lease  # noqa: E402
-
-DSN = "postgresql://postgres@127.0.0.1:5432/{}"
 SID = "ses_pg"
 
 
 @pytest.fixture
-async def dsn() -> AsyncIterator[str]:
-    name = f"lease_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(DSN.format("postgres"))
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        conn = await asyncpg.connect(DSN.format(name))
-        try:
-            await conn.execute(LEASE_SCHEMA)
-        finally:
-            await conn.close()
-        yield DSN.format(name)
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-
-
-@pytest.fixture
-async def hosts(dsn: str) -> AsyncIterator[tuple[Any, Any]]:
-    a, b = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
-    try:
-        yield a, b
-    finally:
-        await a.close()
-        await b.close()
-
-
-async def in_savepoint(conn: Any, use: LeaseUse) -> int:
-    """One command's lease step, committed with its batch, or rolled back alone."""
-    async with conn.transaction():
-        savepoint = conn.transaction()
-        await savepoint.start()
-        try:
-            epoch = await use_lease(conn, use)
-        except Exception:
-            await savepoint.rollback()
-            raise
-        await savepoint.commit()
-        return epoch
-
-
-async def test_takes_raise_the_epoch_and_a_live_lease_refuses_others(
-    hosts: tuple[Any, Any],
-) -> None:
-    a, b = hosts
-    assert await in_savepoint(a, LeaseUse.take(SID, "host-a", 10_000)) == 1
-    with pytest.raises(LeaseHeldError) as caught:
-        await in_savepoint(b, LeaseUse.take(SID, "host-b", 10_000))
-    assert caught.value.owner == "host-a"
-    assert await in_savepoint(a, LeaseUse.take(SID, "host-a", 10_000)) == 2
-    await in_savepoint(a, Fence(SID, "host-a", 2).release())
-    assert await in_savepoint(b, LeaseUse.take(SID, "host-b", 10_000)) == 3
-
-
-async def test_a_stale_epoch_is_fenced_after_another_host_took_over(
-    hosts: tuple[Any, Any],
-) -> None:
-    a, b = hosts
-    stale = Fence(SID, "host-a", await in_savepoint(a, LeaseUse.take(SID, "host-a", 50)))
-    await asyncio.sleep(0.1)
-    with pytest.raises(FencedError, match="expired"):
-        await in_savepoint(a, stale.hold())
-    current = Fence(SID, "host-b", await in_savepoint(b, LeaseUse.take(SID, "host-b", 10_000)))
-    with pytest.raises(FencedError, match="host-b holds epoch 2"):
-        await in_savepoint(a, stale.hold())
-    with pytest.raises(FencedError):
-        await in_savepoint(a, stale.renew(10_000))
-    assert await in_savepoint(b, current.hold()) == 2
-
-
-async def test_renewal_keeps_a_lease_live(hosts: tuple[Any, Any]) -> None:
-    a, b = hosts
-    fence = Fence(SID, "host-a", await in_savepoint(a, LeaseUse.take(SID, "host-a", 200)))
-    for _ in range(4):
-        await asyncio.sleep(0.08)
-        await in_savepoint(a, fence.renew(200))
-    with pytest.raises(LeaseHeldError):
-        await in_savepoint(b, LeaseUse.take(SID, "host-b", 200))
-
-
-async def test_two_hosts_taking_at_once_one_wins(dsn: str) -> None:
-    conns = [await asyncpg.connect(dsn) for _ in range(6)]
-    try:
-        outcomes = await asyncio.gather(
-            *(
-                in_savepoint(c, LeaseUse.take(SID, f"host-{i}", 10_000))
-                for i, c in enumerate(conns)
-            ),
-            return_exceptions=True,
-        )
-    finally:
-        for c in conns:
-            await c.close()
-    assert sorted(type(o).__name__ for o in outcomes) == ["LeaseHeldError"] * 5 + ["int"]
-    assert [o for o in outcomes if isinstance(o, int)] == [1]
-
-
-async def test_fenced_events_record_their_writer(hosts: tuple[Any, Any]) -> None:
-    a, _ = hosts
-    use = LeaseUse.take(SID, "host-a", 10_000)
-    records = [
-        RecordedEvent(
-            position=p,
-            id=f"evt_{p}",
-            aggregate_id=agg,
-            seq=p,
-            type="t",
-            created=0,
-            data="{}",
-            event=None,
-        )
-        for p, agg in ((7, SID), (8, "ses_other"))
-    ]
-    async with a.transaction():
-        epoch = await use_lease(a, use)
-        fenced = await fence_records(a, use, epoch, records)
-    assert [r.epoch for r in fenced] == [1, None]
-    rows = await a.fetch("SELECT position, session_id, host_id, epoch FROM event_fence")
-    assert [tuple(r) for r in rows] == [(7, SID, "host-a", 1)]
-
-
-async def test_two_postgres_stores_fence_a_stale_host(pg_url: str) -> None:
-    """Through the store itself: two writers (two hosts) on one database."""
-    from protocol import Location
-    from protocol import events as ev
-    from storage import Command, connect
-
+async def hosts(pg_url: str) -> AsyncIterator[tuple[Store, Store]]:
     async with connect(pg_url) as a, connect(pg_url) as b:
         await a.append(
             Command.of(
                 ev.SessionCreated(session_id=SID, title="t", location=Location(directory="/"))
             )
         )
-        [started] = await a.append(
-            Command.of(ev.ExecutionStarted(session_id=SID), lease=LeaseUse.take(SID, "host-a", 50))
+        yield a, b
+
+
+async def use(store: Store, lease: LeaseUse, *events: ev.Event) -> int:
+    """The epoch ``lease`` holds once committed (with ``events``, if any)."""
+    command = Command.of(*events, lease=lease) if events else Command(events=(), lease=lease)
+    records = await store.append(command)
+    return lease.epoch if not records else int(records[0].epoch or 0)
+
+
+def started() -> ev.ExecutionStarted:
+    return ev.ExecutionStarted(session_id=SID)
+
+
+async def test_takes_raise_the_epoch_and_a_live_lease_refuses_others(
+    hosts: tuple[Store, Store],
+) -> None:
+    a, b = hosts
+    assert await use(a, LeaseUse.take(SID, "host-a", 60_000), started()) == 1
+    with pytest.raises(LeaseHeldError) as caught:
+        await use(b, LeaseUse.take(SID, "host-b", 60_000), started())
+    assert (caught.value.owner, caught.value.epoch) == ("host-a", 1)
+    assert await use(a, LeaseUse.take(SID, "host-a", 60_000), started()) == 2
+    await use(a, Fence(SID, "host-a", 2).release())
+    assert await use(b, LeaseUse.take(SID, "host-b", 60_000), started()) == 3
+
+
+async def test_a_stale_epoch_is_fenced_once_expired_and_after_another_host_took_over(
+    hosts: tuple[Store, Store],
+) -> None:
+    a, b = hosts
+    stale = Fence(SID, "host-a", await use(a, LeaseUse.take(SID, "host-a", 0), started()))
+    with pytest.raises(FencedError, match="expired"):
+        await use(a, stale.hold(), ev.SessionRenamed(session_id=SID, title="late"))
+    current = Fence(SID, "host-b", await use(b, LeaseUse.take(SID, "host-b", 60_000), started()))
+    with pytest.raises(FencedError, match="host-b holds epoch 2"):
+        await use(a, stale.hold(), ev.SessionRenamed(session_id=SID, title="late"))
+    with pytest.raises(FencedError):
+        await use(a, stale.renew(60_000))
+    assert await use(b, current.hold(), ev.SessionRenamed(session_id=SID, title="b")) == 2
+    assert [r.event.title for r in await b.read(SID) if isinstance(r.event, ev.SessionRenamed)] == [
+        "b"
+    ]
+
+
+async def test_a_renewal_moves_the_expiry_on_the_servers_clock(
+    hosts: tuple[Store, Store],
+) -> None:
+    a, b = hosts
+    fence = Fence(SID, "host-a", await use(a, LeaseUse.take(SID, "host-a", 1_000), started()))
+    [before] = await a.queries.leases()
+    await use(a, fence.renew(3_600_000))
+    [after] = await b.queries.leases()
+    assert (after.host_id, after.epoch) == ("host-a", 1)
+    assert after.expires >= before.expires + 3_599_000
+    with pytest.raises(LeaseHeldError):
+        await use(b, LeaseUse.take(SID, "host-b", 60_000), started())
+
+
+async def test_hosts_taking_at_once_leave_one_winner(pg_url: str, hosts: Any) -> None:
+    stores = [connect(pg_url) for _ in range(4)]
+    for store in stores:
+        await store.open()
+    try:
+        outcomes = await asyncio.gather(
+            *(
+                use(store, LeaseUse.take(SID, f"host-{i}", 60_000), started())
+                for i, store in enumerate(stores)
+            ),
+            return_exceptions=True,
         )
-        assert started.epoch == 1
-        stale = Fence(SID, "host-a", 1)
-        await asyncio.sleep(0.1)
-        [taken] = await b.append(
-            Command.of(
-                ev.ExecutionRecovering(session_id=SID, attempt=1),
-                lease=LeaseUse.take(SID, "host-b", 10_000),
-            )
+    finally:
+        for store in stores:
+            await store.close()
+    assert sorted(type(o).__name__ for o in outcomes) == ["LeaseHeldError"] * 3 + ["int"]
+    assert [o for o in outcomes if isinstance(o, int)] == [1]
+
+
+async def test_fenced_events_record_their_writer_and_carry_its_epoch(
+    hosts: tuple[Store, Store],
+) -> None:
+    a, _ = hosts
+    await a.append(
+        Command.of(
+            ev.SessionCreated(session_id="ses_other", title="t", location=Location(directory="/"))
         )
-        assert taken.epoch == 2
-        before = await a.last_seq(SID)
-        with pytest.raises(FencedError):
-            await a.append(
-                Command.of(ev.SessionRenamed(session_id=SID, title="late"), lease=stale.hold())
-            )
-        assert await b.last_seq(SID) == before
-        [claim] = await b.queries.claims()
-        assert claim.lease is not None
-        assert (claim.lease.host_id, claim.lease.epoch) == ("host-b", 2)
+    )
+    epoch = await use(a, LeaseUse.take(SID, "host-a", 60_000), started())
+    records = await a.append(
+        Command.of(
+            ev.SessionRenamed(session_id=SID, title="mine"),
+            ev.SessionRenamed(session_id="ses_other", title="not fenced"),
+            lease=Fence(SID, "host-a", epoch).hold(),
+        )
+    )
+    assert [(r.aggregate_id, r.epoch) for r in records] == [(SID, 1), ("ses_other", None)]
+    rows = await a.fetch(
+        "SELECT e.aggregate_id, e.seq, f.host_id, f.epoch FROM event_fence f"
+        " JOIN event e ON e.position = f.position ORDER BY e.position"
+    )
+    assert rows == [(SID, 2, "host-a", 1), (SID, 3, "host-a", 1)]

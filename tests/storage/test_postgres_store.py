@@ -225,7 +225,7 @@ async def test_a_batch_that_fails_in_an_unforeseen_way_fails_its_appenders_and_t
     StorageBrokenError, the lane's connection is replaced, and writes go on."""
     from storage.postgres import store as store_module
 
-    real = store_module.writer.commit_batch
+    real = store_module.commit_batch
     calls = 0
 
     async def failing_once(*args: Any, **kwargs: Any) -> Any:
@@ -235,12 +235,12 @@ async def test_a_batch_that_fails_in_an_unforeseen_way_fails_its_appenders_and_t
             raise failure
         return await real(*args, **kwargs)
 
-    monkeypatch.setattr(store_module.writer, "commit_batch", failing_once)
+    monkeypatch.setattr(store_module, "commit_batch", failing_once)
     async with PostgresStore(pg_url) as store:
         async with asyncio.timeout(10):
             with pytest.raises(StorageBrokenError, match="commit failed"):
                 await store.append(Command.of(created("ses_w")))
-            for _ in range(4):  # every lane, each on a working connection
+            for _ in range(4):  # on a working connection
                 await store.append(Command.of(created(f"ses_{_}")))
         assert await store.last_seq("ses_w") == 0
         assert await store.last_seq("ses_3") == 1
@@ -294,14 +294,12 @@ async def _listed(conn: asyncpg.Connection) -> dict[str, int | None]:
     return dict(await conn.fetch("SELECT origin, pid FROM log_listener"))
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "savepoints"])
 async def test_a_store_alone_notifies_nobody_and_notifies_a_listener_once_it_is_listed(
-    pg_url: str, fast: bool
+    pg_url: str,
 ) -> None:
     other = await Listening.on(pg_url)
     try:
         async with PostgresStore(pg_url) as store:
-            store.fast_path = fast
             await store.append(Command.of(created("ses_a")))  # only its own listener listed
             await register(other.conn, "other-host", lock=LOG_LOCK)
             [second] = await store.append(Command.of(renamed("ses_a", "x")))
@@ -311,7 +309,7 @@ async def test_a_store_alone_notifies_nobody_and_notifies_a_listener_once_it_is_
             assert [(n.origin, n.first, n.last) for n in other.notices] == [
                 (store.origin, second.position, second.position)
             ]
-            assert store.batch_paths["fast" if fast else "plain"] == 2
+            assert store.batch_paths == {"plain": 2, "isolated": 0}
     finally:
         await other.conn.close()
 
@@ -444,29 +442,6 @@ async def test_listing_a_store_deletes_the_rows_of_listeners_gone_or_expired(
             }
     finally:
         await admin.close()
-
-
-async def test_a_guard_refuses_its_command_alone_inside_the_batch(pg_url: str) -> None:
-    async def fence(conn: Any, command: Command) -> None:
-        # A real query in the batch's transaction, as a fencing check would run.
-        if await conn.fetchval("SELECT $1::text LIKE 'stale%'", command.events[0].event.title):
-            raise AppendConflictError("stale epoch")
-
-    async with PostgresStore(pg_url, guard=fence) as store:
-        await store.append(
-            Command.of(
-                ev.SessionCreated(session_id="ses_a", title="ok", location=Location(directory="/"))
-            )
-        )
-        outcomes = await asyncio.gather(
-            store.append(Command.of(renamed("ses_a", "one"))),
-            store.append(Command.of(renamed("ses_a", "stale write"))),
-            store.append(Command.of(renamed("ses_a", "two"))),
-            return_exceptions=True,
-        )
-        assert isinstance(outcomes[1], AppendConflictError)
-        titles = [r.event.title for r in await store.read("ses_a")]
-        assert titles == ["ok", "one", "two"]
 
 
 async def test_the_password_in_the_url_never_reaches_an_error_or_a_log(

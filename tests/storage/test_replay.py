@@ -32,6 +32,7 @@ from storage import (
     AppendConflictError,
     Command,
     DivergedError,
+    NewEvent,
     ProjectionConflict,
     SeqConflictError,
     SQLiteStore,
@@ -41,7 +42,7 @@ from storage.postgres import PostgresStore
 from storage.postgres.rebuild import rebuild_projections as rebuild_projections_pg
 
 pick = st.integers(min_value=0, max_value=50)
-# PostgreSQL refuses NUL in text (tests/storage/test_pg_fast_path.py shows the
+# PostgreSQL refuses NUL in text (tests/storage/test_pg_writer.py shows the
 # command refused alone); the replay property is about everything else, so its
 # PostgreSQL run draws text without it.
 _NO_NUL = st.characters(blacklist_characters="\x00")
@@ -273,6 +274,43 @@ def test_replay_equals_incremental_projection_on_postgresql(ops: list[tuple[Any,
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp) / "unused.sqlite"))
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(operations_pg)
+def test_a_log_appended_as_one_batch_on_postgresql_projects_as_its_replay(
+    ops: list[tuple[Any, ...]],
+) -> None:
+    """The PostgreSQL writer runs a batch's statements grouped into runs, one
+    executemany each, across the batch's sessions. The log a varied workload
+    wrote (on SQLite, a command at a time), appended again to PostgreSQL as a
+    single batch, must commit whole (no op found other rows than it expected:
+    each session's statements kept their order) and leave exactly the
+    projections that replaying it op by op gives."""
+
+    async def scenario(path: Path) -> None:
+        await run(path, ops)
+        async with SQLiteStore(path, read_only=True) as lite:
+            records = await lite.read_all(limit=100_000)
+        commands = [
+            Command(events=(NewEvent(event=r.event, id=r.id, created=r.created),))
+            for r in records
+            if r.event is not None
+        ]
+        async with pgdb.database() as url:
+            async with PostgresStore(url) as store:
+                await asyncio.gather(*(store.submit(c) for c in commands))
+                assert store.batch_paths == {"plain": 1 if commands else 0, "isolated": 0}
+            stored, rebuilt = await rebuild_projections_pg(url)
+            assert stored == rebuilt
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp) / "replay.sqlite"))
 
 
 @settings(max_examples=40, deadline=None)
