@@ -12,8 +12,9 @@ is advisory, so a lost one leaves its input admitted, run at the next wake.
 An interrupt is the one message that must arrive: :mod:`actors.interrupts`
 has it answered and resends it until it is.
 :class:`LocalHostBus` connects hosts of one process (SQLite, and tests);
-:class:`NotifyHostBus` connects processes on one PostgreSQL server
-(LISTEN/NOTIFY, :mod:`storage._pg_channel`, which re-makes a lost connection).
+:class:`NotifyHostBus` connects processes that share a database server,
+through the :class:`~storage.HostChannel` :func:`storage.host_channel` hands
+out (on PostgreSQL, LISTEN/NOTIFY on a connection it re-makes when lost).
 A subscriber's handler runs on the event loop and must not block.
 """
 
@@ -26,7 +27,7 @@ from typing import Final, Literal, Protocol
 import attrs
 import orjson
 
-from storage._pg_channel import NotifyChannel
+from storage import HostChannel, host_channel
 
 __all__ = ["HostBus", "HostMessage", "LocalHostBus", "NotifyHostBus"]
 
@@ -125,19 +126,19 @@ _IDS_PER_NOTICE: Final = 100
 
 
 class NotifyHostBus:
-    """Hosts in several processes, over one PostgreSQL server's LISTEN/NOTIFY.
+    """Hosts in several processes, over their database server's host channel.
 
     Owns its channel (and the channel's connection): ``open`` before use,
     ``close`` after the last publish.
     """
 
-    def __init__(self, dsn: str, *, on_reconnect: Callable[[], None] | None = None) -> None:
+    def __init__(self, database: str, *, on_reconnect: Callable[[], None] | None = None) -> None:
         #: ``on_reconnect``: called once the channel listens again after losing
         #: its connection (what was sent meanwhile is lost).
-        self._channel = NotifyChannel(dsn, on_reconnect=on_reconnect)
+        self._channel = host_channel(database, on_reconnect=on_reconnect)
 
     @property
-    def channel(self) -> NotifyChannel:
+    def channel(self) -> HostChannel:
         return self._channel
 
     async def open(self) -> None:

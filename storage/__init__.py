@@ -1,13 +1,14 @@
 """The append-only event log and its projections. Depends on protocol only.
 
 Above this package, name the Protocols (:class:`EventLog`, :class:`SessionReads`,
-:class:`Store`) and open a store with :func:`connect`; never a backend.
+:class:`Store`, :class:`HostChannel`) and open a store with :func:`connect`, a
+channel between hosts with :func:`host_channel`; never a backend.
 """
 
 from storage._ops import Op, no_staged_revert
 from storage._url import redact
 from storage._writer import Synchronous
-from storage.connect import connect, is_server_url
+from storage.connect import connect, host_channel, is_server_url
 from storage.errors import (
     AppendConflictError,
     DivergedError,
@@ -21,7 +22,7 @@ from storage.errors import (
     StoreLockedError,
 )
 from storage.follow import FollowDispatcher, LogFollow
-from storage.interfaces import BatchObserver, EventLog, SessionReads, Store
+from storage.interfaces import BatchObserver, EventLog, HostChannel, SessionReads, Store
 from storage.lease import Fence, Lease, LeaseUse, default_host_id, fenced
 from storage.queries import (
     Boundary,
@@ -60,6 +61,7 @@ __all__ = [
     "Fence",
     "FencedError",
     "FollowDispatcher",
+    "HostChannel",
     "Lease",
     "LeaseHeldError",
     "LeaseUse",
@@ -87,6 +89,7 @@ __all__ = [
     "default_host_id",
     "dump_projections",
     "fenced",
+    "host_channel",
     "is_server_url",
     "no_staged_revert",
     "now_ms",

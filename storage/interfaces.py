@@ -6,6 +6,7 @@
     SessionReads  the projection reads the runtime and the front door use
                   (sessions, transcript, inbox, claims, open tool calls …)
     Store         both, with the life cycle (open/close, ``async with``)
+    HostChannel   messages between hosts that share a database server
 
 :class:`~storage.sqlite.SQLiteStore` is the embedded backend; only
 :func:`storage.connect.connect` constructs a store, choosing the backend
@@ -38,7 +39,7 @@ from storage.queries import (
 )
 from storage.recorder import Command, RecordedEvent, Recorder, Subscriber
 
-__all__ = ["BatchObserver", "EventLog", "SessionReads", "Store"]
+__all__ = ["BatchObserver", "EventLog", "HostChannel", "SessionReads", "Store"]
 
 #: Called after each commit batch with (commands in it, seconds from hand-off to outcome).
 BatchObserver = Callable[[int, float], None]
@@ -252,3 +253,31 @@ class Store(EventLog, Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class HostChannel(Protocol):
+    """Messages between the hosts of one database server, at most once, without reply.
+
+    :func:`storage.connect.host_channel` hands one out; ``open`` before use,
+    ``close`` after the last publish. A message published while a host does
+    not listen (it is gone, or its connection is being made again) never
+    reaches it: callers must not depend on one arriving.
+    """
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def publish(self, target: str | None, origin: str, body: str) -> None:
+        """Send ``body`` from ``origin`` to host ``target`` (to every other host when None).
+
+        Raises :class:`~storage.errors.StorageError` for a body over the
+        channel's limit, :class:`~storage.errors.StorageBrokenError` when the
+        server cannot be reached.
+        """
+        ...
+
+    def subscribe(self, host_id: str, handler: Callable[[str], None]) -> Callable[[], None]:
+        """Hand ``handler`` the bodies sent to ``host_id`` and the broadcasts of
+        other hosts; returns the unsubscribe function."""
+        ...

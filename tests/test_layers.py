@@ -1,15 +1,31 @@
-"""Dependencies point one way: protocol <- storage <- actors <- server."""
+"""Dependencies point one way: protocol <- storage <- actors <- server; backends stay in storage."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 LAYERS = ["protocol", "storage", "actors", "server"]
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Every module that belongs to one backend (a package: every module in it).
+#: The rest of storage/ serves both.
+BACKEND_MODULES = (
+    "storage.sqlite",
+    "storage._writer",
+    "storage._inline_reads",
+    "storage.rebuild",
+    "storage.postgres",
+)
+#: The drivers: a module that imports one speaks to a backend.
+DRIVERS = ("sqlite3", "aiosqlite", "asyncpg", "psycopg")
+#: Where a backend is chosen: they import backends (lazily, for PostgreSQL) by design.
+DOORS = ("storage", "storage.connect")
 
 
 @pytest.mark.parametrize("index", range(len(LAYERS)))
@@ -28,30 +44,84 @@ def test_a_layer_imports_nothing_above_it(index: int) -> None:
     assert out.stdout.strip() == ""
 
 
-BACKENDS = ("storage.sqlite", "storage.postgres", "storage._writer")
+def _within(name: str, modules: tuple[str, ...] | set[str]) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in modules)
+
+
+def _modules(package: str) -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import anywhere in ``path`` (in functions too); for
+    ``from a import b``, both ``a`` and ``a.b`` (``b`` may be a module)."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+@cache
+def _speaking_to_a_backend() -> frozenset[str]:
+    """Modules of storage/ (but the doors) that import a driver or a backend module."""
+    modules = _modules("storage")
+    found = {m for m in modules if _within(m, BACKEND_MODULES)}
+    while True:
+        more = {
+            m
+            for m, path in modules.items()
+            if m not in found
+            and m not in DOORS
+            and any(_within(i, DRIVERS) or _within(i, found) for _, i in _imports(path))
+        }
+        if not more:
+            return frozenset(found)
+        found |= more
+
+
+def test_every_module_that_speaks_to_a_backend_is_named_as_one() -> None:
+    """A storage module that imports a driver or a backend module is one backend's:
+    it belongs under its backend (storage/postgres/ …), and is named here."""
+    unnamed = sorted(m for m in _speaking_to_a_backend() if not _within(m, BACKEND_MODULES))
+    assert unnamed == []
+    assert all(_within(m, set(_modules("storage"))) for m in BACKEND_MODULES)
+
+
+@cache
+def _backend_names() -> frozenset[str]:
+    """Names the doors re-export from a backend module (``SQLiteStore`` …)."""
+    import storage
+
+    return frozenset(
+        name
+        for name in storage.__all__
+        if _within(getattr(getattr(storage, name), "__module__", "") or "", BACKEND_MODULES)
+    )
 
 
 @pytest.mark.parametrize("package", ["actors", "server"])
-def test_actors_and_server_name_storage_protocols_never_a_backend(package: str) -> None:
-    """Above ``storage`` only the Protocols and ``storage.connect`` may be named."""
-    root = Path(__file__).resolve().parent.parent / package
+def test_actors_and_server_import_no_backend(package: str) -> None:
+    """Above ``storage`` only the Protocols, ``storage.connect`` and the neutral
+    modules may be named: never a backend module, nor what the package
+    re-exports from one."""
+    backends = set(_speaking_to_a_backend()) | set(BACKEND_MODULES)
+    names = _backend_names() | {"PostgresStore"}
     bad: list[str] = []
-    for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for path in _modules(package).values():
+        where = f"{path.relative_to(ROOT)}"
+        for line, imported in _imports(path):
+            if _within(imported, backends) or imported.rpartition(".")[2] in names:
+                bad.append(f"{where}:{line} {imported}")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            where = f"{path.relative_to(root.parent)}:{getattr(node, 'lineno', 0)}"
-            if isinstance(node, ast.Import):
-                bad += [f"{where} {a.name}" for a in node.names if a.name.startswith(BACKENDS)]
-            elif isinstance(node, ast.ImportFrom) and node.module is not None:
-                if node.module.startswith(BACKENDS):
-                    bad.append(f"{where} from {node.module}")
-                bad += [
-                    f"{where} {a.name}"
-                    for a in node.names
-                    if a.name in ("SQLiteStore", "PostgresStore", "sqlite", "postgres")
-                ]
-            elif isinstance(node, ast.Name | ast.Attribute):
-                name = node.id if isinstance(node, ast.Name) else node.attr
-                if name in ("SQLiteStore", "PostgresStore"):
-                    bad.append(f"{where} {name}")
-    assert bad == []
+            if isinstance(node, ast.Attribute) and node.attr in names:
+                bad.append(f"{where}:{node.lineno} .{node.attr}")
+    assert sorted(set(bad)) == []

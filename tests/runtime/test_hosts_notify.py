@@ -222,7 +222,8 @@ async def test_publishes_at_once_share_the_connection_and_all_arrive(dsn: str) -
 async def test_a_publish_without_a_server_fails_as_storage_broken(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from storage import StorageBrokenError, _pg_channel
+    from storage import StorageBrokenError
+    from storage.postgres import channel as _pg_channel
 
     monkeypatch.setattr(_pg_channel, "PUBLISH_WAIT_S", 0.5)
     async with AsyncExitStack() as stack:

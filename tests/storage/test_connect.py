@@ -9,7 +9,7 @@ import pytest
 
 from protocol import Location
 from protocol import events as ev
-from storage import Command, StorageError, connect, is_server_url
+from storage import Command, StorageError, connect, host_channel, is_server_url
 
 
 async def test_a_path_opens_a_sqlite_store_there(tmp_path: Path) -> None:
@@ -41,11 +41,17 @@ def test_a_postgres_url_without_the_driver_fails_in_a_sentence_without_the_passw
     ]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "asyncpg", None)
-    with pytest.raises(StorageError, match="PostgreSQL backend is not available") as info:
-        connect("postgresql://alice:hunter2@127.0.0.1/db")
-    assert "hunter2" not in str(info.value)
-    assert "alice:***@127.0.0.1/db" in str(info.value)
-    assert "asyncpg is missing" in str(info.value)
+    for make in (connect, host_channel):
+        with pytest.raises(StorageError, match="PostgreSQL backend is not available") as info:
+            make("postgresql://alice:hunter2@127.0.0.1/db")
+        assert "hunter2" not in str(info.value)
+        assert "alice:***@127.0.0.1/db" in str(info.value)
+        assert "asyncpg is missing" in str(info.value)
+
+
+def test_a_host_channel_is_for_hosts_sharing_a_server_not_a_file(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="needs a database server"):
+        host_channel(str(tmp_path / "log.sqlite"))
 
 
 def test_an_empty_database_is_refused_not_a_temporary_file() -> None:

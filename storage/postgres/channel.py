@@ -1,6 +1,8 @@
 """Host-to-host notices over PostgreSQL LISTEN/NOTIFY, on a connection of their own.
 
-One shared channel (:data:`CHANNEL`); each notice names its sender and its
+The :class:`~storage.interfaces.HostChannel` of a PostgreSQL database, as
+:func:`storage.connect.host_channel` hands it out. One shared channel
+(:data:`HOST_CHANNEL`); each notice names its sender and its
 target host (or none: every other host), and each host keeps only its own and
 the broadcasts. NOTIFY is transactional and at most once: a host that is not
 listening at that moment never sees the notice, which is why nothing depends
@@ -9,7 +11,7 @@ interrupt is answered and resent until it is, :mod:`actors.interrupts`).
 Payloads are bounded by the server (8000 bytes): :meth:`NotifyChannel.publish`
 refuses a larger one instead of letting the server fail it.
 
-The connection is a :class:`~storage.postgres.listen.Listener`'s: kept, and
+The connection is a :class:`~.listen.Listener`'s: kept, and
 reconnected when the server ends it (a restart, a failover) or the network
 loses it, so a host hears the others again once the server is back; notices
 sent meanwhile are lost, as any notice to a host not listening. A publish
@@ -22,17 +24,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
+import asyncpg
 import orjson
 
 from storage.errors import StorageBrokenError, StorageError
+from storage.postgres._errors import UNAVAILABLE
+from storage.postgres.listen import Listener
 
-__all__ = ["CHANNEL", "MAX_PAYLOAD", "PUBLISH_WAIT_S", "NotifyChannel"]
+__all__ = ["HOST_CHANNEL", "MAX_PAYLOAD", "PUBLISH_WAIT_S", "NotifyChannel"]
 
 log = logging.getLogger(__name__)
 
-CHANNEL: Final = "sessionrt_hosts"
+HOST_CHANNEL: Final = "sessionrt_hosts"
 #: PostgreSQL's limit on a NOTIFY payload, less room for the envelope.
 MAX_PAYLOAD: Final = 7900
 #: Seconds a publish waits for a lost connection to be back.
@@ -47,26 +52,20 @@ class NotifyChannel:
     def __init__(self, dsn: str, *, on_reconnect: Callable[[], None] | None = None) -> None:
         self._dsn = dsn
         self._on_reconnect = on_reconnect
-        self._listener: Any = None
+        self._listener: Listener | None = None
         self._handlers: dict[str, Handler] = {}
 
     @property
-    def listener(self) -> Any:
-        """The :class:`~storage.postgres.listen.Listener` (None until open)."""
+    def listener(self) -> Listener | None:
+        """The :class:`~.listen.Listener` (None until open)."""
         return self._listener
 
     async def open(self) -> None:
-        # Imported here: the SQLite-only install has no asyncpg.
-        import asyncpg
-
-        from storage.postgres._errors import UNAVAILABLE
-        from storage.postgres.listen import Listener
-
-        async def connect() -> Any:
+        async def connect() -> asyncpg.Connection:
             return await asyncpg.connect(self._dsn)
 
         listener = Listener(
-            connect, CHANNEL, on_payload=self._on_notify, on_reconnect=self._reconnected
+            connect, HOST_CHANNEL, on_payload=self._on_notify, on_reconnect=self._reconnected
         )
         try:
             await listener.start()
@@ -93,7 +92,7 @@ class NotifyChannel:
             raise StorageError(f"a host notice of {len(payload)} bytes is over {MAX_PAYLOAD}")
         try:
             async with asyncio.timeout(PUBLISH_WAIT_S):
-                await listener.execute("SELECT pg_notify($1, $2)", CHANNEL, payload)
+                await listener.execute("SELECT pg_notify($1, $2)", HOST_CHANNEL, payload)
         except TimeoutError:
             raise StorageBrokenError(
                 f"host notice not sent: no connection to the server for {PUBLISH_WAIT_S:g} s"
