@@ -53,8 +53,8 @@ def json_text(value: Any) -> str | None:
 def no_staged_revert(session_id: str) -> Op:
     """A check (:attr:`Command.checks`): the session exists with no staged revert.
 
-    A no-op update, so that it is a statement every backend's fast path runs
-    with a row count; the command's own projections touch the row anyway.
+    A no-op update, so that it runs as any projector statement does (its row
+    count checked); the command's own projections touch the row anyway.
     """
     return Op(
         "UPDATE session SET time_updated = time_updated WHERE id = ? AND revert IS NULL",

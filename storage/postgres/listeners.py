@@ -6,7 +6,7 @@ LISTENs on the database for it, the sending store's own listener included
 producers, it is about a tenth of the appends' throughput; a host alone on
 its database needs none of it. So each store lists its LISTEN connection
 (its origin and the server process serving it) while it listens, and a
-batch NOTIFYs only while another origin is listed (:data:`OTHERS_LISTEN`).
+batch NOTIFYs only while another origin is listed (:func:`others_listen`).
 
 **Order.** A store lists itself under the batch lock, once its LISTEN is in
 place and before it reads anything (at open, the position it follows from;
@@ -34,7 +34,7 @@ it reads makes it read everything after its cursor, so none is lost for
 good) or is restarted on this build, which is how an upgrade ends anyway.
 
 The statements take the lock's key as a parameter: the batch lock lives in
-:mod:`._writer`, which imports this module.
+:mod:`.writer`, which imports this module.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ __all__ = [
     "HEARD",
     "MAX_ORIGINS",
     "MAX_UNHEARD",
-    "OTHERS_LISTEN",
     "UNLIST",
     "Origins",
     "others_listen",
@@ -85,9 +84,6 @@ def others_listen(origin: str) -> str:
         f" AND (pid IS NOT NULL OR expires > {_NOW_MS}))"
     )
 
-
-#: :func:`others_listen` for the origin ``$1``, as a statement.
-OTHERS_LISTEN: Final = f"SELECT {others_listen('$1')}"
 
 _PRUNE: Final = (
     "DELETE FROM log_listener WHERE pid IS NOT NULL"

@@ -26,7 +26,7 @@ import attrs
 
 from storage.recorder import RecordedEvent
 
-__all__ = ["MAX_PAYLOAD", "Notice", "own_prefix", "parse", "parts", "payloads"]
+__all__ = ["MAX_PAYLOAD", "Notice", "own_prefix", "parse", "payloads"]
 
 #: Bytes per payload; PostgreSQL refuses 8000 and more.
 MAX_PAYLOAD: Final = 7900
@@ -46,21 +46,6 @@ def payloads(origin: str, records: Sequence[RecordedEvent]) -> list[str]:
         return []
     header = f"v1 {origin} {min(r.position for r in records)} {max(r.position for r in records)}"
     return [header + body for body in _bodies(_heads(records), len(header))]
-
-
-def parts(origin: str, records: Sequence[RecordedEvent]) -> tuple[str, list[str]]:
-    """The payloads of ``records`` before their positions are known.
-
-    Payload ``i`` is ``f"{prefix} {first} {last}{bodies[i]}"``, the positions
-    filled in by whoever learns them (the fast path's server-side function);
-    the split leaves room for the longest positions.
-    """
-    prefix = f"v1 {origin}"
-    return prefix, _bodies(_heads(records), len(prefix) + 2 + 2 * _POSITION_DIGITS)
-
-
-#: Digits of the largest position (a BIGINT).
-_POSITION_DIGITS: Final = 19
 
 
 def _heads(records: Sequence[RecordedEvent]) -> dict[str, int]:

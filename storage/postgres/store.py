@@ -53,10 +53,10 @@ from storage.lease import apply_fence
 from storage.postgres import schema
 from storage.postgres._errors import UNAVAILABLE
 from storage.postgres._errors import reason as _reason
-from storage.postgres.dialect import translate
 from storage.postgres.listen import Listener, notices
 from storage.postgres.listeners import UNLIST, Origins, register
 from storage.postgres.notify import Notice
+from storage.postgres.readers import Readers
 from storage.postgres.remote import RemoteCommits
 from storage.postgres.writer import LOG_LOCK, commit_batch
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH: Final = 1024
 #: The NOTIFY channel every store of one database shares.
 CHANNEL: Final = "sessionrt_log"
+
 
 class _State(enum.Enum):
     UNOPENED = "unopened"
@@ -97,11 +98,10 @@ class PostgresStore(LogReads):
         self.channel = channel
         #: Tells this store's NOTIFYs from other processes'.
         self.origin = ids.event_id().removeprefix("evt_")
-        self._reader_count = readers
         self._state = _State.UNOPENED
         #: Opened at open (the migration runs on it); replaced when lost.
         self._writer: asyncpg.Connection | None = None
-        self._pool: asyncpg.Pool | None = None
+        self._readers = Readers(url, self.where, size=readers, read_only=read_only)
         self._listener: Listener | None = None
         self._pending: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]] = []
         self._wake = asyncio.Event()
@@ -175,19 +175,7 @@ class PostgresStore(LogReads):
             else:
                 self._writer = await self._connect()
                 await schema.migrate(self._writer)
-            settings = {"default_transaction_read_only": "on"} if self.read_only else {}
-            try:
-                self._pool = await asyncpg.create_pool(
-                    self._url,
-                    min_size=1,
-                    max_size=self._reader_count,
-                    server_settings=settings,
-                    reset=_keep_session,
-                )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                raise StorageBrokenError(
-                    f"cannot connect to {self.where}: {_reason(exc)}"
-                ) from None
+            await self._readers.open()
             self._listener = Listener(
                 self._connect,
                 self.channel,
@@ -232,12 +220,7 @@ class PostgresStore(LogReads):
             if writer is not None:
                 with contextlib.suppress(Exception):
                     await writer.close()
-            if self._pool is not None:
-                with contextlib.suppress(Exception):  # TimeoutError too: terminated below
-                    async with asyncio.timeout(5.0):  # not wait_for (3.11 can swallow a cancel)
-                        await self._pool.close()
-                self._pool.terminate()
-                self._pool = None
+            await self._readers.close()
             self._state = _State.CLOSED
 
     @property
@@ -395,37 +378,17 @@ class PostgresStore(LogReads):
     async def reader(self) -> AsyncIterator[asyncpg.Connection]:
         """Borrow a connection in a read-only snapshot (several statements, one view)."""
         self._check_open()
-        assert self._pool is not None
-        async with (
-            self._pool.acquire() as conn,
-            conn.transaction(isolation="repeatable_read", readonly=True),
-        ):
+        async with self._readers.snapshot() as conn:
             yield conn
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         self._check_open()
-        assert self._pool is not None
-        try:
-            async with self._pool.acquire() as conn:
-                rows = await conn.fetch(translate(sql), *params)
-        except UNAVAILABLE as exc:
-            raise StorageBrokenError(f"read failed: {_reason(exc)}") from None
-        return [tuple(r) for r in rows]
+        return await self._readers.fetch(sql, params)
 
     async def fetch_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Row]]:
-        """Several statements on one connection, in one read-only snapshot (:meth:`reader`).
-
-        One round trip per statement, between the snapshot's BEGIN and COMMIT.
-        """
-        try:
-            async with self.reader() as conn:
-                out: list[list[Row]] = []
-                for sql, params in statements:
-                    rows = await conn.fetch(translate(sql), *params)
-                    out.append([tuple(r) for r in rows])
-        except UNAVAILABLE as exc:
-            raise StorageBrokenError(f"read failed: {_reason(exc)}") from None
-        return out
+        """Several statements in one read-only snapshot (:meth:`reader`)."""
+        self._check_open()
+        return await self._readers.fetch_many(statements)
 
     async def check_writable(
         self, timeout_s: float, blocking: Callable[..., Awaitable[None]]
@@ -447,21 +410,6 @@ class PostgresStore(LogReads):
     async def _fetchval(self, sql: str, params: Sequence[Any] = ()) -> Any:
         rows = await self.fetch(sql, params)
         return rows[0][0]
-
-
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """A reader's reset on release: nothing beyond asyncpg's own rollback.
-
-    asyncpg's default reset sends ``pg_advisory_unlock_all(); CLOSE ALL;
-    UNLISTEN *; RESET ALL`` before the connection goes back, and the caller
-    of :meth:`PostgresStore.fetch` waits for it: a second round trip on every
-    read (twice the latency of a point read under load). A reader connection
-    never gets that state: it only runs :meth:`~PostgresStore.fetch`'s single
-    statements and :meth:`~PostgresStore.reader`'s read-only transactions, an
-    open transaction is still rolled back (asyncpg does that before calling
-    this), and the pool's ``server_settings`` are startup parameters, which
-    RESET ALL would keep anyway.
-    """
 
 
 async def _schema_version(conn: asyncpg.Connection) -> int:

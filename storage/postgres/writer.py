@@ -46,9 +46,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import asyncpg
@@ -58,13 +56,13 @@ from storage._replay import StoredRow, mismatched, refusal, stored_replay
 from storage.batch import Outcome, Prepared, keys
 from storage.errors import AppendConflictError, StorageBrokenError
 from storage.lease import LeaseRow, use_lease
-from storage.postgres.dialect import translate
 from storage.postgres.listeners import others_listen
 from storage.postgres.notify import payloads
+from storage.postgres.runs import run_ops, runs
 from storage.projectors import project
 from storage.recorder import Command, RecordedEvent
 
-__all__ = ["LOG_LOCK", "BatchResult", "commit_batch", "runs"]
+__all__ = ["LOG_LOCK", "BatchResult", "commit_batch"]
 
 #: Key of the advisory lock every batch holds until its COMMIT ("sesslog\0").
 LOG_LOCK: Final = 0x7365_7373_6C6F_6700
@@ -360,7 +358,8 @@ async def _write(conn: asyncpg.Connection, decided: Sequence[_Decided], origin: 
         except Exception as exc:
             raise _Refused(exc) from exc  # a bug in a projector: its command fails
         for run in runs(ops):
-            await _run(conn, run)
+            if (refused := await run_ops(conn, run)) is not None:
+                raise _Refused(refused.conflict())
         leases = {d.lease[0]: d.lease[1] for d in decided if d.lease is not None}
         if rows := [(sid, *row) for sid, row in leases.items() if row is not None]:
             await conn.execute(_WRITE_LEASES, *map(list, zip(*rows, strict=True)))
@@ -426,59 +425,3 @@ async def _insert(conn: asyncpg.Connection, decided: Sequence[_Decided], origin:
                 )
             )
     return bool(rows[0][3])
-
-
-async def _run(conn: asyncpg.Connection, run: Sequence[Op]) -> None:
-    """One statement for every op of ``run``; each op's ``expect`` checked.
-
-    ``executemany`` discards each execution's row count, so where an op
-    expects one, the statement returns the op's index for each row it
-    touched, and the rows are counted per op.
-    """
-    sql = run[0].sql
-    if all(op.expect is None for op in run):
-        await conn.executemany(translate(sql), [op.params for op in run])
-        return
-    rows = await conn.fetchmany(_counted(sql), [(*op.params, i) for i, op in enumerate(run)])
-    touched = collections.Counter(row[0] for row in rows)
-    for i, op in enumerate(run):
-        if op.expect is not None and touched[i] != op.expect:
-            raise _Refused(op.conflict())
-
-
-@functools.lru_cache(maxsize=1024)
-def _counted(sql: str) -> str:
-    """``sql`` returning, for each row it touches, its last parameter (the op's index)."""
-    return translate(sql + " RETURNING CAST(? AS INTEGER)")
-
-
-def runs(ops: Iterable[tuple[frozenset[str], Op]]) -> list[list[Op]]:
-    """``ops`` (each with the sessions that order it) as runs of one statement each,
-    for one ``executemany`` per run, in the order the runs are to go.
-
-    An op joins the first run of its statement that comes no earlier than
-    the latest run holding an op that shares a session with it, else a new
-    run at the end. So ops sharing a session keep their order (a later
-    statement may depend on an earlier one's effect: an insert of a message,
-    then the update of its part), while ops of disjoint sessions, which touch
-    disjoint rows (:func:`storage.batch.keys`), are free to share a run with
-    ops before them: a hundred commands renaming a hundred sessions make one
-    run, one session renamed twice makes two.
-    """
-    out: list[list[Op]] = []
-    by_sql: dict[str, list[int]] = {}
-    latest: dict[str, int] = {}
-    for names, op in ops:
-        floor = max([latest.get(name, 0) for name in names], default=0)
-        places = by_sql.setdefault(op.sql, [])
-        i = bisect_left(places, floor)
-        if i < len(places):
-            at = places[i]
-        else:
-            at = len(out)
-            out.append([])
-            places.append(at)
-        out[at].append(op)
-        for name in names:
-            latest[name] = at
-    return out

@@ -39,7 +39,8 @@ from storage.batch import Outcome, Prepared
 from storage.postgres import LOG_LOCK, PostgresStore
 from storage.postgres.rebuild import dump_projections, rebuild_projections
 from storage.postgres.remote import RemoteCommits
-from storage.postgres.writer import commit_batch, runs
+from storage.postgres.runs import runs
+from storage.postgres.writer import commit_batch
 from storage.projectors import project
 
 HOSTILE = (
