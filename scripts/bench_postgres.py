@@ -91,6 +91,7 @@ from protocol import events as ev
 from protocol.requests import PromptInput
 from server.app import RUNTIME, ServerSettings, make_app
 from storage import Command, RecordedEvent, connect
+from storage.postgres import writer as writer_sql
 from storage.postgres.dialect import translate
 from storage.projectors import project
 from storage.reads import record_from_row
@@ -235,6 +236,7 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
         # _context_sessions): its thousands of updates in one transaction
         # must not leave the store's own table bloated for the next round.
         context = await asyncpg.connect(url, server_settings={"search_path": "raw_ctx, public"})
+        forms = await asyncpg.connect(url, server_settings={"search_path": "forms, public"})
         opens = _sides(url)
         store_spans = {side: _Span() for side in opens}
         sessions = [f"ses_bench{i:05d}" for i in range(producers)]
@@ -244,6 +246,7 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
                 for name in ("synchronous_commit", "fsync", "server_version")
             }
             await conn.execute(_RAW_TABLE)
+            await conn.execute(_FORMS_SCHEMA)
             async with opens["plain"]() as store:
                 loc = Location(directory="/")
                 await asyncio.gather(
@@ -302,11 +305,12 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
                             await context.executemany(sql, params)
                     if timed:
                         raw_projected_s += time.perf_counter() - started
-                    for form, seconds in (await _event_forms(conn, stored, n)).items():
+                    for form, seconds in (await _event_forms(conn, forms, stored, n)).items():
                         if timed:
                             forms_s[form] += seconds
             await conn.execute("TRUNCATE raw_event")
         finally:
+            await forms.close()
             await context.close()
             await conn.close()
         per_row_s = await _raw_per_row(url, stored, producers)
@@ -338,8 +342,19 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-#: The forms an insert of a batch's events can take, measured side by side.
-EVENT_FORMS: Final = ("executemany", "unnest", "copy")
+#: The forms an insert of a batch's events can take, measured side by side:
+#: with each event's position and seq given, and as the store needs them,
+#: both found under the batch lock (the store's statement takes its block of
+#: positions and computes each seq itself; executemany and COPY take no
+#: expression, so a read of the heads and the block goes first).
+EVENT_FORMS: Final = (
+    "executemany",
+    "unnest",
+    "copy",
+    "the store's statement",
+    "read, then executemany",
+    "read, then copy",
+)
 #: Events per statement in that measurement: what one of the store's batches
 #: held with 100 producers on two writer lanes (one lane's hold all 100).
 EVENT_FORM_CHUNK: Final = 50
@@ -353,34 +368,71 @@ _RAW_UNNEST: Final = (
     " SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[],"
     " $6::bigint[], $7::text[])"
 )
+#: The store's tables, empty, in a schema of their own (``forms``).
+_FORMS_SCHEMA: Final = (
+    "DROP SCHEMA IF EXISTS forms CASCADE; CREATE SCHEMA forms;"
+    " CREATE TABLE forms.event (LIKE public.event INCLUDING ALL);"
+    " CREATE SEQUENCE forms.event_position"
+)
+_FORMS_READ: Final = (
+    "SELECT setval('event_position', nextval('event_position') + $1 - 1),"
+    " ARRAY(SELECT coalesce((SELECT max(seq) FROM event WHERE aggregate_id = a), 0)"
+    " FROM unnest($2::text[]) AS a)"
+)
+_FORMS_POSITIONED: Final = _RAW_POSITIONED.replace("raw_event", "event")
 
 
-async def _event_forms(conn: Any, rows: Sequence[tuple[Any, ...]], n: int) -> dict[str, float]:
-    """Seconds each form takes to insert ``rows`` (positions given, as the store
-    gives them) :data:`EVENT_FORM_CHUNK` per statement, in one transaction,
-    in a new order each round."""
+async def _event_forms(
+    conn: Any, forms: Any, rows: Sequence[tuple[Any, ...]], n: int
+) -> dict[str, float]:
+    """Seconds each form takes to insert ``rows`` :data:`EVENT_FORM_CHUNK` per
+    statement, in one transaction, in a new order each round. ``forms`` is a
+    connection whose search path finds the ``forms`` schema first."""
     positioned = [(i + 1, *row) for i, row in enumerate(rows)]
     chunks = [
         positioned[i : i + EVENT_FORM_CHUNK] for i in range(0, len(positioned), EVENT_FORM_CHUNK)
     ]
-    order = EVENT_FORMS[n % 3 :] + EVENT_FORMS[: n % 3]
+    order = EVENT_FORMS[n % len(EVENT_FORMS) :] + EVENT_FORMS[: n % len(EVENT_FORMS)]
     out: dict[str, float] = {}
     for form in order:
-        await conn.execute("TRUNCATE raw_event")
+        await conn.execute("TRUNCATE raw_event, forms.event")
         started = time.perf_counter()
-        async with conn.transaction():
+        target = forms if form in EVENT_FORMS[3:] else conn
+        async with target.transaction():
             for chunk in chunks:
-                if form == "executemany":
-                    await conn.executemany(_RAW_POSITIONED, chunk)
-                elif form == "unnest":
-                    await conn.execute(_RAW_UNNEST, *map(list, zip(*chunk, strict=True)))
-                else:
-                    await conn.copy_records_to_table(
-                        "raw_event", records=chunk, columns=_RAW_COLUMNS
-                    )
+                await _insert_form(target, form, chunk)
         out[form] = time.perf_counter() - started
-    await conn.execute("TRUNCATE raw_event")
+    await conn.execute("TRUNCATE raw_event, forms.event")
     return out
+
+
+async def _insert_form(conn: Any, form: str, chunk: Sequence[tuple[Any, ...]]) -> None:
+    if form == "executemany":
+        await conn.executemany(_RAW_POSITIONED, chunk)
+    elif form == "unnest":
+        await conn.execute(_RAW_UNNEST, *map(list, zip(*chunk, strict=True)))
+    elif form == "copy":
+        await conn.copy_records_to_table("raw_event", records=chunk, columns=_RAW_COLUMNS)
+    else:
+        _, ids, aggs, _, types, created, data = map(list, zip(*chunk, strict=True))
+        place = [0] * len(chunk)
+        seen: dict[str, int] = {}
+        for k, agg in enumerate(aggs):
+            seen[agg] = place[k] = seen.get(agg, 0) + 1
+        if form == "the store's statement":
+            await conn.fetch(
+                writer_sql.INSERT_EVENTS, len(chunk), ids, aggs, place, types, created, data, "b"
+            )
+            return
+        last, heads = await conn.fetchrow(_FORMS_READ, len(chunk), aggs)
+        rows = [
+            (last - len(chunk) + 1 + k, ids[k], aggs[k], heads[k] + place[k], *row[4:])
+            for k, row in enumerate(chunk)
+        ]
+        if form == "read, then executemany":
+            await conn.executemany(_FORMS_POSITIONED, rows)
+        else:
+            await conn.copy_records_to_table("event", records=rows, columns=_RAW_COLUMNS)
 
 
 def _sides(url: str) -> dict[str, Callable[[], Any]]:
@@ -884,8 +936,8 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
                 f"a batch's events, {ap['event_form_chunk']} per statement: {form}",
                 rate,
                 "events/s",
-                ap["event_forms_events_per_s"]["unnest"],
-                "INSERT ... SELECT FROM unnest (the store's form)",
+                ap["event_forms_events_per_s"]["the store's statement"],
+                "the store's statement (INSERT ... SELECT FROM unnest, positions and seqs in it)",
             )
             for form, rate in ap["event_forms_events_per_s"].items()
         ),

@@ -28,11 +28,11 @@ A batch is plain statements, in this order:
    (:func:`storage.lease.use_lease`) and its expected seqs (a mismatch is a
    refusal, or an exact replay whose stored records are read then). A
    command refused here fails alone and writes nothing.
-4. :func:`_write`: the events in one statement (:data:`_INSERT_EVENTS`: it
+4. :func:`_write`: the events in one statement (:data:`INSERT_EVENTS`: it
    takes the block of positions and each event's seq, and says whether
    another origin listens); then every record's projector ops, with the
    commands' checks, instruction blobs and entries, grouped into runs of
-   one statement (:func:`runs`), one ``executemany`` per run; the changed
+   one statement (:func:`.runs.runs`), one ``executemany`` per run; the changed
    lease rows; the fences. Then the NOTIFY, and COMMIT.
 
 What only the server can see (a constraint, an op touching other than its
@@ -62,7 +62,7 @@ from storage.postgres.runs import run_ops, runs
 from storage.projectors import project
 from storage.recorder import Command, RecordedEvent
 
-__all__ = ["LOG_LOCK", "BatchResult", "commit_batch"]
+__all__ = ["INSERT_EVENTS", "LOG_LOCK", "BatchResult", "commit_batch"]
 
 #: Key of the advisory lock every batch holds until its COMMIT ("sesslog\0").
 LOG_LOCK: Final = 0x7365_7373_6C6F_6700
@@ -83,7 +83,7 @@ _READ: Final = (
 #: batch's origin. The block of positions is taken once (a CTE with a volatile
 #: function runs once), each row gets its place in it, and each seq is its
 #: aggregate's head plus its place (the statement does not see its own rows).
-_INSERT_EVENTS: Final = (
+INSERT_EVENTS: Final = (
     "WITH block AS (SELECT setval('event_position', nextval('event_position') + $1 - 1) AS last)"
     " INSERT INTO event (position, id, aggregate_id, seq, type, created, data)"
     " SELECT block.last - $1 + u.i, u.id, u.agg,"
@@ -401,7 +401,7 @@ async def _insert(conn: asyncpg.Connection, decided: Sequence[_Decided], origin:
     if not ids:
         return False
     rows = await conn.fetch(
-        _INSERT_EVENTS, len(ids), ids, aggs, places, types, created, data, origin
+        INSERT_EVENTS, len(ids), ids, aggs, places, types, created, data, origin
     )
     # Each row names its event: RETURNING's order is the insert's, which SQL leaves open.
     stored = {r[0]: (r[1], r[2]) for r in rows}
