@@ -246,7 +246,6 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
                 for name in ("synchronous_commit", "fsync", "server_version")
             }
             await conn.execute(_RAW_TABLE)
-            await conn.execute(_FORMS_SCHEMA)
             async with opens["plain"]() as store:
                 loc = Location(directory="/")
                 await asyncio.gather(
@@ -257,6 +256,7 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
                         for s in sessions
                     )
                 )
+            await conn.execute(_FORMS_SCHEMA)  # copies of the tables the store made
             for n in range(warmups + rounds):
                 # Each side's round, then the baselines on the very rows it
                 # committed: they take turns (the sides in a new order each
