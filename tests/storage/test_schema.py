@@ -47,6 +47,19 @@ def _created() -> ev.SessionCreated:
     return ev.SessionCreated(session_id="ses_old", title="kept", location=Location(directory="/"))
 
 
+async def _kept_and_writable(store: Any) -> None:
+    """The old database, migrated: its rows read back, and an append goes after them."""
+    assert await store.fetch("SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
+    [record] = await store.read("ses_old")
+    assert record.event == _created()
+    session = await store.queries.session("ses_old")
+    assert session is not None
+    assert session.title == "kept"
+    [renamed] = await store.append(Command.of(ev.SessionRenamed(session_id="ses_old", title="x")))
+    assert renamed.seq == 2
+    assert renamed.position > record.position
+
+
 # -- SQLite -------------------------------------------------------------------------------------
 
 
@@ -98,16 +111,7 @@ async def test_a_sqlite_database_of_the_previous_build_migrates_to_this_schema(
     old, fresh = tmp_path / "old.sqlite", tmp_path / "fresh.sqlite"
     _old_sqlite(old, version)
     async with SQLiteStore(old) as store:
-        assert await store.fetch("SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
-        [record] = await store.read("ses_old")
-        assert record.event == _created()
-        session = await store.queries.session("ses_old")
-        assert session is not None
-        assert session.title == "kept"
-        [renamed] = await store.append(
-            Command.of(ev.SessionRenamed(session_id="ses_old", title="x"))
-        )
-        assert (renamed.seq, renamed.position) == (2, 2)
+        await _kept_and_writable(store)
     async with SQLiteStore(fresh):
         pass
     assert _sqlite_shape(old) == _sqlite_shape(fresh)
@@ -177,14 +181,5 @@ async def test_a_postgres_database_of_the_previous_build_migrates_to_this_schema
                 async with connect(old, read_only=True):
                     pass
         async with connect(old) as store:
-            assert await store.fetch("SELECT version FROM schema_version") == [(SCHEMA_VERSION,)]
-            [record] = await store.read("ses_old")
-            assert record.event == _created()
-            session = await store.queries.session("ses_old")
-            assert session is not None
-            assert session.title == "kept"
-            rename = ev.SessionRenamed(session_id="ses_old", title="x")
-            [renamed] = await store.append(Command.of(rename))
-            assert renamed.seq == 2
-            assert renamed.position > record.position
+            await _kept_and_writable(store)
         assert await _pg_shape(old) == await _pg_shape(fresh)
