@@ -31,7 +31,7 @@ import asyncpg
 from storage.errors import StorageBrokenError
 from storage.schema import MIGRATIONS, SCHEMA_VERSION
 
-__all__ = ["FUNCTIONS", "migrate"]
+__all__ = ["FUNCTIONS", "migrate", "version"]
 
 #: Pairs of (path, value) the ``json_set`` overloads accept.
 _JSON_SET_PAIRS: Final = 8
@@ -155,28 +155,32 @@ $$ SELECT CASE WHEN a IS NULL OR b IS NULL THEN NULL ELSE greatest(a, b) END $$;
 _MIGRATION_LOCK: Final = 0x7365_7373_6D69_6772
 
 
+async def version(conn: asyncpg.Connection) -> int:
+    """The database's schema version (0 before the first migration)."""
+    if not await conn.fetchval("SELECT to_regclass('schema_version') IS NOT NULL"):
+        return 0
+    return int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version"))
+
+
 async def migrate(conn: asyncpg.Connection) -> int:
     """Bring the database to :data:`SCHEMA_VERSION`; return the version found."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
         await conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")
-        found = int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version"))
+        found = await version(conn)
     if found > SCHEMA_VERSION:
         raise StorageBrokenError(
             f"database schema version {found} is newer than this build ({SCHEMA_VERSION})"
         )
-    for version in range(found + 1, SCHEMA_VERSION + 1):
+    for target in range(found + 1, SCHEMA_VERSION + 1):
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
-            current = int(
-                await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
-            )
-            if current >= version:
+            if await version(conn) >= target:
                 continue  # another host migrated while we waited for the lock
             # A multi-statement string without parameters runs as one simple query.
-            await conn.execute(MIGRATIONS[version - 1].script("postgres"))
-            if version == 1:
+            await conn.execute(MIGRATIONS[target - 1].script("postgres"))
+            if target == 1:
                 await conn.execute(FUNCTIONS)
             await conn.execute("DELETE FROM schema_version")
-            await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
+            await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", target)
     return found

@@ -164,7 +164,7 @@ class PostgresStore(LogReads):
             if self.read_only:
                 conn = await self._connect()
                 try:
-                    found = await _schema_version(conn)
+                    found = await schema.version(conn)
                 finally:
                     await conn.close()
                 if found != SCHEMA_VERSION:
@@ -410,10 +410,3 @@ class PostgresStore(LogReads):
     async def _fetchval(self, sql: str, params: Sequence[Any] = ()) -> Any:
         rows = await self.fetch(sql, params)
         return rows[0][0]
-
-
-async def _schema_version(conn: asyncpg.Connection) -> int:
-    exists = await conn.fetchval("SELECT to_regclass('schema_version') IS NOT NULL")
-    if not exists:
-        return 0
-    return int(await conn.fetchval("SELECT coalesce(max(version), 0) FROM schema_version"))

@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 import asyncpg
+import attrs
 
 from storage._ops import Op
 from storage._replay import StoredRow, mismatched, refusal, stored_replay
@@ -130,17 +131,15 @@ _REMOVE_ENTRY: Final = (
 _COMMAND_CLASSES: Final = ("22", "23")
 
 
+@attrs.frozen
 class BatchResult:
     """Outcomes in batch order, and the records the batch published (committed, not replays)."""
 
-    def __init__(
-        self, outcomes: list[Outcome], published: list[RecordedEvent], *, isolated: bool
-    ) -> None:
-        self.outcomes = outcomes
-        self.published = published
-        #: Committed by the run with a SAVEPOINT per command (a command failed
-        #: where only the server could see it).
-        self.isolated = isolated
+    outcomes: list[Outcome]
+    published: list[RecordedEvent]
+    #: Committed by the run with a SAVEPOINT per command (a command failed
+    #: where only the server could see it).
+    isolated: bool
 
 
 async def commit_batch(
@@ -216,7 +215,7 @@ async def _commit(
         if others:
             await conn.execute(_NOTIFY, channel, payloads(origin, published))
     outcomes = [d.outcome if isinstance(d, _Decided) else d for d in decisions]
-    return BatchResult(outcomes, published, isolated=isolate)
+    return BatchResult(outcomes, published, isolate)
 
 
 class _Decided:
