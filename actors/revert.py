@@ -61,9 +61,10 @@ import orjson
 
 from actors._keyed_lock import KeyedLock
 from actors._shield import finish
-from actors.snapshots import Blocking, RestoreRefused, SnapshotError, Snapshots
+from actors.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
 from protocol import codec, ids
 from protocol import events as ev
+from protocol.cursor import MessageAnchor
 from protocol.errors import (
     ConflictError,
     DomainError,
@@ -74,7 +75,7 @@ from protocol.errors import (
     SessionNotFoundError,
     UnknownError,
 )
-from protocol.shapes import FileDiff, Session, SessionRevert
+from protocol.shapes import AssistantMessage, FileDiff, Session, SessionRevert, ToolPart
 from storage import Command, ProjectionConflict, Store
 
 __all__ = ["PAUSE_ENV", "PAUSE_POINTS", "Reverts"]
@@ -243,25 +244,63 @@ class Reverts:
     async def _plan(
         self, session: Session, message_id: str, seq: int
     ) -> tuple[SessionRevert, Restores]:
-        """The revert of the files the steps after ``seq`` changed, and its restores."""
+        """The revert of the files the steps after ``seq`` changed, and its restores.
+
+        Refused (409, nothing written) when the files cannot be restored: a
+        step that ran a writing tool has no snapshot (the directory is not in
+        a git work tree, or its snapshot failed), or the snapshots are not in
+        the store of the session's directory (it moved since).
+        """
         # Each path goes back to how it was before the first step that changed it.
         first: dict[str, str] = {}
-        for _, before, _, changed in await self._store.queries.step_snapshots(session.id, seq):
+        rows = await self._store.queries.step_snapshots(session.id, seq)
+        for _, before, _, changed in rows:
             for path in changed:
                 first.setdefault(path, before)
+        if await self._writing_steps(session.id, message_id, seq) > len(rows):
+            raise ConflictError(
+                "the files cannot be restored: a step after the message changed files"
+                " without a snapshot (no git work tree, or its snapshot failed)",
+                resource="files",
+            )
         if not first:
             return SessionRevert(message_id=message_id), []
+        directory = session.location.directory
         try:
-            current = await self._snapshots.track(session.location.directory)
+            moved = not await self._snapshots.has_trees(directory, sorted(set(first.values())))
         except SnapshotError as exc:
-            raise UnknownError(f"snapshot store: {exc}") from None
+            raise ServiceUnavailableError(f"snapshot store: {exc}", service="snapshots") from None
+        if moved:
+            raise ConflictError(
+                "the files cannot be restored: their snapshots were taken in another"
+                " directory (the session moved since)",
+                resource="files",
+            )
+        current = await self._track(session)
         if current is None:
-            return SessionRevert(message_id=message_id), []
+            raise ConflictError(
+                f"the files cannot be restored: {directory} is no longer in a git work tree",
+                resource="files",
+            )
         by_tree: dict[str, list[str]] = {}
         for path, tree in sorted(first.items()):
             by_tree.setdefault(tree, []).append(path)
         revert = SessionRevert(message_id=message_id, snapshot=current, files=tuple(sorted(first)))
         return revert, list(by_tree.items())
+
+    async def _writing_steps(self, session_id: str, message_id: str, seq: int) -> int:
+        """Assistant messages after ``seq`` whose writing tools ran (not refused ones)."""
+        count = 0
+        anchor = MessageAnchor(id=message_id, seq=seq, direction="next")
+        while True:
+            page = await self._store.queries.messages(session_id, "asc", 200, anchor)
+            for m in page.data:
+                if isinstance(m, AssistantMessage) and any(_ran_writing(p) for p in m.parts):
+                    count += 1
+            if page.cursor.next is None or not page.data:
+                return count
+            last = page.data[-1]
+            anchor = MessageAnchor(id=last.id, seq=last.seq, direction="next")
 
     async def _clear(self, session: Session, revert: SessionRevert) -> None:
         restores: Restores = []
@@ -392,6 +431,19 @@ class Reverts:
             if exc.reason == "session.missing":
                 raise SessionNotFoundError(session_id) from None
             raise ConflictError(str(exc), resource="session") from None
+
+
+#: Tool errors that mean the call never ran (so it changed no file).
+_NOT_RUN: Final = ("permission.", "tool.disabled", "unknown-tool", "invalid-input")
+
+
+def _ran_writing(part: object) -> bool:
+    if not isinstance(part, ToolPart) or part.name not in WRITING_TOOLS:
+        return False
+    if part.status == "completed":
+        return True
+    kind = str((part.error or {}).get("type", ""))
+    return part.status == "error" and not kind.startswith(_NOT_RUN)
 
 
 def _domain(exc: SnapshotError) -> DomainError:

@@ -124,15 +124,38 @@ DB_NAME = "sessionrt.sqlite"
 log = logging.getLogger(__name__)
 
 
+def _absolute_dir(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.abspath(path))
+
+
+def _absolute_or_none(path: str | None) -> str | None:
+    return None if path is None else os.path.abspath(path)
+
+
+def _absolute_all(paths: Sequence[str]) -> tuple[str, ...]:
+    return tuple(os.path.abspath(p) for p in paths)
+
+
+def _absolute_database(target: str | None) -> str | None:
+    if target is None or is_server_url(target):
+        return target
+    return os.path.abspath(target)
+
+
 @attrs.frozen(kw_only=True)
 class RuntimeConfig:
-    data_dir: Path
+    """The runtime's settings. Every path is made absolute here, against the
+    working directory at start: a relative one would otherwise be resolved
+    again by each child process (git resolves a relative store against the
+    work tree, which silently turned snapshots off)."""
+
+    data_dir: Path = attrs.field(converter=_absolute_dir)
     synchronous: Synchronous = "FULL"
     #: Where sessions created without a location live (default: the cwd).
-    default_directory: str | None = None
+    default_directory: str | None = attrs.field(default=None, converter=_absolute_or_none)
     #: Directories a session may live in although the rules refuse them
     #: (``/``, the data directory): see :mod:`actors.locations`.
-    allow_directories: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    allow_directories: tuple[str, ...] = attrs.field(default=(), converter=_absolute_all)
     #: Environment variables no tool subprocess inherits, besides the built-in
     #: rule (password, ``*_API_KEY``, ``*TOKEN*`` …): see ``actors.tools.tool_environment``.
     secret_env: tuple[str, ...] = attrs.field(default=(), converter=tuple)
@@ -189,7 +212,9 @@ class RuntimeConfig:
     #: ``postgresql://`` URL; None is ``sessionrt.sqlite`` in the data dir.
     #: Shown redacted: a password in the URL never reaches a repr or a log.
     database: str | None = attrs.field(
-        default=None, repr=lambda value: repr(None if value is None else redact(value))
+        default=None,
+        converter=_absolute_database,
+        repr=lambda value: repr(None if value is None else redact(value)),
     )
     #: Automatic compaction (``[runtime] compaction``); an agent's
     #: ``compaction`` overrides it. Manual compaction works either way.
