@@ -72,6 +72,7 @@ from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.revert import Reverts
 from actors.runner import InstructionSource, Runner
 from actors.sessions import Sessions
+from actors.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
 from actors.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
 from actors.shells import Environments, Shells
 from actors.snapshots import Snapshots
@@ -173,6 +174,9 @@ class RuntimeConfig:
     bash_output_memory_bytes: int = DEFAULT_OUTPUT_MEMORY_BYTES
     #: A user shell command's output kept in memory; beyond it, a managed file.
     shell_output_memory_bytes: int = SHELL_OUTPUT_MEMORY_BYTES
+    #: A user shell command still running after this long is ended (its
+    #: process group killed; its entry ``failed`` with reason ``timeout``).
+    shell_timeout_s: float = SHELL_TIMEOUT_S
     tool_output_max_lines: int = DEFAULT_MAX_LINES
     tool_output_max_bytes: int = DEFAULT_MAX_BYTES
     #: Extra model providers by provider id; the scripted model is always there.
@@ -504,6 +508,7 @@ class Runtime:
             output_memory_bytes=max(
                 config.shell_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
             ),
+            timeout_s=config.shell_timeout_s,
         )
         self.instructions = InstructionEntries(self.store)
         self._execution: Execution | None = None
@@ -652,6 +657,8 @@ class Runtime:
     async def _stop_sessions(self, session_ids: Sequence[str]) -> None:
         for sid in session_ids:
             self.environments.forget(sid)
+        # The sessions are being deleted: their shells end with them.
+        await self.shells.stop(session_ids, "cancelled")
         execution = self._execution
         if execution is None:
             return
@@ -865,6 +872,8 @@ class Runtime:
         """
         await self.sessions.get(session_id)
         interrupted = await self.execution.interrupt(session_id, "user")
+        # The user's shells of the session end too (their entries say so).
+        interrupted = await self.shells.stop([session_id], "interrupted") > 0 or interrupted
         if not interrupted:
             owner = await self._owner(session_id)
             if owner is not None:

@@ -217,6 +217,7 @@ _ID_KINDS: Final[dict[str, IdKind]] = {
     "sessionID": "ses",
     "inboxID": "msg",
     "messageID": "msg",
+    "shellID": "msg",
     "permissionID": "per",
 }
 #: Path parameters that are not ids, by the pattern they must match.
@@ -576,6 +577,16 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         output_kind="no_content",
         errors=(*_NF, e.ConflictError),
         client=("sessions", "shell"),
+    ),
+    Operation(
+        id="session.shell.cancel",
+        method="DELETE",
+        path="/api/session/{sessionID}/shell/{shellID}",
+        summary="End a running user shell command (its process group is killed); its entry"
+        " records it as cancelled. An ended one stays as it ended",
+        output_kind="no_content",
+        errors=(*_NF, e.MessageNotFoundError),
+        client=("sessions", "shell_cancel"),
     ),
     Operation(
         id="session.environment",

@@ -162,6 +162,10 @@ class ShellInfo:
     exit: int | None = None
     time_started: int
     time_ended: int | None = None
+    #: Why it ended before its command did: ``interrupted`` (the session was
+    #: interrupted), ``cancelled`` (``DELETE …/shell/{shellID}``), ``timeout``
+    #: (``[runtime] shell_timeout_s``), ``restart`` (the server stopped meanwhile).
+    reason: Literal["interrupted", "cancelled", "timeout", "restart"] | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -27,6 +27,7 @@
     bash_max_timeout_s = 600    # the most a bash call may ask for (larger asks are clamped)
     bash_output_memory_bytes = 1048576  # per call; beyond it output streams to a managed file
     shell_output_memory_bytes = 8388608  # per user shell command; beyond it, a managed file
+    shell_timeout_s = 600       # a user shell command running longer is ended (its group killed)
     tool_output_max_lines = 2000
     tool_output_max_bytes = 51200
     recover = true
@@ -97,6 +98,7 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "bash_max_timeout_s": (int, float),
         "bash_output_memory_bytes": int,
         "shell_output_memory_bytes": int,
+        "shell_timeout_s": (int, float),
         "tool_output_max_lines": int,
         "tool_output_max_bytes": int,
         "recover": bool,

@@ -230,6 +230,11 @@ async def session_shell(call: Call) -> Any:
     await call.runtime.shells.start(session, body.command, body.id)
 
 
+async def session_shell_cancel(call: Call) -> Any:
+    await call.runtime.sessions.get(call.session_id)
+    await call.runtime.shells.cancel(call.session_id, call.path["shellID"])
+
+
 async def session_environment(call: Call) -> Any:
     body: EnvironmentInput = call.body
     await call.runtime.sessions.get(call.session_id)
@@ -300,6 +305,7 @@ HANDLERS: dict[str, Handler] = {
     "session.message.get": session_message,
     "session.context": session_context,
     "session.shell": session_shell,
+    "session.shell.cancel": session_shell_cancel,
     "session.environment": session_environment,
     "session.revert.stage": revert_stage,
     "session.revert.clear": revert_clear,
