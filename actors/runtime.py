@@ -160,6 +160,9 @@ class RuntimeConfig:
     #: Environment variables no tool subprocess inherits, besides the built-in
     #: rule (password, ``*_API_KEY``, ``*TOKEN*`` …): see ``actors.tools.tool_environment``.
     secret_env: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: Glob patterns (case-insensitive) of more variables no tool inherits
+    #: (``[runtime] secret_env_patterns = ["VAULT_*"]``).
+    secret_env_patterns: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     #: At most this many tool calls run at once, each in its own pykka child
     #: actor (one thread each); more wait for a slot (``actors.tools.ToolActors``).
     max_tool_threads: int = 16
@@ -482,7 +485,10 @@ class Runtime:
         self.transfer = SessionTransfer(
             self.store, self.sessions, directories=self.directories, blocking=self.blocking.run
         )
-        secret_env = frozenset(config.secret_env) | {
+        for pattern in config.secret_env_patterns:
+            if not pattern or not set(pattern) & set("*?["):
+                raise ValueError(f"secret_env_patterns: {pattern!r} is no glob pattern (* ? [)")
+        secret_env = frozenset(config.secret_env) | set(config.secret_env_patterns) | {
             c.api_key_env for c in config.provider_configs.values() if c.api_key_env
         }
         self._secret_env = secret_env

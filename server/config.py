@@ -21,6 +21,7 @@
     default_directory = "/srv/work"
     allow_directories = []      # e.g. ["/"]: let sessions live where the rules refuse
     secret_env = []             # more variables tools must not inherit (provider keys)
+    secret_env_patterns = []    # glob patterns of more, case-insensitive: ["VAULT_*", "*_PIN"]
     max_tool_threads = 16       # tool calls at once, each in its own child actor (one thread)
     max_blocking_threads = 4    # the plain pool for blocking helpers that are not tool calls
     bash_timeout_s = 120        # a bash call's timeout unless it asks for another
@@ -92,6 +93,7 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "default_directory": str,
         "allow_directories": list,
         "secret_env": list,
+        "secret_env_patterns": list,
         "max_tool_threads": int,
         "max_blocking_threads": int,
         "bash_timeout_s": (int, float),
