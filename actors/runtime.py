@@ -196,6 +196,11 @@ class RuntimeConfig:
     #: Discover the project's AGENTS.md / CLAUDE.md files (``[runtime]
     #: project_instructions``); the data dir's AGENTS.md is read either way.
     project_instructions: bool = True
+    #: Keep ``metadata.script`` of an imported session (``[runtime]
+    #: import_scripts``). Off: a script makes the scripted model run its
+    #: directives (tool calls, bash), so importing someone's export would run
+    #: their code; the script is dropped.
+    import_scripts: bool = False
     #: Run the startup sweep (resume claimed sessions) before accepting work.
     recover: bool = True
     #: Only read: the store opens read-only, no sweep, no execution (every
@@ -483,14 +488,20 @@ class Runtime:
             waiters=self.permission_waiters,
         )
         self.transfer = SessionTransfer(
-            self.store, self.sessions, directories=self.directories, blocking=self.blocking.run
+            self.store,
+            self.sessions,
+            directories=self.directories,
+            blocking=self.blocking.run,
+            allow_scripts=config.import_scripts,
         )
         for pattern in config.secret_env_patterns:
             if not pattern or not set(pattern) & set("*?["):
                 raise ValueError(f"secret_env_patterns: {pattern!r} is no glob pattern (* ? [)")
-        secret_env = frozenset(config.secret_env) | set(config.secret_env_patterns) | {
-            c.api_key_env for c in config.provider_configs.values() if c.api_key_env
-        }
+        secret_env = (
+            frozenset(config.secret_env)
+            | set(config.secret_env_patterns)
+            | {c.api_key_env for c in config.provider_configs.values() if c.api_key_env}
+        )
         self._secret_env = secret_env
         self.environments = Environments(secret_env)
         self.snapshots = Snapshots(

@@ -314,7 +314,8 @@ class SessionsAPI(APIGroup):
         *,
         options: CallOptions | None = None,
     ) -> Session:
-        """Create a session from a transfer document; an id already used is a 409.
+        """Create a session from a transfer document, checked as a create is (its metadata.script
+        dropped unless the operator allows it); an id already used is a 409.
 
         ``POST /api/experimental/session/import`` (session.importSession). Errors:
         InvalidRequestError, UnauthorizedError, ConflictError.

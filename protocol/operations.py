@@ -240,6 +240,9 @@ class Operation:
     errors: tuple[type[e.DomainError], ...] = ()
     #: (client group, method name), e.g. ("sessions", "prompt").
     client: tuple[str, str]
+    #: Its body may be tens of MiB (an import): the server parses it off the
+    #: event loop in pieces and hands the handler the JSON value to decode.
+    large_body: bool = False
 
     @property
     def path_params(self) -> tuple[str, ...]:
@@ -379,12 +382,14 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         id="session.importSession",
         method="POST",
         path="/api/experimental/session/import",
-        summary="Create a session from a transfer document; an id already used is a 409",
+        summary="Create a session from a transfer document, checked as a create is (its"
+        " metadata.script dropped unless the operator allows it); an id already used is a 409",
         body=SessionExport,
         output_kind="data",
         output=Session,
         errors=(e.ConflictError,),
         client=("sessions", "import_session"),
+        large_body=True,
     ),
     Operation(
         id="session.stats",

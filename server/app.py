@@ -271,7 +271,9 @@ def _endpoint(op: Operation) -> Endpoint:
         if op.id == "server.health":
             return await _health(request)
         settings = request.app[SETTINGS]
-        body = await decode_body(op, request, settings.body_timeout_s, settings.max_body_bytes)
+        body = await decode_body(
+            op, request, settings.body_timeout_s, settings.max_body_bytes, runtime.blocking.run
+        )
         call = Call(
             runtime=runtime,
             path=path,

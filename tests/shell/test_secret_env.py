@@ -44,9 +44,9 @@ def test_the_config_file_sets_the_new_runtime_keys(tmp_path: Path) -> None:
     path = tmp_path / "sessionrt.toml"
     path.write_text(
         '[runtime]\nsecret_env_patterns = ["VAULT_*"]\nshell_timeout_s = 30\n'
-        "allow_session_scripts = true\n"
+        "import_scripts = true\n"
     )
     config = runtime_config(load_config(path), tmp_path / "data", fallback_data_dir=tmp_path)
     assert config.secret_env_patterns == ("VAULT_*",)
     assert config.shell_timeout_s == 30
-    assert config.allow_session_scripts is True
+    assert config.import_scripts is True
