@@ -17,12 +17,14 @@ events, and keep their text, parts, usage and times.
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
 
+from actors.collector import collector_paused
 from actors.inbox import Blocking
 from actors.locations import DirectoryRules
 from actors.sessions import Sessions
@@ -77,8 +79,13 @@ class SessionTransfer:
     async def import_(self, document: SessionExport, *, directory: str | None = None) -> Session:
         """Create the session ``document`` describes; its id taken is a 409."""
         info = await self._checked_info(document.info, directory)
-        imported = await self._blocking(_imported, info.id, document.messages)
-        return await self._record(info, imported)
+        with collector_paused():
+            held: builtins.list[Any] = [await self._blocking(_imported, info.id, document.messages)]
+            try:
+                return await self._record(info, held)
+            finally:
+                # Millions of objects: freed on a thread, not in one go on the loop.
+                await self._blocking(held.clear)
 
     async def import_json(self, data: Any, *, directory: str | None = None) -> Session:
         """:meth:`import_` of a document still in JSON (the route's, parsed off the loop).
@@ -98,8 +105,13 @@ class SessionTransfer:
             raise InvalidRequestError("messages must be an array", field="messages")
         decoded = codec.from_json(Session, data.get("info"), path="info", strict=True)
         info = await self._checked_info(decoded, directory)
-        imported = await self._blocking(_imported_json, info.id, raw_messages)
-        return await self._record(info, imported)
+        with collector_paused():
+            held: builtins.list[Any] = [await self._blocking(_imported_json, info.id, raw_messages)]
+            try:
+                return await self._record(info, held)
+            finally:
+                # Millions of objects: freed on a thread, not in one go on the loop.
+                await self._blocking(held.clear)
 
     async def _checked_info(self, info: Session, directory: str | None) -> Session:
         """``info`` as it will be created: checked as a create is, its script dropped."""
@@ -135,7 +147,10 @@ class SessionTransfer:
             metadata=metadata,
         )
 
-    async def _record(self, info: Session, imported: builtins.list[ev.Event]) -> Session:
+    async def _record(self, info: Session, held: builtins.list[Any]) -> Session:
+        """Append the import; ``held`` starts with its message events and keeps what
+        the append makes of them (the command, the records) for the caller to free."""
+        imported: builtins.list[ev.Event] = held[0]
         created = ev.SessionCreated(
             session_id=info.id,
             parent_id=info.parent_id,
@@ -161,7 +176,12 @@ class SessionTransfer:
                 ev.UsageRecorded(session_id=info.id, source="import", cost=info.cost, tokens=tokens)
             )
         try:
-            await self._store.append(Command.of(created, *imported, *usage, expected={info.id: 0}))
+            # Made on a thread: for 200,000 messages it is a second of Python.
+            command = await self._blocking(
+                functools.partial(Command.of, expected={info.id: 0}), created, *imported, *usage
+            )
+            held.append(command)
+            held.append(await self._store.append(command))
         except AppendConflictError as exc:
             raise ConflictError(
                 f"session {info.id} cannot be imported: {exc}", resource="session"
@@ -215,6 +235,7 @@ def _imported_json(session_id: str, raw: builtins.list[Any]) -> builtins.list[ev
     """:func:`_imported` of messages still in JSON: all decoded and checked first."""
     messages: builtins.list[SessionMessage] = []
     for index, item in enumerate(raw):
+        raw[index] = None  # let each parsed message go once it is decoded
         where = f"messages[{index}]"
         message: SessionMessage = codec.from_json(
             SessionMessage,  # type: ignore[arg-type]

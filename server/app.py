@@ -29,6 +29,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from actors.collector import collector_paused
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import codec, ids
 from protocol.errors import (
@@ -270,23 +271,34 @@ def _endpoint(op: Operation) -> Endpoint:
             return await _metrics(request)
         if op.id == "server.health":
             return await _health(request)
-        settings = request.app[SETTINGS]
-        body = await decode_body(
-            op, request, settings.body_timeout_s, settings.max_body_bytes, runtime.blocking.run
-        )
-        call = Call(
-            runtime=runtime,
-            path=path,
-            query=query,
-            body=body,
-            request=request,
-            directory=_directory(request),
-        )
-        result = await HANDLERS[op.id](call)
-        return _encode(op, result)
+        if op.large_body:
+            # Parsed and handled with the cycle collector paused: see actors.collector.
+            with collector_paused():
+                return await _call(op, request, runtime, path, query)
+        return await _call(op, request, runtime, path, query)
 
     endpoint.__name__ = op.id.replace(".", "_")
     return endpoint
+
+
+async def _call(
+    op: Operation, request: web.Request, runtime: Runtime, path: dict[str, str], query: Any
+) -> web.StreamResponse:
+    """Decode the body, run the operation's handler, encode its result."""
+    settings = request.app[SETTINGS]
+    body = await decode_body(
+        op, request, settings.body_timeout_s, settings.max_body_bytes, runtime.blocking.run
+    )
+    call = Call(
+        runtime=runtime,
+        path=path,
+        query=query,
+        body=body,
+        request=request,
+        directory=_directory(request),
+    )
+    result = await HANDLERS[op.id](call)
+    return _encode(op, result)
 
 
 def _encode(op: Operation, result: Any) -> web.Response:

@@ -59,7 +59,7 @@ from storage.lease import LeaseUse
 from storage.projectors import project
 from storage.recorder import Command, NewEvent, RecordedEvent
 
-__all__ = ["Outcome", "Synchronous", "Writer", "encode_events"]
+__all__ = ["Outcome", "Synchronous", "Writer", "encode_events", "prepare"]
 
 Synchronous = Literal["FULL", "NORMAL"]
 
@@ -85,13 +85,33 @@ class Outcome:
     publish: bool = True
 
 
+#: Commands of up to this many events are encoded by their producer, on the
+#: loop (overlapping the writer's fsync); larger ones (an import of 200,000
+#: messages: a second of Python) by the writer's thread, off the loop.
+ENCODE_ON_LOOP: Final = 256
+
+
 @attrs.define
 class Prepared:
-    """A command with each event's stored type and encoded data, computed on
-    the producer's side so the writer thread spends its time on SQL only."""
+    """A command with each event's stored type and encoded data: computed on
+    the producer's side (:func:`prepare`) so the writer thread spends its time
+    on SQL only, unless the command is large."""
 
     command: Command
-    encoded: tuple[tuple[str, str], ...]
+    _encoded: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def encoded(self) -> tuple[tuple[str, str], ...]:
+        if self._encoded is None:
+            self._encoded = encode_events(self.command.events)
+        return self._encoded
+
+
+def prepare(command: Command) -> Prepared:
+    """``command`` ready for a writer: encoded now unless it is large."""
+    if len(command.events) > ENCODE_ON_LOOP:
+        return Prepared(command=command)
+    return Prepared(command=command, encoded=encode_events(command.events))
 
 
 def encode_events(events: Sequence[NewEvent]) -> tuple[tuple[str, str], ...]:

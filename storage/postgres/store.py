@@ -50,7 +50,7 @@ import asyncpg
 from protocol import ids
 from storage._subscribers import Subscribers
 from storage._url import redact
-from storage._writer import Outcome, Prepared, encode_events
+from storage._writer import Outcome, Prepared, prepare
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
 from storage.postgres import schema
@@ -342,8 +342,7 @@ class PostgresStore:
         if command.empty:
             future.set_result([])
             return future
-        encoded = encode_events(command.events)
-        self._pending.append((Prepared(command=command, encoded=encoded), future))
+        self._pending.append((prepare(command), future))
         self._drained.clear()
         self._wake.set()
         return future
