@@ -112,6 +112,12 @@ class Environments:
     def replace(self, session_id: str, variables: Mapping[str, str]) -> None:
         size = 0
         for name, value in variables.items():
+            if not isinstance(value, str):
+                # The codec keeps a mapping's values as JSON: a number or a list
+                # reaches here and would fail the process spawn later.
+                raise InvalidRequestError(
+                    f"the value of {name!r} must be a string", field=f"variables.{name}"
+                )
             if not name or "=" in name or "\0" in name or "\0" in value:
                 raise InvalidRequestError(
                     f"invalid environment variable {name!r}", field="variables"

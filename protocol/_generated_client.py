@@ -878,7 +878,7 @@ class InstructionsAPI(APIGroup):
 
         ``PUT /api/experimental/session/{sessionID}/instructions/entries/{key}``
         (session.instructions.entry.put). Errors: InvalidRequestError, UnauthorizedError,
-        SessionNotFoundError, InstructionEntryValueTooLargeError.
+        SessionNotFoundError, InstructionEntryValueTooLargeError, InstructionEntriesFullError.
         """
         await self._call(
             _SESSION_INSTRUCTIONS_ENTRY_PUT,

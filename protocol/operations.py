@@ -670,7 +670,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="Set an instruction entry (upsert); the change is announced at the next step",
         body=InstructionEntryInput,
         output_kind="no_content",
-        errors=(*_NF, e.InstructionEntryValueTooLargeError),
+        errors=(*_NF, e.InstructionEntryValueTooLargeError, e.InstructionEntriesFullError),
         client=("instructions", "put"),
     ),
     Operation(
