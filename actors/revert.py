@@ -210,6 +210,9 @@ class Reverts:
         """
         if context < 0:
             raise InvalidRequestError("context must be a non-negative integer", field="context")
+        for value, field in ((from_id, "from"), (to_id, "to")):
+            if value is not None:
+                ids.validate("msg", value, field=field)
         session = await self._session(session_id)
         directory = session.location.directory
         try:

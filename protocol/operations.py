@@ -91,6 +91,8 @@ Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 _LIMIT: Final = attrs.field(
     default=None, metadata={"schema": {"type": "integer", "minimum": 1, "maximum": 200}}
 )
+#: A continuation cursor: opaque, never empty (an empty one is an InvalidCursorError).
+_CURSOR: Final = attrs.field(default=None, metadata={"schema": {"type": "string", "minLength": 1}})
 
 
 @attrs.frozen(kw_only=True)
@@ -99,15 +101,18 @@ class SessionListQuery:
     order: Order | None = None
     search: str | None = None
     #: A session id, or the literal ``null`` for root sessions only.
-    parent_id: str | None = None
-    cursor: str | None = None
+    parent_id: str | None = attrs.field(
+        default=None,
+        metadata={"schema": {"type": "string", "pattern": f"^null$|{ids.pattern('ses')}"}},
+    )
+    cursor: str | None = _CURSOR
 
 
 @attrs.frozen(kw_only=True)
 class MessagesQuery:
     limit: int | None = _LIMIT
     order: Order | None = None
-    cursor: str | None = None
+    cursor: str | None = _CURSOR
 
 
 @attrs.frozen(kw_only=True)
@@ -134,7 +139,7 @@ class GenerateResult:
 
 @attrs.frozen(kw_only=True)
 class AgentInput:
-    agent: str
+    agent: str = attrs.field(metadata={"schema": {"type": "string", "minLength": 1}})
 
 
 @attrs.frozen(kw_only=True)
@@ -154,7 +159,7 @@ _MSG_ID: Final = {"type": "string", "pattern": r"^msg_[0-9A-Za-z_-]{1,100}$"}
 class ShellInput:
     #: The shell entry's id (a message id); a retry with the same id starts nothing.
     id: str | None = attrs.field(default=None, metadata={"schema": _MSG_ID})
-    command: str
+    command: str = attrs.field(metadata={"schema": {"type": "string", "pattern": "\\S"}})
 
 
 @attrs.frozen(kw_only=True)
@@ -172,8 +177,13 @@ class RevertStageInput:
 @attrs.frozen(kw_only=True)
 class DiffQuery:
     #: User message ids: the snapshots before each; ``to`` left out is now.
-    from_: str | None = attrs.field(default=None, metadata={"wire": "from"})
-    to: str | None = None
+    from_: str | None = attrs.field(
+        default=None,
+        metadata={"wire": "from", "schema": {"type": "string", "pattern": ids.pattern("msg")}},
+    )
+    to: str | None = attrs.field(
+        default=None, metadata={"schema": {"type": "string", "pattern": ids.pattern("msg")}}
+    )
     context: int | None = attrs.field(
         default=None, metadata={"schema": {"type": "integer", "minimum": 0}}
     )

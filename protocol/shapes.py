@@ -55,14 +55,15 @@ Order = Literal["asc", "desc"]
 
 @attrs.frozen(kw_only=True)
 class ModelRef:
-    id: str
-    provider_id: str
+    id: str = attrs.field(metadata={"schema": {"type": "string", "minLength": 1}})
+    provider_id: str = attrs.field(metadata={"schema": {"type": "string", "minLength": 1}})
     variant: str | None = None
 
 
 @attrs.frozen(kw_only=True)
 class Location:
-    directory: str
+    #: An absolute path (a relative one is refused).
+    directory: str = attrs.field(metadata={"schema": {"type": "string", "pattern": "^/"}})
 
 
 @attrs.frozen(kw_only=True)

@@ -210,7 +210,9 @@ async def _errors(request: web.Request, handler: Endpoint) -> web.StreamResponse
         response = _error(
             MethodNotAllowedError(f"{request.method} is not allowed on {request.path}")
         )
-        response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+        # A literal path's own methods, not those of the {sessionID} route it also matches.
+        allowed = _LITERAL.get(request.path, exc.allowed_methods)
+        response.headers["Allow"] = ", ".join(sorted(allowed))
         return response
     except web.HTTPException:
         raise
@@ -254,8 +256,24 @@ def _unquote_header(header: str) -> str:
         ) from None
 
 
+#: Paths without parameters and their methods: ``/api/session/active`` is also
+#: ``/api/session/{sessionID}`` for PATCH and DELETE, where it must be a 405.
+_LITERAL: Final[dict[str, frozenset[str]]] = {
+    path: frozenset(
+        m
+        for op in OPERATIONS
+        if op.path == path
+        for m in (op.method, "HEAD")[: 2 if op.method == "GET" else 1]
+    )
+    for path in {op.path for op in OPERATIONS if "{" not in op.path}
+}
+
+
 def _endpoint(op: Operation) -> Endpoint:
     async def endpoint(request: web.Request) -> web.StreamResponse:
+        allowed = _LITERAL.get(request.path)
+        if allowed is not None and op.path != request.path:
+            raise web.HTTPMethodNotAllowed(request.method, allowed)
         runtime = request.app[RUNTIME]
         path = decode_path(op, request)
         query = decode_query(op, request)
