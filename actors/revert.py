@@ -39,7 +39,7 @@ server's own environment holds ``SESSIONRT_TEST_REVERT_PAUSE=<point>:<marker>``
 (nothing over HTTP sets it): at ``<point>`` the revert creates the file
 ``<marker>`` and waits forever, holding the session's lock. Points: ``stage.intent``
 and ``clear.intent`` (the intent is durable, no file restored yet),
-``stage.restore`` and ``clear.restore`` (the first path restored, the others not),
+``stage.restore`` and ``clear.restore`` (one path restored, the others not),
 ``stage.event`` and ``clear.event`` (files restored, the event committed, the
 intent not yet removed),
 and ``commit`` (the commit's events committed, the call not yet answered). A
@@ -359,9 +359,10 @@ class Reverts:
         directory = session.location.directory
         try:
             if self._pause is not None and self._pause[0] == f"{op}.restore":
-                # The test hook: the first path back, the others not yet.
-                tree, paths = restores[0]
-                await self._snapshots.restore(directory, [(tree, paths[:1])], undo=undo)
+                # The test hook: one path back (the last: the deepest, which any
+                # plan may restore alone), the others not yet.
+                tree, paths = restores[-1]
+                await self._snapshots.restore(directory, [(tree, paths[-1:])], undo=undo)
                 await self._paused(f"{op}.restore")
             await self._snapshots.restore(directory, restores, undo=undo)
         except SnapshotError as exc:
