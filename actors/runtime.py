@@ -138,8 +138,8 @@ def _absolute_all(paths: Sequence[str]) -> tuple[str, ...]:
 
 
 def _absolute_database(target: str | None) -> str | None:
-    if target is None or is_server_url(target):
-        return target
+    if target is None or "://" in target:
+        return target  # a URL (an unknown scheme is refused, unechoed, by storage.connect)
     return os.path.abspath(target)
 
 

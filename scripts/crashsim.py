@@ -879,6 +879,11 @@ def _inside_bytes(base: Path, rel: str) -> bytes | None:
         return None
 
 
+def _swaps_line(swaps: Mapping[str, Any]) -> str:
+    kills = ", ".join(f"{k} {v}" for k, v in sorted(swaps["kills"].items())) or "none"
+    return f"{swaps['swaps']} trees swapped, {swaps['reverts']} reverts staged; kills: {kills}"
+
+
 def _first_before(events: Sequence[Event], sid: str, message_id: str, until: int) -> dict[str, str]:
     """Per path: the tree before the first writing step after ``message_id`` that changed it.
 
@@ -1988,6 +1993,7 @@ def render(report: dict[str, Any]) -> str:
         f" payload, {r['concurrent_duplicates']} concurrent duplicates, {r['after_crash']}"
         f" after a crash ({r['after_crash_already_committed']} of them committed before the kill)",
         f"  interrupts:   {report['interrupts']}",
+        f"  symlink swaps: {_swaps_line(r['symlink_swaps'])}",
         f"  permissions:  {pm['asked']} asked, {pm['replied']} replied {pm['answers']},"
         f" {pm['answers_refused']} answers refused (the call had settled)",
         f"  events:       {report['events']}",
