@@ -167,7 +167,8 @@ def _literal(node: tree_sitter.Node) -> str | None:
                 continue
             if child.type != "string_content":
                 return None
-            parts.append(_unescape_double((child.text or b"").decode("utf-8", "surrogateescape")))
+            content = (child.text or b"").decode("utf-8", "surrogateescape")
+            parts.append(_unescape(content, '$`"\\\n'))
         return "".join(parts)
     if kind == "concatenation":
         pieces = [_literal(c) for c in node.children]
@@ -175,23 +176,17 @@ def _literal(node: tree_sitter.Node) -> str | None:
     return None
 
 
-def _unescape(text: str) -> str:
+def _unescape(text: str, escapable: str | None = None) -> str:
+    """``text`` with its backslashes removed as bash does: before any character
+    (unquoted) or, inside double quotes, only before one of ``escapable``; a
+    backslash-newline joins lines."""
     out, i = [], 0
     while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text):
-            if text[i + 1] != "\n":
-                out.append(text[i + 1])
-            i += 2
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
-def _unescape_double(text: str) -> str:
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in '$`"\\\n':
+        if (
+            text[i] == "\\"
+            and i + 1 < len(text)
+            and (escapable is None or text[i + 1] in escapable)
+        ):
             if text[i + 1] != "\n":
                 out.append(text[i + 1])
             i += 2
