@@ -926,10 +926,10 @@ def _blob(snapshots: Path, tree: str, path: str) -> bytes | None:
         ).returncode:
             continue
         found = subprocess.run(
-            [*git, "ls-tree", "-z", "--name-only", tree, "--", path], capture_output=True
+            [*git, "ls-tree", "-z", tree, "--", path], capture_output=True
         ).stdout
-        if not found:
-            return None
+        if not found or b" blob " not in found.split(b"\t", 1)[0]:
+            return None  # absent, or a directory there (its files are entries of their own)
         return subprocess.run(
             [*git, "cat-file", "blob", f"{tree}:{path}"], capture_output=True, check=True
         ).stdout
