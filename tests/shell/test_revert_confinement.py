@@ -69,11 +69,17 @@ async def test_a_restore_never_deletes_through_a_symlink_it_restored(
 async def test_a_restore_never_touches_the_data_dir(tmp_path: Path, work: Path) -> None:
     data = tmp_path / "data"
     async with Embedded(data) as oc:
+        # The log's file when it is SQLite (on PostgreSQL the data dir has none).
+        live = [p for p in (data / "sessionrt.sqlite",) if p.exists()]
+        (data / "canary").write_text("kept\n")
         sid = await _session(oc, work)
         await _prompt(oc, sid, "ln -s ../data d")
-        second = await _prompt(oc, sid, "rm d && mkdir d && echo x > d/sessionrt.sqlite")
+        second = await _prompt(
+            oc, sid, "rm d && mkdir d && echo x > d/sessionrt.sqlite && echo x > d/canary"
+        )
         await oc.sessions.revert_stage(sid, RevertStageInput(message_id=second, files=True))
-        assert (data / "sessionrt.sqlite").stat().st_size > 0
+        assert (data / "canary").read_text() == "kept\n"
+        assert all(p.stat().st_size > 0 for p in live)
         # The database is still the live one: the session is listed and answers.
         assert [s.id for s in (await oc.sessions.list()).data] == [sid]
     async with Embedded(data) as oc:
