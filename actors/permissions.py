@@ -10,10 +10,13 @@ the wait, and only ``once``/``always`` lets it run).
 
 Subjects, the strings the patterns are matched against:
 
-- bash: each simple command of the command line
-  (:func:`~actors.tools._permission.simple_commands`); the most restrictive
-  answer over them wins, so ``git status; rm -rf x`` asks (or is denied) if
-  ``rm -rf x`` would be, whatever ``git *`` says.
+- bash: each command the line runs, read with a shell grammar
+  (:func:`~actors.tools._shell_grammar.bash_subjects`: quoting removed,
+  wrappers such as ``env``, ``sudo``, ``xargs``, ``sh -c`` resolved to what
+  they run); the most restrictive answer over them wins, so ``git status;
+  rm -rf x`` asks (or is denied) if ``rm -rf x`` would be, whatever ``git *``
+  says. A line whose commands cannot be resolved (it does not parse, a
+  command name expands) is asked about unless the rules deny it.
 - read, write, edit, list, glob, grep: the path, relative to the session's
   directory when inside it, else absolute, after resolving ``..`` and every
   symlink (a link that escapes is judged where it leads). A path outside
@@ -46,9 +49,9 @@ from actors.tools._permission import (
     Rule,
     decide,
     matches,
-    simple_commands,
     strictest,
 )
+from actors.tools._shell_grammar import bash_subjects
 from protocol.events import PermissionReply
 
 __all__ = ["FILE_TOOLS", "Check", "PermissionWaiters", "judge", "summary"]
@@ -127,8 +130,10 @@ def judge(
     """The checks ``tool(input)`` must pass, in order. Blocking: it resolves paths."""
     checks: list[Check] = []
     subjects: list[str | None] = [None]
+    unresolved: tuple[str, ...] = ()
     if tool == "bash" and isinstance(input.get("command"), str):
-        subjects = list(simple_commands(str(input["command"])))
+        parsed = bash_subjects(str(input["command"]))
+        subjects, unresolved = list(parsed.commands), parsed.unresolved
     elif tool in FILE_TOOLS and isinstance(input.get("path", "."), str):
         location = directory.resolve()
         raw = str(input.get("path", "."))
@@ -156,7 +161,12 @@ def judge(
                         {str(target): f"{folder}/*"},
                     )
                     checks.append(attrs.evolve(check, external=(target,)))
-    checks.append(_check(rules, session_rules, tool, subjects))
+    check = _check(rules, session_rules, tool, subjects)
+    line = str(input.get("command"))
+    if unresolved and check.decision == "allow" and not _granted(session_rules, tool, line):
+        # What it runs cannot be known from the text: a person decides.
+        check = attrs.evolve(check, decision="ask", patterns=(line,), always=(line,))
+    checks.append(check)
     return checks
 
 

@@ -20,22 +20,28 @@ message) that changed each of them, as OpenCode does; the tree the files are
 in at staging is taken (a full look) before anything is touched.
 
 Crash safety: files and log agree after a crash at any point. Before a stage
-or clear touches a file, an intent (the revert and the restores it makes) is
-written durably to ``<data>/revert/<session>.json``; then the event is
-recorded; only then are files restored, and last the intent is removed.
-:meth:`Reverts.recover` (at start) finishes every intent it finds whose event
-is in the log (restoring is idempotent: the same trees, the same paths) and
-drops the others (their event never committed, so no file was touched).
-Staging over a staged revert first clears it, as its own durable step.
+or clear touches a file, an intent (the revert, the restores it makes, and
+the tree the files are in just before: the undo) is written durably to
+``<data>/revert/<session>.json``; then the files are restored; only then is
+the event recorded, and last the intent is removed. A restore that is
+refused (:class:`~actors.snapshots.RestoreRefused`: a path would lead outside
+the directory, a directory holds files no step wrote) leaves the files as
+they were, answers a 409 and records nothing. :meth:`Reverts.recover` (at
+start) finishes every intent it finds whose event is in the log (restoring
+is idempotent: the same trees, the same paths) and puts the files of the
+others back to their undo tree. Staging over a staged revert first clears
+it, as its own durable step. The restore itself is confined path by path
+(:mod:`actors.confined`).
 
 A test hook stops a revert at a chosen point so a test can SIGKILL the real
 server there (tests/durability/test_revert_crash.py). It is inert unless the
 server's own environment holds ``SESSIONRT_TEST_REVERT_PAUSE=<point>:<marker>``
 (nothing over HTTP sets it): at ``<point>`` the revert creates the file
 ``<marker>`` and waits forever, holding the session's lock. Points: ``stage.intent``
-and ``clear.intent`` (the intent is durable, the event not yet appended),
-``stage.event`` and ``clear.event`` (the event is committed, no file restored yet),
-``stage.restore`` and ``clear.restore`` (the first path restored, the others not),
+and ``clear.intent`` (the intent is durable, no file restored yet),
+``stage.restore`` and ``clear.restore`` (one path restored, the others not),
+``stage.event`` and ``clear.event`` (files restored, the event committed, the
+intent not yet removed),
 and ``commit`` (the commit's events committed, the call not yet answered). A
 start's recovery never pauses.
 """
@@ -55,18 +61,21 @@ import orjson
 
 from actors._keyed_lock import KeyedLock
 from actors._shield import finish
-from actors.snapshots import Blocking, SnapshotError, Snapshots
+from actors.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
 from protocol import codec, ids
 from protocol import events as ev
+from protocol.cursor import MessageAnchor
 from protocol.errors import (
     ConflictError,
+    DomainError,
     InvalidRequestError,
     MessageNotFoundError,
+    ServiceUnavailableError,
     SessionBusyError,
     SessionNotFoundError,
     UnknownError,
 )
-from protocol.shapes import FileDiff, Session, SessionRevert
+from protocol.shapes import AssistantMessage, FileDiff, Session, SessionRevert, ToolPart
 from storage import Command, ProjectionConflict, Store
 
 __all__ = ["PAUSE_ENV", "PAUSE_POINTS", "Reverts"]
@@ -123,7 +132,7 @@ class Reverts:
             if files:
                 revert, restores = await self._plan(session, message_id, seq)
             event = ev.RevertStaged(session_id=session_id, revert=revert)
-            await self._durably(session, "stage", revert, restores, event)
+            await self._durably(session, "stage", revert, restores, revert.snapshot, event)
             return revert
 
     async def clear(self, session_id: str) -> None:
@@ -141,6 +150,7 @@ class Reverts:
                 session_id = intent["session"]
                 revert = codec.from_json(SessionRevert, intent["revert"])
                 restores: Restores = [(t, list(f)) for t, f in intent["restores"]]
+                undo: str | None = intent.get("undo")
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("dropping unreadable revert intent %s: %s", path.name, exc)
                 await self._blocking(_unlink, path)
@@ -148,12 +158,16 @@ class Reverts:
             async with self._locks.hold(session_id):
                 session = await self._store.queries.session(session_id)
                 current = None if session is None else session.revert
-                # Its event committed: the files may be half restored; finish them.
+                # The files may be half restored. Its event committed: finish them;
+                # it did not: put them back as they were before (the undo tree).
                 done = current == revert if intent["op"] == "stage" else current != revert
-                if session is not None and done:
+                if session is not None:
                     try:
-                        await self._apply(session, restores)
-                    except UnknownError as exc:
+                        if done:
+                            await self._apply(session, restores)
+                        elif undo is not None:
+                            await self._apply(session, [(undo, _paths(restores))])
+                    except DomainError as exc:
                         log.warning("revert of %s not finished: %s", session_id, exc)
                         continue  # the intent stays for the next start
                     finished += 1
@@ -196,6 +210,9 @@ class Reverts:
         """
         if context < 0:
             raise InvalidRequestError("context must be a non-negative integer", field="context")
+        for value, field in ((from_id, "from"), (to_id, "to")):
+            if value is not None:
+                ids.validate("msg", value, field=field)
         session = await self._session(session_id)
         directory = session.location.directory
         try:
@@ -230,32 +247,72 @@ class Reverts:
     async def _plan(
         self, session: Session, message_id: str, seq: int
     ) -> tuple[SessionRevert, Restores]:
-        """The revert of the files the steps after ``seq`` changed, and its restores."""
+        """The revert of the files the steps after ``seq`` changed, and its restores.
+
+        Refused (409, nothing written) when the files cannot be restored: a
+        step that ran a writing tool has no snapshot (the directory is not in
+        a git work tree, or its snapshot failed), or the snapshots are not in
+        the store of the session's directory (it moved since).
+        """
         # Each path goes back to how it was before the first step that changed it.
         first: dict[str, str] = {}
-        for _, before, _, changed in await self._store.queries.step_snapshots(session.id, seq):
+        rows = await self._store.queries.step_snapshots(session.id, seq)
+        for _, before, _, changed in rows:
             for path in changed:
                 first.setdefault(path, before)
+        if await self._writing_steps(session.id, message_id, seq) > len(rows):
+            raise ConflictError(
+                "the files cannot be restored: a step after the message changed files"
+                " without a snapshot (no git work tree, or its snapshot failed)",
+                resource="files",
+            )
         if not first:
             return SessionRevert(message_id=message_id), []
+        directory = session.location.directory
         try:
-            current = await self._snapshots.track(session.location.directory)
+            moved = not await self._snapshots.has_trees(directory, sorted(set(first.values())))
         except SnapshotError as exc:
-            raise UnknownError(f"snapshot store: {exc}") from None
+            raise ServiceUnavailableError(f"snapshot store: {exc}", service="snapshots") from None
+        if moved:
+            raise ConflictError(
+                "the files cannot be restored: their snapshots were taken in another"
+                " directory (the session moved since)",
+                resource="files",
+            )
+        current = await self._track(session)
         if current is None:
-            return SessionRevert(message_id=message_id), []
+            raise ConflictError(
+                f"the files cannot be restored: {directory} is no longer in a git work tree",
+                resource="files",
+            )
         by_tree: dict[str, list[str]] = {}
         for path, tree in sorted(first.items()):
             by_tree.setdefault(tree, []).append(path)
         revert = SessionRevert(message_id=message_id, snapshot=current, files=tuple(sorted(first)))
         return revert, list(by_tree.items())
 
+    async def _writing_steps(self, session_id: str, message_id: str, seq: int) -> int:
+        """Assistant messages after ``seq`` whose writing tools ran (not refused ones)."""
+        count = 0
+        anchor = MessageAnchor(id=message_id, seq=seq, direction="next")
+        while True:
+            page = await self._store.queries.messages(session_id, "asc", 200, anchor)
+            for m in page.data:
+                if isinstance(m, AssistantMessage) and any(_ran_writing(p) for p in m.parts):
+                    count += 1
+            if page.cursor.next is None or not page.data:
+                return count
+            last = page.data[-1]
+            anchor = MessageAnchor(id=last.id, seq=last.seq, direction="next")
+
     async def _clear(self, session: Session, revert: SessionRevert) -> None:
         restores: Restores = []
+        undo = None
         if revert.snapshot is not None and revert.files:
             restores = [(revert.snapshot, list(revert.files))]
+            undo = await self._track(session)
         event = ev.RevertCleared(session_id=session.id)
-        await self._durably(session, "clear", revert, restores, event)
+        await self._durably(session, "clear", revert, restores, undo, event)
 
     async def _durably(
         self,
@@ -263,9 +320,14 @@ class Reverts:
         op: str,
         revert: SessionRevert,
         restores: Restores,
+        undo: str | None,
         event: ev.Event,
     ) -> None:
-        """Intent, event, files, intent gone: a crash anywhere leaves files and log agreeing."""
+        """Intent, files, event, intent gone: a crash anywhere leaves files and log agreeing.
+
+        The files change before the event is appended, so a restore that is
+        refused (files put back as they were) leaves the log untouched too.
+        """
         if not restores:
             await self._append(session.id, event)
             return
@@ -275,35 +337,53 @@ class Reverts:
             "session": session.id,
             "revert": codec.to_json(revert),
             "restores": restores,
+            "undo": undo,
         }
         await self._blocking(_write_durably, path, orjson.dumps(intent))
         await self._paused(f"{op}.intent")
+        # Held to the end even if the caller is cancelled (its client went away): the
+        # lock must outlive the restore, or a prompt could commit the revert (or a step
+        # write) while files are half restored.
+        await finish(self._finish(session, op, revert, restores, undo, path, event))
+
+    async def _finish(
+        self,
+        session: Session,
+        op: str,
+        revert: SessionRevert,
+        restores: Restores,
+        undo: str | None,
+        path: Path,
+        event: ev.Event,
+    ) -> None:
+        directory = session.location.directory
+        try:
+            if self._pause is not None and self._pause[0] == f"{op}.restore":
+                # The test hook: one path back (the last: the deepest, which any
+                # plan may restore alone), the others not yet.
+                tree, paths = restores[-1]
+                await self._snapshots.restore(directory, [(tree, paths[-1:])], undo=undo)
+                await self._paused(f"{op}.restore")
+            await self._snapshots.restore(directory, restores, undo=undo)
+        except SnapshotError as exc:
+            if not (isinstance(exc, RestoreRefused) and exc.changed):
+                # Refused with the files as they were: no intent left to recover.
+                # Otherwise they may be half restored: the intent stays for recovery.
+                await self._blocking(_unlink, path)
+            raise _domain(exc) from None
         try:
             await self._append(session.id, event)
         except BaseException:
-            # Cut off (or refused) around the commit: the log decides, as at recovery.
+            # Refused (or cut off) around the commit: the log decides, as at recovery.
             recorded = None
             with contextlib.suppress(Exception):
                 recorded = await self._recorded(session.id, op, revert)
-            if recorded is not None:
-                await finish(self._finish(session, restores, path, recorded))
+            if recorded is False and undo is not None:
+                with contextlib.suppress(DomainError):
+                    await self._apply(session, [(undo, _paths(restores))])
+                    await self._blocking(_unlink, path)
             raise
         await self._paused(f"{op}.event")
-        # Held to the end even if the caller is cancelled (its client went away): the
-        # lock must outlive the restore, or a prompt could commit the revert (or a step
-        # write) while files are half restored, and recovery would then drop the intent.
-        await finish(self._finish(session, restores, path, True, op))
-
-    async def _finish(
-        self, session: Session, restores: Restores, path: Path, apply: bool, op: str = ""
-    ) -> None:
-        if apply:
-            if restores and self._pause is not None and self._pause[0] == f"{op}.restore":
-                # The test hook: the first path back, the others not yet.
-                tree, paths = restores[0]
-                await self._apply(session, [(tree, paths[:1])])
-                await self._paused(f"{op}.restore")
-            await self._apply(session, restores)  # on failure the intent stays for recovery
         await self._blocking(_unlink, path)
 
     async def _recorded(self, session_id: str, op: str, revert: SessionRevert) -> bool:
@@ -311,12 +391,17 @@ class Reverts:
         current = None if session is None else session.revert
         return current == revert if op == "stage" else current != revert
 
-    async def _apply(self, session: Session, restores: Restores) -> None:
+    async def _apply(self, session: Session, restores: Restores, undo: str | None = None) -> None:
         try:
-            for tree, paths in restores:
-                await self._snapshots.restore(session.location.directory, tree, paths)
+            await self._snapshots.restore(session.location.directory, restores, undo=undo)
         except SnapshotError as exc:
-            raise UnknownError(f"snapshot store: {exc}") from None
+            raise _domain(exc) from None
+
+    async def _track(self, session: Session) -> str | None:
+        try:
+            return await self._snapshots.track(session.location.directory)
+        except SnapshotError as exc:
+            raise ServiceUnavailableError(f"snapshot store: {exc}", service="snapshots") from None
 
     async def _paused(self, point: str) -> None:
         """The test hook: at its point, say so in the marker file and never go on."""
@@ -350,6 +435,30 @@ class Reverts:
             if exc.reason == "session.missing":
                 raise SessionNotFoundError(session_id) from None
             raise ConflictError(str(exc), resource="session") from None
+
+
+#: Tool errors that mean the call never ran (so it changed no file).
+_NOT_RUN: Final = ("permission.", "tool.disabled", "unknown-tool", "invalid-input")
+
+
+def _ran_writing(part: object) -> bool:
+    if not isinstance(part, ToolPart) or part.name not in WRITING_TOOLS:
+        return False
+    if part.status == "completed":
+        return True
+    kind = str((part.error or {}).get("type", ""))
+    return part.status == "error" and not kind.startswith(_NOT_RUN)
+
+
+def _domain(exc: SnapshotError) -> DomainError:
+    """A restore's failure as the caller sees it: refused (409) or the store broken (503)."""
+    if isinstance(exc, RestoreRefused):
+        return ConflictError(f"the files cannot be restored: {exc}", resource="files")
+    return ServiceUnavailableError(f"snapshot store: {exc}", service="snapshots")
+
+
+def _paths(restores: Restores) -> list[str]:
+    return sorted({p for _, paths in restores for p in paths})
 
 
 def _pause_from(value: str | None) -> tuple[str, Path] | None:

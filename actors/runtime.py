@@ -72,6 +72,7 @@ from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.revert import Reverts
 from actors.runner import InstructionSource, Runner
 from actors.sessions import Sessions
+from actors.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
 from actors.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
 from actors.shells import Environments, Shells
 from actors.snapshots import Snapshots
@@ -124,18 +125,44 @@ DB_NAME = "sessionrt.sqlite"
 log = logging.getLogger(__name__)
 
 
+def _absolute_dir(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.abspath(path))
+
+
+def _absolute_or_none(path: str | None) -> str | None:
+    return None if path is None else os.path.abspath(path)
+
+
+def _absolute_all(paths: Sequence[str]) -> tuple[str, ...]:
+    return tuple(os.path.abspath(p) for p in paths)
+
+
+def _absolute_database(target: str | None) -> str | None:
+    if target is None or "://" in target:
+        return target  # a URL (an unknown scheme is refused, unechoed, by storage.connect)
+    return os.path.abspath(target)
+
+
 @attrs.frozen(kw_only=True)
 class RuntimeConfig:
-    data_dir: Path
+    """The runtime's settings. Every path is made absolute here, against the
+    working directory at start: a relative one would otherwise be resolved
+    again by each child process (git resolves a relative store against the
+    work tree, which silently turned snapshots off)."""
+
+    data_dir: Path = attrs.field(converter=_absolute_dir)
     synchronous: Synchronous = "FULL"
     #: Where sessions created without a location live (default: the cwd).
-    default_directory: str | None = None
+    default_directory: str | None = attrs.field(default=None, converter=_absolute_or_none)
     #: Directories a session may live in although the rules refuse them
     #: (``/``, the data directory): see :mod:`actors.locations`.
-    allow_directories: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    allow_directories: tuple[str, ...] = attrs.field(default=(), converter=_absolute_all)
     #: Environment variables no tool subprocess inherits, besides the built-in
     #: rule (password, ``*_API_KEY``, ``*TOKEN*`` …): see ``actors.tools.tool_environment``.
     secret_env: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: Glob patterns (case-insensitive) of more variables no tool inherits
+    #: (``[runtime] secret_env_patterns = ["VAULT_*"]``).
+    secret_env_patterns: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     #: At most this many tool calls run at once, each in its own pykka child
     #: actor (one thread each); more wait for a slot (``actors.tools.ToolActors``).
     max_tool_threads: int = 16
@@ -150,6 +177,9 @@ class RuntimeConfig:
     bash_output_memory_bytes: int = DEFAULT_OUTPUT_MEMORY_BYTES
     #: A user shell command's output kept in memory; beyond it, a managed file.
     shell_output_memory_bytes: int = SHELL_OUTPUT_MEMORY_BYTES
+    #: A user shell command still running after this long is ended (its
+    #: process group killed; its entry ``failed`` with reason ``timeout``).
+    shell_timeout_s: float = SHELL_TIMEOUT_S
     tool_output_max_lines: int = DEFAULT_MAX_LINES
     tool_output_max_bytes: int = DEFAULT_MAX_BYTES
     #: Extra model providers by provider id; the scripted model is always there.
@@ -166,6 +196,11 @@ class RuntimeConfig:
     #: Discover the project's AGENTS.md / CLAUDE.md files (``[runtime]
     #: project_instructions``); the data dir's AGENTS.md is read either way.
     project_instructions: bool = True
+    #: Keep ``metadata.script`` of an imported session (``[runtime]
+    #: import_scripts``). Off: a script makes the scripted model run its
+    #: directives (tool calls, bash), so importing someone's export would run
+    #: their code; the script is dropped.
+    import_scripts: bool = False
     #: Run the startup sweep (resume claimed sessions) before accepting work.
     recover: bool = True
     #: Only read: the store opens read-only, no sweep, no execution (every
@@ -189,7 +224,9 @@ class RuntimeConfig:
     #: ``postgresql://`` URL; None is ``sessionrt.sqlite`` in the data dir.
     #: Shown redacted: a password in the URL never reaches a repr or a log.
     database: str | None = attrs.field(
-        default=None, repr=lambda value: repr(None if value is None else redact(value))
+        default=None,
+        converter=_absolute_database,
+        repr=lambda value: repr(None if value is None else redact(value)),
     )
     #: Automatic compaction (``[runtime] compaction``); an agent's
     #: ``compaction`` overrides it. Manual compaction works either way.
@@ -451,11 +488,20 @@ class Runtime:
             waiters=self.permission_waiters,
         )
         self.transfer = SessionTransfer(
-            self.store, self.sessions, directories=self.directories, blocking=self.blocking.run
+            self.store,
+            self.sessions,
+            directories=self.directories,
+            blocking=self.blocking.run,
+            allow_scripts=config.import_scripts,
         )
-        secret_env = frozenset(config.secret_env) | {
-            c.api_key_env for c in config.provider_configs.values() if c.api_key_env
-        }
+        for pattern in config.secret_env_patterns:
+            if not pattern or not set(pattern) & set("*?["):
+                raise ValueError(f"secret_env_patterns: {pattern!r} is no glob pattern (* ? [)")
+        secret_env = (
+            frozenset(config.secret_env)
+            | set(config.secret_env_patterns)
+            | {c.api_key_env for c in config.provider_configs.values() if c.api_key_env}
+        )
         self._secret_env = secret_env
         self.environments = Environments(secret_env)
         self.snapshots = Snapshots(
@@ -479,6 +525,7 @@ class Runtime:
             output_memory_bytes=max(
                 config.shell_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
             ),
+            timeout_s=config.shell_timeout_s,
         )
         self.instructions = InstructionEntries(self.store)
         self._execution: Execution | None = None
@@ -627,6 +674,8 @@ class Runtime:
     async def _stop_sessions(self, session_ids: Sequence[str]) -> None:
         for sid in session_ids:
             self.environments.forget(sid)
+        # The sessions are being deleted: their shells end with them.
+        await self.shells.stop(session_ids, "cancelled")
         execution = self._execution
         if execution is None:
             return
@@ -840,6 +889,8 @@ class Runtime:
         """
         await self.sessions.get(session_id)
         interrupted = await self.execution.interrupt(session_id, "user")
+        # The user's shells of the session end too (their entries say so).
+        interrupted = await self.shells.stop([session_id], "interrupted") > 0 or interrupted
         if not interrupted:
             owner = await self._owner(session_id)
             if owner is not None:

@@ -410,6 +410,24 @@ class Sessions:
         await self.get(session_id)
         return await self._store.queries.context(session_id)
 
+    async def check_selection(
+        self, directory: str, agent: str | None, model: ModelRef | None, *, prefix: str = ""
+    ) -> None:
+        """Refuse what a create refuses: an agent ``directory`` does not know, a model
+        no provider here serves (400 naming ``<prefix>agent`` or ``<prefix>model``)."""
+        try:
+            if model is not None and self._check_model is not None:
+                self._check_model(model)
+            if agent is not None:
+                await self._check_agent(directory, agent)
+        except InvalidRequestError as exc:
+            field = exc.fields.get("field")
+            if not prefix or field is None:
+                raise
+            raise InvalidRequestError(
+                exc.message, kind=exc.fields.get("kind"), field=f"{prefix}{field}"
+            ) from None
+
     # -- helpers --------------------------------------------------------------------------------
 
     async def _check_agent(self, directory: str, agent: str) -> None:

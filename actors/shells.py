@@ -5,7 +5,11 @@ host), not by the request that asked for it: the caller gets its 204 when
 ``session.shell.started`` is durable, a client that disconnects cancels
 nothing, and closing the host (:meth:`Shells.aclose`) kills every running
 command's process group. It never waits for the session's execution or for
-another shell, and it wakes nothing.
+another shell, and it wakes nothing. It ends, its group killed, when its
+session is interrupted (state ``cancelled``, reason ``interrupted``), when
+``DELETE …/shell/{shellID}`` names it (``cancelled``/``cancelled``), after
+``[runtime] shell_timeout_s`` (``failed``/``timeout``), and when its session
+is deleted.
 
 On completion (or a failure to start) one command records
 ``session.shell.ended {shell, output}`` and admits the notice as synthetic
@@ -45,8 +49,8 @@ import html
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Literal
 
 from actors._keyed_lock import KeyedLock
 from actors.tools import OutputBounding, ToolResult, text_item, tool_environment
@@ -54,13 +58,26 @@ from actors.tools._process import GATE, GATE_OPEN, ProcessGroup, identify, kill_
 from actors.tools._spill import SpillingOutput
 from protocol import events as ev
 from protocol import ids
-from protocol.errors import ConflictError, InvalidRequestError, SessionNotFoundError
+from protocol.errors import (
+    ConflictError,
+    InvalidRequestError,
+    MessageNotFoundError,
+    SessionNotFoundError,
+)
 from protocol.shapes import Session, ShellInfo
 from storage import Command, ProjectionConflict, Store
 
 __all__ = ["CANCELLED_TEXT", "Environments", "Shells", "notice_id"]
 
 CANCELLED_TEXT: Final = "Command cancelled because the server restarted"
+#: A shell ends after this long unless ``[runtime] shell_timeout_s`` says otherwise.
+DEFAULT_TIMEOUT_S: Final = 600.0
+#: What the entry says after the output of a command ended before its end, by reason.
+_ENDED_TEXT: Final = {
+    "interrupted": "Command cancelled: the session was interrupted",
+    "cancelled": "Command cancelled on request",
+    "timeout": "Command timed out after {timeout:g} s",
+}
 #: Bytes of one command's output kept in memory; beyond them it spills to a managed file.
 MAX_OUTPUT_BYTES: Final = 8 * 1024 * 1024
 #: Sessions whose environment is kept; bytes of one session's variables.
@@ -68,6 +85,8 @@ MAX_ENVIRONMENTS: Final = 10_000
 MAX_ENVIRONMENT_BYTES: Final = 1024 * 1024
 
 Bound = Callable[[str], Awaitable[str]]
+#: Why a shell ended before its command did (on its entry as ``reason``).
+Reason = Literal["interrupted", "cancelled", "timeout"]
 #: Runs a blocking callable off the loop (the runtime's bounded BlockingExecutor).
 Blocking = Callable[..., Awaitable[Any]]
 #: SIGTERM to SIGKILL for a group a crash left running: nobody reads its output.
@@ -93,6 +112,12 @@ class Environments:
     def replace(self, session_id: str, variables: Mapping[str, str]) -> None:
         size = 0
         for name, value in variables.items():
+            if not isinstance(value, str):
+                # The codec keeps a mapping's values as JSON: a number or a list
+                # reaches here and would fail the process spawn later.
+                raise InvalidRequestError(
+                    f"the value of {name!r} must be a string", field=f"variables.{name}"
+                )
             if not name or "=" in name or "\0" in name or "\0" in value:
                 raise InvalidRequestError(
                     f"invalid environment variable {name!r}", field="variables"
@@ -120,7 +145,34 @@ class Environments:
         return {**tool_environment(secret_env=self._secret_env), **self.variables(session_id)}
 
 
+class _Run:
+    """One running shell: its task and how (if) it was told to end early."""
+
+    __slots__ = ("deadline", "reason", "task")
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        #: Set by :meth:`Shells.stop` (or the timeout) before the group is killed.
+        self.reason: Reason | None = None
+        #: The timeout around the command: :meth:`Shells.stop` moves it to now.
+        self.deadline: asyncio.Timeout | None = None
+
+    def stop(self, reason: Reason) -> None:
+        if self.reason is None:
+            self.reason = reason
+        if self.deadline is not None and not self.deadline.expired():
+            self.deadline.reschedule(asyncio.get_running_loop().time())
+
+
 class Shells:
+    """The user shells of every session, each owned here until its end is recorded.
+
+    A shell ends by itself, at ``timeout_s``, when its session is interrupted
+    (:meth:`stop`), when :meth:`cancel` names it, when its session is deleted
+    (:meth:`stop` then the deletion), or at shutdown (:meth:`aclose`, its entry
+    left running for :meth:`recover`). Ending one kills its process group.
+    """
+
     def __init__(
         self,
         store: Store,
@@ -131,9 +183,12 @@ class Shells:
         *,
         shell: str = "/bin/bash",
         output_memory_bytes: int = MAX_OUTPUT_BYTES,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if output_memory_bytes < 2:
             raise ValueError("output_memory_bytes must be at least 2")
+        if timeout_s <= 0:
+            raise ValueError("shell_timeout_s must be positive")
         self._store = store
         self._locks = locks
         self._env = environments
@@ -141,7 +196,10 @@ class Shells:
         self._bound_on = bound_on
         self._shell = shell
         self._memory = output_memory_bytes
+        self._timeout_s = timeout_s
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Session id -> shell id -> its run, while it runs.
+        self._runs: dict[str, dict[str, _Run]] = {}
         self._closed = False
 
     @property
@@ -167,10 +225,54 @@ class Shells:
             if exc.reason == "session.missing":
                 raise SessionNotFoundError(session.id) from None
             raise ConflictError(str(exc), resource="message") from None
-        task = asyncio.get_running_loop().create_task(self._run(session, info), name=f"shell-{sid}")
+        run = _Run()
+        runs = self._runs.setdefault(session.id, {})
+        runs[sid] = run
+        task = asyncio.get_running_loop().create_task(
+            self._run(session, info, run), name=f"shell-{sid}"
+        )
+        run.task = task
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            if runs.get(sid) is run:
+                del runs[sid]
+                if not runs and self._runs.get(session.id) is runs:
+                    del self._runs[session.id]
+
+        task.add_done_callback(done)
         return sid
+
+    async def stop(self, session_ids: Sequence[str], reason: Reason) -> int:
+        """End every running shell of ``session_ids``; how many; returns once each is recorded."""
+        runs = [r for sid in session_ids for r in self._runs.get(sid, {}).values()]
+        for run in runs:
+            run.stop(reason)
+        await self._settled(runs)
+        return len(runs)
+
+    async def cancel(self, session_id: str, shell_id: str) -> None:
+        """End shell ``shell_id`` of the session (``DELETE …/shell/{shellID}``).
+
+        One that already ended stays as it ended; an id that is no shell of
+        this session (another session's included) is MessageNotFoundError.
+        """
+        ids.validate("msg", shell_id, field="shellID")
+        run = self._runs.get(session_id, {}).get(shell_id)
+        if run is None:
+            entry = await self._store.queries.message(session_id, shell_id)
+            if entry is None or entry.type != "shell":
+                raise MessageNotFoundError(session_id, shell_id)
+            return
+        run.stop("cancelled")
+        await self._settled([run])
+
+    async def _settled(self, runs: Sequence[_Run]) -> None:
+        tasks = [r.task for r in runs if r.task is not None]
+        if tasks:
+            # Shielded: a caller that goes away does not cut the ends short.
+            await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
 
     async def aclose(self) -> None:
         """Kill every running command; their entries stay running for :meth:`recover`."""
@@ -206,12 +308,13 @@ class Shells:
                 state="cancelled",
                 time_started=info.time_started,
                 time_ended=_now(),
+                reason="restart",
             )
             if await self._end(session_id, ended, CANCELLED_TEXT):
                 count += 1
         return count
 
-    async def _run(self, session: Session, info: ShellInfo) -> None:
+    async def _run(self, session: Session, info: ShellInfo, run: _Run) -> None:
         try:
             proc = await asyncio.create_subprocess_exec(
                 self._shell,
@@ -237,10 +340,23 @@ class Shells:
             await self._end(session.id, failed, f"Could not start the command: {exc.strerror}")
             return
         output = SpillingOutput(self._memory, self._bounding.output_dir)
+        code: int | None = None
         try:
-            await self._open_gate(session.id, info.id, proc)
-            await self._read(proc, output)
-            code = await proc.wait()
+            try:
+                async with asyncio.timeout(self._timeout_s) as deadline:
+                    run.deadline = deadline
+                    if run.reason is not None:  # stopped while it was being spawned
+                        deadline.reschedule(asyncio.get_running_loop().time())
+                    await self._open_gate(session.id, info.id, proc)
+                    await self._read(proc, output)
+                    code = await proc.wait()
+            except TimeoutError:
+                if run.reason is None:
+                    run.reason = "timeout"
+                _kill_group(proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
         except BaseException:
             _kill_group(proc.pid)
             with contextlib.suppress(ProcessLookupError):
@@ -255,13 +371,24 @@ class Shells:
         # The shell ended; what it left behind in its group goes with it.
         _kill_group(proc.pid)
         text = await self._bound(output)
+        reason = run.reason if code is None else None
+        if reason is not None:
+            note = _ENDED_TEXT[reason].format(timeout=self._timeout_s)
+            text = f"{text}\n{note}" if text else note
         ended = ShellInfo(
             id=info.id,
             command=info.command,
-            state="completed" if code == 0 else "failed",
+            state=(
+                "completed"
+                if code == 0
+                else "cancelled"
+                if reason in ("interrupted", "cancelled")
+                else "failed"
+            ),
             exit=code,
             time_started=info.time_started,
             time_ended=_now(),
+            reason=reason,
         )
         await self._end(session.id, ended, text)
 

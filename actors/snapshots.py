@@ -51,10 +51,20 @@ from typing import Any, Final, Literal
 import attrs
 
 from actors._keyed_lock import KeyedLock
+from actors.confined import ConfinedDir, Entry, Kind, Refused, apply_entries, check_entries
+from actors.snapshot_blobs import BlobError, BlobReader
 from actors.watch import MAX_DIRTY, MAX_WATCHES, TreeWatch, collapse, open_watch
 from protocol.shapes import FileDiff
 
-__all__ = ["WRITING_TOOLS", "Blocking", "Recorded", "SnapshotError", "Snapshots", "StepWrites"]
+__all__ = [
+    "WRITING_TOOLS",
+    "Blocking",
+    "Recorded",
+    "RestoreRefused",
+    "SnapshotError",
+    "Snapshots",
+    "StepWrites",
+]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +105,8 @@ _CONFIG: Final = (
     ("index.recordEndOfIndexEntries", "true"),
     ("advice.addIgnoredFile", "false"),
 )
+#: A tree entry's mode -> what a restore makes of it (anything else: a plain file).
+_KINDS: Final[dict[str, Kind]] = {"100644": "file", "100755": "exec", "120000": "link"}
 
 
 @attrs.frozen(kw_only=True)
@@ -108,6 +120,18 @@ class Recorded:
 
 class SnapshotError(Exception):
     """git failed (the environment broke it): the message carries git's stderr."""
+
+
+class RestoreRefused(SnapshotError):
+    """A restore that would leave the directory, touch the data dir, or lose a file.
+
+    ``changed``: it was refused half way and the files could not all be put
+    back (otherwise they are as they were before it).
+    """
+
+    def __init__(self, message: str, *, changed: bool = False) -> None:
+        super().__init__(message)
+        self.changed = changed
 
 
 class Snapshots:
@@ -201,33 +225,71 @@ class Snapshots:
         """Paths that differ between trees ``a`` and ``b``, sorted."""
         return await self._changed(Path(directory), a, b)
 
-    async def restore(self, directory: str | Path, tree: str, files: Sequence[str]) -> None:
-        """Make each of ``files`` in ``directory`` what it is in ``tree``, bytes and mode.
+    async def restore(
+        self,
+        directory: str | Path,
+        restores: Sequence[tuple[str, Sequence[str]]],
+        *,
+        undo: str | None = None,
+    ) -> None:
+        """Make each path of ``restores`` (tree, paths) what it is in its tree, bytes and mode.
 
-        A file ``tree`` does not have is deleted. Paths are confined to
-        ``directory``: a path that escapes it (``..``, an absolute path, a
-        symlinked parent pointing outside) is refused before anything changes.
+        A path its tree does not have is deleted. Every file operation is
+        confined to ``directory`` when it is made (:mod:`actors.confined`):
+        nothing is followed through a symlink, the data dir is never touched,
+        symlinks are made last. A plan that cannot be carried out whole is
+        refused (:class:`RestoreRefused`) before anything changes; one refused
+        half way (the tree changed under it) puts the paths it touched back
+        as they are in ``undo`` (the tree taken just before) and is refused.
         """
         work = Path(directory)
-        if not files:
+        plan = [(tree, sorted(set(paths))) for tree, paths in restores if paths]
+        if not plan:
             return
-        base = await self._blocking(_confine_all, work, files)
-        async with self._locks.hold(self._store(work).name):
-            listed = await self._git(work, "ls-tree", "-r", "-z", "--name-only", tree, "--", *files)
-            present = [p for p in listed.decode("utf-8", "surrogateescape").split("\0") if p]
-            absent = sorted(set(files) - set(present))
+        name = self._store(work).name
+        async with self._locks.hold(name):
+            entries: dict[str, Entry] = {}
+            for tree, paths in plan:
+                entries.update(await self._entries(work, tree, paths))
+            back = None if undo is None else await self._entries(work, undo, sorted(entries))
+            forbidden = (*self._exclude, self.root)
             try:
-                if present:
-                    await self._git(work, "checkout", tree, "--", *present)
-                await self._blocking(_remove, base, absent)
-                if absent:
-                    # The index follows: it holds what the files are now.
-                    await self._git(
-                        work, "rm", "--cached", "--quiet", "--ignore-unmatch", "--", *absent
-                    )
+                await self._blocking(_restore, str(work), forbidden, self._env(work), entries, back)
+            except Refused as exc:
+                raise RestoreRefused(str(exc), changed=exc.changed) from None
             finally:
-                # The checkout wrote the index: the last tree no longer matches it.
-                self._trees.pop(self._store(work).name, None)
+                # The files changed under the index: bring it along (git only reads them).
+                self._trees.pop(name, None)
+                with contextlib.suppress(SnapshotError):
+                    await self._refresh_paths(work, sorted(entries), ())
+
+    async def has_trees(self, directory: str | Path, trees: Sequence[str]) -> bool:
+        """Whether the store of ``directory`` holds every one of ``trees``."""
+        work = Path(directory)
+        if not trees:
+            return True
+        if not await self._blocking((self._store(work) / "objects").is_dir):
+            return False
+        for tree in sorted(set(trees)):
+            out = await self._git(work, "cat-file", "-t", tree, check=False, retry=False)
+            if out.strip() != b"tree":
+                return False
+        return True
+
+    async def _entries(self, work: Path, tree: str, paths: Sequence[str]) -> dict[str, Entry]:
+        """What each of ``paths`` is in ``tree``: file, executable, symlink, or absent."""
+        listed = await self._git(work, "ls-tree", "-r", "-z", "--full-tree", tree, "--", *paths)
+        wanted = set(paths)
+        out = {p: Entry(kind=None) for p in paths}
+        for line in listed.decode("utf-8", "surrogateescape").split("\0"):
+            if not line:
+                continue
+            meta, _, path = line.partition("\t")
+            mode, kind, oid = meta.split(" ")
+            if path not in wanted or kind != "blob":
+                continue  # a gitlink (submodule) is never checked out; below a path: not asked
+            out[path] = Entry(kind=_KINDS.get(mode, "file"), oid=oid)
+        return out
 
     async def diff(
         self, directory: str | Path, a: str, b: str, *, context: int = 3
@@ -554,15 +616,8 @@ class Snapshots:
         info.mkdir(exist_ok=True)
         (info / "exclude").write_text("".join(f"{line}\n" for line in lines))
 
-    async def _git(
-        self,
-        work: Path,
-        *args: str,
-        check: bool = True,
-        literal: bool = True,
-        retry: bool = True,
-    ) -> bytes:
-        env = {
+    def _env(self, work: Path, *, literal: bool = True) -> dict[str, str]:
+        return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "GIT_DIR": str(self._store(work)),
             "GIT_WORK_TREE": str(work),
@@ -577,6 +632,16 @@ class Snapshots:
             "GIT_COMMITTER_EMAIL": "sessionrt@localhost",
             "LC_ALL": "C",
         }
+
+    async def _git(
+        self,
+        work: Path,
+        *args: str,
+        check: bool = True,
+        literal: bool = True,
+        retry: bool = True,
+    ) -> bytes:
+        env = self._env(work, literal=literal)
         proc = await asyncio.create_subprocess_exec(
             "git",
             *args,
@@ -671,34 +736,36 @@ def _in_git_work_tree(work: Path) -> bool:
     return any((candidate / ".git").exists() for candidate in (work, *work.parents))
 
 
-def _confine_all(work: Path, names: Sequence[str]) -> str:
-    base = os.path.realpath(work)
-    for name in names:
-        _confine(base, name)
-    return base
+def _restore(
+    base: str,
+    forbidden: Sequence[Path],
+    env: Mapping[str, str],
+    entries: Mapping[str, Entry],
+    back: Mapping[str, Entry] | None,
+) -> None:
+    """The restore's file work, on a thread: check, apply; on a refusal, put back.
 
-
-def _confine(base: str, name: str) -> None:
-    if not name or os.path.isabs(name):
-        raise SnapshotError(f"refusing path {name!r}")
-    parent = os.path.realpath(os.path.join(base, os.path.dirname(name)))
-    if parent != base and not parent.startswith(base + os.sep):
-        raise SnapshotError(f"refusing path {name!r}: it leaves the directory")
-
-
-def _remove(base: str, names: Sequence[str]) -> None:
-    for name in names:
-        path = os.path.join(base, name)
-        if (os.path.lexists(path) and not os.path.isdir(path)) or os.path.islink(path):
-            os.unlink(path)
-        # Directories left empty by the removal go too, up to the base.
-        parent = os.path.dirname(path)
-        while parent != base and parent.startswith(base + os.sep):
+    Every failure is a :class:`Refused` saying whether the files may have changed.
+    """
+    try:
+        with ConfinedDir(base, map(str, forbidden)) as tree, BlobReader(env, base) as blobs:
+            check_entries(tree, entries)
+            touched: list[str] = []
             try:
-                os.rmdir(parent)
-            except OSError:
-                break
-            parent = os.path.dirname(parent)
+                apply_entries(tree, entries, blobs.copy, blobs.read, touched)
+            except (Refused, OSError, BlobError) as exc:
+                if not touched:
+                    raise
+                if back is None:
+                    raise Refused(str(exc), changed=True) from None
+                try:
+                    apply_entries(tree, {p: back[p] for p in touched}, blobs.copy, blobs.read)
+                except (Refused, OSError, BlobError) as again:
+                    why = f"{exc}; putting the files back failed too: {again}"
+                    raise Refused(why, changed=True) from None
+                raise Refused(f"{exc} (the files it had changed are back)") from None
+    except (OSError, BlobError) as exc:
+        raise Refused(f"restore failed: {exc}") from None
 
 
 class StepWrites:

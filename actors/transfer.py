@@ -17,11 +17,14 @@ events, and keep their text, parts, usage and times.
 from __future__ import annotations
 
 import builtins
+import functools
 import math
+from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
 
+from actors.collector import collector_paused
 from actors.inbox import Blocking
 from actors.locations import DirectoryRules
 from actors.sessions import Sessions
@@ -57,8 +60,11 @@ class SessionTransfer:
         *,
         directories: DirectoryRules,
         blocking: Blocking,
+        allow_scripts: bool = False,
     ) -> None:
         self._store = store
+        #: ``[runtime] import_scripts``: keep an imported session's ``metadata.script``.
+        self._allow_scripts = allow_scripts
         self._sessions = sessions
         self._directories = directories
         self._blocking = blocking
@@ -72,31 +78,88 @@ class SessionTransfer:
 
     async def import_(self, document: SessionExport, *, directory: str | None = None) -> Session:
         """Create the session ``document`` describes; its id taken is a 409."""
-        info = document.info
+        info = await self._checked_info(document.info, directory)
+        with collector_paused():
+            held: builtins.list[Any] = [await self._blocking(_imported, info.id, document.messages)]
+            try:
+                return await self._record(info, held)
+            finally:
+                # Millions of objects: freed on a thread, not in one go on the loop.
+                await self._blocking(held.clear)
+
+    async def import_json(self, data: Any, *, directory: str | None = None) -> Session:
+        """:meth:`import_` of a document still in JSON (the route's, parsed off the loop).
+
+        Checked in order of cost, so an invalid document is refused before the
+        work of its valid part: its shape, then ``info`` as a create checks it
+        (on the loop: small), then every message (on a thread: 200,000 of them
+        take seconds), and only then anything is built or written.
+        """
+        if not isinstance(data, dict):
+            raise InvalidRequestError("the document must be an object", field="info")
+        for key in data:
+            if key not in ("info", "messages"):
+                raise InvalidRequestError(f"unknown field {key}", kind="unknown", field=key)
+        raw_messages = data.get("messages", [])
+        if not isinstance(raw_messages, list):
+            raise InvalidRequestError("messages must be an array", field="messages")
+        decoded = codec.from_json(Session, data.get("info"), path="info", strict=True)
+        info = await self._checked_info(decoded, directory)
+        with collector_paused():
+            held: builtins.list[Any] = [await self._blocking(_imported_json, info.id, raw_messages)]
+            try:
+                return await self._record(info, held)
+            finally:
+                # Millions of objects: freed on a thread, not in one go on the loop.
+                await self._blocking(held.clear)
+
+    async def _checked_info(self, info: Session, directory: str | None) -> Session:
+        """``info`` as it will be created: checked as a create is, its script dropped."""
         ids.validate("ses", info.id, field="info.id")
-        _check_document(document)
+        _check_usage("info", info.cost, info.tokens)
+        _check_json(codec.to_json(info), "info")
         if await self._store.queries.session(info.id) is not None:
             raise ConflictError(f"session {info.id} already exists", resource="session")
         where = directory or info.location.directory
         await self._blocking(self._directories.check, where)
+        await self._sessions.check_selection(where, info.agent, info.model, prefix="info.")
         parent = info.parent_id
-        if parent is not None and await self._store.queries.session(parent) is None:
+        if parent is not None:
+            ids.validate("ses", parent, field="info.parentID")
+            if await self._store.queries.session(parent) is not None:
+                # A document cannot make itself the child of a session here: it
+                # would list among that session's children. Import it as a root.
+                raise InvalidRequestError(
+                    f"parentID {parent} names a session of this server, which the document"
+                    " cannot attach itself to; import it without parentID",
+                    field="info.parentID",
+                )
             parent = None  # the document's parent is not here: the import is a root
+        metadata = info.metadata
+        if metadata is not None and "script" in metadata and not self._allow_scripts:
+            # A script makes the scripted model run its directives (tool calls):
+            # importing someone's export must not run their code.
+            metadata = {k: v for k, v in metadata.items() if k != "script"}
+        return attrs.evolve(
+            info,
+            parent_id=parent,
+            location=attrs.evolve(info.location, directory=where),
+            metadata=metadata,
+        )
+
+    async def _record(self, info: Session, held: builtins.list[Any]) -> Session:
+        """Append the import; ``held`` starts with its message events and keeps what
+        the append makes of them (the command, the records) for the caller to free."""
+        imported: builtins.list[ev.Event] = held[0]
         created = ev.SessionCreated(
             session_id=info.id,
-            parent_id=parent,
+            parent_id=info.parent_id,
             title=info.title,
             agent=info.agent,
             model=info.model,
-            location=attrs.evolve(info.location, directory=where),
+            location=info.location,
             metadata=info.metadata,
         )
-        imported = [
-            ev.MessageImported(
-                session_id=info.id, message=_message_json(attrs.evolve(m, id=ids.message_id()))
-            )
-            for m in document.messages
-        ]
         usage: builtins.list[ev.Event] = []
         t = info.tokens
         if info.cost or t != Tokens():
@@ -113,7 +176,12 @@ class SessionTransfer:
                 ev.UsageRecorded(session_id=info.id, source="import", cost=info.cost, tokens=tokens)
             )
         try:
-            await self._store.append(Command.of(created, *imported, *usage, expected={info.id: 0}))
+            # Made on a thread: for 200,000 messages it is a second of Python.
+            command = await self._blocking(
+                functools.partial(Command.of, expected={info.id: 0}), created, *imported, *usage
+            )
+            held.append(command)
+            held.append(await self._store.append(command))
         except AppendConflictError as exc:
             raise ConflictError(
                 f"session {info.id} cannot be imported: {exc}", resource="session"
@@ -149,33 +217,80 @@ class SessionTransfer:
         )
 
 
+#: The most an imported session or message may say it cost (US dollars).
+_MAX_COST: Final = 1e9
 #: SQLite stores 64-bit signed integers; anything wider is refused up front.
 _INT_MIN: Final = -(2**63)
 _INT_MAX: Final = 2**63 - 1
 
 
-def _check_document(document: SessionExport) -> None:
+def _imported(session_id: str, messages: Sequence[SessionMessage]) -> builtins.list[ev.Event]:
+    """The import events of ``messages``, each checked (blocking: a thread's work)."""
+    for index, message in enumerate(messages):
+        _check_message(message, f"messages[{index}]")
+    return [_import_event(session_id, m) for m in messages]
+
+
+def _imported_json(session_id: str, raw: builtins.list[Any]) -> builtins.list[ev.Event]:
+    """:func:`_imported` of messages still in JSON: all decoded and checked first."""
+    messages: builtins.list[SessionMessage] = []
+    for index, item in enumerate(raw):
+        raw[index] = None  # let each parsed message go once it is decoded
+        where = f"messages[{index}]"
+        message: SessionMessage = codec.from_json(
+            SessionMessage,  # type: ignore[arg-type]
+            item,
+            path=where,
+            strict=True,
+        )
+        _check_message(message, where)
+        messages.append(message)
+    return [_import_event(session_id, m) for m in messages]
+
+
+def _import_event(session_id: str, message: SessionMessage) -> ev.Event:
+    # Fresh ids: a copy imported next to its original must not collide with it.
+    fresh = attrs.evolve(message, id=ids.message_id())
+    return ev.MessageImported(session_id=session_id, message=_message_json(fresh))
+
+
+def _check_message(message: SessionMessage, where: str) -> None:
     """Refuse, as a 400, what could not be stored as it is (nothing is written then)."""
-    for message in document.messages:
-        if isinstance(message, SystemMessage):
+    if isinstance(message, SystemMessage):
+        raise InvalidRequestError("system messages are derived and cannot be imported", field=where)
+    if isinstance(message, AssistantMessage):
+        keys = [_part_key(p) for p in message.parts]
+        if len(set(keys)) != len(keys):
             raise InvalidRequestError(
-                "system messages are derived and cannot be imported", field="messages"
+                f"message {message.id} has two parts with the same ordinal or tool id",
+                field=where,
             )
-        if isinstance(message, AssistantMessage):
-            keys = [_part_key(p) for p in message.parts]
-            if len(set(keys)) != len(keys):
-                raise InvalidRequestError(
-                    f"message {message.id} has two parts with the same ordinal or tool id",
-                    field="messages",
-                )
-    _check_json(codec.to_json(document))
+        _check_usage(where, message.cost, message.tokens)
+    _check_json(codec.to_json(message), where)
+
+
+def _check_usage(where: str, cost: float | None, tokens: Tokens | None) -> None:
+    if cost is not None and not (math.isfinite(cost) and 0 <= cost <= _MAX_COST):
+        raise InvalidRequestError(
+            f"cost must be a number from 0 to {_MAX_COST:g}", field=f"{where}.cost"
+        )
+    if tokens is not None:
+        counts = (
+            tokens.input,
+            tokens.output,
+            tokens.reasoning,
+            tokens.cache.read,
+            tokens.cache.write,
+        )
+        if any(n < 0 for n in counts):
+            raise InvalidRequestError("token counts must not be negative", field=f"{where}.tokens")
 
 
 def _part_key(part: TextPart | ReasoningPart | ToolPart) -> str:
     return f"tool:{part.id}" if isinstance(part, ToolPart) else f"{part.type}:{part.ordinal}"
 
 
-def _check_json(value: Any) -> None:
+def _check_json(value: Any, where: str = "info") -> None:
     stack = [value]
     while stack:
         item = stack.pop()
@@ -183,10 +298,10 @@ def _check_json(value: Any) -> None:
             continue
         if isinstance(item, int):
             if not _INT_MIN <= item <= _INT_MAX:
-                raise InvalidRequestError("a number is out of the 64-bit range", field="info")
+                raise InvalidRequestError("a number is out of the 64-bit range", field=where)
         elif isinstance(item, float):
             if not math.isfinite(item):
-                raise InvalidRequestError("a number is not finite", field="info")
+                raise InvalidRequestError("a number is not finite", field=where)
         elif isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, list):

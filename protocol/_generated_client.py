@@ -87,6 +87,7 @@ _SESSION_MESSAGES: Final = by_id("session.messages")
 _SESSION_MESSAGE_GET: Final = by_id("session.message.get")
 _SESSION_CONTEXT: Final = by_id("session.context")
 _SESSION_SHELL: Final = by_id("session.shell")
+_SESSION_SHELL_CANCEL: Final = by_id("session.shell.cancel")
 _SESSION_ENVIRONMENT: Final = by_id("session.environment")
 _SESSION_REVERT_STAGE: Final = by_id("session.revert.stage")
 _SESSION_REVERT_CLEAR: Final = by_id("session.revert.clear")
@@ -313,7 +314,8 @@ class SessionsAPI(APIGroup):
         *,
         options: CallOptions | None = None,
     ) -> Session:
-        """Create a session from a transfer document; an id already used is a 409.
+        """Create a session from a transfer document, checked as a create is (its metadata.script
+        dropped unless the operator allows it); an id already used is a 409.
 
         ``POST /api/experimental/session/import`` (session.importSession). Errors:
         InvalidRequestError, UnauthorizedError, ConflictError.
@@ -704,6 +706,25 @@ class SessionsAPI(APIGroup):
             options=options,
         )
 
+    async def shell_cancel(
+        self,
+        session_id: str,
+        shell_id: str,
+        *,
+        options: CallOptions | None = None,
+    ) -> None:
+        """End a running user shell command (its process group is killed); its entry records it as
+        cancelled. An ended one stays as it ended.
+
+        ``DELETE /api/session/{sessionID}/shell/{shellID}`` (session.shell.cancel). Errors:
+        InvalidRequestError, UnauthorizedError, SessionNotFoundError, MessageNotFoundError.
+        """
+        await self._call(
+            _SESSION_SHELL_CANCEL,
+            path_params={"sessionID": session_id, "shellID": shell_id},
+            options=options,
+        )
+
     async def environment(
         self,
         session_id: str,
@@ -857,7 +878,7 @@ class InstructionsAPI(APIGroup):
 
         ``PUT /api/experimental/session/{sessionID}/instructions/entries/{key}``
         (session.instructions.entry.put). Errors: InvalidRequestError, UnauthorizedError,
-        SessionNotFoundError, InstructionEntryValueTooLargeError.
+        SessionNotFoundError, InstructionEntryValueTooLargeError, InstructionEntriesFullError.
         """
         await self._call(
             _SESSION_INSTRUCTIONS_ENTRY_PUT,

@@ -342,7 +342,7 @@ def _codec_for(tp: Any) -> tuple[_Encoder, _Decoder]:
     if tp is bool:
         return _identity, _scalar(_is_bool, "a boolean")
     if tp is int:
-        return _identity, _scalar(_is_int, "an integer")
+        return _identity, _decode_int
     if tp is float:
 
         def decode_float(v: Any, path: str) -> Any:
@@ -354,6 +354,15 @@ def _codec_for(tp: Any) -> tuple[_Encoder, _Decoder]:
     if tp is str:
         return _identity, _scalar(_is_str, "a string")
     raise TypeError(f"codec: unsupported field type {tp!r}")
+
+
+def _decode_int(v: Any, path: str) -> Any:
+    # JSON Schema counts 2.3e7 as an integer (a number without a fraction): so do we.
+    if isinstance(v, float) and v.is_integer() and -(2**63) <= v < 2**63:
+        return int(v)
+    if not _is_int(v):
+        raise _invalid(path, "an integer")
+    return v
 
 
 def _scalar(check: Callable[[Any], bool], expected: str) -> _Decoder:

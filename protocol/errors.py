@@ -19,6 +19,7 @@ client turns such a body back into the same class with :func:`from_wire`.
         ├── ConflictError               409  (resource?) state forbids the change
         ├── SessionBusyError            409  (sessionID)
         ├── InstructionEntryValueTooLargeError  413  (actualBytes, maxBytes)
+        ├── InstructionEntriesFullError  413  (maxEntries, maxBytes) a session's entries in all
         ├── PayloadTooLargeError        413  (maxBytes) a request body over the limit
         ├── UnsupportedMediaTypeError   415  a request body that is not application/json
         ├── MisdirectedRequestError     421  a Host header that does not name this server
@@ -38,6 +39,7 @@ __all__ = [
     "ConflictError",
     "DomainError",
     "ForbiddenError",
+    "InstructionEntriesFullError",
     "InstructionEntryValueTooLargeError",
     "InvalidCursorError",
     "InvalidRequestError",
@@ -214,6 +216,21 @@ class InstructionEntryValueTooLargeError(DomainError):
         )
 
 
+class InstructionEntriesFullError(DomainError):
+    tag = "InstructionEntriesFullError"
+    status = 413
+    field_names = ("maxEntries", "maxBytes")
+
+    def __init__(self, max_entries: int, max_bytes: int, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or f"A session holds at most {max_entries} instruction entries of {max_bytes}"
+            " bytes in all",
+            maxEntries=max_entries,
+            maxBytes=max_bytes,
+        )
+
+
 class PayloadTooLargeError(DomainError):
     tag = "PayloadTooLargeError"
     status = 413
@@ -282,6 +299,7 @@ _ALL: tuple[type[DomainError], ...] = (
     ConflictError,
     SessionBusyError,
     InstructionEntryValueTooLargeError,
+    InstructionEntriesFullError,
     PayloadTooLargeError,
     UnsupportedMediaTypeError,
     MisdirectedRequestError,

@@ -70,6 +70,9 @@ class _Schemas:
             ) in typing.get_args(tp)
             if field.default is attrs.NOTHING and not optional:
                 required.append(wire)
+            else:
+                # The codec takes null for a member that may be left out: the same.
+                properties[wire] = {"anyOf": [properties[wire], {"type": "null"}]}
         # Members a class does not declare are refused in requests (a 400 naming
         # them) and never sent in replies.
         schema: dict[str, Any] = {
@@ -104,9 +107,21 @@ def _success(op: Operation, schemas: _Schemas) -> tuple[str, dict[str, Any]]:
     if op.output_kind == "no_content":
         return "204", {"description": "No content"}
     if op.output_kind == "sse":
+        # Each frame: ``id`` (a durable event's seq), ``event`` (its type), ``data``
+        # (the event envelope as JSON); comments keep the connection alive.
+        frame = {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "event": {"type": "string"},
+                "data": {"type": "string", "contentMediaType": "application/json"},
+                "retry": {"type": "integer"},
+            },
+            "required": ["data"],
+        }
         return "200", {
             "description": "Server-sent events",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": frame}},
         }
     if op.output_kind == "text":
         return "200", {

@@ -91,6 +91,8 @@ Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 _LIMIT: Final = attrs.field(
     default=None, metadata={"schema": {"type": "integer", "minimum": 1, "maximum": 200}}
 )
+#: A continuation cursor: opaque, never empty (an empty one is an InvalidCursorError).
+_CURSOR: Final = attrs.field(default=None, metadata={"schema": {"type": "string", "minLength": 1}})
 
 
 @attrs.frozen(kw_only=True)
@@ -99,15 +101,18 @@ class SessionListQuery:
     order: Order | None = None
     search: str | None = None
     #: A session id, or the literal ``null`` for root sessions only.
-    parent_id: str | None = None
-    cursor: str | None = None
+    parent_id: str | None = attrs.field(
+        default=None,
+        metadata={"schema": {"type": "string", "pattern": f"^null$|{ids.pattern('ses')}"}},
+    )
+    cursor: str | None = _CURSOR
 
 
 @attrs.frozen(kw_only=True)
 class MessagesQuery:
     limit: int | None = _LIMIT
     order: Order | None = None
-    cursor: str | None = None
+    cursor: str | None = _CURSOR
 
 
 @attrs.frozen(kw_only=True)
@@ -134,7 +139,7 @@ class GenerateResult:
 
 @attrs.frozen(kw_only=True)
 class AgentInput:
-    agent: str
+    agent: str = attrs.field(metadata={"schema": {"type": "string", "minLength": 1}})
 
 
 @attrs.frozen(kw_only=True)
@@ -154,7 +159,7 @@ _MSG_ID: Final = {"type": "string", "pattern": r"^msg_[0-9A-Za-z_-]{1,100}$"}
 class ShellInput:
     #: The shell entry's id (a message id); a retry with the same id starts nothing.
     id: str | None = attrs.field(default=None, metadata={"schema": _MSG_ID})
-    command: str
+    command: str = attrs.field(metadata={"schema": {"type": "string", "pattern": "\\S"}})
 
 
 @attrs.frozen(kw_only=True)
@@ -172,8 +177,13 @@ class RevertStageInput:
 @attrs.frozen(kw_only=True)
 class DiffQuery:
     #: User message ids: the snapshots before each; ``to`` left out is now.
-    from_: str | None = attrs.field(default=None, metadata={"wire": "from"})
-    to: str | None = None
+    from_: str | None = attrs.field(
+        default=None,
+        metadata={"wire": "from", "schema": {"type": "string", "pattern": ids.pattern("msg")}},
+    )
+    to: str | None = attrs.field(
+        default=None, metadata={"schema": {"type": "string", "pattern": ids.pattern("msg")}}
+    )
     context: int | None = attrs.field(
         default=None, metadata={"schema": {"type": "integer", "minimum": 0}}
     )
@@ -217,6 +227,7 @@ _ID_KINDS: Final[dict[str, IdKind]] = {
     "sessionID": "ses",
     "inboxID": "msg",
     "messageID": "msg",
+    "shellID": "msg",
     "permissionID": "per",
 }
 #: Path parameters that are not ids, by the pattern they must match.
@@ -239,6 +250,9 @@ class Operation:
     errors: tuple[type[e.DomainError], ...] = ()
     #: (client group, method name), e.g. ("sessions", "prompt").
     client: tuple[str, str]
+    #: Its body may be tens of MiB (an import): the server parses it off the
+    #: event loop in pieces and hands the handler the JSON value to decode.
+    large_body: bool = False
 
     @property
     def path_params(self) -> tuple[str, ...]:
@@ -378,12 +392,14 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         id="session.importSession",
         method="POST",
         path="/api/experimental/session/import",
-        summary="Create a session from a transfer document; an id already used is a 409",
+        summary="Create a session from a transfer document, checked as a create is (its"
+        " metadata.script dropped unless the operator allows it); an id already used is a 409",
         body=SessionExport,
         output_kind="data",
         output=Session,
         errors=(e.ConflictError,),
         client=("sessions", "import_session"),
+        large_body=True,
     ),
     Operation(
         id="session.stats",
@@ -578,6 +594,16 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         client=("sessions", "shell"),
     ),
     Operation(
+        id="session.shell.cancel",
+        method="DELETE",
+        path="/api/session/{sessionID}/shell/{shellID}",
+        summary="End a running user shell command (its process group is killed); its entry"
+        " records it as cancelled. An ended one stays as it ended",
+        output_kind="no_content",
+        errors=(*_NF, e.MessageNotFoundError),
+        client=("sessions", "shell_cancel"),
+    ),
+    Operation(
         id="session.environment",
         method="PUT",
         path="/api/session/{sessionID}/environment",
@@ -654,7 +680,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="Set an instruction entry (upsert); the change is announced at the next step",
         body=InstructionEntryInput,
         output_kind="no_content",
-        errors=(*_NF, e.InstructionEntryValueTooLargeError),
+        errors=(*_NF, e.InstructionEntryValueTooLargeError, e.InstructionEntriesFullError),
         client=("instructions", "put"),
     ),
     Operation(

@@ -129,7 +129,9 @@ class CreateSessionInput:
     id: str | None = _id_field("ses", "id")
     parent_id: str | None = _id_field("ses", "parentID")
     title: str | None = None
-    agent: str | None = None
+    agent: str | None = attrs.field(
+        default=None, metadata={"schema": {"type": "string", "minLength": 1}}
+    )
     model: ModelRef | None = None
     location: Location | None = None
     metadata: Mapping[str, Any] | None = _metadata()
@@ -155,4 +157,4 @@ class ViewInput:
 
 @attrs.frozen(kw_only=True)
 class GenerateInput:
-    prompt: str
+    prompt: str = attrs.field(metadata={"schema": {"type": "string", "pattern": "\\S"}})

@@ -55,14 +55,15 @@ Order = Literal["asc", "desc"]
 
 @attrs.frozen(kw_only=True)
 class ModelRef:
-    id: str
-    provider_id: str
+    id: str = attrs.field(metadata={"schema": {"type": "string", "minLength": 1}})
+    provider_id: str = attrs.field(metadata={"schema": {"type": "string", "minLength": 1}})
     variant: str | None = None
 
 
 @attrs.frozen(kw_only=True)
 class Location:
-    directory: str
+    #: An absolute path (a relative one is refused).
+    directory: str = attrs.field(metadata={"schema": {"type": "string", "pattern": "^/"}})
 
 
 @attrs.frozen(kw_only=True)
@@ -162,6 +163,10 @@ class ShellInfo:
     exit: int | None = None
     time_started: int
     time_ended: int | None = None
+    #: Why it ended before its command did: ``interrupted`` (the session was
+    #: interrupted), ``cancelled`` (``DELETE …/shell/{shellID}``), ``timeout``
+    #: (``[runtime] shell_timeout_s``), ``restart`` (the server stopped meanwhile).
+    reason: Literal["interrupted", "cancelled", "timeout", "restart"] | None = None
 
 
 @attrs.frozen(kw_only=True)

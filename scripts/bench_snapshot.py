@@ -203,7 +203,7 @@ async def _measure(
         assert after is not None
         files = await new.changed(root, before, after)
         start = time.perf_counter()
-        await new.restore(root, before, files)
+        await new.restore(root, [(before, files)])
         reverts.append((time.perf_counter() - start) * 1000)
         assert all(p.read_bytes() == b for p, b in originals.items())
     say(f"revert of 100 files: {med(reverts):.1f} ms")

@@ -36,6 +36,12 @@ The run, on a fresh temporary directory (``--keep`` keeps it and prints its path
      revert is made to reach it, and the server is killed while it waits there. The next
      boot checks the files against the log (:func:`check_revert_files`) as soon as it
      listens, before any workload can write them.
+   * ``symlink-revert``: as ``mid-revert``, on a fresh git tree whose bash steps swap a
+     symlink ``d`` (to a sibling directory or to the data dir, each holding a canary)
+     for a real directory written through, and a files revert of the swap is made to
+     reach the hook's point (``scripts/_crashsim_swaps.py``). After every restart and at
+     the end: the canaries and the database are intact and each swap tree is what its
+     log says.
 
    Sessions run under the agent ``crashsim`` (``DIR/data/agents.toml``), whose bash rule
    asks for any command line holding a simple command ``true ASK <marker>`` and allows
@@ -131,13 +137,15 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from actors.recovery import DEFAULT_MAX_ATTEMPTS
 from actors.revert import PAUSE_ENV, PAUSE_POINTS
-from actors.tools._permission import matches, simple_commands
+from actors.tools._permission import matches
+from actors.tools._shell_grammar import bash_subjects
 from protocol.client import Client, ClientError
 from protocol.errors import DomainError
 from protocol.operations import (
@@ -150,6 +158,9 @@ from protocol.operations import (
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
 from protocol.shapes import Delivery, InboxItem, Location
 from storage.rebuild import rebuild_projections
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _crashsim_swaps import Swaps
 
 __all__ = [
     "Boot",
@@ -171,7 +182,22 @@ __all__ = [
 ]
 
 DB_NAME: Final = "sessionrt.sqlite"
-KILL_MODES: Final = ("mid-tool", "group-commit", "random", "startup", "mid-ask", "mid-revert")
+#: What the symlink-revert mode builds its requests from.
+_INPUTS: Final = types.SimpleNamespace(
+    CreateSessionInput=CreateSessionInput,
+    Location=Location,
+    PromptInput=PromptInput,
+    RevertStageInput=RevertStageInput,
+)
+KILL_MODES: Final = (
+    "mid-tool",
+    "group-commit",
+    "random",
+    "startup",
+    "mid-ask",
+    "mid-revert",
+    "symlink-revert",
+)
 AGENT: Final = "crashsim"
 #: The simple command that makes a tool call ask (see the module docstring).
 ASK: Final = "true ASK"
@@ -580,7 +606,7 @@ def check_permissions(
                 and any(
                     matches(pattern, simple)
                     for pattern in asked[pid].data.get("always", ())
-                    for simple in simple_commands(command)
+                    for simple in bash_subjects(command).commands
                     if simple.startswith(ASK)
                 )
                 for pid, answers in replies.items()
@@ -822,10 +848,7 @@ def check_revert_files(
             if path in touched or tree is None:
                 continue
             want = _blob(snapshots, tree, path)
-            try:
-                have: bytes | None = (Path(row[0]) / path).read_bytes()
-            except FileNotFoundError:
-                have = None
+            have = _inside_bytes(Path(row[0]), path)
             if have != want:
                 out.append(
                     Violation(
@@ -835,6 +858,30 @@ def check_revert_files(
                     )
                 )
     return out
+
+
+def _inside_bytes(base: Path, rel: str) -> bytes | None:
+    """What ``rel`` is inside ``base`` as git stores it: a file's bytes, a symlink's
+    target; None if it is missing, a directory, or under a symlink (then it is not
+    inside ``base`` at all)."""
+    path = base
+    parts = rel.split("/")
+    for part in parts[:-1]:
+        path = path / part
+        if path.is_symlink() or not path.is_dir():
+            return None
+    path = path / parts[-1]
+    if path.is_symlink():
+        return os.fsencode(os.readlink(path))
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+def _swaps_line(swaps: Mapping[str, Any]) -> str:
+    kills = ", ".join(f"{k} {v}" for k, v in sorted(swaps["kills"].items())) or "none"
+    return f"{swaps['swaps']} trees swapped, {swaps['reverts']} reverts staged; kills: {kills}"
 
 
 def _first_before(events: Sequence[Event], sid: str, message_id: str, until: int) -> dict[str, str]:
@@ -879,10 +926,10 @@ def _blob(snapshots: Path, tree: str, path: str) -> bytes | None:
         ).returncode:
             continue
         found = subprocess.run(
-            [*git, "ls-tree", "-z", "--name-only", tree, "--", path], capture_output=True
+            [*git, "ls-tree", "-z", tree, "--", path], capture_output=True
         ).stdout
-        if not found:
-            return None
+        if not found or b" blob " not in found.split(b"\t", 1)[0]:
+            return None  # absent, or a directory there (its files are entries of their own)
         return subprocess.run(
             [*git, "cat-file", "blob", f"{tree}:{path}"], capture_output=True, check=True
         ).stdout
@@ -1201,6 +1248,8 @@ class Sim:
         self.notes: list[str] = []
         self._counter = 0
         self._armed = ""
+        #: Reverts across symlink swaps (the symlink-revert boots).
+        self.swaps = Swaps(workdir, self.data_dir)
         #: The mid-revert boot's pause point and marker file.
         self._pause: tuple[str, Path] | None = None
         self._tool_seen = asyncio.Event()
@@ -1498,14 +1547,17 @@ class Sim:
 
     async def check_after_revert_kill(self, index: int) -> None:
         """Right after the restart that recovered a mid-revert kill: files agree with the log."""
-        if index == 0 or self.boots[index - 1].mode != "mid-revert":
+        if index == 0 or self.boots[index - 1].mode not in ("mid-revert", "symlink-revert"):
             return
         db = self.data_dir / DB_NAME
 
         def check() -> list[Violation]:
             conn = _open_ro(db)
             try:
-                return revert_leftovers(self.data_dir, conn, load_events(conn), "after the restart")
+                events = load_events(conn)
+                found = revert_leftovers(self.data_dir, conn, events, "after the restart")
+                swaps = self.swaps.check(conn, events, "after the restart")
+                return found + [Violation(kind, detail) for kind, detail in swaps]
             finally:
                 conn.close()
 
@@ -1654,7 +1706,7 @@ class Sim:
 
     async def start(self, mode: str) -> Server | None:
         env = None
-        if mode == "mid-revert":
+        if mode in ("mid-revert", "symlink-revert"):
             index = len(self.boots)
             self._pause = (
                 self.rng("revert", index).choice(sorted(PAUSE_POINTS)),
@@ -1734,6 +1786,9 @@ class Sim:
                     tasks += await self.trigger_mid_ask(rng, client, tag)
                 elif mode == "mid-revert":
                     tasks += await self.trigger_mid_revert(rng, client, tag)
+                elif mode == "symlink-revert":
+                    assert self._pause is not None
+                    tasks += await self.swaps.trigger(client, rng, index, self._pause, _INPUTS)
                 elif mode == "group-commit":
                     burst, in_flight = await self.trigger_group_commit(rng, client, tag)
                     tasks += burst
@@ -1892,6 +1947,7 @@ def build_report(sim: Sim, started: float) -> dict[str, Any]:
             "shells": stats.shells,
             "reverts": stats.reverts,
             "revert_kills": dict(sorted(stats.revert_kills.items())),
+            "symlink_swaps": sim.swaps.report(),
             "after_crash": stats.retries_after_crash,
             "after_crash_already_committed": stats.committed_before_kill,
         },
@@ -1937,6 +1993,7 @@ def render(report: dict[str, Any]) -> str:
         f" payload, {r['concurrent_duplicates']} concurrent duplicates, {r['after_crash']}"
         f" after a crash ({r['after_crash_already_committed']} of them committed before the kill)",
         f"  interrupts:   {report['interrupts']}",
+        f"  symlink swaps: {_swaps_line(r['symlink_swaps'])}",
         f"  permissions:  {pm['asked']} asked, {pm['replied']} replied {pm['answers']},"
         f" {pm['answers_refused']} answers refused (the call had settled)",
         f"  events:       {report['events']}",
@@ -2071,6 +2128,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             sim.violations += check_database(
                 db, sim.receipts, sim.ledger, sim.boots, settled=settled
             )
+            conn = _open_ro(db)
+            try:
+                swaps = sim.swaps.check(conn, load_events(conn), "after the settle")
+            finally:
+                conn.close()
+            sim.violations += [Violation(kind, detail) for kind, detail in swaps]
         report = build_report(sim, started)
     except Exception:
         traceback.print_exc()

@@ -10,19 +10,26 @@ produce a 500.
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import re
 import types
 import typing
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import attrs
+import orjson
 from aiohttp import web
 
 from protocol import codec, ids
 from protocol.errors import InvalidRequestError, RequestTimeoutError
 from protocol.operations import Operation
 
-__all__ = ["decode_body", "decode_path", "decode_query"]
+__all__ = ["decode_body", "decode_path", "decode_query", "loads_in_pieces"]
+
+#: Runs a blocking callable off the loop (the runtime's BlockingExecutor).
+Blocking = Callable[..., Awaitable[Any]]
 
 _INT: Final = re.compile(r"-?\d{1,18}")
 _TRUE: Final = frozenset({"true", "1"})
@@ -87,8 +94,14 @@ def _coerce(tp: Any, raw: str, name: str) -> Any:
     return raw
 
 
-async def decode_body(op: Operation, request: web.Request, timeout_s: float, max_bytes: int) -> Any:
-    """The body, read within ``timeout_s``: one shorter than its Content-Length is a 408."""
+async def decode_body(
+    op: Operation, request: web.Request, timeout_s: float, max_bytes: int, blocking: Blocking
+) -> Any:
+    """The body, read within ``timeout_s``: one shorter than its Content-Length is a 408.
+
+    An operation with ``large_body`` gets the JSON value, parsed on a thread
+    in pieces (:func:`loads_in_pieces`); its handler decodes and checks it.
+    """
     if op.body is None:
         return None
     try:
@@ -98,6 +111,8 @@ async def decode_body(op: Operation, request: web.Request, timeout_s: float, max
         raise RequestTimeoutError(
             f"The request body did not arrive within {timeout_s:g} s"
         ) from None
+    if op.large_body:
+        return await blocking(loads_in_pieces, raw) if raw.strip() else {}
     if not raw.strip():
         data: Any = {}
     else:
@@ -152,3 +167,90 @@ def _flatten_prompt(data: dict[str, Any]) -> dict[str, Any]:
         if key in nested and key not in flat:
             flat[key] = nested[key]
     return flat
+
+
+# -- large bodies ------------------------------------------------------------------------------
+
+_WS: Final = re.compile(r"[ \t\n\r]*")
+#: Objects and arrays this deep are walked member by member; deeper values are
+#: parsed whole (an import's messages are at depth 2: each one C call).
+_WALKED: Final = 2
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is not finite")
+    return value
+
+
+_SCANNER: Final = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+
+
+def loads_in_pieces(raw: bytes) -> Any:
+    """What :func:`protocol.codec.loads` makes of ``raw``, parsed in short C calls.
+
+    A 32 MiB import parsed by one ``orjson.loads`` holds the GIL for most of a
+    second, and a thread running it stalls the event loop as much as the loop
+    running it itself. Here the top two levels are walked in Python and each
+    value below them (an import's message) is one call of the standard JSON
+    scanner, so the GIL changes hands between them. Refused like orjson
+    refuses: NaN, infinite numbers, lone surrogates (checked per piece by
+    orjson itself), trailing data: a 400 of kind ``json``.
+    """
+    try:
+        text = raw.decode("utf-8")
+        value, end = _value(text, _WS.match(text, 0).end(), 0)  # type: ignore[union-attr]
+        if _WS.match(text, end).end() != len(text):  # type: ignore[union-attr]
+            raise ValueError(f"extra data at character {end}")
+    except (ValueError, RecursionError, orjson.JSONEncodeError) as exc:
+        raise InvalidRequestError(f"Malformed JSON: {exc}", kind="json") from None
+    return value
+
+
+def _value(text: str, at: int, depth: int) -> tuple[Any, int]:
+    head = text[at : at + 1]
+    if depth < _WALKED and head in ("{", "["):
+        return _walk(text, at, depth)
+    value, end = _SCANNER.raw_decode(text, at)
+    orjson.dumps(value)  # lone surrogates: what the store could not write
+    return value, end
+
+
+def _walk(text: str, at: int, depth: int) -> tuple[Any, int]:
+    """The object or array at ``at``, its members parsed one by one."""
+    is_object = text[at] == "{"
+    close = "}" if is_object else "]"
+    out_obj: dict[str, Any] = {}
+    out_list: list[Any] = []
+    i = _skip(text, at + 1)
+    if text[i : i + 1] == close:
+        return (out_obj if is_object else out_list), i + 1
+    while True:
+        if is_object:
+            if text[i : i + 1] != '"':
+                raise ValueError(f"expected a member name at character {i}")
+            key, i = _SCANNER.raw_decode(text, i)
+            i = _skip(text, i)
+            if text[i : i + 1] != ":":
+                raise ValueError(f"expected ':' at character {i}")
+            item, i = _value(text, _skip(text, i + 1), depth + 1)
+            out_obj[key] = item
+        else:
+            item, i = _value(text, i, depth + 1)
+            out_list.append(item)
+        i = _skip(text, i)
+        sep = text[i : i + 1]
+        if sep == close:
+            return (out_obj if is_object else out_list), i + 1
+        if sep != ",":
+            raise ValueError(f"expected ',' or {close!r} at character {i}")
+        i = _skip(text, i + 1)
+
+
+def _skip(text: str, at: int) -> int:
+    return _WS.match(text, at).end()  # type: ignore[union-attr]

@@ -29,6 +29,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from actors.collector import collector_paused
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import codec, ids
 from protocol.errors import (
@@ -209,7 +210,9 @@ async def _errors(request: web.Request, handler: Endpoint) -> web.StreamResponse
         response = _error(
             MethodNotAllowedError(f"{request.method} is not allowed on {request.path}")
         )
-        response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+        # A literal path's own methods, not those of the {sessionID} route it also matches.
+        allowed = _LITERAL.get(request.path, exc.allowed_methods)
+        response.headers["Allow"] = ", ".join(sorted(allowed))
         return response
     except web.HTTPException:
         raise
@@ -253,8 +256,24 @@ def _unquote_header(header: str) -> str:
         ) from None
 
 
+#: Paths without parameters and their methods: ``/api/session/active`` is also
+#: ``/api/session/{sessionID}`` for PATCH and DELETE, where it must be a 405.
+_LITERAL: Final[dict[str, frozenset[str]]] = {
+    path: frozenset(
+        m
+        for op in OPERATIONS
+        if op.path == path
+        for m in (op.method, "HEAD")[: 2 if op.method == "GET" else 1]
+    )
+    for path in {op.path for op in OPERATIONS if "{" not in op.path}
+}
+
+
 def _endpoint(op: Operation) -> Endpoint:
     async def endpoint(request: web.Request) -> web.StreamResponse:
+        allowed = _LITERAL.get(request.path)
+        if allowed is not None and op.path != request.path:
+            raise web.HTTPMethodNotAllowed(request.method, allowed)
         runtime = request.app[RUNTIME]
         path = decode_path(op, request)
         query = decode_query(op, request)
@@ -270,21 +289,34 @@ def _endpoint(op: Operation) -> Endpoint:
             return await _metrics(request)
         if op.id == "server.health":
             return await _health(request)
-        settings = request.app[SETTINGS]
-        body = await decode_body(op, request, settings.body_timeout_s, settings.max_body_bytes)
-        call = Call(
-            runtime=runtime,
-            path=path,
-            query=query,
-            body=body,
-            request=request,
-            directory=_directory(request),
-        )
-        result = await HANDLERS[op.id](call)
-        return _encode(op, result)
+        if op.large_body:
+            # Parsed and handled with the cycle collector paused: see actors.collector.
+            with collector_paused():
+                return await _call(op, request, runtime, path, query)
+        return await _call(op, request, runtime, path, query)
 
     endpoint.__name__ = op.id.replace(".", "_")
     return endpoint
+
+
+async def _call(
+    op: Operation, request: web.Request, runtime: Runtime, path: dict[str, str], query: Any
+) -> web.StreamResponse:
+    """Decode the body, run the operation's handler, encode its result."""
+    settings = request.app[SETTINGS]
+    body = await decode_body(
+        op, request, settings.body_timeout_s, settings.max_body_bytes, runtime.blocking.run
+    )
+    call = Call(
+        runtime=runtime,
+        path=path,
+        query=query,
+        body=body,
+        request=request,
+        directory=_directory(request),
+    )
+    result = await HANDLERS[op.id](call)
+    return _encode(op, result)
 
 
 def _encode(op: Operation, result: Any) -> web.Response:

@@ -21,12 +21,14 @@
     default_directory = "/srv/work"
     allow_directories = []      # e.g. ["/"]: let sessions live where the rules refuse
     secret_env = []             # more variables tools must not inherit (provider keys)
+    secret_env_patterns = []    # glob patterns of more, case-insensitive: ["VAULT_*", "*_PIN"]
     max_tool_threads = 16       # tool calls at once, each in its own child actor (one thread)
     max_blocking_threads = 4    # the plain pool for blocking helpers that are not tool calls
     bash_timeout_s = 120        # a bash call's timeout unless it asks for another
     bash_max_timeout_s = 600    # the most a bash call may ask for (larger asks are clamped)
     bash_output_memory_bytes = 1048576  # per call; beyond it output streams to a managed file
     shell_output_memory_bytes = 8388608  # per user shell command; beyond it, a managed file
+    shell_timeout_s = 600       # a user shell command running longer is ended (its group killed)
     tool_output_max_lines = 2000
     tool_output_max_bytes = 51200
     recover = true
@@ -39,6 +41,7 @@
     compaction_buffer = 20000            # reserved headroom, tokens
     compaction_tail_tokens = 15000       # recent tail kept verbatim, tokens
     project_instructions = true          # read the project's AGENTS.md / CLAUDE.md files
+    import_scripts = false               # keep an import's metadata.script (it runs as a script)
     host_id = "web-1"                    # this host's lease owner id; random per start when unset
     lease_ttl_ms = 10000                 # an execution lease's life, renewed every ttl/4
 
@@ -91,12 +94,14 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "default_directory": str,
         "allow_directories": list,
         "secret_env": list,
+        "secret_env_patterns": list,
         "max_tool_threads": int,
         "max_blocking_threads": int,
         "bash_timeout_s": (int, float),
         "bash_max_timeout_s": (int, float),
         "bash_output_memory_bytes": int,
         "shell_output_memory_bytes": int,
+        "shell_timeout_s": (int, float),
         "tool_output_max_lines": int,
         "tool_output_max_bytes": int,
         "recover": bool,
@@ -111,6 +116,7 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "compaction_buffer": int,
         "compaction_tail_tokens": int,
         "project_instructions": bool,
+        "import_scripts": bool,
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.

@@ -44,7 +44,7 @@ from protocol.requests import (
     UpdateSessionInput,
     ViewInput,
 )
-from protocol.shapes import Location, SessionExport
+from protocol.shapes import Location
 
 __all__ = ["HANDLERS", "Call", "Handler"]
 
@@ -216,8 +216,8 @@ async def session_export(call: Call) -> Any:
 
 
 async def session_import(call: Call) -> Any:
-    body: SessionExport = call.body
-    return await call.runtime.transfer.import_(body, directory=call.directory)
+    # A large_body operation: the JSON value, decoded and checked by the import.
+    return await call.runtime.transfer.import_json(call.body, directory=call.directory)
 
 
 async def session_stats(call: Call) -> Any:
@@ -228,6 +228,11 @@ async def session_shell(call: Call) -> Any:
     body: ShellInput = call.body
     session = await call.runtime.sessions.get(call.session_id)
     await call.runtime.shells.start(session, body.command, body.id)
+
+
+async def session_shell_cancel(call: Call) -> Any:
+    await call.runtime.sessions.get(call.session_id)
+    await call.runtime.shells.cancel(call.session_id, call.path["shellID"])
 
 
 async def session_environment(call: Call) -> Any:
@@ -300,6 +305,7 @@ HANDLERS: dict[str, Handler] = {
     "session.message.get": session_message,
     "session.context": session_context,
     "session.shell": session_shell,
+    "session.shell.cancel": session_shell_cancel,
     "session.environment": session_environment,
     "session.revert.stage": revert_stage,
     "session.revert.clear": revert_clear,

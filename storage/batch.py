@@ -1,21 +1,23 @@
 """What every backend's writer works on: a batch of prepared commands, and their outcomes.
 
 A store turns each submitted :class:`~storage.recorder.Command` into a
-:class:`Prepared` on the loop (its events encoded there, so the writer
-spends its time on SQL), hands the writer a batch of them, and gets one
-:class:`Outcome` per command back, in batch order.
+:class:`Prepared` on the loop (:func:`prepare`: its events encoded there,
+unless it is large, so the writer spends its time on SQL), hands the writer
+a batch of them, and gets one :class:`Outcome` per command back, in batch
+order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 import attrs
 
 from protocol.events import encode_data, stored_type
 from storage.recorder import Command, NewEvent, RecordedEvent
 
-__all__ = ["Outcome", "Prepared", "encode_events", "keys"]
+__all__ = ["ENCODE_ON_LOOP", "Outcome", "Prepared", "encode_events", "keys", "prepare"]
 
 
 # Outcome and Prepared are made once per command on the append path and never
@@ -33,17 +35,33 @@ class Outcome:
     publish: bool = True
 
 
+#: Commands of up to this many events are encoded by their producer, on the
+#: loop (overlapping the writer's fsync); larger ones (an import of 200,000
+#: messages: a second of Python) by the writer (SQLite's thread), off the loop.
+ENCODE_ON_LOOP: Final = 256
+
+
 @attrs.define
 class Prepared:
-    """A command with each event's stored type and encoded data, computed on
-    the producer's side so the writer spends its time on SQL only."""
+    """A command with each event's stored type and encoded data: computed on
+    the producer's side (:func:`prepare`) so the writer spends its time on
+    SQL only, unless the command is large."""
 
     command: Command
-    encoded: tuple[tuple[str, str], ...]
+    _encoded: tuple[tuple[str, str], ...] | None = None
 
-    @classmethod
-    def of(cls, command: Command) -> Prepared:
-        return cls(command=command, encoded=encode_events(command.events))
+    @property
+    def encoded(self) -> tuple[tuple[str, str], ...]:
+        if self._encoded is None:
+            self._encoded = encode_events(self.command.events)
+        return self._encoded
+
+
+def prepare(command: Command) -> Prepared:
+    """``command`` ready for a writer: encoded now unless it is large."""
+    if len(command.events) > ENCODE_ON_LOOP:
+        return Prepared(command=command)
+    return Prepared(command=command, encoded=encode_events(command.events))
 
 
 def encode_events(events: Sequence[NewEvent]) -> tuple[tuple[str, str], ...]:

@@ -39,7 +39,7 @@ import aiosqlite
 from storage._inline_reads import InlineReader
 from storage._subscribers import Subscribers
 from storage._writer import Synchronous, Writer, shared_lock
-from storage.batch import Outcome, Prepared
+from storage.batch import Outcome, Prepared, prepare
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
@@ -232,8 +232,9 @@ class SQLiteStore(LogReads):
         if command.empty:
             future.set_result([])
             return future
-        # Encoding here, on the loop, overlaps with the writer's fsync.
-        self._pending.append((Prepared.of(command), future))
+        # Encoding here, on the loop, overlaps with the writer's fsync (a large
+        # command is encoded by the writer instead: see prepare()).
+        self._pending.append((prepare(command), future))
         self._drained.clear()
         if not self._inflight and not self._flush_scheduled:
             # Flush on the next tick, not now: producers that are already

@@ -7,7 +7,8 @@ with the delivery state retry needs:
 - the connection could not be made (refused, DNS, connect timeout):
   :class:`TransportError` ``not-sent``, the provider never saw the request;
 - it broke before the response status arrived: ``unknown`` delivery;
-- a non-2xx status: classified from the status, the error body and the
+- a non-2xx status (a 3xx too: redirects are never followed, so a key never
+  reaches where one points): classified from the status, the error body and the
   ``retry-after``/``retry-after-ms``/``x-should-retry`` headers by the
   adapter's ``classify`` (the formats differ);
 - it broke, stalled past the idle-read timeout or ended after the stream
@@ -201,8 +202,14 @@ class HttpTransport:
         session = self._client()
         name = self.config.id
         try:
+            # Never followed: aiohttp would re-send custom headers (``x-api-key``)
+            # and the prompt to wherever a 3xx points, another origin included.
+            # A redirect is answered like any other non-2xx: a provider error.
             response = await session.post(
-                url, data=payload, headers={**headers, "content-type": "application/json"}
+                url,
+                data=payload,
+                headers={**headers, "content-type": "application/json"},
+                allow_redirects=False,
             )
         except aiohttp.ClientConnectorError as exc:
             raise TransportError(

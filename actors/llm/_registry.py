@@ -70,6 +70,10 @@ class ProviderRegistry:
         Called when a session's model is chosen, so a typo fails that call
         rather than a step later on.
         """
+        if not model.id or not model.provider_id:
+            raise InvalidRequestError(
+                "a model names its id and providerID (neither empty)", kind="model", field="model"
+            )
         if model.provider_id not in self.providers and model.provider_id != SCRIPTED_PROVIDER_ID:
             raise InvalidRequestError(
                 f"unknown provider {model.provider_id!r}", kind="model", field="model"

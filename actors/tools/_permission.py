@@ -26,9 +26,11 @@ both name a key with plain decisions the stricter is kept; where either uses
 patterns the key holds both rules, and a subject gets the stricter of their
 two answers.
 
-bash commands are split into simple commands before they are judged
-(:func:`simple_commands`): ``git status && rm -rf x`` is judged as
-``git status`` and ``rm -rf x`` and the most restrictive answer wins.
+A bash command line is judged by the commands it runs, read with a shell
+grammar (:mod:`actors.tools._shell_grammar`): ``git status && rm -rf x`` is
+judged as ``git status`` and ``rm -rf x``, ``env FOO=1 /bin/rm x`` also as
+``rm x``, and the most restrictive answer wins; a line whose commands cannot
+be resolved is asked about. Only an allow-list bounds what bash may do.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ __all__ = [
     "narrow",
     "offered",
     "permission",
-    "simple_commands",
     "strictest",
     "validate_rule",
 ]
@@ -190,71 +191,3 @@ def narrow(ceiling: Mapping[str, Rule], rules: Mapping[str, Rule]) -> dict[str, 
         else:
             out[name] = (a, b)
     return out
-
-
-# -- bash commands --------------------------------------------------------------------------------
-
-_OPERATORS: Final = ("&&", "||", ";;", "|&", "$(", "<(", ">(", ";", "|", "&", "\n", "(", ")", "`")
-
-
-def simple_commands(command: str) -> list[str]:
-    """The simple commands of a shell command line, each whitespace-normalised.
-
-    Split on ``;``, ``&&``, ``||``, ``|``, ``&``, newlines, parentheses and
-    command substitutions (``$(…)``, backticks, ``<(…)``) outside single
-    quotes (inside double quotes substitutions still run, so they split there
-    too); ``{``/``}`` groups and keywords (``if``, ``then``, ``do``…) are
-    dropped as a leading word. Over-splitting only adds more subjects to
-    judge, so it can only make the answer stricter. An empty line gives
-    ``[""]`` so there is always a subject.
-    """
-    out: list[str] = []
-    current: list[str] = []
-    quote: str | None = None
-    i = 0
-    while i < len(command):
-        c = command[i]
-        if quote == "'":
-            current.append(c)
-            if c == "'":
-                quote = None
-            i += 1
-            continue
-        if c == "\\" and i + 1 < len(command):
-            current.append(command[i : i + 2])
-            i += 2
-            continue
-        if c == '"':
-            quote = None if quote == '"' else '"'
-            current.append(c)
-            i += 1
-            continue
-        if c == "'" and quote is None:
-            quote = "'"
-            current.append(c)
-            i += 1
-            continue
-        for op in _OPERATORS:
-            if command.startswith(op, i) and (quote is None or op in ("$(", "`", ")")):
-                out.append("".join(current))
-                current = []
-                i += len(op)
-                break
-        else:
-            current.append(c)
-            i += 1
-    out.append("".join(current))
-    commands = [c for c in (_normalise(c) for c in out) if c]
-    return commands or [""]
-
-
-_KEYWORDS: Final = frozenset(
-    {"{", "}", "!", "if", "then", "else", "elif", "fi", "do", "done", "while", "until", "time"}
-)
-
-
-def _normalise(command: str) -> str:
-    words = command.split()
-    while words and words[0] in _KEYWORDS:
-        words.pop(0)
-    return " ".join(words)

@@ -47,7 +47,7 @@ import asyncpg
 from protocol import ids
 from storage._subscribers import Subscribers
 from storage._url import redact
-from storage.batch import Outcome, Prepared
+from storage.batch import Outcome, Prepared, prepare
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
 from storage.postgres import schema
@@ -286,7 +286,7 @@ class PostgresStore(LogReads):
         if command.empty:
             future.set_result([])
             return future
-        self._pending.append((Prepared.of(command), future))
+        self._pending.append((prepare(command), future))
         self._drained.clear()
         self._wake.set()
         return future

@@ -176,20 +176,23 @@ async def _revert_events(client: Client, session_id: str) -> list[str]:
     ]
 
 
-#: case -> (the operation killed, whether the log had it at the kill, the user message
-#: (by index) a revert is staged at after the restart, or None).
-CASES: dict[str, tuple[str, bool, int | None]] = {
-    "stage.intent": ("stage", False, None),
-    "stage.event": ("stage", True, 1),
-    "stage.restore": ("stage", True, 1),
-    "clear.intent": ("clear", False, 1),
-    "clear.event": ("clear", True, None),
-    "clear.restore": ("clear", True, None),
-    "commit": ("commit", True, None),
+#: case -> (the operation killed, the files after the restart: its state "before" or
+#: "after" it, or "cleared" (t3: a restage's clear went through, its stage did not),
+#: the user message (by index) a revert is staged at after the restart, or None).
+#: The files change before the event is appended: killed before the event, the
+#: restart puts them back; killed after it, they are already what the log says.
+CASES: dict[str, tuple[str, str, int | None]] = {
+    "stage.intent": ("stage", "before", None),
+    "stage.restore": ("stage", "before", None),
+    "stage.event": ("stage", "after", 1),
+    "clear.intent": ("clear", "before", 1),
+    "clear.restore": ("clear", "before", 1),
+    "clear.event": ("clear", "after", None),
+    "commit": ("commit", "after", None),
     # Staging at the third prompt over the one staged at the second first clears
     # it, as its own durable step: killed in that clear, then in the stage.
-    "restage.clear.restore": ("restage", True, None),
-    "restage.stage.restore": ("restage", True, 2),
+    "restage.clear.restore": ("restage", "before", 1),
+    "restage.stage.restore": ("restage", "cleared", None),
 }
 
 
@@ -198,7 +201,7 @@ async def test_a_revert_killed_at_any_point_leaves_files_and_log_agreeing(
     tmp_path: Path, case: str
 ) -> None:
     run = Run(tmp_path)
-    op, took_effect, staged_at = CASES[case]
+    op, outcome, staged_at = CASES[case]
     point = case.removeprefix("restage.")
     # A server without the hook writes the files and stages what the killed call needs.
     async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
@@ -234,11 +237,11 @@ async def test_a_revert_killed_at_any_point_leaves_files_and_log_agreeing(
         # Killed mid-restore: the files really were a mix of both states.
         assert at_kill not in (before, after)
     else:
-        assert at_kill == before
+        assert at_kill == (after if point.endswith(".event") else before)
     # Killed with its intent on disk (a commit touches no file and writes none).
     assert bool(run.intents()) == (op != "commit")
 
-    expected = after if took_effect else before
+    expected = {"before": before, "after": after, "cleared": t3}[outcome]
     async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
         async with Client(served.url) as client:
             assert tree(run.project) == expected  # byte for byte, never a mix
@@ -334,7 +337,7 @@ async def test_a_client_gone_mid_restore_keeps_the_session_until_the_files_are_b
         async with Client(served.url) as client:
             await _write_three_prompts(run, client)
         await _stop(served)
-    _, t1, _, t3 = run.trees
+    t3 = run.trees[3]
     second = RevertStageInput(message_id=run.users[1], files=True)
     text = _script(tool("write", path="after.txt", content="too early\n"))
     async with (
@@ -359,9 +362,10 @@ async def test_a_client_gone_mid_restore_keeps_the_session_until_the_files_are_b
         serving(run.data, env=run.env(None), stderr=DEVNULL) as served,
         Client(served.url) as client,
     ):
-        assert tree(run.project) == _reverted(t1, t3)
+        # The stage never reached the log: the restart put the files back, and
+        # the prompt, held behind the lock until the kill, wrote nothing.
+        assert tree(run.project) == t3
         assert run.intents() == []
         revert, _ = await _state(client, run.session)
-        assert revert is not None
-        assert revert.message_id == run.users[1]
+        assert revert is None
         await _stop(served)

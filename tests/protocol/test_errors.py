@@ -57,5 +57,5 @@ def test_unknown_tag_is_not_ours() -> None:
 
 def test_tags_are_unique() -> None:
     registry = errors.error_types()
-    assert len(registry) == 19
+    assert len(registry) == 20
     assert all(issubclass(cls, errors.SessionRtError) for cls in registry.values())

@@ -66,6 +66,7 @@ async def test_no_request_produces_a_500(
         "inboxID": ident,
         "messageID": ident,
         "permissionID": ident,
+        "shellID": ident,
         "key": ident,
     }
     url = op.url(**{k: params[k] for k in op.path_params})

@@ -50,11 +50,13 @@ async def prepared(client: Client) -> dict[str, str]:
         patterns=("ls",),
     )
     await runtime_of(client).store.append(Command.of(asked))
+    await client.post(f"/api/session/{sid}/shell", json={"command": "true", "id": "msg_shell"})
     return {
         "sessionID": sid,
         "inboxID": pending,
         "messageID": inbox,
         "permissionID": asked.id,
+        "shellID": "msg_shell",
         "key": "style",
     }
 

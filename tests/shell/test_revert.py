@@ -230,42 +230,47 @@ class Crash(Exception):
     """Stands for the process dying at the point it is raised."""
 
 
-async def test_a_crash_after_staging_before_the_files_are_restored_is_finished_at_restart(
+async def test_a_crash_in_the_middle_of_the_restore_is_undone_at_restart(
     tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The files change before the stage is recorded: a crash among them is put back."""
     async with Embedded(tmp_path / "data") as oc:
         sid, _, second = await writing_session(oc, repo)
         changed = tree(repo)
         snapshots = oc.runtime.snapshots
+        real = snapshots.restore
 
-        async def half_then_crash(session: Any, restores: Any) -> None:
+        async def half_then_crash(directory: Any, restores: Any, **kw: Any) -> None:
             tree_id, paths = restores[0]
-            await snapshots.restore(session.location.directory, tree_id, paths[:1])
+            await real(directory, [(tree_id, paths[:1])], **kw)
             raise Crash
 
-        monkeypatch.setattr(oc.runtime.reverts, "_apply", half_then_crash)
+        monkeypatch.setattr(snapshots, "restore", half_then_crash)
         with pytest.raises(Crash):  # the runtime's own call: over HTTP it would be a 500
             await oc.runtime.reverts.stage(sid, second, files=True)
         half = tree(repo)
         assert half != changed
         assert (tmp_path / "data" / "revert" / f"{sid}.json").exists()
     async with Embedded(tmp_path / "data") as oc:
-        # The log says staged, so recovery finished the restore: they agree.
-        revert = (await oc.sessions.get(sid)).revert
-        assert revert is not None
-        assert revert.message_id == second
+        # The log has no stage, so recovery put the files back: they agree.
+        assert (await oc.sessions.get(sid)).revert is None
+        assert tree(repo) == changed
+        assert not (tmp_path / "data" / "revert" / f"{sid}.json").exists()
+        staged = await oc.sessions.revert_stage(
+            sid, RevertStageInput(message_id=second, files=True)
+        )
+        assert staged.files
         restored = tree(repo)
         assert restored["a.txt"] == b"alpha\n"
         assert restored["b.txt"] == b"bravo\n"
         assert restored["bin.dat"] == BINARY
         assert "new/dir/c.txt" not in restored
         assert restored["ignored.log"] == b"noise\n"
-        assert not (tmp_path / "data" / "revert" / f"{sid}.json").exists()
         await oc.sessions.revert_clear(sid)
         assert tree(repo) == changed
 
 
-async def test_a_crash_before_the_stage_commits_leaves_files_and_log_untouched(
+async def test_a_crash_before_the_stage_commits_puts_the_files_back_at_restart(
     tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with Embedded(tmp_path / "data") as oc:
@@ -280,14 +285,14 @@ async def test_a_crash_before_the_stage_commits_leaves_files_and_log_untouched(
         with pytest.raises(Crash):  # the runtime's own call: over HTTP it would be a 500
             await oc.runtime.reverts.stage(sid, second, files=True)
         assert (tmp_path / "data" / "revert" / f"{sid}.json").exists()
-        assert tree(repo) == changed
+        assert tree(repo) != changed  # restored, the event not recorded
     async with Embedded(tmp_path / "data") as oc:
         assert (await oc.sessions.get(sid)).revert is None
         assert tree(repo) == changed
         assert not (tmp_path / "data" / "revert" / f"{sid}.json").exists()
 
 
-async def test_a_crash_in_the_middle_of_a_clear_is_finished_at_restart(
+async def test_a_clear_whose_event_is_refused_puts_the_files_back_at_once(
     tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with Embedded(tmp_path / "data") as oc:
@@ -299,12 +304,16 @@ async def test_a_crash_in_the_middle_of_a_clear_is_finished_at_restart(
         async def crash(*args: Any) -> None:
             raise Crash
 
-        monkeypatch.setattr(oc.runtime.reverts, "_apply", crash)
+        monkeypatch.setattr(oc.runtime.reverts, "_append", crash)
         with pytest.raises(Crash):
             await oc.runtime.reverts.clear(sid)
-        assert tree(repo) == staged  # the clear is recorded, its files not yet back
+        # The log says still staged: the files the clear had brought back went again.
+        assert tree(repo) == staged
+        assert not (tmp_path / "data" / "revert" / f"{sid}.json").exists()
     async with Embedded(tmp_path / "data") as oc:
-        assert (await oc.sessions.get(sid)).revert is None
+        assert (await oc.sessions.get(sid)).revert is not None
+        assert tree(repo) == staged
+        await oc.sessions.revert_clear(sid)
         assert tree(repo) == changed
 
 
@@ -357,7 +366,7 @@ async def test_step_writes_name_odd_paths_and_leave_ignored_and_outside_ones(
     # A newline in a name makes git's verbose lines ambiguous: the diff answers then.
     assert recorded.files == tuple(sorted([*odd, "a.txt"]))
     assert await store.changed(repo, recorded.before, recorded.after) == recorded.files
-    await store.restore(repo, recorded.before, recorded.files)
+    await store.restore(repo, [(recorded.before, recorded.files)])
     assert not any((repo / name).exists() for name in odd)
     assert (repo / "a.txt").read_text() == "alpha\n"
     assert (repo / "x.log").read_text() == "ignored\n"

@@ -35,7 +35,7 @@ from storage import (
     StorageBrokenError,
 )
 from storage._ops import Op, json_text
-from storage.batch import Outcome, Prepared
+from storage.batch import Outcome, prepare
 from storage.postgres import LOG_LOCK, PostgresStore
 from storage.postgres.rebuild import dump_projections, rebuild_projections
 from storage.postgres.remote import RemoteCommits
@@ -77,7 +77,7 @@ class OneAtATime:
         self.conn = conn
 
     async def outcomes(self, commands: Sequence[Command]) -> list[Outcome]:
-        prepared = [Prepared.of(c) for c in commands]
+        prepared = [prepare(c) for c in commands]
         result = await commit_batch(
             self.conn, prepared, channel="c", origin="o", own=lambda a, b: None, isolate=True
         )

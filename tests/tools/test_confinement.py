@@ -93,6 +93,21 @@ def test_other_dotfiles_stay_writable(location: Path, ctx: ToolContext) -> None:
         "my_service_password",
         "STRIPE_KEY",
         "GOOGLE_APPLICATION_CREDENTIALS",
+        # Issue 35: the common spellings the rule used to miss.
+        "DB_PASS",
+        "SMTP_PASS",
+        "dbpass",
+        "MYSQL_PWD",
+        "DBPWD",
+        "GPG_PASSPHRASE",
+        "SSH_PRIVATE_KEY_PATH",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "GH_AUTH",
+        "BASIC_AUTH_HEADER",
+        "HTTP_AUTHORIZATION",
+        "NPM_AUTHTOKEN",
+        # The agent socket signs with the user's keys: a credential too.
+        "SSH_AUTH_SOCK",
     ],
 )
 def test_credential_names_are_secret(name: str) -> None:
@@ -100,7 +115,21 @@ def test_credential_names_are_secret(name: str) -> None:
     assert name not in tool_environment({name: "v", "PATH": "/bin"})
 
 
-@pytest.mark.parametrize("name", ["PATH", "HOME", "LANG", "TERM", "KEYBOARD", "SSH_AUTH_SOCK"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "PATH",
+        "HOME",
+        "LANG",
+        "TERM",
+        "KEYBOARD",
+        "PWD",
+        "OLDPWD",
+        "GIT_AUTHOR_NAME",
+        "GIT_AUTHOR_EMAIL",
+        "PASSENGER_COUNT",
+    ],
+)
 def test_ordinary_names_are_kept(name: str) -> None:
     assert not is_secret(name)
     assert tool_environment({name: "v"}) == {name: "v"}
@@ -109,6 +138,11 @@ def test_ordinary_names_are_kept(name: str) -> None:
 def test_operator_named_variables_are_removed() -> None:
     env = tool_environment({"ACME_LOGIN": "x", "PATH": "/bin"}, secret_env=["ACME_LOGIN"])
     assert env == {"PATH": "/bin"}
+
+
+def test_operator_patterns_are_removed_case_insensitively() -> None:
+    base = {"VAULT_ADDR": "a", "vault_role": "b", "ACME_PIN": "c", "PATH": "/bin"}
+    assert tool_environment(base, secret_env=["VAULT_*", "*_pin"]) == {"PATH": "/bin"}
 
 
 def test_bash_does_not_inherit_the_servers_secrets(

@@ -13,9 +13,9 @@ from actors.tools._permission import (
     matches,
     narrow,
     offered,
-    simple_commands,
     validate_rule,
 )
+from actors.tools._shell_grammar import bash_subjects
 from protocol import InvalidRequestError
 
 GIT = {"bash": {"git *": "allow", "*": "ask", "git push *": "deny"}}
@@ -69,17 +69,97 @@ def test_offered_means_some_call_may_run() -> None:
     [
         ("git status && rm -rf x", ["git status", "rm -rf x"]),
         ("a; b || c | d & e", ["a", "b", "c", "d", "e"]),
-        ("echo $(rm x) `id`", ["echo", "rm x", "id"]),
-        ("echo 'a; rm x'", ["echo 'a; rm x'"]),  # single quotes: literal text
-        ('echo "$(rm x)"', ['echo "', "rm x", '"']),  # substitutions run inside "..."
+        ("echo $(rm x) `id`", ["echo $(rm x) `id`", "rm x", "id"]),
+        ("echo 'a; rm x'", ["echo a; rm x"]),  # single quotes: one literal argument
+        ('echo "$(rm x)"', ['echo "$(rm x)"', "rm x"]),  # substitutions run inside "..."
         ("if true; then rm x; fi", ["true", "rm x"]),
         ("  git   status  ", ["git status"]),
         ("(cd /; rm x)\nls", ["cd /", "rm x", "ls"]),
         ("", [""]),
+        # Issue 35: the splitter that cut inside the quoted parenthesis.
+        ('echo "$(echo ")"; rm -f M)"', ['echo "$(echo ")"; rm -f M)"', "echo )", "rm -f M"]),
     ],
 )
-def test_simple_commands(line: str, commands: list[str]) -> None:
-    assert simple_commands(line) == commands
+def test_the_commands_a_line_runs(line: str, commands: list[str]) -> None:
+    parsed = bash_subjects(line)
+    assert list(parsed.commands) == commands
+    assert parsed.unresolved == ()
+
+
+DENY_RM = {"bash": {"*": "allow", "rm *": "deny"}}
+#: Issue 35: 17 of these 19 respellings of rm ran under DENY_RM.
+RESPELLINGS = [
+    "rm -f M",
+    "\\rm -f M",
+    "/bin/rm -f M",
+    "/usr/bin/rm -f M",
+    "command rm -f M",
+    "builtin command rm -f M",
+    "env rm -f M",
+    "env -i PATH=/bin rm -f M",
+    "FOO=1 rm -f M",
+    "'rm' -f M",
+    '"rm" -f M',
+    "r''m -f M",
+    "echo M | xargs rm -f",
+    "find . -name M -delete",
+    "find . -name M -exec rm {} +",
+    "sudo -n rm -f M",
+    "nice -n 5 rm -f M",
+    "timeout 5 rm -f M",
+    "exec rm -f M",
+    "nohup rm -f M",
+    "sh -c 'rm -f M'",
+    'bash -c "cd . && rm -f M"',
+    "eval 'rm -f M'",
+    'echo "$(echo ")"; rm -f M)"',
+    "true && (rm -f M)",
+]
+
+
+@pytest.mark.parametrize("command", RESPELLINGS)
+def test_a_respelt_rm_is_still_rm(tmp_path: Path, command: str) -> None:
+    [check] = judge(
+        DENY_RM, [], "bash", {"command": command}, directory=tmp_path, output_dir=tmp_path
+    )
+    assert check.decision == "deny", command
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "$CMD -f M",  # the command name expands
+        "${X:-rm} -f M",
+        "echo 'unterminated",  # does not parse
+        "sudo --some-new-flag value rm -f M",  # an option that may take an argument
+        "env -S 'rm -f M'",
+        'sh -c "$SCRIPT"',  # the script expands
+    ],
+)
+def test_a_command_that_cannot_be_resolved_is_asked_about(tmp_path: Path, command: str) -> None:
+    [check] = judge(
+        DENY_RM, [], "bash", {"command": command}, directory=tmp_path, output_dir=tmp_path
+    )
+    assert check.decision == "ask"
+    assert check.patterns == (command,)
+    # Allowed for the session, that exact line is allowed; nothing else is.
+    [again] = judge(
+        DENY_RM,
+        [("bash", command)],
+        "bash",
+        {"command": command},
+        directory=tmp_path,
+        output_dir=tmp_path,
+    )
+    assert again.decision == "allow"
+
+
+def test_ordinary_commands_stay_allowed(tmp_path: Path) -> None:
+    for command in ("git status", "ls -la | grep x", "command -v rm", "echo rm", "cat rm.txt"):
+        [check] = judge(
+            DENY_RM, [], "bash", {"command": command}, directory=tmp_path, output_dir=tmp_path
+        )
+        assert check.decision == "allow", command
 
 
 def test_a_chain_is_as_strict_as_its_strictest_command(tmp_path: Path) -> None:
