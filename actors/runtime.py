@@ -439,7 +439,7 @@ class Runtime:
         if config.max_tool_threads < 1 or config.max_blocking_threads < 1:
             raise ValueError("max_tool_threads and max_blocking_threads must be at least 1")
         self.blocking = BlockingExecutor(limit=config.max_blocking_threads)
-        self.tool_actors = ToolActors(limit=config.max_tool_threads)
+        self.tool_actors = ToolActors(blocking=self.blocking, limit=config.max_tool_threads)
         bash = BashTool(
             default_timeout_s=config.bash_timeout_s,
             max_timeout_s=max(config.bash_max_timeout_s, config.bash_timeout_s),

@@ -33,6 +33,7 @@ from actors.tools._process import ProcessGroup
 from actors.tools._registry import ToolRegistry, ToolSpec
 from actors.tools._types import (
     DEFAULT_BASH_TIMEOUT_S,
+    CancelEvent,
     Content,
     SucceededThenInterrupted,
     Tool,
@@ -53,6 +54,7 @@ __all__ = [
     "PASSWORD_ENV",
     "SWEEP_INTERVAL_S",
     "Cancel",
+    "CancelEvent",
     "Content",
     "Decision",
     "OutputBounding",
