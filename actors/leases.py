@@ -15,13 +15,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from typing import Protocol
 
 from storage import Command, Fence, FencedError, LeaseUse, StorageError, Store
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["LeaseKeeper", "LeaseLoss"]
 
 log = logging.getLogger(__name__)
+
+
+class LeaseLoss(Protocol):
+    """Who stops an execution whose lease this host failed to renew."""
+
+    def lease_lost(self, session_id: str) -> None: ...
 
 
 class LeaseKeeper:
@@ -31,14 +37,14 @@ class LeaseKeeper:
         host_id: str,
         *,
         ttl_ms: int,
-        on_lost: Callable[[str], None],
+        on_lost: LeaseLoss,
     ) -> None:
         if ttl_ms < 40:
             raise ValueError("lease_ttl_ms must be at least 40")
         self.store = store
         self.host_id = host_id
         self.ttl_ms = ttl_ms
-        self._on_lost = on_lost
+        self._on_lost = on_lost.lease_lost
         self._fences: dict[str, Fence] = {}
         self._task: asyncio.Task[None] | None = None
         self._suspended = False

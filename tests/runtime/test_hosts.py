@@ -202,7 +202,7 @@ async def test_a_wake_admitted_while_a_host_closes_runs_on_another(hosts: Hosts)
             await asyncio.sleep(0.005)
     closing = asyncio.create_task(a.aclose())
     async with asyncio.timeout(5):
-        while not a._closing:  # noqa: ASYNC110 (a flag, not an event)
+        while not a.services.execution.closing:  # noqa: ASYNC110 (a flag, not an event)
             await asyncio.sleep(0.005)
     await a.sessions.prompt(idle.id, PromptInput(text="#text late"))
     await closing
@@ -238,7 +238,7 @@ async def test_the_lease_scan_ends_when_cancelled_just_as_it_is_rung(
     async with Runtime(config) as runtime:
         [scan] = [t for t in asyncio.all_tasks() if t.get_name() == "lease-scan"]
         await asyncio.sleep(0.05)  # past the start-up sweep: waiting to be rung
-        runtime._rescan.set()
+        runtime.services.rescan.set()
         for _ in range(turns):
             await asyncio.sleep(0)
         scan.cancel()
@@ -264,7 +264,7 @@ async def test_a_lease_scan_the_database_refuses_says_so_in_one_line(
         monkeypatch.setattr(runtime, "recover", refused)
         for _ in range(2):
             tried.clear()
-            runtime._rescan.set()
+            runtime.services.rescan.set()
             async with asyncio.timeout(5):
                 await tried.wait()
         await asyncio.sleep(0)
