@@ -91,6 +91,18 @@ def _postgres_backend(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
         asyncio.run(pgdb.drop_database(url))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection made (every test module, its imports, the items).
+
+    ``loop_hygiene`` runs a full collection after each test to surface dropped
+    futures; over the ~277k objects a whole collected suite keeps alive, that cost
+    0.2 s a test, half the suite's time. Frozen objects are never traversed again,
+    while everything a test makes is still collected and checked after it.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if pgdb.template_made():
         asyncio.run(pgdb.drop_templates())

@@ -34,3 +34,26 @@ def test_no_asyncio_wait_for(package: str) -> None:
                     if a.name == "wait_for"
                 ]
     assert bad == []
+
+
+def test_the_leak_check_still_sees_what_a_test_drops_after_the_freeze() -> None:
+    """Collection's objects are frozen (tests/conftest.py), so ``loop_hygiene``'s
+    full collection skips them; a future a test drops inside a cycle is still
+    collected and reported as never retrieved."""
+    import asyncio
+    import gc
+
+    assert gc.get_freeze_count() > 0
+    loop = asyncio.new_event_loop()
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        future = loop.create_future()
+        future.set_exception(RuntimeError("dropped"))
+        cycle: list[object] = [future]
+        cycle.append(cycle)
+        del future, cycle
+        gc.collect()
+    finally:
+        loop.close()
+    assert [c["message"] for c in reported] == ["Future exception was never retrieved"]
