@@ -28,6 +28,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from protocol.openapi import document
 
+pytestmark = pytest.mark.fuzz
+
 EXE = str(Path(sys.executable).with_name("sessionrt"))
 #: Streams that never end on their own; their refusals are covered in test_browser.
 ENDLESS = ("event.subscribe",)
