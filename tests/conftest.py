@@ -88,7 +88,7 @@ def _postgres_backend(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     try:
         yield
     finally:
-        asyncio.run(pgdb.drop_database(url))
+        asyncio.run(pgdb.release(url))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -103,9 +103,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On the PostgreSQL pass, leave out what would run exactly as it did on SQLite."""
+    if not pgdb.on_postgres():
+        return
+    same = [item for item in items if item.get_closest_marker("sqlite_only")]
+    if same:
+        config.hook.pytest_deselected(items=same)
+        items[:] = [item for item in items if not item.get_closest_marker("sqlite_only")]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if pgdb.template_made():
-        asyncio.run(pgdb.drop_templates())
+        asyncio.run(pgdb.drop_all())
 
 
 @pytest.fixture
