@@ -5,12 +5,14 @@ the session facade. ``SESSIONRT_TEST_DATABASE=postgresql`` puts ``store`` on Pos
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pgdb
+import proc_groups
 import pytest
 from hypothesis import settings
 
@@ -91,6 +93,14 @@ def _postgres_backend(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
         asyncio.run(pgdb.release(url))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In the process that runs tests (not xdist's controller, whose children are the
+    workers): note every child spawned, to kill what is left of them however the run ends."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        proc_groups.note_spawned()
+        atexit.register(proc_groups.reap_all)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Freeze what collection made (every test module, its imports, the items).
 
@@ -114,6 +124,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    proc_groups.reap_all()  # also after a KeyboardInterrupt: no `sessionrt` outlives the run
     if pgdb.template_made():
         asyncio.run(pgdb.drop_all())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,28 @@ def test_the_leak_check_still_sees_what_a_test_drops_after_the_freeze() -> None:
     finally:
         loop.close()
     assert [c["message"] for c in reported] == ["Future exception was never retrieved"]
+
+
+def test_what_a_session_leader_started_is_killed_once_the_leader_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """However a run ends, ``reap_all`` (tests/conftest.py) kills what the tests' children
+    left: here a harness that exited with its server still running, orphaned."""
+    import subprocess
+
+    import proc_groups
+
+    monkeypatch.setattr(proc_groups, "_spawned", [])  # this test's children alone
+    harness = subprocess.Popen(
+        ["/bin/sh", "-c", "sleep 600 & echo $!"], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert harness.stdout is not None
+    server = int(harness.stdout.readline())
+    harness.wait()
+    harness.stdout.close()
+    assert proc_groups.alive(server)  # orphaned, under init now
+    assert proc_groups.reap_all() == [server]
+    deadline = time.monotonic() + 10  # a poll: SIGKILL lands asynchronously
+    while proc_groups.alive(server) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not proc_groups.alive(server)
