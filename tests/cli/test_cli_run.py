@@ -261,16 +261,20 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         *data,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
     )
-    assert proc.stdout is not None
-    line = (await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)).decode()
-    match = re.search(r"http://\S+", line)
-    assert match, line
     try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)).decode()
+        match = re.search(r"http://\S+", line)
+        assert match, line
         yield Served(match.group(0), data)
-    finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            kill_group(proc)
+            await proc.communicate()
 
 
 async def test_run_sessions_and_log_over_the_network(served: Served) -> None:
