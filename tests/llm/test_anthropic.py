@@ -310,6 +310,18 @@ async def test_rate_limit_with_retry_after_and_the_override(
     assert not error.retryable
 
 
+async def test_x_should_retry_true_does_not_make_a_401_retryable(
+    fake: FakeProvider, provider: AnthropicProvider
+) -> None:
+    fake.replies.append(
+        anthropic_error(401, "authentication_error", "bad key", **{"x-should-retry": "true"})
+    )
+    _, error = await failure(provider, request("q"))
+    assert isinstance(error, AuthenticationError)
+    assert error.should_retry_override is True
+    assert not error.retryable
+
+
 async def test_an_in_stream_overloaded_error_after_output(
     fake: FakeProvider, provider: AnthropicProvider
 ) -> None:

@@ -309,7 +309,7 @@ async def test_status_classification(
     assert error.retryable is retryable
 
 
-async def test_x_should_retry_overrides_the_class(
+async def test_x_should_retry_stops_a_retry_but_never_starts_one(
     fake: FakeProvider, provider: OpenAIProvider
 ) -> None:
     fake.replies.append(
@@ -323,7 +323,8 @@ async def test_x_should_retry_overrides_the_class(
     )
     _, error = await failure(provider, request("q"))
     assert isinstance(error, InvalidRequestError)
-    assert error.retryable
+    assert error.should_retry_override is True
+    assert not error.retryable
 
 
 async def test_a_stream_cut_before_output_is_incomplete_without_output(
