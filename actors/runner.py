@@ -399,9 +399,22 @@ class Runner:
             start = await self._store.queries.drain_start(session_id)
         await kill_recorded(self._blocking, start.tool_processes)
         stale = start.open_tool_calls
+        # A call whose permission ask is still pending never started: a late
+        # reply is refused (409), so it is recorded as never executed.
+        pending = await self._store.queries.permission_requests(session_id) if stale else []
+        asked = {(a.assistant_message_id, a.call_id) for a in pending}
         for call in stale:
+            never_ran = (call.assistant_message_id, call.id) in asked
             await self._store.append(
-                Command.of(stale_failure(session_id, call.assistant_message_id, call.id, call.name))
+                Command.of(
+                    stale_failure(
+                        session_id,
+                        call.assistant_message_id,
+                        call.id,
+                        call.name,
+                        executed=not never_ran,
+                    )
+                )
             )
         # The step that owned them (or one cut off while streaming or waiting
         # out a retry) gets its terminal too, after its calls: a message
