@@ -453,8 +453,9 @@ class Compactor:
         *,
         script: str | None = None,
         input_id: str | None = None,
-    ) -> bool:
-        """Compact ``history`` (the active one); True once ``compaction.ended`` is durable.
+    ) -> ev.ErrorInfo | None:
+        """Compact ``history`` (the active one): None once ``compaction.ended`` is
+        durable, else the error its ``compaction.failed`` recorded.
 
         An auto compaction publishes ``started`` here; a manual one was started
         with its control item's delivery. A cancelled compaction records its
@@ -487,7 +488,7 @@ class Compactor:
             raise
         except CompactionFailedError as exc:
             await self._failed(session_id, reason, input_id, exc.error, exc.usage)
-            return False
+            return exc.error
         await self._store.append(
             Command.of(
                 ev.CompactionEnded(
@@ -501,7 +502,7 @@ class Compactor:
                 )
             )
         )
-        return True
+        return None
 
     async def _failed(
         self,

@@ -265,13 +265,17 @@ class Runner:
             request = await self._request(session, agent, step, limited, system, history=history)
             auto = self._compactor.enabled(agent.compaction)
             if self._compactor.due(history, request, auto) is not None:
-                await self._compactor.run(
+                failure = await self._compactor.run(
                     session.id,
                     request.model,
                     history,
                     "auto",
                     script=_script(agent, session.metadata),
                 )
+                if failure is not None:
+                    # No request known to be over budget is sent: the step
+                    # fails with the compaction's error, before any record.
+                    raise StepFailedError(failure)
                 # The epoch moved: the baseline is the new initial values.
                 system = await self._instructions.current(session, agent)
                 request = await self._request(session, agent, step, limited, system)
@@ -358,9 +362,10 @@ class Runner:
     async def _overflow(self, session: Session, agent: Agent, model: ModelRef) -> bool:
         """The one overflow-triggered compaction of a step."""
         history = await self._store.queries.context(session.id)
-        return await self._compactor.run(
+        failure = await self._compactor.run(
             session.id, model, history, "auto", script=_script(agent, session.metadata)
         )
+        return failure is None
 
     async def _agent(self, session: Session) -> Agent:
         """The session's agent, sampled before every step like the session itself.

@@ -159,6 +159,27 @@ async def test_the_estimate_anchors_on_reported_tokens(rt: Runtime, recorder: Re
     assert [r.metadata.get("purpose") for r in recorder.requests] == [None, "compaction", None]
 
 
+async def test_a_failed_pre_step_compaction_fails_the_step_without_sending_it(
+    rt: Runtime, feed: Feed, recorder: Recorder
+) -> None:
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await ask(rt, s.id, "#summary-fail auth\n#usage input=2400 output=10\n#text big")
+    sent = len(recorder.steps())
+    await ask(rt, s.id, f"second {PAD}")
+    events = durable(feed, s.id)
+    types = [e["type"] for e in events]
+    assert len(recorder.summaries()) == 1
+    [failed] = [e for e in events if e["type"] == "session.compaction.failed"]
+    assert failed["data"]["error"]["type"] == "provider.authentication"
+    # The request known to be over budget was never sent: no provider overflow,
+    # no second (overflow) compaction, no step record.
+    assert len(recorder.steps()) == sent
+    assert types.count("session.compaction.started") == 1
+    assert types[-1] == "session.execution.failed"
+    assert events[-1]["data"]["error"] == failed["data"]["error"]
+    assert types[types.index("session.compaction.failed") :].count("session.step.started") == 0
+
+
 async def test_manual_compaction_waits_for_the_running_steps_boundary(
     rt: Runtime, feed: Feed
 ) -> None:
