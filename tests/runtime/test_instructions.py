@@ -585,3 +585,29 @@ async def test_a_failed_observation_leaves_no_read_running_and_raises_itself(
             assert cancelled == [True]
         finally:
             instructions.close()
+
+
+async def test_a_changed_source_never_wakes_an_idle_session(
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+) -> None:
+    (project / "AGENTS.md").write_text("Rule one.\n")
+    idle = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    other = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, idle.id, "first", 1)
+    await turn(rt, feed, other.id, "first", 1)
+    before = feed.types(idle.id)
+    sent = len(recorder.requests)
+
+    (project / "AGENTS.md").write_text("Rule two.\n")
+    # The sequencer: another session in the same Location runs a whole turn,
+    # observing the change (and draining the kernel's events) at its boundary.
+    await turn(rt, feed, other.id, "second", 2)
+    assert "Rule two." in updates(feed, other.id)[-1]["data"]["text"]
+    assert len(recorder.requests) == sent + 1
+    assert feed.types(idle.id) == before  # nothing ran, nothing was admitted
+    assert await rt.execution.active() == []
+    assert len(updates(feed, idle.id)) == 1
+
+    # The change reaches the idle session lazily, at its next boundary.
+    await turn(rt, feed, idle.id, "second", 2)
+    assert "Rule two." in updates(feed, idle.id)[-1]["data"]["text"]
