@@ -334,6 +334,10 @@ class Runner:
         )
         if not await self._sessions.inbox.control(session.id, item, started):
             return  # cancelled meanwhile
+        await self._compact_manually(session, item.id)
+
+    async def _compact_manually(self, session: Session, input_id: str) -> None:
+        """Run the manual compaction ``input_id``, its ``compaction.started`` durable."""
         agent = await self._agent(session)
         model = session.model or agent.model or self._default_model
         history = await self._store.queries.context(session.id)
@@ -343,7 +347,7 @@ class Runner:
             history,
             "manual",
             script=_script(agent, session.metadata),
-            input_id=item.id,
+            input_id=input_id,
         )
 
     async def _move(self, session: Session, item: InboxItem) -> None:
@@ -388,7 +392,10 @@ class Runner:
         failed = await self.fail_stale_tools(session_id, start)
         compaction = start.running_compaction
         if compaction is not None:
-            await self._compactor.settle(session_id, compaction)
+            again = await self._compactor.settle(session_id, compaction)
+            if again is not None and start.session is not None:
+                # A manual compaction the crash cut off runs again, once.
+                await self._compact_manually(start.session, again)
         return bool(failed) or start.open_step is not None or compaction is not None
 
     async def fail_stale_tools(self, session_id: str, start: DrainStart | None = None) -> int:

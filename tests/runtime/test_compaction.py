@@ -393,6 +393,57 @@ async def test_a_crash_during_compaction_recovers_consistently(
         assert (await rt.sessions.context(s.id))[0].type == "compaction"
 
 
+async def test_a_manual_compaction_cut_off_by_a_crash_runs_again_once(
+    tmp_path: Path, workdir: Path, recorder: Recorder
+) -> None:
+    async with Runtime(config(tmp_path, workdir, recorder)) as rt:
+        s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+        await ask(rt, s.id, "first question")
+        await ask(rt, s.id, "second question")
+        # A process killed mid-compaction: a claim, a delivered manual compaction running.
+        await rt.store.append(
+            Command.of(
+                ev.ExecutionStarted(session_id=s.id),
+                ev.CompactionStarted(
+                    session_id=s.id, reason="manual", recent="", input_id="msg_cutoff"
+                ),
+            )
+        )
+    async with Runtime(config(tmp_path, workdir, recorder)) as rt:
+        await rt.execution.wait_idle(s.id)
+        assert await rt.store.queries.claims() == []
+        context = await rt.sessions.context(s.id)
+        assert isinstance(context[0], CompactionMessage)
+        assert (context[0].id, context[0].status) == ("msg_cutoff-recovered", "completed")
+        assert context[0].reason == "manual"
+        cut = await rt.sessions.message(s.id, "msg_cutoff")
+        assert isinstance(cut, CompactionMessage)
+        assert (cut.status, (cut.error or {}).get("type")) == ("failed", "compaction.interrupted")
+        assert len(recorder.summaries()) == 1
+        # Cut off again, the second run only fails: it is recovered once.
+        await rt.store.append(
+            Command.of(
+                ev.ExecutionStarted(session_id=s.id),
+                ev.CompactionStarted(
+                    session_id=s.id, reason="manual", recent="", input_id="msg_again-recovered"
+                ),
+            )
+        )
+    async with Runtime(config(tmp_path, workdir, recorder)) as rt:
+        await rt.execution.wait_idle(s.id)
+        assert await rt.store.queries.running_compaction(s.id) is None
+        again = await rt.sessions.message(s.id, "msg_again-recovered")
+        assert isinstance(again, CompactionMessage)
+        assert again.status == "failed"
+        assert len(recorder.summaries()) == 1
+        compactions = [
+            m.id
+            for m in (await rt.sessions.messages(s.id, order="asc", limit=200)).data
+            if isinstance(m, CompactionMessage)
+        ]
+        assert compactions == ["msg_cutoff", "msg_cutoff-recovered", "msg_again-recovered"]
+
+
 async def test_replay_rebuilds_the_compaction_projections(
     tmp_path: Path, workdir: Path, recorder: Recorder
 ) -> None:
