@@ -262,7 +262,7 @@ class _Attempt:
         """The first output: the step's record starts (before the output's own event)."""
         if not self.output:
             self.output = True
-            self.journal.emit(attrs.evolve(self.record, started=now_ms()))
+            self.journal.emit(self.record)
 
 
 class StepRunner:
@@ -316,13 +316,14 @@ class StepRunner:
         """
         policy = attrs.evolve(self._retry)  # a fresh budget (and generator state) per step
         assistant_id = ids.message_id()
+        dispatched = now_ms()  # the record's ``started``, whenever it is written
         physical = 0  # physical attempts made, for request.metadata["attempt"]
         retries = 0  # generic retries and continuations spent
         rebuilt = False
         compacted = False
         while True:
             physical += 1
-            step = self._attempt(session, agent, assistant_id, request)
+            step = self._attempt(session, agent, assistant_id, request, dispatched)
             attempt = attrs.evolve(request, metadata={**request.metadata, "attempt": physical})
             try:
                 finished = await self._stream(step, attempt, limited)
@@ -389,7 +390,7 @@ class StepRunner:
                         metadata={"notice": "continue", "after": assistant_id},
                     )
                 )
-                assistant_id = ids.message_id()
+                assistant_id, dispatched = ids.message_id(), now_ms()
                 request = await rebuild(True)
                 continue
             except FencedError:
@@ -416,14 +417,19 @@ class StepRunner:
         return await step.writes.record()
 
     def _attempt(
-        self, session: Session, agent: Agent, assistant_id: str, request: ModelRequest
+        self,
+        session: Session,
+        agent: Agent,
+        assistant_id: str,
+        request: ModelRequest,
+        dispatched: int,
     ) -> _Attempt:
         record = ev.StepStarted(
             session_id=session.id,
             assistant_message_id=assistant_id,
             agent=agent.name,
             model=request.model,
-            started=0,
+            started=dispatched,
         )
         step = _Attempt(self._store, self._bus, session.id, assistant_id, record)
         if self._snapshots is not None:

@@ -87,6 +87,8 @@ async def test_a_manual_compaction_cut_off_by_sigkill_is_delivered_again(
         assert (again.reason, again.status) == ("manual", "completed")
         assert again.text is not None
         assert "slow checkpoint" in again.text
+        # The resumed drain goes on (the restart notice); then nothing is left.
+        await client.sessions.wait(session.id)
         context = await client.sessions.context(session.id)
         assert context[0].id == again.id
         assert await client.sessions.inbox(session.id) == ()
