@@ -18,6 +18,7 @@ import logging
 from typing import Protocol
 
 from storage import Command, Fence, FencedError, LeaseUse, StorageError, Store
+from storage.clock import SYSTEM, Clock
 
 __all__ = ["LeaseKeeper", "LeaseLoss"]
 
@@ -38,6 +39,7 @@ class LeaseKeeper:
         *,
         ttl_ms: int,
         on_lost: LeaseLoss,
+        clock: Clock = SYSTEM,
     ) -> None:
         if ttl_ms < 40:
             raise ValueError("lease_ttl_ms must be at least 40")
@@ -45,6 +47,7 @@ class LeaseKeeper:
         self.host_id = host_id
         self.ttl_ms = ttl_ms
         self._on_lost = on_lost.lease_lost
+        self._clock = clock
         self._fences: dict[str, Fence] = {}
         self._task: asyncio.Task[None] | None = None
         self._suspended = False
@@ -115,7 +118,7 @@ class LeaseKeeper:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await self._clock.sleep(self.interval_s)
             if self._suspended:
                 continue
             try:
