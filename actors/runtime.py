@@ -39,7 +39,7 @@ import enum
 import functools
 import logging
 import os
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -137,6 +137,10 @@ def _absolute_all(paths: Sequence[str]) -> tuple[str, ...]:
     return tuple(os.path.abspath(p) for p in paths)
 
 
+def _tool_tuple(tools: Iterable[Tool]) -> tuple[Tool, ...]:
+    return tuple(tools)
+
+
 def _absolute_database(target: str | None) -> str | None:
     if target is None or "://" in target:
         return target  # a URL (an unknown scheme is refused, unechoed, by storage.connect)
@@ -189,8 +193,12 @@ class RuntimeConfig:
     #: The model of a session whose session and agent name none (``[runtime]
     #: default_model``); the scripted model when None.
     default_model: ModelRef | None = None
-    #: Tools offered to models; the built-in set when None.
-    tools: tuple[Tool, ...] | None = None
+    #: The embedding application's tools (``actors.tools.tool``), offered
+    #: alongside the built-in ones under the same rules; a name taken twice
+    #: or a bad schema fails the start.
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tool_tuple)
+    #: Offer the built-in tools (read, write, edit, list, glob, grep, bash).
+    builtin_tools: bool = True
     #: Instruction admission; the built-in sources (:mod:`actors.instructions`) when None.
     instructions: InstructionSource | None = None
     #: Discover the project's AGENTS.md / CLAUDE.md files (``[runtime]
@@ -447,9 +455,11 @@ class Runtime:
                 config.bash_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
             ),
         )
-        self.tools = ToolRegistry(
-            builtin_tools(bash=bash) if config.tools is None else config.tools
-        )
+        builtins = builtin_tools(bash=bash) if config.builtin_tools else ()
+        try:
+            self.tools = ToolRegistry((*builtins, *config.tools))
+        except ValueError as exc:
+            raise ValueError(f"tools: {exc}") from None
         self.bounding = OutputBounding(
             output_dir=config.tool_output_dir,
             max_lines=config.tool_output_max_lines,

@@ -150,6 +150,8 @@ class ToolExecutor:
             ctx = attrs.evolve(ctx, spawned=self._spawned(self._record, ctx))
         if owner is not None:
             ctx = attrs.evolve(ctx, progress=owner.reporter(ctx.call_id))
+        if ctx.loop is None:
+            ctx = attrs.evolve(ctx, loop=asyncio.get_running_loop())
         call = ctx
 
         def work() -> ToolOutcome:

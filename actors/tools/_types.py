@@ -117,6 +117,9 @@ class ToolContext:
     #: Resolved paths outside the Location this call was granted by the
     #: ``external_directory`` permission (the path, and below it for a directory).
     external: tuple[Path, ...] = ()
+    #: The runtime's event loop, where an async tool's coroutine runs (set by
+    #: the executor; the worker thread awaits it there).
+    loop: asyncio.AbstractEventLoop | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen(kw_only=True)
