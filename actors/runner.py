@@ -426,9 +426,11 @@ class Runner:
     async def _rebuild(
         self, session: Session, agent: Agent, step: int, limited: bool, native: bool
     ) -> ModelRequest:
-        """A later attempt's request: the baseline read again, as an overflow
-        compaction may have moved the instruction epoch since the step began."""
-        system = await self._instructions.current(session, agent)
+        """A later attempt's request. Instruction sources are read before every
+        physical attempt, so what changed since the step began (during a retry
+        wait, say) is admitted first; the baseline is read again too, as an
+        overflow compaction may have moved the instruction epoch."""
+        system = await self._instructions.prepare(session, agent)
         return await self._request(session, agent, step, limited, system, native)
 
     async def _request(

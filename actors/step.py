@@ -16,7 +16,9 @@ Several Physical Attempts"; reference §4.4, §4.6). After a failed attempt:
 - **retry**: a rate limit, a provider-internal failure, a transport failure
   not known to be delivered, or an incomplete stream, *before* any durable
   output: ``session.retry.scheduled {attempt, at, error}``, sleep until
-  ``at``, try again with the same assistant message (no step allowance used);
+  ``at``, try again with the same assistant message (no step allowance used),
+  its request rebuilt after instruction admission (a source changed during
+  the wait reaches the model in this attempt);
 - **continue**: an incomplete stream *after* durable output: the partial
   message fails (``step.failed``, its text kept), the wait is scheduled the
   same way, a synthetic continuation instruction is recorded and a new
@@ -109,8 +111,9 @@ CONTINUE_TEXT: Final = (
 CONTINUE_DESCRIPTION: Final = "Continuing after an incomplete response"
 _ABORTED: Final = ev.ErrorInfo(type="aborted", message="Step interrupted")
 
-#: Builds the step's request again from projected history; ``native=False``
-#: leaves out every provider-native continuation state (a full rebuild).
+#: Builds the step's request again from projected history, after admitting
+#: what changed in the instruction sources; ``native=False`` leaves out every
+#: provider-native continuation state (a full rebuild).
 Rebuild = Callable[[bool], Awaitable[ModelRequest]]
 #: Runs the overflow-triggered compaction; True when it completed.
 Compact = Callable[[], Awaitable[bool]]
@@ -358,6 +361,10 @@ class StepRunner:
                 if not step.output:
                     await finish(self._discard(step))
                     await self._backoff(session.id, assistant_id, retries, delay, error)
+                    if rebuild is not None:
+                        # Sources are read before every physical attempt: what
+                        # changed during the wait is admitted before the retry.
+                        request = await rebuild(not rebuilt)
                     continue
                 if not isinstance(exc, IncompleteStreamError) or rebuild is None:
                     return await self._failed(step, error)
