@@ -36,6 +36,7 @@ from actors.bus import EventBus
 from actors.compaction import CompactionSettings, Compactor
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
 from actors.inbox import Promotion, Scope, Seen, control_head, select_promotable
+from actors.instructions.nearby import NearbyInstructions
 from actors.llm import (
     SCRIPTED_MODEL,
     ModelLimits,
@@ -150,6 +151,7 @@ class Runner:
         compaction: CompactionSettings | None = None,
         model_limits: Callable[[ModelRef], ModelLimits | None] | None = None,
         waiters: PermissionWaiters | None = None,
+        nearby: NearbyInstructions | None = None,
     ) -> None:
         self._store = store
         self._default_model = default_model
@@ -190,6 +192,7 @@ class Runner:
             retry=retry,
             waiters=waiters,
             blocking=blocking.run,
+            nearby=nearby,
         )
 
     @property

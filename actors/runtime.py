@@ -55,6 +55,7 @@ from actors.generate import Generator
 from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import InstructionEntries, Instructions
+from actors.instructions.nearby import NearbyInstructions
 from actors.interrupts import UNHELD, RemoteInterrupts
 from actors.leases import LeaseKeeper
 from actors.llm import (
@@ -749,6 +750,11 @@ class Runtime:
                 ),
                 model_limits=self.config.limits,
                 waiters=self.permission_waiters,
+                nearby=NearbyInstructions(
+                    self.store.queries,
+                    self.blocking.run,
+                    enabled=self.config.project_instructions,
+                ),
             )
             self.runner = runner
             self.generator = Generator(

@@ -58,6 +58,7 @@ import attrs
 from actors._shield import finish
 from actors.agents import Agent
 from actors.bus import EventBus
+from actors.instructions.nearby import NearbyInstructions
 from actors.llm import (
     ContextOverflowError,
     ContinuationRejectedError,
@@ -257,8 +258,10 @@ class StepRunner:
         environments: Environments | None = None,
         waiters: PermissionWaiters | None = None,
         blocking: Blocking | None = None,
+        nearby: NearbyInstructions | None = None,
     ) -> None:
         self._blocking = blocking
+        self._nearby = nearby
         self._waiters = PermissionWaiters() if waiters is None else waiters
         self._store = store
         self._snapshots = snapshots
@@ -410,6 +413,11 @@ class StepRunner:
         step = _Attempt(self._store, self._bus, session.id, assistant_id)
         if self._snapshots is not None:
             step.writes = StepWrites(self._snapshots, session.location.directory)
+        nearby = (
+            None
+            if self._nearby is None
+            else self._nearby.for_step(session.id, session.location.directory, step.journal.durable)
+        )
         step.calls = ToolCalls(
             journal=step.journal,
             session=session,
@@ -427,6 +435,7 @@ class StepRunner:
             blocking=self._blocking,
             session_rules=functools.partial(self._store.queries.permission_rules, session.id),
             before_run=None if step.writes is None else step.writes.before_run,
+            after_success=None if nearby is None else nearby.after_success,
         )
         return step
 

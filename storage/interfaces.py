@@ -178,6 +178,10 @@ class SessionReads(Protocol):
         """``(permission, pattern)`` the session allowed with ``always`` replies, in order."""
         ...
 
+    async def injected_instructions(self, session_id: str) -> list[str]:
+        """Paths of the nearby ``AGENTS.md`` files the session was given (once each)."""
+        ...
+
     async def open_step(self, session_id: str) -> str | None:
         """The newest assistant message when its step has no terminal (cut off by a crash)."""
         ...

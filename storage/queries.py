@@ -805,6 +805,16 @@ class Queries:
         )
         return [(str(r[0]), str(r[1])) for r in rows]
 
+    async def injected_instructions(self, session_id: str) -> list[str]:
+        """Paths of the nearby ``AGENTS.md`` files the session was given (once each)."""
+        rows = await self._fetch(
+            "SELECT json_extract(data, '$.payload.metadata.path') FROM session_message"
+            " WHERE session_id = ? AND type = 'synthetic'"
+            " AND json_extract(data, '$.payload.metadata.notice') = 'instructions'",
+            (session_id,),
+        )
+        return [str(r[0]) for r in rows if r[0] is not None]
+
     async def open_step(self, session_id: str) -> str | None:
         """The newest assistant message when its step has no terminal (cut off by a crash).
 

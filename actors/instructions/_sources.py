@@ -40,6 +40,7 @@ __all__ = [
     "FileCache",
     "FileSpec",
     "Observation",
+    "Unreadable",
     "observe_files",
     "project_walk",
     "reference_key",
@@ -80,6 +81,10 @@ class FileSpec:
 
 class _Unreadable(Exception):
     pass
+
+
+#: A file or directory that exists but cannot be read (its message says why).
+Unreadable = _Unreadable
 
 
 class FileCache:
