@@ -36,6 +36,7 @@ from actors.tools._python import CallContext, FunctionTool, ToolSchemaError, too
 from actors.tools._registry import ToolRegistry, ToolSpec
 from actors.tools._types import (
     DEFAULT_BASH_TIMEOUT_S,
+    AsyncTool,
     Content,
     SucceededThenInterrupted,
     Tool,
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_RETENTION_DAYS",
     "PASSWORD_ENV",
     "SWEEP_INTERVAL_S",
+    "AsyncTool",
     "CallContext",
     "Cancel",
     "Content",

@@ -26,8 +26,9 @@ schema: it receives the call's context.
 
 A call runs like any other tool's (permissions, ``tool.called`` first, one
 terminal, bounding, cancellation): a sync function on the call's own worker
-thread; an async one on the runtime's event loop, awaited by that thread,
-and cancelled (``CancelledError`` inside it) when the call is interrupted.
+thread; an async one as a task on the runtime's event loop (it holds no
+thread while it waits, and must not block), cancelled (``CancelledError``
+inside it) when the call is interrupted.
 The return value is the result: a ``str`` is the text the model sees, a
 :class:`~actors.tools.ToolResult` is taken as is, anything else (attrs
 instances included) is the structured result, shown to the model as JSON.
@@ -37,15 +38,12 @@ other exception fails the call as ``tool.error``.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import enum
 import inspect
 import re
-import threading
 import types
 import typing
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal, overload
 
@@ -57,8 +55,6 @@ __all__ = ["CallContext", "FunctionTool", "ToolSchemaError", "tool"]
 
 #: What providers accept as a function name (OpenAI's and Anthropic's rule).
 _NAME: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-#: How often a thread waiting for an async tool looks at the cancel flag.
-_CANCEL_POLL_S: Final = 0.05
 
 
 class ToolSchemaError(TypeError):
@@ -176,7 +172,22 @@ class FunctionTool:
             out["required"] = required
         return out
 
+    @property
+    def is_async(self) -> bool:
+        """An async function: the executor awaits :meth:`arun` on the loop, no thread."""
+        return self._async
+
     def run(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        if self._async:
+            raise ToolError(f"{self._name} is async: it runs on the event loop (arun)")
+        return _result(self.fn(**self._arguments(input, ctx)))
+
+    async def arun(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        if not self._async:
+            raise ToolError(f"{self._name} is not async: it runs on a worker thread (run)")
+        return _result(await self.fn(**self._arguments(input, ctx)))
+
+    def _arguments(self, input: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
         kwargs = {
             p.name: _convert(p.annotation, input[p.name]) for p in self._params if p.name in input
         }
@@ -187,42 +198,7 @@ class FunctionTool:
                 location=ctx.directory,
                 tool=ctx,
             )
-        value = self._await(self.fn(**kwargs), ctx) if self._async else self.fn(**kwargs)
-        return _result(value)
-
-    def _await(self, coro: Awaitable[Any], ctx: ToolContext) -> Any:
-        """Run ``coro`` on the runtime's loop from this worker thread; cancel it on interrupt."""
-        loop = ctx.loop
-        if loop is None:
-            raise ToolError(f"{self._name}: an async tool needs the runtime's event loop")
-        finished = threading.Event()
-
-        async def guarded() -> Any:
-            try:
-                return await coro
-            finally:
-                finished.set()
-
-        try:
-            future = asyncio.run_coroutine_threadsafe(guarded(), loop)
-        except RuntimeError:  # the loop is closed
-            _close(coro)
-            raise ToolError("Tool execution aborted: the runtime stopped", type="aborted") from None
-        while not finished.wait(_CANCEL_POLL_S):
-            if ctx.cancel.is_set():
-                future.cancel()
-                # Its cleanup runs on the loop; the call settles once it is over.
-                finished.wait()
-                break
-        try:
-            return future.result()
-        except (asyncio.CancelledError, concurrent.futures.CancelledError):
-            raise ToolError(f"Tool execution aborted: {self._name}", type="aborted") from None
-
-
-def _close(coro: Awaitable[Any]) -> None:
-    if inspect.iscoroutine(coro):
-        coro.close()
+        return kwargs
 
 
 @overload

@@ -245,8 +245,16 @@ async def test_a_raising_tool_fails_its_call_and_the_session_goes_on(
         """Fails with a tag of its own."""
         raise ToolError(f"no: {reason}", type="shop.closed")
 
+    @tool
+    async def explode_later(reason: str) -> str:
+        """Fails on the loop."""
+        raise KeyError(reason)
+
     config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(workdir))
-    async with Embedded(config=config, tools=[explode, refuse]) as oc:
+    async with Embedded(config=config, tools=[explode, refuse, explode_later]) as oc:
+        sid, feed = await run_prompt(oc, call("explode_later", '{"reason": "z"}'))
+        assert terminal(feed, sid)["error"] == {"type": "tool.error", "message": "KeyError: 'z'"}
+
         sid, feed = await run_prompt(oc, call("explode", '{"reason": "x"}'))
         failed = terminal(feed, sid)
         assert failed["type"] == "session.tool.failed"
