@@ -89,6 +89,10 @@ class SessionReads(Protocol):
 
     async def children(self, session_id: str) -> list[str]: ...
 
+    async def child_sessions(self, session_id: str, limit: int) -> list[Session]:
+        """The session's children, oldest first, at most ``limit``."""
+        ...
+
     async def sessions(self, query: SessionQuery, anchor: SessionAnchor | None) -> Page[Session]:
         """One page of sessions ordered by (time_updated, id), continuing from ``anchor``."""
         ...

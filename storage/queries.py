@@ -381,6 +381,15 @@ class Queries:
         rows = await self._fetch("SELECT id FROM session WHERE parent_id = ?", (session_id,))
         return [str(r[0]) for r in rows]
 
+    async def child_sessions(self, session_id: str, limit: int) -> list[Session]:
+        """The session's children, oldest first, at most ``limit``."""
+        rows = await self._fetch(
+            f"SELECT {_SESSION_COLUMNS} FROM session WHERE parent_id = ?"
+            " ORDER BY time_created, id LIMIT ?",
+            (session_id, limit),
+        )
+        return [_session(r) for r in rows]
+
     async def sessions(self, query: SessionQuery, anchor: SessionAnchor | None) -> Page[Session]:
         """One page of sessions ordered by (time_updated, id), continuing from ``anchor``."""
         where: list[str] = []
