@@ -156,9 +156,10 @@ class Subagents:
                 f"At most {self.max_children} subagents run at once per session",
                 type="task.limit",
             )
-        agent = await self._subagent(caller.location.directory, task.agent)
+        # Counted before the next await: calls of one step start together.
         self._running[caller.id] = running + 1
         try:
+            agent = await self._subagent(caller.location.directory, task.agent)
             return await self._run(ctx, caller, agent, task, depth)
         finally:
             left = self._running[caller.id] - 1
