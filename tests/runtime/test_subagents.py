@@ -249,3 +249,21 @@ async def test_a_child_in_another_location_is_not_possible(
     await feed.wait("session.execution.succeeded", sessionID=parent.id)
     (child,) = await rt.sessions.children(parent.id)
     assert child.location.directory == str(elsewhere)
+
+
+async def test_a_running_child_does_not_make_its_parent_active(rt: Runtime, feed: Feed) -> None:
+    parent = await rt.sessions.create()
+    await rt.sessions.prompt(
+        parent.id, PromptInput(text=task("#text first") + "\n#step\n#text Ok.")
+    )
+    await feed.wait("session.execution.succeeded", sessionID=parent.id)
+    (child,) = await rt.sessions.children(parent.id)
+    # The child, prompted on its own, runs while its parent is idle.
+    mark = len(feed.events)
+    await rt.sessions.prompt(child.id, PromptInput(text=SLOW))
+    await feed.wait("session.step.started", after=mark, sessionID=child.id)
+    assert await rt.execution.active() == [child.id]
+    assert set(await rt.active()) == {child.id}
+    assert await rt.interrupt(parent.id)  # and the parent's interrupt reaches it
+    await feed.wait("session.execution.interrupted", sessionID=child.id)
+    assert await rt.execution.active() == []
