@@ -267,3 +267,31 @@ async def test_a_running_child_does_not_make_its_parent_active(rt: Runtime, feed
     assert await rt.interrupt(parent.id)  # and the parent's interrupt reaches it
     await feed.wait("session.execution.interrupted", sessionID=child.id)
     assert await rt.execution.active() == []
+
+
+async def test_a_shutdown_mid_child_keeps_both_claims_and_the_restart_settles_them(
+    tmp_path: Path, workdir: Path
+) -> None:
+    async with Runtime(config(tmp_path, workdir)) as rt:
+        feed = Feed()
+        rt.bus.subscribe(feed)
+        parent = await rt.sessions.create()
+        await rt.sessions.prompt(parent.id, PromptInput(text=task(SLOW)))
+        child = await started_child(feed, parent.id)
+    # Closed: the child was interrupted as a shutdown, like its parent; claims kept.
+    interrupted = {
+        m["data"]["sessionID"]: m["data"]["reason"]
+        for m in feed.events
+        if m["type"] == "session.execution.interrupted"
+    }
+    assert interrupted == {parent.id: "shutdown", child: "shutdown"}
+
+    async with Runtime(config(tmp_path, workdir)) as rt:
+        assert rt.recovery.resumed == (parent.id,)
+        assert rt.recovery.orphans_released == (child,)
+        await rt.wait_idle(parent.id)
+        (call,) = await tool_parts(rt, parent.id)
+        assert call.error is not None
+        assert call.error["type"] == "aborted"
+        assert await rt.store.queries.claims() == []
+        assert await rt.execution.active() == []
