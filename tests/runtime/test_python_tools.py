@@ -326,3 +326,28 @@ async def test_permissions_apply_to_python_tools(tmp_path: Path, workdir: Path) 
         sid, feed = await run_prompt(oc, call("secret", '{"what": "x"}'))
     assert terminal(feed, sid)["error"]["type"] == "permission.denied"
     assert ran == []
+
+
+async def test_a_large_result_is_bounded_like_a_built_in_tools(
+    tmp_path: Path, workdir: Path
+) -> None:
+    @tool
+    async def dump(lines: int) -> str:
+        """Many lines."""
+        return "\n".join(f"line {i}" for i in range(lines))
+
+    config = RuntimeConfig(
+        data_dir=tmp_path / "data", default_directory=str(workdir), tool_output_max_lines=100
+    )
+    async with Embedded(config=config, tools=[dump]) as oc:
+        sid, feed = await run_prompt(oc, call("dump", '{"lines": 5000}'))
+    done = terminal(feed, sid)
+    assert done["type"] == "session.tool.success"
+    assert done["metadata"]["truncated"] is True
+    shown = "\n".join(item["text"] for item in done["content"])
+    # The beginning and the end kept, the middle in the managed file.
+    assert "line 49\n" in shown
+    assert shown.endswith("line 4999")
+    assert "line 2500" not in shown
+    saved = Path(done["metadata"]["outputPath"])
+    assert saved.read_text().endswith("line 4999")
