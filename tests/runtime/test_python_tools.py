@@ -350,4 +350,4 @@ async def test_a_large_result_is_bounded_like_a_built_in_tools(
     assert shown.endswith("line 4999")
     assert "line 2500" not in shown
     saved = Path(done["metadata"]["outputPath"])
-    assert saved.read_text().endswith("line 4999")
+    assert (await asyncio.to_thread(saved.read_text)).endswith("line 4999")
