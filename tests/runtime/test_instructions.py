@@ -18,7 +18,8 @@ import orjson
 import pytest
 from feed import Feed
 
-from actors.agents import CATALOG_TTL_S, Agent
+from actors import agents
+from actors.agents import Agent
 from actors.instructions import (
     DISABLE_PROJECT_CONFIG_ENV,
     ENTRY_MAX_BYTES,
@@ -455,7 +456,7 @@ async def test_a_move_keeps_state_and_the_destinations_sources_arrive_as_updates
 
 
 async def test_skills_and_references_from_the_agents_configuration(
-    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     work = project / "pkg"
     config = work / ".sessionrt"
@@ -482,7 +483,8 @@ async def test_skills_and_references_from_the_agents_configuration(
     # A reference leading outside the Location is refused, and says so.
     (config / "agents.toml").write_text('[agents.build]\nreferences = ["../../outside.md"]\n')
     (project.parent / "outside.md").write_text("secret\n")
-    await asyncio.sleep(CATALOG_TTL_S + 0.1)  # the agent catalog is reused that long
+    # The agent catalog is reused for CATALOG_TTL_S: as if that had passed, not waited out.
+    monkeypatch.setattr(agents, "CATALOG_TTL_S", 0)
     fresh = await rt.sessions.create(CreateSessionInput(model=MODEL))
     await rt.sessions.prompt(fresh.id, PromptInput(text="x"))
     failed = await feed.wait("session.execution.failed", sessionID=fresh.id)

@@ -87,8 +87,7 @@ async def test_once_runs_the_call_after_the_answer_and_only_then(
     assert asked["summary"] == "echo hi && touch ran"
     assert asked["id"].startswith("per_")
     assert asked["callID"]
-    await asyncio.sleep(0.2)
-    assert not (workdir / "ran").exists()  # waiting: nothing ran
+    assert not (workdir / "ran").exists()  # waiting: nothing ran (the log's order, below)
 
     assert await _reply(client, sid, asked["id"], "once") == 204
     await _wait(client, sid)
@@ -103,6 +102,9 @@ async def test_once_runs_the_call_after_the_answer_and_only_then(
     replied_at = types.index("session.permission.replied")
     success_at = types.index("session.tool.success")
     assert types.index("session.tool.called") < asked_at < replied_at < success_at
+    # The command's process started only after the answer: what "only then" means,
+    # as a sequence in the log rather than a wait that nothing happens.
+    assert replied_at < types.index("session.tool.spawned") < success_at
     assert events[replied_at]["data"] == {"sessionID": sid, "id": asked["id"], "reply": "once"}
     assert types[-1] == "session.execution.succeeded"
 
