@@ -236,7 +236,7 @@ class SessionTransfer:
                 # Shielded: a cancelled import still takes back what it wrote.
                 # If it cannot now, the recovery sweep does.
                 try:
-                    await asyncio.shield(self._discard(info.id, written))
+                    await asyncio.shield(self._discard(info.id, None))
                 except Exception as exc:
                     log.warning("the unfinished import of %s stays for the sweep: %s", info.id, exc)
             raise
@@ -272,11 +272,12 @@ class SessionTransfer:
             return self._leases.take(session_id)
         return LeaseUse.take(session_id, self._leases.host_id, ttl_ms)
 
-    async def _discard(self, session_id: str, seq: int) -> bool:
-        """Delete the hidden session of an import that stopped at ``seq``; whether it did."""
+    async def _discard(self, session_id: str, seq: int | None) -> bool:
+        """Delete the hidden session of an import that stopped at ``seq`` (None: this
+        process's own import, wherever it stopped); whether it did."""
         command = Command.of(
             ev.SessionDeleted(session_id=session_id),
-            expected={session_id: seq},
+            expected=None if seq is None else {session_id: seq},
             lease=self._lease(session_id, 0),
         )
         try:
