@@ -475,3 +475,63 @@ async def test_a_catch_up_skips_the_stores_own_batches() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert handed == [1, 4, 5, 7]
+
+
+async def test_a_commit_begins_the_next_batch_only_when_one_waits() -> None:
+    """With another batch waiting, COMMIT, BEGIN and the lock go in one round trip:
+    the next batch starts inside that transaction, holding the lock, and commits
+    as any other; with none waiting the lock is let go."""
+    async with database() as url, PostgresStore(url):  # the schema
+        conn = await asyncpg.connect(url)
+        other = await asyncpg.connect(url)
+        try:
+
+            async def batch(n: int, *, begun: bool, more: bool) -> Any:
+                command = prepare(Command.of(created(f"ses_chain{n}")))
+                return await commit_batch(
+                    conn,
+                    [command],
+                    channel="c",
+                    origin="o",
+                    own=lambda a, b: None,
+                    begun=begun,
+                    then_begin=lambda: more,
+                )
+
+            async def lock_free() -> bool:
+                async with other.transaction():
+                    return bool(
+                        await other.fetchval(f"SELECT pg_try_advisory_xact_lock({LOG_LOCK})")
+                    )
+
+            first = await batch(1, begun=False, more=True)
+            assert first.begun
+            assert conn.is_in_transaction()
+            assert not await lock_free()  # held for the next batch
+            assert await other.fetchval("SELECT count(*) FROM event") == 1  # the first is in
+            second = await batch(2, begun=True, more=False)
+            assert not second.begun
+            assert not conn.is_in_transaction()
+            assert await lock_free()
+            rows = await other.fetch("SELECT aggregate_id, seq FROM event ORDER BY position")
+            assert [tuple(r) for r in rows] == [("ses_chain1", 1), ("ses_chain2", 1)]
+        finally:
+            await other.close()
+            await conn.close()
+
+
+async def test_a_store_behind_chains_its_commits_and_loses_nothing(pg_url: str) -> None:
+    async with PostgresStore(pg_url) as store:
+        sessions = [f"ses_behind{i}" for i in range(50)]
+        await asyncio.gather(*(store.append(Command.of(created(s))) for s in sessions))
+        await asyncio.gather(
+            *(store.append(Command.of(renamed(s, f"t{k}"))) for k in range(5) for s in sessions)
+        )
+        assert store.chain_commits
+        for s in sessions:
+            assert [r.seq for r in await store.read(s)] == list(range(1, 7))
+        # Idle again: the last batch let the lock go.
+        assert await store.fetch(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database ="
+            " (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ) == [(0,)]
