@@ -101,12 +101,6 @@ class PostgresStore(LogReads):
         self._state = _State.UNOPENED
         #: Opened at open (the migration runs on it); replaced when lost.
         self._writer: asyncpg.Connection | None = None
-        #: The writer's transaction for the next batch is open, its lock held
-        #: (the last batch's COMMIT began it: :func:`.writer.commit_batch`).
-        self._begun = False
-        #: Whether a COMMIT begins the next batch when one waits (the bench
-        #: turns it off on one side to measure what it saves).
-        self.chain_commits = True
         self._readers = Readers(url, self.where, size=readers, read_only=read_only)
         self._listener: Listener | None = None
         self._pending: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]] = []
@@ -331,20 +325,11 @@ class PostgresStore(LogReads):
     async def _commit(self, batch: list[Prepared]) -> tuple[list[Outcome], list[RecordedEvent]]:
         writer = self._writer
         try:
-            begun, self._begun = self._begun, False
             if writer is None or writer.is_closed():
                 writer = self._writer = await self._connect()
-                begun = False
             result = await commit_batch(
-                writer,
-                batch,
-                channel=self.channel,
-                origin=self.origin,
-                own=self._remote.own,
-                begun=begun,
-                then_begin=lambda: self.chain_commits and bool(self._pending),
+                writer, batch, channel=self.channel, origin=self.origin, own=self._remote.own
             )
-            self._begun = result.begun
         except (*UNAVAILABLE, asyncpg.PostgresError, StorageBrokenError) as exc:
             # The outcome of a COMMIT cut off by a lost connection is unknown;
             # an exact replay of the command is idempotent, so retrying is safe.

@@ -70,10 +70,6 @@ LOG_LOCK: Final = 0x7365_7373_6C6F_6700
 
 #: One simple query, so no parameter: the key is this module's constant.
 _BEGIN: Final = f"BEGIN; SELECT pg_advisory_xact_lock({LOG_LOCK})"
-#: A batch's COMMIT and the next one's BEGIN with the lock: one round trip.
-#: Committing releases the lock first, so a writer of another host waiting
-#: for it gets it before this one does again.
-_COMMIT_BEGIN: Final = f"COMMIT; {_BEGIN}"
 _NOW: Final = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 #: $1 the aggregates the batch expects, $2 the sessions of its leases.
 _READ: Final = (
@@ -144,8 +140,6 @@ class BatchResult:
     #: Committed by the run with a SAVEPOINT per command (a command failed
     #: where only the server could see it).
     isolated: bool
-    #: The next batch's transaction is open and holds the lock (``then_begin``).
-    begun: bool = False
 
 
 async def commit_batch(
@@ -156,8 +150,6 @@ async def commit_batch(
     origin: str,
     own: Callable[[int, int], None],
     isolate: bool = False,
-    begun: bool = False,
-    then_begin: Callable[[], bool] = lambda: False,
 ) -> BatchResult:
     """Commit ``batch`` in one transaction; raise only if the batch as a whole failed.
 
@@ -166,18 +158,9 @@ async def commit_batch(
     skips them too). ``isolate`` runs a command at a time from the start
     (tests compare the two runs). Any exception is the connection's, whose
     state is then unknown: the caller replaces it.
-
-    ``begun``: the transaction is open and holds the lock already (the last
-    batch's COMMIT began it). ``then_begin`` is asked right before COMMIT
-    whether another batch is waiting; if so the COMMIT, the next BEGIN and
-    its lock go in one round trip (:data:`_COMMIT_BEGIN`), so a writer
-    that is behind pays one round trip less per batch, and one that is not
-    never holds the lock idle.
     """
     for one_at_a_time in (True,) if isolate else (False, True):
-        if not begun:
-            await conn.execute(_BEGIN)
-        begun = False
+        await conn.execute(_BEGIN)
         try:
             result = await _commit(conn, batch, channel, origin, own, isolate=one_at_a_time)
         except _Redo:
@@ -190,9 +173,6 @@ async def commit_batch(
             else:
                 conn.terminate()  # cut off mid-statement: its state is unknown
             raise
-        if then_begin():
-            await conn.execute(_COMMIT_BEGIN)
-            return attrs.evolve(result, begun=True)
         await conn.execute("COMMIT")
         return result
     raise AssertionError("the isolated run never asks to be redone")
