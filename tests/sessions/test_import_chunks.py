@@ -13,7 +13,6 @@ import asyncio
 import functools
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
+from proc_groups import run_in_group
 
 from actors.locations import DirectoryRules
 from actors.runtime import DB_NAME, Runtime, RuntimeConfig
@@ -215,14 +215,15 @@ async def test_an_import_killed_between_commands_is_hidden_then_deleted_at_start
     doc = tmp_path / "doc.json"
     doc.write_bytes(orjson.dumps(codec.to_json(document)))
     child = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-c", _CHILD, str(db), str(doc)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        timeout=120,
+        functools.partial(
+            run_in_group,
+            [sys.executable, "-c", _CHILD, str(db), str(doc)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=120,
+        )
     )
-    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    assert child.returncode == -signal.SIGKILL, child.stderr
 
     async with SQLiteStore(db) as store:
         # The first command is in the log; no reader sees the session.
