@@ -39,7 +39,7 @@ import enum
 import functools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -52,6 +52,7 @@ from actors.generate import Generator
 from actors.hostbus import HostBus, HostMessage
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import Instructions, project_config_disabled
+from actors.instructions.nearby import NearbyInstructions
 from actors.leases import LeaseKeeper
 from actors.llm import (
     SCRIPTED_MODEL,
@@ -61,9 +62,10 @@ from actors.llm import (
 )
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.runner import InstructionSource, Runner
-from actors.services import Services, build_services
+from actors.services import Services, build_services, terminal_of
 from actors.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
 from actors.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
+from actors.subagents import DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH
 from actors.tools import (
     DEFAULT_BASH_TIMEOUT_S,
     DEFAULT_MAX_BYTES,
@@ -114,6 +116,10 @@ def _absolute_or_none(path: str | None) -> str | None:
 
 def _absolute_all(paths: Sequence[str]) -> tuple[str, ...]:
     return tuple(os.path.abspath(p) for p in paths)
+
+
+def _tool_tuple(tools: Iterable[Tool]) -> tuple[Tool, ...]:
+    return tuple(tools)
 
 
 def _absolute_database(target: str | None) -> str | None:
@@ -168,8 +174,16 @@ class RuntimeConfig:
     #: The model of a session whose session and agent name none (``[runtime]
     #: default_model``); the scripted model when None.
     default_model: ModelRef | None = None
-    #: Tools offered to models; the built-in set when None.
-    tools: tuple[Tool, ...] | None = None
+    #: The embedding application's tools (``actors.tools.tool``), offered
+    #: alongside the built-in ones under the same rules; a name taken twice
+    #: or a bad schema fails the start.
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tool_tuple)
+    #: Offer the built-in tools (read, write, edit, list, glob, grep, bash, task).
+    builtin_tools: bool = True
+    #: ``task`` subagents nest at most this deep (``[runtime] subagent_max_depth``).
+    subagent_max_depth: int = DEFAULT_MAX_DEPTH
+    #: Tasks one session runs at once (``[runtime] subagent_max_children``).
+    subagent_max_children: int = DEFAULT_MAX_CHILDREN
     #: Instruction admission; the built-in sources (:mod:`actors.instructions`) when None.
     instructions: InstructionSource | None = None
     #: Discover the project's AGENTS.md / CLAUDE.md files (``[runtime]
@@ -412,6 +426,8 @@ class Runtime:
         self.sessions = services.sessions
         self.transfer = services.transfer
         self.instructions = services.instructions
+        #: The task tool's subagents (child sessions run by this runtime).
+        self.subagents = services.subagents
         self.recovery = RecoveryReport()
 
     def _builtin_instructions(self) -> Instructions:
@@ -461,7 +477,7 @@ class Runtime:
         ended = asyncio.Event()
 
         def watch(records: Sequence[RecordedEvent]) -> None:
-            if any(r.aggregate_id == session_id and _terminal_of(r.event) for r in records):
+            if any(r.aggregate_id == session_id and terminal_of(r.event) for r in records):
                 ended.set()
 
         unsubscribe = self.store.subscribe(watch)
@@ -478,25 +494,11 @@ class Runtime:
 
     async def resume(self, session_id: str) -> Terminal:
         """Start or join the session's execution, here or on the host that holds it."""
-        execution = self.execution
-        done: asyncio.Future[Terminal] = asyncio.get_running_loop().create_future()
+        return await self.services.execution.resume(session_id)
 
-        def watch(records: Sequence[RecordedEvent]) -> None:
-            for r in records:
-                if r.aggregate_id == session_id and not done.done():
-                    terminal = _terminal_of(r.event)
-                    if terminal is not None:
-                        done.set_result(terminal)
-
-        # Subscribed first: the owner's terminal may come right after the hand-off.
-        unsubscribe = self.store.subscribe(watch)
-        try:
-            terminal = await execution.resume(session_id)
-            if terminal.kind != "elsewhere":
-                return terminal
-            return await asyncio.shield(done)
-        finally:
-            unsubscribe()
+    async def stop_child(self, session_id: str) -> None:
+        """A subagent's session stops with its parent's call (see HostExecution)."""
+        await self.services.execution.stop_child(session_id)
 
     async def __aenter__(self) -> Self:
         if self._state is not _State.UNOPENED:
@@ -590,6 +592,8 @@ class Runtime:
 
     async def recover(self) -> RecoveryReport:
         """Run the recovery sweep now (it also runs at start and then periodically)."""
+        # Imports a dead process left half written go first: nothing resumes them.
+        await self.transfer.discard_abandoned()
         return await recover(
             self.store,
             self.sessions,
@@ -631,6 +635,9 @@ class Runtime:
         """
         await self.sessions.get(session_id)
         interrupted = await self.execution.interrupt(session_id, "user")
+        # Its subagents still running here stop too (those its interrupted task
+        # calls ran have already: a call settles after its child stopped).
+        interrupted = await self._interrupt_descendants(session_id) or interrupted
         # The user's shells of the session end too (their entries say so).
         interrupted = await self.shells.stop([session_id], "interrupted") > 0 or interrupted
         if not interrupted:
@@ -643,6 +650,23 @@ class Runtime:
             if steers or control_head(pending, "steer") is not None:
                 self.execution.wake(session_id, "steer")
         return interrupted
+
+    async def _interrupt_descendants(self, session_id: str) -> bool:
+        active = set(await self.execution.active())
+        if not active:
+            return False
+        stopped = False
+        frontier = list(await self.store.queries.children(session_id))
+        seen: set[str] = set()
+        while frontier:
+            child = frontier.pop()
+            if child in seen:
+                continue
+            seen.add(child)
+            if child in active:
+                stopped = await self.execution.interrupt(child, "user") or stopped
+            frontier.extend(await self.store.queries.children(child))
+        return stopped
 
 
 def _build_runner(
@@ -680,18 +704,12 @@ def _build_runner(
         ),
         model_limits=config.limits,
         waiters=services.permission_waiters,
+        nearby=NearbyInstructions(
+            services.store.queries,
+            services.blocking.run,
+            enabled=config.project_instructions,
+        ),
     )
-
-
-def _terminal_of(event: ev.Event | None) -> Terminal | None:
-    match event:
-        case ev.ExecutionSucceeded():
-            return Terminal(kind="succeeded")
-        case ev.ExecutionFailed(error=error):
-            return Terminal(kind="failed", error=error)
-        case ev.ExecutionInterrupted(reason=reason):
-            return Terminal(kind="interrupted", reason=reason)
-    return None
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

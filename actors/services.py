@@ -27,7 +27,7 @@ from actors._blocking import BlockingExecutor
 from actors._keyed_lock import KeyedLock
 from actors.agents import AgentCatalogs
 from actors.bus import EventBus
-from actors.execution import Execution, ExecutionHooks, widest
+from actors.execution import Execution, ExecutionHooks, Terminal, widest
 from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import AdmissionGate, Scope
 from actors.instructions import InstructionEntries
@@ -40,17 +40,19 @@ from actors.revert import Reverts
 from actors.sessions import Sessions
 from actors.shells import Environments, Shells
 from actors.snapshots import Snapshots
+from actors.subagents import Subagents
 from actors.tools import OutputBounding, ToolActors, ToolRegistry, builtin_tools
 from actors.tools.builtin import BashTool
 from actors.transfer import SessionTransfer
+from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
-from storage import Store, default_host_id, is_server_url, now_ms
+from storage import RecordedEvent, Store, default_host_id, is_server_url, now_ms
 from storage.follow import FollowDispatcher
 
 if TYPE_CHECKING:
     from actors.runtime import RuntimeConfig
 
-__all__ = ["HostExecution", "Services", "build_services"]
+__all__ = ["HostExecution", "Services", "build_services", "terminal_of"]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,37 @@ class HostExecution:
                 return lease.host_id
         return None
 
+    async def resume(self, session_id: str) -> Terminal:
+        """Start or join the session's execution, here or on the host that holds it."""
+        execution = self.execution
+        done: asyncio.Future[Terminal] = asyncio.get_running_loop().create_future()
+
+        def watch(records: Sequence[RecordedEvent]) -> None:
+            for r in records:
+                if r.aggregate_id == session_id and not done.done():
+                    terminal = terminal_of(r.event)
+                    if terminal is not None:
+                        done.set_result(terminal)
+
+        # Subscribed first: the owner's terminal may come right after the hand-off.
+        unsubscribe = self._store.subscribe(watch)
+        try:
+            terminal = await execution.resume(session_id)
+            if terminal.kind != "elsewhere":
+                return terminal
+            return await asyncio.shield(done)
+        finally:
+            unsubscribe()
+
+    async def stop_child(self, session_id: str) -> None:
+        """A subagent's session stops with its parent's call: interrupted (as a
+        shutdown while the runtime closes, its claim kept), waited for."""
+        execution = self._execution
+        if execution is None:
+            return
+        await execution.interrupt(session_id, "shutdown" if self._closing else "user")
+        await execution.wait_idle(session_id)
+
     async def stop_sessions(self, session_ids: Sequence[str]) -> None:
         """The :class:`~actors.sessions.Stops` of the sessions: they are being deleted."""
         for sid in session_ids:
@@ -217,6 +250,18 @@ class HostExecution:
         self._handed_over = True
 
 
+def terminal_of(event: ev.Event | None) -> Terminal | None:
+    """The execution terminal an event records, if it is one."""
+    match event:
+        case ev.ExecutionSucceeded():
+            return Terminal(kind="succeeded")
+        case ev.ExecutionFailed(error=error):
+            return Terminal(kind="failed", error=error)
+        case ev.ExecutionInterrupted(reason=reason):
+            return Terminal(kind="interrupted", reason=reason)
+    return None
+
+
 class HostMessages:
     """What another host tells this one: interrupts and their answers, wakes, releases."""
 
@@ -268,6 +313,8 @@ class Services:
     snapshots: Snapshots
     reverts: Reverts
     sessions: Sessions
+    #: The task tool's subagents (child sessions run by this runtime).
+    subagents: Subagents
     transfer: SessionTransfer
     instructions: InstructionEntries
 
@@ -372,6 +419,20 @@ def build_services(
         waiters=waiters,
     )
     remote_interrupts = RemoteInterrupts(host_id, host_bus, execution)
+    leases = LeaseKeeper(store, host_id, ttl_ms=config.lease_ttl_ms, on_lost=execution)
+    subagents = Subagents(
+        sessions=sessions,
+        agents=agents,
+        store=store,
+        runs=execution,
+        max_depth=config.subagent_max_depth,
+        max_children=config.subagent_max_children,
+    )
+    builtins = (*builtin_tools(bash=bash), subagents.tool) if config.builtin_tools else ()
+    try:
+        tools = ToolRegistry((*builtins, *config.tools))
+    except ValueError as exc:
+        raise ValueError(f"tools: {exc}") from None
     return Services(
         store=store,
         host_id=host_id,
@@ -379,14 +440,14 @@ def build_services(
         own_bus=own_bus,
         rescan=rescan,
         execution=execution,
-        leases=LeaseKeeper(store, host_id, ttl_ms=config.lease_ttl_ms, on_lost=execution),
+        leases=leases,
         remote_interrupts=remote_interrupts,
         host_messages=HostMessages(remote_interrupts, execution, rescan),
         follows=FollowDispatcher(store),
         bus=EventBus(),
         blocking=blocking,
         tool_actors=ToolActors(blocking=blocking, limit=config.max_tool_threads),
-        tools=ToolRegistry(builtin_tools(bash=bash) if config.tools is None else config.tools),
+        tools=tools,
         bounding=bounding,
         adapters=adapters,
         providers=providers,
@@ -399,12 +460,14 @@ def build_services(
         snapshots=snapshots,
         reverts=reverts,
         sessions=sessions,
+        subagents=subagents,
         transfer=SessionTransfer(
             store,
             sessions,
             directories=directories,
             blocking=blocking.run,
             allow_scripts=config.import_scripts,
+            leases=leases,
         ),
         instructions=InstructionEntries(store),
     )

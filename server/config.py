@@ -45,6 +45,8 @@
     import_scripts = false               # keep an import's metadata.script (it runs as a script)
     host_id = "web-1"                    # this host's lease owner id; random per start when unset
     lease_ttl_ms = 10000                 # an execution lease's life, renewed every ttl/4
+    subagent_max_depth = 2               # task-tool subagents nest this deep at most
+    subagent_max_children = 4            # tasks one session runs at once
 
     [providers.local]                    # real models: see actors/llm/_config.py
     kind = "openai"                      # or "anthropic"
@@ -118,6 +120,8 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "compaction_tail_tokens": int,
         "project_instructions": bool,
         "import_scripts": bool,
+        "subagent_max_depth": int,
+        "subagent_max_children": int,
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.
