@@ -15,15 +15,15 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 _stamps=.venv/.installed-$(cat setup.cfg pyproject.toml | sha1sum | cut -c1-12)
-[ -f "$_stamps" ] && rm -f "$_stamps"  # the one-file stamp of before
+if [ -f "$_stamps" ]; then rm -f "$_stamps"; fi  # the one-file stamp of before
 _wanted=${venv_extras-test,dev,postgres}
 _missing=
 for _extra in base ${_wanted//,/ }; do
     [ -f "$_stamps/$_extra" ] || _missing=1
 done
 if [ -n "$_missing" ]; then
-    _all=$( { tr ',' '\n' <<<"$_wanted"; ls "$_stamps" 2>/dev/null; } |
-        grep -v -x -e base -e '' | sort -u | paste -sd, -)
+    _all=$( { tr ',' '\n' <<<"$_wanted"; ls "$_stamps" 2>/dev/null || true; } |
+        { grep -v -x -e base -e '' || true; } | sort -u | paste -sd, -)
     if [ -n "$_all" ]; then
         .venv/bin/python -m pip install --quiet -e ".[$_all]"
     else
