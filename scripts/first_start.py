@@ -120,6 +120,7 @@ def _full_install(work: Path, env: dict[str, str]) -> float:
         env=env,
         check=True,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     return time.monotonic() - started
 
