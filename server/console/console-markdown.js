@@ -14,7 +14,7 @@
 // with a language name), indented code, block quotes, bullet and numbered
 // lists (nested by indentation), tables with a header separator, horizontal
 // rules; inline code, **strong**, *emphasis*, ~~strike~~, links, autolinks
-// (<https://…>) and hard breaks (two trailing spaces or a backslash).
+// (<https:…>) and hard breaks (two trailing spaces or a backslash).
 
 const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)/;
 const HEADING = /^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$/;
@@ -37,14 +37,12 @@ export function safeHref(raw) {
   if (!text) return null;
   let url;
   try {
-    url = new URL(text, "https://invalid.example/");
+    // No base: a relative address (into this server's API) is not a model's to link.
+    url = new URL(text);
   } catch {
     return null;
   }
-  if (!SAFE_PROTOCOLS.has(url.protocol)) return null;
-  // A relative address would point into this server's API: not a model's to link.
-  if (url.host === "invalid.example") return null;
-  return url.href;
+  return SAFE_PROTOCOLS.has(url.protocol) ? url.href : null;
 }
 
 function link(doc, href, children) {
