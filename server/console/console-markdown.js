@@ -24,6 +24,11 @@ const ITEM = /^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$/;
 const TABLE_SEP = /^\s*\|?\s*:?-{1,}:?\s*(\|\s*:?-{1,}:?\s*)*\|?\s*$/;
 const SAFE_PROTOCOLS = new Set(["http:", "https:", "mailto:"]);
 const MAX_DEPTH = 8; // nested quotes and lists beyond this are shown as text
+// Inline markup is matched by scanning ahead for its closer, quadratic at
+// worst: a paragraph longer than this, or an answer longer than MAX_SOURCE,
+// is shown as plain text so that no answer can stall the page.
+const MAX_INLINE = 5000;
+const MAX_SOURCE = 200000;
 
 function make(doc, tag, text) {
   const node = doc.createElement(tag);
@@ -89,7 +94,7 @@ function wrap(doc, tag, text, depth) {
 }
 
 function inline(doc, text, depth = 0) {
-  if (depth > MAX_DEPTH) return [doc.createTextNode(text)];
+  if (depth > MAX_DEPTH || text.length > MAX_INLINE) return [doc.createTextNode(text)];
   const out = [];
   let plain = "";
   let i = 0;
@@ -295,6 +300,11 @@ function list(doc, lines, start, parent, depth) {
 // The answer as a fragment of elements this module made; text stays text.
 export function renderMarkdown(source, doc = document) {
   const fragment = doc.createDocumentFragment();
+  if (String(source || "").length > MAX_SOURCE) {
+    fragment.append(make(doc, "div", String(source)));
+    fragment.firstChild.className = "plain";
+    return fragment;
+  }
   blocks(doc, String(source || "").replace(/\r\n?/g, "\n").split("\n"), fragment, 0);
   return fragment;
 }
