@@ -218,6 +218,9 @@ async def test_revert_stage_clear_and_commit_from_a_prompt(
     await expect(prompts).to_have_count(1)
     assert (work / "notes.txt").read_text() == "one\ntwo\n"
     await logged(page, "session.revert.committed")
+    await page.click("#tab-log")
+    await page.locator("#log tbody tr").last.scroll_into_view_if_needed()
+    await page.screenshot(path=shots / "log-revert.png")
     await page.close()
 
 
