@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -35,8 +36,17 @@ def sh_blocks(section: str) -> list[str]:
     return re.findall(r"^```sh\n(.*?)^```$", section, re.M | re.S)
 
 
-async def bash(script: str, env: dict[str, str], *, until: str | None = None) -> str:
-    """Runs ``script``; with ``until``, reads its output up to that text, then ends it."""
+def synced_and_succeeded(times: int) -> Callable[[str], bool]:
+    """A followed log that has replayed and shows ``times`` executions succeeded."""
+    return lambda seen: (
+        "event: log.synced" in seen and seen.count("event: session.execution.succeeded") >= times
+    )
+
+
+async def bash(
+    script: str, env: dict[str, str], *, until: Callable[[str], bool] | None = None
+) -> str:
+    """Runs ``script``; with ``until``, reads its output until that holds, then ends it."""
     proc = await asyncio.create_subprocess_exec(
         "bash", "-euo", "pipefail", "-c", script, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -48,9 +58,9 @@ async def bash(script: str, env: dict[str, str], *, until: str | None = None) ->
         return out.decode()
     seen = b""
     try:
-        while until.encode() not in seen:
+        while not until(seen.decode(errors="replace")):
             chunk = await asyncio.wait_for(proc.stdout.read(65536), 60)
-            assert chunk, f"the stream ended before {until!r}: {seen.decode()}"
+            assert chunk, f"the stream ended early: {seen.decode()}"
             seen += chunk
     finally:
         proc.kill()
@@ -73,14 +83,16 @@ async def test_the_curl_tour_runs_as_written(tmp_path: Path) -> None:
         env["SID"] = re.findall(r"^SID=(ses_\w+)$", out, re.M)[0]
         env["J"] = "content-type: application/json"
 
-        log = await bash(on_port(follow, served.url), env, until="session.execution.succeeded")
+        first = await bash(on_port(follow, served.url), env, until=synced_and_succeeded(1))
         listed = await bash(on_port(transcript, served.url), env)
         await bash(on_port(directive, served.url), env)
-        log = await bash(on_port(follow, served.url), env, until="Listed.")
+        log = await bash(on_port(follow, served.url), env, until=synced_and_succeeded(2))
 
-    assert "event: log.synced" in log
+    assert "event: session.inbox.enqueued" in first
     assert '"text":"Scripted reply: hello"' in listed
     assert '"name":"bash"' in log
+    assert "event: session.tool.success" in log
+    assert '"text":"Listed."' in log.replace(" ", "")
 
 
 @pytest.mark.parametrize(("kind", "variable"), [("openai", "LOCAL_API_KEY"),
