@@ -13,7 +13,8 @@ First paint waits for no file but the page: the style sheet and the page's
 script are inlined into ``index.html`` when the app is made (allowed by their
 hashes in the Content-Security-Policy, no ``'unsafe-inline'``), the script
 with the modules it imports (``console-sse.js``, also imported by the feed
-worker, and ``console-markdown.js``) put in place of their import lines. Every answer carries a
+worker, ``console-markdown.js`` and ``console-work.js``) put in place of their
+import lines. Every answer carries a
 strong ETag (a hash of its bytes: a revalidation costs a 304 and no body) and
 is gzipped when the client accepts it; bodies and their gzipped forms are made
 once, at start (a fixed set of files, a few tens of KiB in all).
@@ -49,6 +50,7 @@ ASSETS: Final = (
     "console-sse.js",
     "console-feed.js",
     "console-markdown.js",
+    "console-work.js",
     "console.css",
 )
 #: Route names the password does not cover (the page must load to ask for it).
@@ -61,6 +63,8 @@ _SCRIPT_TAG: Final = '<script type="module" src="/console/console.js"></script>'
 _IMPORTS: Final = {
     "console-sse.js": 'import { readFrames } from "/console/console-sse.js";\n',
     "console-markdown.js": 'import { renderMarkdown } from "/console/console-markdown.js";\n',
+    "console-work.js": "import { promptBar, renderDiff, revertText, sessionTree }"
+    ' from "/console/console-work.js";\n',
 }
 _POLICY: Final = (
     "default-src 'none'; script-src 'self'{scripts}; worker-src 'self'; style-src 'self'{styles};"

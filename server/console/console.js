@@ -43,6 +43,7 @@
 // (server/console/__init__.py); served alone, it imports it.
 import { readFrames } from "/console/console-sse.js";
 import { renderMarkdown } from "/console/console-markdown.js";
+import { promptBar, renderDiff, revertText, sessionTree } from "/console/console-work.js";
 
 const BEYOND = 9007199254740991; // an `after` past any seq: the log answers with log.synced only
 const FIRST_PAGE = 30; // messages per page: a screenful and more
@@ -205,34 +206,10 @@ function statusOf(id) {
   return status.get(id) || "idle";
 }
 
-// Sessions in list order, each child right after its parent (depth-first);
-// a child whose parent is not listed stands at the top level.
-function sessionTree() {
-  const children = new Map();
-  const roots = [];
-  for (const session of sessions.values()) {
-    const parent = session.parentID;
-    if (parent && sessions.has(parent) && parent !== session.id) {
-      if (!children.has(parent)) children.set(parent, []);
-      children.get(parent).push(session);
-    } else roots.push(session);
-  }
-  const out = [];
-  const seen = new Set();
-  const visit = (session, depth) => {
-    if (seen.has(session.id)) return;
-    seen.add(session.id);
-    out.push([session, depth]);
-    for (const child of children.get(session.id) || []) visit(child, depth + 1);
-  };
-  for (const session of roots) visit(session, 0);
-  return out;
-}
-
 function renderSessions() {
   const list = $("sessions");
   list.textContent = "";
-  for (const [session, depth] of sessionTree()) {
+  for (const [session, depth] of sessionTree(sessions)) {
     const item = el("li", depth ? "child" : "");
     item.dataset.id = session.id;
     if (depth) {
@@ -557,10 +534,7 @@ class SessionView {
     const box = $("revert-box");
     box.hidden = !revert;
     if (!revert) return;
-    const files = revert.files && revert.files.length ? revert.files.join(", ") : null;
-    $("revert-text").textContent =
-      `Reverted from ${revert.messageID}: that prompt and everything after it are hidden` +
-      (files ? `; files restored: ${files}` : revert.snapshot ? "; files restored" : "; files untouched");
+    $("revert-text").textContent = revertText(revert);
   }
 
   async revert(messageID, files) {
@@ -614,25 +588,14 @@ class SessionView {
   }
 
   promptActions(message, node) {
-    const bar = el("div", "actions");
-    const action = (cls, label, title, run) => {
-      const button = el("button", cls, label);
-      button.type = "button";
-      button.title = title;
-      button.addEventListener("click", run);
-      bar.append(button);
-    };
-    action("show-changes", "changes", "the files this prompt's steps changed, with their diff", () =>
-      this.toggleChanges(message, node),
+    node.append(
+      promptBar({
+        changes: () => this.toggleChanges(message, node),
+        fork: () => this.fork(message.id),
+        revert: () => this.revert(message.id, false),
+        revertFiles: () => this.revert(message.id, true),
+      }),
     );
-    action("fork", "fork", "a new session with everything before this prompt", () => this.fork(message.id));
-    action("revert", "revert", "hide this prompt and what follows (files untouched)", () =>
-      this.revert(message.id, false),
-    );
-    action("revert-files", "revert + files", "hide this prompt and what follows, and restore its files", () =>
-      this.revert(message.id, true),
-    );
-    node.append(bar);
   }
 
   scheduleFlush() {
@@ -1007,32 +970,6 @@ function renderRetry() {
   }
   box.hidden = false;
   box.textContent = `retry in ${Math.max(0, Math.ceil((at - Date.now()) / 1000))} s`;
-}
-
-// One file of a diff: its name, status and counts, and the patch with its
-// added and removed lines marked (text nodes only).
-function renderDiff(diff) {
-  const box = el("details", "file-diff " + diff.status);
-  box.open = true;
-  box.dataset.file = diff.file;
-  const head = el("summary");
-  head.append(
-    el("span", "file", diff.file),
-    el("span", "status", " " + diff.status + " "),
-    el("span", "add", "+" + diff.additions),
-    el("span", "", " "),
-    el("span", "del", "-" + diff.deletions),
-  );
-  box.append(head);
-  const pre = el("pre", "patch");
-  if (diff.binary) pre.textContent = "(binary file)";
-  for (const line of diff.binary ? [] : diff.patch.split("\n")) {
-    const meta = /^(diff |index |--- |\+\+\+ |new file|deleted file|similarity|rename )/.test(line);
-    const cls = meta ? "meta" : line.startsWith("@@") ? "hunk" : line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : "";
-    pre.append(el("span", cls, line + "\n"));
-  }
-  box.append(pre);
-  return box;
 }
 
 function showError(err) {
