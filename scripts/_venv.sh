@@ -24,10 +24,13 @@ done
 if [ -n "$_missing" ]; then
     _all=$( { tr ',' '\n' <<<"$_wanted"; ls "$_stamps" 2>/dev/null || true; } |
         { grep -v -x -e base -e '' || true; } | sort -u | paste -sd, -)
+    # --no-compile: Python compiles a module when it is first imported; pip
+    # would compile every module of every package first (seconds on a small
+    # machine, for modules a server never imports).
     if [ -n "$_all" ]; then
-        .venv/bin/python -m pip install --quiet -e ".[$_all]"
+        .venv/bin/python -m pip install --quiet --no-compile -e ".[$_all]"
     else
-        .venv/bin/python -m pip install --quiet -e .
+        .venv/bin/python -m pip install --quiet --no-compile -e .
     fi
     find .venv -maxdepth 1 -name '.installed-*' ! -path "$_stamps" -exec rm -rf {} +
     mkdir -p "$_stamps"
