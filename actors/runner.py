@@ -428,9 +428,10 @@ class Runner:
                     )
                 )
             )
-        # The step that owned them (or one cut off while streaming or waiting
-        # out a retry) gets its terminal too, after its calls: a message
-        # without one would read as still running forever.
+        # The step that owned them (or one cut off while streaming: a step
+        # cut off before its first output has no record) gets its terminal
+        # too, after its calls: a message without one would read as still
+        # running forever.
         # Read again after failing calls (the rare path): the step's state
         # is taken from after its calls settled, as it always was.
         open_step = start.open_step
