@@ -39,7 +39,7 @@ import enum
 import functools
 import logging
 import os
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -55,6 +55,7 @@ from actors.generate import Generator
 from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import InstructionEntries, Instructions, project_config_disabled
+from actors.instructions.nearby import NearbyInstructions
 from actors.interrupts import UNHELD, RemoteInterrupts
 from actors.leases import LeaseKeeper
 from actors.llm import (
@@ -76,6 +77,7 @@ from actors.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
 from actors.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
 from actors.shells import Environments, Shells
 from actors.snapshots import Snapshots
+from actors.subagents import DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH, Subagents
 from actors.tools import (
     DEFAULT_BASH_TIMEOUT_S,
     DEFAULT_MAX_BYTES,
@@ -135,6 +137,10 @@ def _absolute_or_none(path: str | None) -> str | None:
 
 def _absolute_all(paths: Sequence[str]) -> tuple[str, ...]:
     return tuple(os.path.abspath(p) for p in paths)
+
+
+def _tool_tuple(tools: Iterable[Tool]) -> tuple[Tool, ...]:
+    return tuple(tools)
 
 
 def _absolute_database(target: str | None) -> str | None:
@@ -197,8 +203,16 @@ class RuntimeConfig:
     #: The model of a session whose session and agent name none (``[runtime]
     #: default_model``); the scripted model when None.
     default_model: ModelRef | None = None
-    #: Tools offered to models; the built-in set when None.
-    tools: tuple[Tool, ...] | None = None
+    #: The embedding application's tools (``actors.tools.tool``), offered
+    #: alongside the built-in ones under the same rules; a name taken twice
+    #: or a bad schema fails the start.
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tool_tuple)
+    #: Offer the built-in tools (read, write, edit, list, glob, grep, bash, task).
+    builtin_tools: bool = True
+    #: ``task`` subagents nest at most this deep (``[runtime] subagent_max_depth``).
+    subagent_max_depth: int = DEFAULT_MAX_DEPTH
+    #: Tasks one session runs at once (``[runtime] subagent_max_children``).
+    subagent_max_children: int = DEFAULT_MAX_CHILDREN
     #: Instruction admission; the built-in sources (:mod:`actors.instructions`) when None.
     instructions: InstructionSource | None = None
     #: Discover the project's AGENTS.md / CLAUDE.md files (``[runtime]
@@ -458,9 +472,6 @@ class Runtime:
                 config.bash_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
             ),
         )
-        self.tools = ToolRegistry(
-            builtin_tools(bash=bash) if config.tools is None else config.tools
-        )
         self.bounding = OutputBounding(
             output_dir=config.tool_output_dir,
             max_lines=config.tool_output_max_lines,
@@ -498,6 +509,20 @@ class Runtime:
             agents=self.agents,
             waiters=self.permission_waiters,
         )
+        #: The task tool's subagents (child sessions run by this runtime).
+        self.subagents = Subagents(
+            sessions=self.sessions,
+            agents=self.agents,
+            store=self.store,
+            runs=self,
+            max_depth=config.subagent_max_depth,
+            max_children=config.subagent_max_children,
+        )
+        builtins = (*builtin_tools(bash=bash), self.subagents.tool) if config.builtin_tools else ()
+        try:
+            self.tools = ToolRegistry((*builtins, *config.tools))
+        except ValueError as exc:
+            raise ValueError(f"tools: {exc}") from None
         self.transfer = SessionTransfer(
             self.store,
             self.sessions,
@@ -686,6 +711,15 @@ class Runtime:
         finally:
             unsubscribe()
 
+    async def stop_child(self, session_id: str) -> None:
+        """A subagent's session stops with its parent's call: interrupted (as a
+        shutdown while the runtime closes, its claim kept), waited for."""
+        execution = self._execution
+        if execution is None:
+            return
+        await execution.interrupt(session_id, "shutdown" if self._closing else "user")
+        await execution.wait_idle(session_id)
+
     async def _stop_sessions(self, session_ids: Sequence[str]) -> None:
         for sid in session_ids:
             self.environments.forget(sid)
@@ -754,6 +788,11 @@ class Runtime:
                 ),
                 model_limits=self.config.limits,
                 waiters=self.permission_waiters,
+                nearby=NearbyInstructions(
+                    self.store.queries,
+                    self.blocking.run,
+                    enabled=self.config.project_instructions,
+                ),
             )
             self.runner = runner
             self.generator = Generator(
@@ -906,6 +945,9 @@ class Runtime:
         """
         await self.sessions.get(session_id)
         interrupted = await self.execution.interrupt(session_id, "user")
+        # Its subagents still running here stop too (those its interrupted task
+        # calls ran have already: a call settles after its child stopped).
+        interrupted = await self._interrupt_descendants(session_id) or interrupted
         # The user's shells of the session end too (their entries say so).
         interrupted = await self.shells.stop([session_id], "interrupted") > 0 or interrupted
         if not interrupted:
@@ -918,6 +960,23 @@ class Runtime:
             if steers or control_head(pending, "steer") is not None:
                 self.execution.wake(session_id, "steer")
         return interrupted
+
+    async def _interrupt_descendants(self, session_id: str) -> bool:
+        active = set(await self.execution.active())
+        if not active:
+            return False
+        stopped = False
+        frontier = list(await self.store.queries.children(session_id))
+        seen: set[str] = set()
+        while frontier:
+            child = frontier.pop()
+            if child in seen:
+                continue
+            seen.add(child)
+            if child in active:
+                stopped = await self.execution.interrupt(child, "user") or stopped
+            frontier.extend(await self.store.queries.children(child))
+        return stopped
 
 
 def _terminal_of(event: ev.Event | None) -> Terminal | None:

@@ -85,6 +85,8 @@ FILE_KEYS: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "compaction_tail_tokens": int,
         "project_instructions": bool,
         "import_scripts": bool,
+        "subagent_max_depth": int,
+        "subagent_max_children": int,
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.

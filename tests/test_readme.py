@@ -163,3 +163,18 @@ def test_the_docs_link_only_to_files_that_exist() -> None:
                 broken.append(f"{page.name}: {link}")
 
     assert broken == []
+
+
+async def test_the_own_tools_example_runs_as_written(tmp_path: Path) -> None:
+    [example] = re.findall(r"^```python\n(.*?)^```$", tour_step(6), re.M | re.S)
+    (tmp_path / "tools.py").write_text(example)
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "tools.py", cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().startswith("convert completed")
+    assert "8.50 EUR" in out.decode()
