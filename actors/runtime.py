@@ -135,7 +135,11 @@ class RuntimeConfig:
     again by each child process (git resolves a relative store against the
     work tree, which silently turned snapshots off)."""
 
+    #: The data directory: the SQLite log, ``agents.toml``, ``AGENTS.md``,
+    #: snapshots and tool-output files.
     data_dir: Path = attrs.field(converter=_absolute_dir)
+    #: SQLite's ``synchronous`` pragma: ``FULL`` (an admitted input survives a
+    #: power loss) or ``NORMAL`` (it survives a crash of the process).
     synchronous: Synchronous = "FULL"
     #: Where sessions created without a location live (default: the cwd).
     default_directory: str | None = attrs.field(default=None, converter=_absolute_or_none)
@@ -154,8 +158,9 @@ class RuntimeConfig:
     #: Threads of the plain executor for blocking helpers that are not tool
     #: calls: catalogue reads, attachments, makedirs, the output sweep.
     max_blocking_threads: int = 4
-    #: bash: the timeout of a call that names none, and the most one may ask for.
+    #: bash: the timeout of a call that names none; then its process group is killed.
     bash_timeout_s: float = DEFAULT_BASH_TIMEOUT_S
+    #: bash: the most a call may ask for with ``timeout_s`` (a larger ask is clamped).
     bash_max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S
     #: bash: output kept in memory per call while it streams; beyond it the
     #: complete output goes to a managed tool-output file (head and tail kept).
@@ -165,7 +170,10 @@ class RuntimeConfig:
     #: A user shell command still running after this long is ended (its
     #: process group killed; its entry ``failed`` with reason ``timeout``).
     shell_timeout_s: float = SHELL_TIMEOUT_S
+    #: A tool result longer than this many lines is cut to a preview; the whole
+    #: output goes to a managed tool-output file the preview points at.
     tool_output_max_lines: int = DEFAULT_MAX_LINES
+    #: The same cut by bytes.
     tool_output_max_bytes: int = DEFAULT_MAX_BYTES
     #: Extra model providers by provider id; the scripted model is always there.
     providers: Mapping[str, Provider] = attrs.field(factory=dict)
@@ -200,6 +208,8 @@ class RuntimeConfig:
     #: Only read: the store opens read-only, no sweep, no execution (every
     #: operation that would write or run fails).
     read_only: bool = False
+    #: Restarts of one claimed execution (counted durably) before recovery
+    #: fails it instead of resuming it again.
     max_resume_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: This host's id as a lease owner (``[runtime] host_id``); None: a fresh
     #: random one per start (a restarted process is a new host).
