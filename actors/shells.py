@@ -161,6 +161,7 @@ class _Run:
         if self.reason is None:
             self.reason = reason
         if self.deadline is not None and not self.deadline.expired():
+            # Only while the command runs: once it exited, the deadline is gone.
             self.deadline.reschedule(asyncio.get_running_loop().time())
 
 
@@ -350,6 +351,9 @@ class Shells:
                     await self._open_gate(session.id, info.id, proc)
                     await self._read(proc, output)
                     code = await proc.wait()
+                    # Exited: a stop from now on (its end is being recorded)
+                    # has no deadline left to move.
+                    run.deadline = None
             except TimeoutError:
                 if run.reason is None:
                     run.reason = "timeout"
