@@ -256,3 +256,23 @@ external_directory = {{ "{shared}/*" = "allow", "{outside}/*" = "deny" }}
     assert failed["data"]["error"]["type"] == "permission.denied"
     assert "outside the session's directory" in failed["data"]["error"]["message"]
     assert "session.permission.asked" not in [e["type"] for e in events]
+
+
+async def test_a_pending_ask_keeps_the_issuing_steps_agent_across_an_agent_switch(
+    make_client: Callable[..., Awaitable[Client]], tmp_path: Path
+) -> None:
+    client, workdir = await _start(make_client, tmp_path)
+    sid = (await create_session(client, agent="asker"))["id"]
+    script = _script(_bash("touch ran"), "#step", "#text done")
+    await client.post(f"/api/session/{sid}/prompt", json={"text": script})
+    [asked] = await _pending(client, sid)
+    # plan may not run bash at all; the waiting call keeps asker's policy.
+    response = await client.post(f"/api/session/{sid}/agent", json={"agent": "plan"})
+    assert response.status == 204, await response.text()
+    assert [p["id"] for p in await _pending(client, sid)] == [asked["id"]]
+    assert await _reply(client, sid, asked["id"], "once") == 204
+    await _wait(client, sid)
+    assert (workdir / "ran").exists()
+    events = await _log(client, sid)
+    assert [e["type"] for e in events].count("session.tool.success") == 1
+    assert "session.tool.failed" not in [e["type"] for e in events]
