@@ -89,6 +89,10 @@ class SessionReads(Protocol):
 
     async def children(self, session_id: str) -> list[str]: ...
 
+    async def child_sessions(self, session_id: str, limit: int) -> list[Session]:
+        """The session's children, oldest first, at most ``limit``."""
+        ...
+
     async def sessions(self, query: SessionQuery, anchor: SessionAnchor | None) -> Page[Session]:
         """One page of sessions ordered by (time_updated, id), continuing from ``anchor``."""
         ...
@@ -146,6 +150,10 @@ class SessionReads(Protocol):
         """(seq, before, after, files) of each writing step from ``from_seq`` on, in log order."""
         ...
 
+    async def imports(self) -> list[tuple[str, int]]:
+        """Sessions still being imported (hidden until finished), each with its head seq."""
+        ...
+
     async def claims(self) -> list[Claim]:
         """Sessions holding a write-ahead execution claim, with their leases."""
         ...
@@ -176,6 +184,10 @@ class SessionReads(Protocol):
 
     async def permission_rules(self, session_id: str) -> list[tuple[str, str]]:
         """``(permission, pattern)`` the session allowed with ``always`` replies, in order."""
+        ...
+
+    async def injected_instructions(self, session_id: str) -> list[str]:
+        """Paths of the nearby ``AGENTS.md`` files the session was given (once each)."""
         ...
 
     async def open_step(self, session_id: str) -> str | None:
