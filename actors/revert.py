@@ -53,14 +53,14 @@ import builtins
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import orjson
 
 from actors._keyed_lock import KeyedLock
 from actors._shield import finish
+from actors.inbox import Doorbell
 from actors.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
 from protocol import codec, ids
 from protocol import events as ev
@@ -89,13 +89,23 @@ PAUSE_POINTS: Final = frozenset(
     f"{op}.{where}" for op in ("stage", "clear") for where in ("intent", "event", "restore")
 ) | {"commit"}
 
-Busy = Callable[[str], Awaitable[bool]]
+
+class BusyCheck(Protocol):
+    """Whether a session has a busy period on this host (the runtime's execution)."""
+
+    async def busy(self, session_id: str) -> bool: ...
+
+
 #: The restores of one stage or clear: (tree, the paths made what they are in it).
 Restores = list[tuple[str, list[str]]]
 
 
-async def _never_busy(session_id: str) -> bool:
-    return False
+class _NeverBusy:
+    async def busy(self, session_id: str) -> bool:
+        return False
+
+
+_NEVER_BUSY: Final = _NeverBusy()
 
 
 class Reverts:
@@ -104,15 +114,18 @@ class Reverts:
         store: Store,
         locks: KeyedLock,
         snapshots: Snapshots,
-        busy: Busy = _never_busy,
+        busy: BusyCheck = _NEVER_BUSY,
         *,
+        wake: Doorbell,
         intents: Path,
         blocking: Blocking,
     ) -> None:
         self._store = store
         self._locks = locks
         self._snapshots = snapshots
-        self.busy = busy
+        self.busy = busy.busy
+        #: Rung when a clear releases synthetic input the revert held.
+        self._wake = wake
         #: Where the intents of stages and clears in progress are kept.
         self._intents = intents
         self._blocking = blocking
@@ -136,10 +149,15 @@ class Reverts:
             return revert
 
     async def clear(self, session_id: str) -> None:
+        held: builtins.list[str] = []
         async with self._locks.hold(session_id):
             session = await self._idle(session_id)
             if session.revert is not None:
+                held = await self._store.queries.held_synthetic(session_id)
                 await self._clear(session, session.revert)
+        if held:
+            # What the revert held is input like any other now: it delivers.
+            self._wake.wake(session_id, "input")
 
     async def recover(self) -> int:
         """Finish (or drop) every stage or clear a crash interrupted; how many were finished."""
