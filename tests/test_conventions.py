@@ -83,3 +83,55 @@ def test_what_a_session_leader_started_is_killed_once_the_leader_is_gone(
     while proc_groups.alive(server) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not proc_groups.alive(server)
+
+
+#: Positive sleeps left outside a poll loop, each for a reason of its own (a
+#: simulated delay or pause is what the test is about; a sleep that is cancelled
+#: is never waited out). Anything new here waits on an event, a sequencer, loop
+#: turns (tests/loop_turns.py) or a clock the test advances (tests/manual_clock.py).
+SLEEPS_ALLOWED = {
+    "tests/llm/fake_providers.py",  # a slow network, simulated, when a reply asks for one
+    "tests/runtime/test_hosts_sim.py",  # random pauses of a randomized simulation
+    "tests/runtime/test_instructions.py",  # a read that hangs until it is cancelled
+    "tests/durability/test_revert_crash.py",  # a lock bug's window; misses, never false
+}
+
+
+def _sleeps_outside_loops(tree: ast.AST) -> list[int]:
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    lines = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else None
+        name = name or (node.func.id if isinstance(node.func, ast.Name) else None)
+        first = node.args[0]
+        if name != "sleep" or (isinstance(first, ast.Constant) and first.value == 0):
+            continue
+        up = parents.get(node)
+        while up is not None and not isinstance(up, ast.While | ast.For | ast.AsyncFor):
+            up = parents.get(up)
+        if up is None:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_tests_wait_on_conditions_not_on_the_clock() -> None:
+    """No positive sleep outside a loop that polls for a condition, and no assertion on
+    how long something took: on a loaded machine both fail, or pass, for no reason."""
+    sleeps, timed = [], []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        name = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=name)
+        if name not in SLEEPS_ALLOWED:
+            sleeps += [f"{name}:{line}" for line in _sleeps_outside_loops(tree)]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert) and any(
+                isinstance(c, ast.Compare) and any(isinstance(o, ast.Lt | ast.LtE) for o in c.ops)
+                for c in ast.walk(node.test)
+            ):
+                text = ast.unparse(node.test)
+                if "elapsed" in text or "monotonic()" in text or "perf_counter()" in text:
+                    timed.append(f"{name}:{node.lineno}")
+    assert sleeps == []
+    assert timed == []

@@ -1,4 +1,5 @@
-"""The console script, run as a real subprocess."""
+"""The console script, run as a real subprocess; what fails before serving (usage and
+configuration errors) through the CLI's ``main`` in-process (tests/cli_inprocess.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from cli_inprocess import sessionrt
 from serve_proc import EXE, Served, serving
 
 
@@ -75,27 +77,16 @@ async def test_binding_beyond_loopback_without_a_password_warns(tmp_path: Path) 
 async def test_an_unusable_data_dir_is_a_clean_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    proc = await asyncio.create_subprocess_exec(
-        EXE,
-        "serve",
-        "--data-dir",
-        str(blocker / "sub"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 1
-    assert b"Traceback" not in err
+    done = await sessionrt("serve", "--data-dir", str(blocker / "sub"))
+    assert done.code == 1
+    assert done.err.startswith("sessionrt: ")
 
 
 @pytest.mark.parametrize("args", [(), ("bogus",)])
 async def test_usage_errors(args: tuple[str, ...]) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        EXE, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 2
-    assert b"usage" in err
+    done = await sessionrt(*args)
+    assert done.code == 2
+    assert "usage" in done.err
 
 
 async def test_serve_reads_a_config_file_and_flags_win(tmp_path: Path) -> None:
@@ -145,20 +136,10 @@ async def test_serve_reads_a_config_file_and_flags_win(tmp_path: Path) -> None:
 async def test_a_bad_config_file_is_a_clean_error(tmp_path: Path, text: str) -> None:
     config = tmp_path / "bad.toml"
     config.write_text(text)
-    proc = await asyncio.create_subprocess_exec(
-        EXE,
-        "serve",
-        "--config",
-        str(config),
-        "--data-dir",
-        str(tmp_path),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 1
-    assert b"Traceback" not in err
-    assert str(config).encode() in err
+    done = await sessionrt("serve", "--config", str(config), "--data-dir", str(tmp_path))
+    assert done.code == 1
+    assert done.err.startswith("sessionrt: ")
+    assert str(config) in done.err
 
 
 @pytest.mark.parametrize("directory", ["/", "missing"])

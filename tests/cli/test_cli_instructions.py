@@ -1,4 +1,5 @@
-"""``sessionrt instructions SESSION [set KEY VALUE | rm KEY]`` as a real subprocess."""
+"""``sessionrt instructions SESSION [set KEY VALUE | rm KEY]``: through the CLI's ``main``
+in-process (tests/cli_inprocess.py), and once as a real subprocess of the console script."""
 
 from __future__ import annotations
 
@@ -8,23 +9,24 @@ import re
 import sys
 from pathlib import Path
 
-import attrs
+from cli_inprocess import Done, sessionrt
+from proc_groups import kill_group
 
 EXE = str(Path(sys.executable).with_name("sessionrt"))
 
 
-@attrs.frozen
-class Done:
-    code: int | None
-    out: str
-    err: str
-
-
-async def sessionrt(*args: str) -> Done:
+async def sessionrt_process(*args: str) -> Done:
     proc = await asyncio.create_subprocess_exec(
-        EXE, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        EXE,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        kill_group(proc)
     done = Done(proc.returncode, out.decode(), err.decode())
     assert "Traceback" not in done.err, done.err
     return done
@@ -38,7 +40,8 @@ async def test_set_list_rm_and_the_next_step_sees_it(tmp_path: Path) -> None:
     assert match, first.err
     sid = match.group(1)
 
-    assert (await sessionrt("instructions", sid, "set", "tone", "terse", *data)).code == 0
+    # The command end to end, once: the console script in a process of its own.
+    assert (await sessionrt_process("instructions", sid, "set", "tone", "terse", *data)).code == 0
     assert (await sessionrt("instructions", sid, "set", "limits", '{"max": 2}', *data)).code == 0
     listed = await sessionrt("instructions", sid, *data)
     assert [json.loads(line) for line in listed.out.splitlines()] == [

@@ -9,22 +9,18 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from serve_proc import EXE, serving
+from cli_inprocess import sessionrt
+from serve_proc import serving
 
 ENV = {k: v for k, v in os.environ.items() if k != "SESSIONRT_SERVER_PASSWORD"}
 
 
 async def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        EXE,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env or ENV,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, err.decode()
+    """A refusal at start, through the CLI's ``main`` in-process (tests/cli_inprocess.py):
+    what it refuses it refuses before serving; serving itself is tested on processes."""
+    done = await sessionrt(*args, env=env or ENV)
+    assert done.code is not None
+    return done.code, done.err
 
 
 @pytest.mark.parametrize("how", ["flag", "env", "file"])

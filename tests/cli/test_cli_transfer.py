@@ -1,4 +1,5 @@
-"""``sessionrt export SESSION > FILE`` and ``sessionrt import FILE``, as real subprocesses."""
+"""``sessionrt export SESSION > FILE`` and ``sessionrt import FILE``: through the CLI's
+``main`` in-process (tests/cli_inprocess.py), and each once as a real subprocess."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+import cli_inprocess
+from proc_groups import kill_group
+
 from actors.runtime import Runtime, RuntimeConfig
 from protocol.requests import CreateSessionInput, PromptInput
 
@@ -14,13 +18,26 @@ EXE = str(Path(sys.executable).with_name("sessionrt"))
 TIMEOUT = 30
 
 
-async def sessionrt(*args: str) -> tuple[int | None, str, str]:
+async def sessionrt_process(*args: str) -> tuple[int | None, str, str]:
+    """The console script end to end, in a process (and process group) of its own."""
     proc = await asyncio.create_subprocess_exec(
-        EXE, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        EXE,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    finally:
+        kill_group(proc)
     assert b"Traceback" not in err, err.decode()
     return proc.returncode, out.decode(), err.decode()
+
+
+async def sessionrt(*args: str) -> tuple[int | None, str, str]:
+    done = await cli_inprocess.sessionrt(*args)
+    return done.code, done.out, done.err
 
 
 async def test_export_then_import_into_another_data_dir(tmp_path: Path) -> None:
@@ -31,7 +48,7 @@ async def test_export_then_import_into_another_data_dir(tmp_path: Path) -> None:
         await rt.sessions.prompt(s.id, PromptInput(text="#text carried over"))
         await rt.execution.wait_idle(s.id)
 
-    code, out, err = await sessionrt("export", s.id, "--data-dir", str(source))
+    code, out, err = await sessionrt_process("export", s.id, "--data-dir", str(source))
     assert code == 0, err
     document = json.loads(out)
     assert document["info"]["id"] == s.id
@@ -40,7 +57,7 @@ async def test_export_then_import_into_another_data_dir(tmp_path: Path) -> None:
     file.write_text(out)
 
     target = tmp_path / "target"
-    code, out, err = await sessionrt("import", str(file), "--data-dir", str(target))
+    code, out, err = await sessionrt_process("import", str(file), "--data-dir", str(target))
     assert code == 0, err
     assert out.strip() == s.id
     code, out, err = await sessionrt("export", s.id, "--data-dir", str(target))
