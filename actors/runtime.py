@@ -67,6 +67,7 @@ from actors.llm import (
     build_providers,
 )
 from actors.locations import DirectoryRules
+from actors.mcp import McpServerConfig, McpServers
 from actors.permissions import PermissionWaiters
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.revert import Reverts
@@ -191,6 +192,11 @@ class RuntimeConfig:
     default_model: ModelRef | None = None
     #: Tools offered to models; the built-in set when None.
     tools: tuple[Tool, ...] | None = None
+    #: MCP servers by name (``[mcp.<name>]``, :mod:`actors.mcp`); their tools
+    #: join the offered ones as ``<server>_<tool>``.
+    mcp: Mapping[str, McpServerConfig] = attrs.field(factory=dict)
+    #: An MCP server unused this long is ended (started again on next use).
+    mcp_idle_s: float = 600.0
     #: Instruction admission; the built-in sources (:mod:`actors.instructions`) when None.
     instructions: InstructionSource | None = None
     #: Discover the project's AGENTS.md / CLAUDE.md files (``[runtime]
@@ -528,6 +534,13 @@ class Runtime:
             timeout_s=config.shell_timeout_s,
         )
         self.instructions = InstructionEntries(self.store)
+        #: The owner of the MCP server processes (none started until used).
+        self.mcp = McpServers(
+            config.mcp,
+            secret_env=secret_env,
+            idle_s=config.mcp_idle_s,
+            blocking=self.blocking.run,
+        )
         self._execution: Execution | None = None
         self.recovery = RecoveryReport()
 
@@ -536,6 +549,7 @@ class Runtime:
             store=self.store,
             data_dir=self.config.data_dir,
             discover_project=self.config.project_instructions,
+            guidance=self.mcp.guidance if self.mcp else None,
         )
         # Closed after execution stops (the stack unwinds in reverse).
         self._stack.callback(instructions.close)
@@ -718,6 +732,7 @@ class Runtime:
                     self.tool_actors,
                     self.bounding,
                     record=_process_recorder(self.store, self.leases),
+                    more=self.mcp.registry if self.mcp else None,
                 ),
                 blocking=self.blocking,
                 bus=self.bus,
@@ -739,7 +754,10 @@ class Runtime:
                 ),
                 model_limits=self.config.limits,
                 waiters=self.permission_waiters,
+                mcp=self.mcp if self.mcp else None,
             )
+            # Ended after execution stops (pushed before it): no call is running then.
+            self._stack.push_async_callback(self.mcp.aclose)
             self.runner = runner
             self.generator = Generator(
                 store=self.store,

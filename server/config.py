@@ -44,6 +44,7 @@
     import_scripts = false               # keep an import's metadata.script (it runs as a script)
     host_id = "web-1"                    # this host's lease owner id; random per start when unset
     lease_ttl_ms = 10000                 # an execution lease's life, renewed every ttl/4
+    mcp_idle_s = 600                     # an MCP server unused this long is ended
 
     [providers.local]                    # real models: see actors/llm/_config.py
     kind = "openai"                      # or "anthropic"
@@ -52,6 +53,11 @@
     [providers.local.models.fake-model]
     context = 128000
     output = 4096
+
+    [mcp.files]                          # MCP servers: see actors/mcp/_config.py
+    command = ["python", "-m", "my_mcp_server"]   # stdio (or url = "http://…/mcp")
+    env = { "TOKEN_VAR" = "…" }
+    timeout_ms = 30000
 
 ``[providers]`` comes back as :class:`~actors.llm.ProviderConfig` values under
 ``"providers"`` and ``runtime.default_model`` as a :class:`ModelRef`, ready for
@@ -68,6 +74,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from actors.llm import SCRIPTED_PROVIDER_ID, parse_model_ref, parse_providers
+from actors.mcp import parse_servers
 from actors.runtime import RuntimeConfig
 
 __all__ = ["ConfigError", "load_config", "runtime_config"]
@@ -117,10 +124,11 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "compaction_tail_tokens": int,
         "project_instructions": bool,
         "import_scripts": bool,
+        "mcp_idle_s": (int, float),
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.
-_NESTED: Final = ("providers",)
+_NESTED: Final = ("providers", "mcp")
 
 
 class ConfigError(Exception):
@@ -161,6 +169,10 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
         out["providers"] = parse_providers(providers)
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    try:
+        out["mcp"] = parse_servers(document.get("mcp", {}))
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     default_model = out.get("runtime", {}).get("default_model")
     if default_model is not None:
         _default_model(path, out, default_model)
@@ -199,4 +211,9 @@ def runtime_config(
     from_file = runtime.pop("data_dir", None)
     chosen = data_dir or (Path(from_file) if from_file else fallback_data_dir)
     runtime.update(overrides)
-    return RuntimeConfig(data_dir=chosen, provider_configs=loaded.get("providers", {}), **runtime)
+    return RuntimeConfig(
+        data_dir=chosen,
+        provider_configs=loaded.get("providers", {}),
+        mcp=loaded.get("mcp", {}),
+        **runtime,
+    )
