@@ -112,12 +112,15 @@ def terminals(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e["type"] in ("session.tool.success", "session.tool.failed")]
 
 
+def _call(event: dict[str, Any]) -> tuple[str, str]:
+    # Call ids are per step: the assistant message tells two steps' call_0_0 apart.
+    return event["data"]["assistantMessageID"], event["data"]["id"]
+
+
 def by_tool(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Each tool's terminals' data, by the called tool's name."""
-    names = {
-        e["data"]["id"]: e["data"]["name"] for e in events if e["type"] == "session.tool.called"
-    }
+    names = {_call(e): e["data"]["name"] for e in events if e["type"] == "session.tool.called"}
     out: dict[str, list[dict[str, Any]]] = {}
     for e in terminals(events):
-        out.setdefault(names[e["data"]["id"]], []).append({"type": e["type"], **e["data"]})
+        out.setdefault(names[_call(e)], []).append({"type": e["type"], **e["data"]})
     return out

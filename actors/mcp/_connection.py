@@ -69,6 +69,9 @@ STDERR_LINES: Final = 200
 STDERR_LINE_CHARS: Final = 2000
 FIRST_BACKOFF_S: Final = 1.0
 MAX_BACKOFF_S: Final = 60.0
+#: The longest a server may take to answer initialize (and its first tools/list),
+#: unless its ``timeout_ms`` is longer: starting a process takes a while.
+INIT_TIMEOUT_S: Final = 10.0
 #: After an interrupted call, the server must answer a ping within this long.
 PROBE_S: Final = 5.0
 #: After its stdin closes, a stdio server has this long to exit, then SIGTERM,
@@ -176,7 +179,7 @@ class Connection:
         self._starting = None
 
     async def _run(self) -> None:
-        timeout = self.config.timeout_ms / 1000
+        timeout = max(self.config.timeout_ms / 1000, INIT_TIMEOUT_S)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport())

@@ -54,12 +54,12 @@ async def slow(ctx: Context) -> str:
 
 
 @server.tool()
-def stuck() -> str:
-    """Block the whole server (it answers nothing any more)."""
+async def stuck() -> str:
+    """Block the whole server's event loop (it answers nothing any more)."""
     _mark(f"stuck {os.getpid()}")
     import time
 
-    time.sleep(3600)
+    time.sleep(3600)  # noqa: ASYNC251 (blocking on purpose: the server answers nothing)
     return "finished"
 
 
@@ -118,7 +118,7 @@ async def grow(ctx: Context) -> str:
         return "extra!"
 
     server.add_tool(extra, name="extra")
-    await ctx.notify_tools_changed()
+    await ctx.session.send_tool_list_changed()
     return "grown"
 
 
