@@ -440,6 +440,15 @@ class Connection:
                     f" {tool} call; the call was not retried"
                 ) from None
             message = exc.error.message if isinstance(exc, MCPError) else "connection closed"
+            if not isinstance(exc, MCPError) or exc.code == types.CONNECTION_CLOSED:
+                # The transport is gone (an HTTP server that went away): the
+                # connection ends, and the next use connects again.
+                self.kill(f"lost the connection ({message})")
+                self.status, self.error = "failed", self._ended
+                raise McpCallError(
+                    f"MCP server {self.config.name!r} {self._ended} during the {tool} call;"
+                    " the call was not retried"
+                ) from None
             raise McpCallError(f"MCP server {self.config.name!r}: {self.redact(message)}") from None
         finally:
             self.in_flight -= 1
