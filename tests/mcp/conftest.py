@@ -41,7 +41,13 @@ def marks(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_client(aiohttp_client: Callable[..., Awaitable[Client]], tmp_path: Path) -> MakeClient:
-    async def make(servers: dict[str, Any], *, agents: str | None = None, **config: Any) -> Client:
+    async def make(
+        servers: dict[str, Any],
+        *,
+        agents: str | None = None,
+        settings: dict[str, Any] | None = None,
+        **config: Any,
+    ) -> Client:
         workdir = tmp_path / "project"
         workdir.mkdir(exist_ok=True)
         data = tmp_path / "data"
@@ -54,9 +60,9 @@ def make_client(aiohttp_client: Callable[..., Awaitable[Client]], tmp_path: Path
             mcp=parse_servers(servers),
             **config,
         )
-        settings = ServerSettings()
-        app = make_app(config=runtime, settings=settings)
-        options = runner_options(settings)
+        server_settings = ServerSettings(**(settings or {}))
+        app = make_app(config=runtime, settings=server_settings)
+        options = runner_options(server_settings)
         options.pop("handler_cancellation")
         server = TestServer(app)
         await server.start_server(**options)

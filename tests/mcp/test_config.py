@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mcp_helpers import marked, stdio_server
+from mcp_helpers import MakeClient, marked, stdio_server
 
 from actors.mcp import McpServerConfig, McpServers, narrow_servers, parse_servers
 from server.config import ConfigError, load_config, runtime_config
@@ -135,3 +135,31 @@ print(sorted(m for m in sys.modules if m == "mcp" or m.startswith(("mcp.", "mcp_
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
     )
     assert done.stdout.strip() == "[]"
+
+
+async def test_get_api_mcp_is_behind_the_password_origin_and_host_checks(
+    make_client: MakeClient,
+) -> None:
+    servers = {
+        "files": stdio_server(),
+        "docs": {"url": "http://127.0.0.1:9/mcp", "enabled": False},
+    }
+    client = await make_client(servers, settings={"password": "pw"})
+    assert (await client.get("/api/mcp")).status == 401
+    auth = {"Authorization": "Bearer pw"}
+    assert (await client.get("/api/mcp", headers={**auth, "Host": "evil.example"})).status == 421
+    foreign = await client.get("/api/mcp", headers={**auth, "Origin": "https://evil.example"})
+    assert foreign.status == 403
+    response = await client.get("/api/mcp", headers=auth)
+    assert response.status == 200
+    data = (await response.json())["data"]
+    assert data == [
+        {
+            "name": "docs",
+            "transport": "http",
+            "status": "disabled",
+            "tools": [],
+            "locations": [],
+        },
+        {"name": "files", "transport": "stdio", "status": "idle", "tools": [], "locations": []},
+    ]
