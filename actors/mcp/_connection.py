@@ -147,10 +147,15 @@ class Connection:
             McpCallError: the server failed (now, or before and its backoff
                 has not passed).
         """
-        if self._session is not None and self.status == "connected":
+        if self._session is not None and self.status == "connected" and not self._wake.is_set():
             return self._session
         if self._closing:
             raise McpCallError(f"MCP server {self.config.name!r} is shutting down", type="aborted")
+        task = self._task
+        if self._starting is None and task is not None and not task.done():
+            # The last process is still being ended: its end decides what is next.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
         if self._starting is None:
             if self.status == "failed" and self._clock() < self._retry_at:
                 wait = self._retry_at - self._clock()
@@ -209,14 +214,21 @@ class Connection:
             if self._closing:
                 self.status = "idle"
             else:
-                self.status = "failed"
-                self.error = self._ended or "the connection ended"
-                self._retry_at = self._clock() + self._backoff
-                self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
-                log.warning(
-                    "MCP server %s (%s) failed: %s", self.config.name, self.directory, self.error
-                )
+                self._fail(self._ended or "the connection ended")
             self._started()
+
+    def _fail(self, reason: str) -> None:
+        """This process (or HTTP session) failed: the next start waits out the backoff.
+
+        Booked once per process, by whoever sees the failure first (the call
+        that was running, or the owner task as it ends).
+        """
+        if self.status == "failed":
+            return
+        self.status, self.error = "failed", reason
+        self._retry_at = self._clock() + self._backoff
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
+        log.warning("MCP server %s (%s) failed: %s", self.config.name, self.directory, reason)
 
     def kill(self, reason: str) -> None:
         """End the server now: its process group is killed (stdio), the connection closed."""
@@ -434,7 +446,7 @@ class Connection:
             raise
         except (MCPError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
             if self._ended is not None or self._wake.is_set():
-                self.status, self.error = "failed", self._ended or "the connection ended"
+                self._fail(self._ended or "the connection ended")
                 raise McpCallError(
                     f"MCP server {self.config.name!r} {self._ended or 'ended'} during the"
                     f" {tool} call; the call was not retried"
@@ -443,10 +455,11 @@ class Connection:
             if not isinstance(exc, MCPError) or exc.code == types.CONNECTION_CLOSED:
                 # The transport is gone (an HTTP server that went away): the
                 # connection ends, and the next use connects again.
-                self.kill(f"lost the connection ({message})")
-                self.status, self.error = "failed", self._ended
+                lost = f"lost the connection ({message})"
+                self.kill(lost)
+                self._fail(lost)
                 raise McpCallError(
-                    f"MCP server {self.config.name!r} {self._ended} during the {tool} call;"
+                    f"MCP server {self.config.name!r} {lost} during the {tool} call;"
                     " the call was not retried"
                 ) from None
             raise McpCallError(f"MCP server {self.config.name!r}: {self.redact(message)}") from None
