@@ -31,6 +31,14 @@ stored. The requests of one compaction share one retry budget.
 After it, the active history is the compaction (summary and tail as plain
 text, :func:`render`) plus what follows; no provider continuation state
 crosses it.
+
+A compaction a crash or restart cut off is found still ``running`` when the
+session's next drain starts (:meth:`Compactor.settle`): it fails
+(``compaction.interrupted``). An automatic one needs nothing more (the next
+step's estimate asks again). A manual one was asked for, and its control
+item is consumed: it is delivered again once, in the same command as the
+failure (``compaction.started`` under :func:`recovered_id`), and runs
+before anything else; cut off a second time, it only fails.
 """
 
 from __future__ import annotations
@@ -85,10 +93,24 @@ __all__ = [
     "CompactionSettings",
     "Compactor",
     "Estimator",
+    "recovered_id",
     "render",
     "select_tail",
     "serialize",
 ]
+
+#: The suffix of the id a manual compaction cut off by a crash runs again under.
+RECOVERED_SUFFIX: Final = "-recovered"
+
+
+def recovered_id(input_id: str) -> str | None:
+    """The id manual compaction ``input_id`` runs again under after a crash;
+    None when it already is such a second run (it is recovered once)."""
+    if input_id.endswith(RECOVERED_SUFFIX):
+        return None
+    body = input_id.removeprefix("msg_")[: 100 - len(RECOVERED_SUFFIX)]
+    return f"msg_{body}{RECOVERED_SUFFIX}"
+
 
 log = logging.getLogger(__name__)
 
@@ -429,20 +451,30 @@ class Compactor:
     def tail(self, history: Sequence[SessionMessage]) -> int | None:
         return select_tail(history, self.settings.tail_tokens, self.estimator.message)
 
-    async def settle(self, session_id: str, stale: CompactionMessage) -> None:
-        """Fail ``stale``, a compaction read as still running at a drain's start."""
-        await self._store.append(
-            Command.of(
-                ev.CompactionFailed(
-                    session_id=session_id,
-                    reason=stale.reason,
-                    input_id=stale.input_id,
-                    error=ev.ErrorInfo(
-                        type="compaction.interrupted", message="Compaction interrupted"
-                    ),
-                )
-            )
+    async def settle(self, session_id: str, stale: CompactionMessage) -> str | None:
+        """Fail ``stale``, a compaction read as still running at a drain's start.
+
+        A manual one cut off for the first time starts again in the same
+        command (see the module doc): returns the id it now runs under, for
+        the caller to :meth:`run`; None when nothing is to run.
+        """
+        again = None
+        if stale.reason == "manual" and stale.input_id is not None:
+            again = recovered_id(stale.input_id)
+        failed = ev.CompactionFailed(
+            session_id=session_id,
+            reason=stale.reason,
+            input_id=stale.input_id,
+            error=ev.ErrorInfo(type="compaction.interrupted", message="Compaction interrupted"),
         )
+        if again is None:
+            await self._store.append(Command.of(failed))
+            return None
+        started = ev.CompactionStarted(
+            session_id=session_id, reason="manual", recent="", input_id=again
+        )
+        await self._store.append(Command.of(failed, started))
+        return again
 
     async def run(
         self,
@@ -453,8 +485,9 @@ class Compactor:
         *,
         script: str | None = None,
         input_id: str | None = None,
-    ) -> bool:
-        """Compact ``history`` (the active one); True once ``compaction.ended`` is durable.
+    ) -> ev.ErrorInfo | None:
+        """Compact ``history`` (the active one): None once ``compaction.ended`` is
+        durable, else the error its ``compaction.failed`` recorded.
 
         An auto compaction publishes ``started`` here; a manual one was started
         with its control item's delivery. A cancelled compaction records its
@@ -487,7 +520,7 @@ class Compactor:
             raise
         except CompactionFailedError as exc:
             await self._failed(session_id, reason, input_id, exc.error, exc.usage)
-            return False
+            return exc.error
         await self._store.append(
             Command.of(
                 ev.CompactionEnded(
@@ -501,7 +534,7 @@ class Compactor:
                 )
             )
         )
-        return True
+        return None
 
     async def _failed(
         self,

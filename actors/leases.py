@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 
 from storage import Command, Fence, FencedError, LeaseUse, StorageError, Store
+from storage.clock import SYSTEM, Clock
 
 __all__ = ["LeaseKeeper"]
 
@@ -32,6 +33,7 @@ class LeaseKeeper:
         *,
         ttl_ms: int,
         on_lost: Callable[[str], None],
+        clock: Clock = SYSTEM,
     ) -> None:
         if ttl_ms < 40:
             raise ValueError("lease_ttl_ms must be at least 40")
@@ -39,6 +41,7 @@ class LeaseKeeper:
         self.host_id = host_id
         self.ttl_ms = ttl_ms
         self._on_lost = on_lost
+        self._clock = clock
         self._fences: dict[str, Fence] = {}
         self._task: asyncio.Task[None] | None = None
         self._suspended = False
@@ -109,7 +112,7 @@ class LeaseKeeper:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await self._clock.sleep(self.interval_s)
             if self._suspended:
                 continue
             try:

@@ -30,14 +30,24 @@ STALE_KILL_GRACE_S: Final = 0.5
 
 
 def stale_failure(
-    session_id: str, assistant_message_id: str, call_id: str, name: str
+    session_id: str,
+    assistant_message_id: str,
+    call_id: str,
+    name: str,
+    *,
+    executed: bool = True,
 ) -> ev.ToolFailed:
-    """The terminal of a call whose execution a restart cut off."""
+    """The terminal of a call whose execution a restart cut off.
+
+    ``executed`` is False only for a call known never to have started: one
+    still waiting on its unanswered permission ask.
+    """
     return ev.ToolFailed(
         session_id=session_id,
         assistant_message_id=assistant_message_id,
         id=call_id,
         error=ev.ErrorInfo(type="aborted", message=f"Tool execution interrupted: {name}"),
+        executed=executed,
     )
 
 

@@ -275,13 +275,17 @@ class Runner:
             request = await self._request(session, agent, step, limited, system, history=history)
             auto = self._compactor.enabled(agent.compaction)
             if self._compactor.due(history, request, auto) is not None:
-                await self._compactor.run(
+                failure = await self._compactor.run(
                     session.id,
                     request.model,
                     history,
                     "auto",
                     script=_script(agent, session.metadata),
                 )
+                if failure is not None:
+                    # No request known to be over budget is sent: the step
+                    # fails with the compaction's error, before any record.
+                    raise StepFailedError(failure)
                 # The epoch moved: the baseline is the new initial values.
                 system = await self._instructions.current(session, agent)
                 request = await self._request(session, agent, step, limited, system)
@@ -340,6 +344,10 @@ class Runner:
         )
         if not await self._sessions.inbox.control(session.id, item, started):
             return  # cancelled meanwhile
+        await self._compact_manually(session, item.id)
+
+    async def _compact_manually(self, session: Session, input_id: str) -> None:
+        """Run the manual compaction ``input_id``, its ``compaction.started`` durable."""
         agent = await self._agent(session)
         model = session.model or agent.model or self._default_model
         history = await self._store.queries.context(session.id)
@@ -349,7 +357,7 @@ class Runner:
             history,
             "manual",
             script=_script(agent, session.metadata),
-            input_id=item.id,
+            input_id=input_id,
         )
 
     async def _move(self, session: Session, item: InboxItem) -> None:
@@ -368,9 +376,10 @@ class Runner:
     async def _overflow(self, session: Session, agent: Agent, model: ModelRef) -> bool:
         """The one overflow-triggered compaction of a step."""
         history = await self._store.queries.context(session.id)
-        return await self._compactor.run(
+        failure = await self._compactor.run(
             session.id, model, history, "auto", script=_script(agent, session.metadata)
         )
+        return failure is None
 
     async def _agent(self, session: Session) -> Agent:
         """The session's agent, sampled before every step like the session itself.
@@ -393,7 +402,10 @@ class Runner:
         failed = await self.fail_stale_tools(session_id, start)
         compaction = start.running_compaction
         if compaction is not None:
-            await self._compactor.settle(session_id, compaction)
+            again = await self._compactor.settle(session_id, compaction)
+            if again is not None and start.session is not None:
+                # A manual compaction the crash cut off runs again, once.
+                await self._compact_manually(start.session, again)
         return bool(failed) or start.open_step is not None or compaction is not None
 
     async def fail_stale_tools(self, session_id: str, start: DrainStart | None = None) -> int:
@@ -409,9 +421,22 @@ class Runner:
             start = await self._store.queries.drain_start(session_id)
         await kill_recorded(self._blocking, start.tool_processes)
         stale = start.open_tool_calls
+        # A call whose permission ask is still pending never started: a late
+        # reply is refused (409), so it is recorded as never executed.
+        pending = await self._store.queries.permission_requests(session_id) if stale else []
+        asked = {(a.assistant_message_id, a.call_id) for a in pending}
         for call in stale:
+            never_ran = (call.assistant_message_id, call.id) in asked
             await self._store.append(
-                Command.of(stale_failure(session_id, call.assistant_message_id, call.id, call.name))
+                Command.of(
+                    stale_failure(
+                        session_id,
+                        call.assistant_message_id,
+                        call.id,
+                        call.name,
+                        executed=not never_ran,
+                    )
+                )
             )
         # The step that owned them (or one cut off while streaming or waiting
         # out a retry) gets its terminal too, after its calls: a message

@@ -54,7 +54,7 @@ from actors.execution import Execution, Terminal, widest
 from actors.generate import Generator
 from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import Scope, control_head, select_promotable
-from actors.instructions import InstructionEntries, Instructions
+from actors.instructions import InstructionEntries, Instructions, project_config_disabled
 from actors.interrupts import UNHELD, RemoteInterrupts
 from actors.leases import LeaseKeeper
 from actors.llm import (
@@ -201,6 +201,7 @@ class RuntimeConfig:
     instructions: InstructionSource | None = None
     #: Discover the project's AGENTS.md / CLAUDE.md files (``[runtime]
     #: project_instructions``); the data dir's AGENTS.md is read either way.
+    #: ``OPENCODE_DISABLE_PROJECT_CONFIG=1`` (or ``SESSIONRT_…``) also turns it off.
     project_instructions: bool = True
     #: Keep ``metadata.script`` of an imported session (``[runtime]
     #: import_scripts``). Off: a script makes the scripted model run its
@@ -548,7 +549,10 @@ class Runtime:
         instructions = Instructions(
             store=self.store,
             data_dir=self.config.data_dir,
-            discover_project=self.config.project_instructions,
+            # OPENCODE_DISABLE_PROJECT_CONFIG (or the SESSIONRT_ twin), read
+            # once as the runtime opens, switches it off like the config key.
+            discover_project=self.config.project_instructions
+            and not project_config_disabled(os.environ),
             guidance=self.mcp.guidance if self.mcp else None,
         )
         # Closed after execution stops (the stack unwinds in reverse).

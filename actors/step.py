@@ -10,13 +10,25 @@ Order of facts for a step (all carry ``assistantMessageID``):
 stream finished without one; it never makes the step continue. Tool calls are
 owned by :class:`~actors.tool_calls.ToolCalls`, one per assistant message.
 
+The record starts at the first output (glossary: "A Step record covers only
+the model-visible span from first assistant output through tool settlement;
+pre-flight leaves no record, and one Step settles at most one record"). The
+assistant message id is allocated before the first call (``retry.scheduled``
+names it), but ``step.started`` is written only with the first text,
+reasoning or tool input the model streams (or with the terminal of an answer
+that had none). A failure or an interrupt before any output, or during a
+retry wait, leaves no assistant message: the execution's terminal carries
+the error. A retry, the rebuild without native continuation state and the
+overflow-triggered compaction's rebuild all happen before output, so they
+stay inside the one record, under the same id.
+
 A step makes one physical attempt, or several (seeds, "One Step May Have
 Several Physical Attempts"; reference §4.4, §4.6). After a failed attempt:
 
 - **retry**: a rate limit, a provider-internal failure, a transport failure
   not known to be delivered, or an incomplete stream, *before* any durable
   output: ``session.retry.scheduled {attempt, at, error}``, sleep until
-  ``at``, try again with the same assistant message (no step allowance used);
+  ``at``, try again with the same assistant message id (no step allowance used);
 - **continue**: an incomplete stream *after* durable output: the partial
   message fails (``step.failed``, its text kept), the wait is scheduled the
   same way, a synthetic continuation instruction is recorded and a new
@@ -32,8 +44,9 @@ Several Physical Attempts"; reference §4.4, §4.6). After a failed attempt:
 
 Partial output is never lost: on failure or interrupt every open text or
 reasoning block is closed durably with what streamed, then the started tool
-calls settle, then the step's terminal. An interrupt (the drain task is
-cancelled) ends a backoff at once and fails the step as ``aborted``.
+calls settle, then the step's terminal (when it has a record). An interrupt
+(the drain task is cancelled) ends a backoff at once; a step with a record
+fails as ``aborted``.
 
 Live deltas never overtake their part: a delta waits until its part's
 ``*.started`` has committed, since durable events reach subscribers only
@@ -107,7 +120,6 @@ CONTINUE_TEXT: Final = (
     " stopped, without repeating what you already wrote."
 )
 CONTINUE_DESCRIPTION: Final = "Continuing after an incomplete response"
-_ABORTED: Final = ev.ErrorInfo(type="aborted", message="Step interrupted")
 
 #: Builds the step's request again from projected history; ``native=False``
 #: leaves out every provider-native continuation state (a full rebuild).
@@ -216,17 +228,27 @@ class _Journal:
 class _Attempt:
     """The mutable bookkeeping of one physical attempt (one assistant message)."""
 
-    def __init__(self, store: Store, bus: EventBus, session_id: str, assistant_id: str):
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        session_id: str,
+        assistant_id: str,
+        record: ev.StepStarted,
+    ):
         self.journal = _Journal(store, bus)
         self.session_id = session_id
         self.assistant_id = assistant_id
+        #: The step's ``step.started``, written at its first output (:meth:`begin`).
+        self.record = record
         #: Open text/reasoning blocks: ordinal -> (kind, pieces streamed so far).
         self.blocks: dict[int, tuple[str, list[str]]] = {}
         self.inputs: dict[str, list[str]] = {}
         #: Native continuation state seen so far (reasoning signatures by ordinal).
         self.signatures: dict[str, str] = {}
-        #: Whether anything of the answer is durable yet (then a retry would
-        #: contradict what the user saw: the step continues instead).
+        #: Whether anything of the answer is durable yet, so the step has its
+        #: record (then a retry would contradict what the user saw: the step
+        #: continues instead).
         self.output = False
         self.calls: ToolCalls
         #: The step's snapshots around its writing calls (None without a store).
@@ -235,6 +257,12 @@ class _Attempt:
     @property
     def provider_state(self) -> dict[str, Any] | None:
         return {"reasoning": dict(self.signatures)} if self.signatures else None
+
+    def begin(self) -> None:
+        """The first output: the step's record starts (before the output's own event)."""
+        if not self.output:
+            self.output = True
+            self.journal.emit(self.record)
 
 
 class StepRunner:
@@ -283,29 +311,19 @@ class StepRunner:
 
         ``compact`` (None when automatic compaction is off) runs the one
         overflow-triggered compaction a step may have; the same logical step
-        is then rebuilt from the compacted history in a new assistant message.
+        is then rebuilt from the compacted history, under the same assistant
+        message id (no record was written: the overflow came before output).
         """
         policy = attrs.evolve(self._retry)  # a fresh budget (and generator state) per step
         assistant_id = ids.message_id()
+        dispatched = now_ms()  # the record's ``started``, whenever it is written
         physical = 0  # physical attempts made, for request.metadata["attempt"]
         retries = 0  # generic retries and continuations spent
         rebuilt = False
         compacted = False
-        started = False
         while True:
             physical += 1
-            step = self._attempt(session, agent, assistant_id)
-            if not started:
-                started = True
-                step.journal.emit(
-                    ev.StepStarted(
-                        session_id=session.id,
-                        assistant_message_id=assistant_id,
-                        agent=agent.name,
-                        model=request.model,
-                        started=now_ms(),
-                    )
-                )
+            step = self._attempt(session, agent, assistant_id, request, dispatched)
             attempt = attrs.evolve(request, metadata={**request.metadata, "attempt": physical})
             try:
                 finished = await self._stream(step, attempt, limited)
@@ -336,9 +354,9 @@ class StepRunner:
                         return await self._failed(
                             step, _overflow(error, step.output, compact is None, compacted)
                         )
-                    # Before any output: the attempt's message ends, one
-                    # compaction runs, the same step starts over after it.
-                    await finish(self._fail(step, error))
+                    # Before any output (so no record yet): one compaction
+                    # runs, the same step starts over after it, same id.
+                    await finish(self._discard(step))
                     compacted = True
                     if not await compact():
                         return StepOutcome(
@@ -348,7 +366,6 @@ class StepRunner:
                                 f" and compacting the session failed: {error.message}",
                             )
                         )
-                    assistant_id, started = ids.message_id(), False
                     request = await rebuild(True)
                     continue
                 retries += 1
@@ -363,7 +380,7 @@ class StepRunner:
                     return await self._failed(step, error)
                 # Cut off after output: keep the partial message, continue in a new one.
                 await finish(self._fail(step, error))
-                await self._backoff(session.id, assistant_id, retries, delay, error, failed=True)
+                await self._backoff(session.id, assistant_id, retries, delay, error)
                 await step.journal.durable(
                     ev.SyntheticRecorded(
                         session_id=session.id,
@@ -373,7 +390,7 @@ class StepRunner:
                         metadata={"notice": "continue", "after": assistant_id},
                     )
                 )
-                assistant_id, started = ids.message_id(), False
+                assistant_id, dispatched = ids.message_id(), now_ms()
                 request = await rebuild(True)
                 continue
             except FencedError:
@@ -399,8 +416,22 @@ class StepRunner:
             return None
         return await step.writes.record()
 
-    def _attempt(self, session: Session, agent: Agent, assistant_id: str) -> _Attempt:
-        step = _Attempt(self._store, self._bus, session.id, assistant_id)
+    def _attempt(
+        self,
+        session: Session,
+        agent: Agent,
+        assistant_id: str,
+        request: ModelRequest,
+        dispatched: int,
+    ) -> _Attempt:
+        record = ev.StepStarted(
+            session_id=session.id,
+            assistant_message_id=assistant_id,
+            agent=agent.name,
+            model=request.model,
+            started=dispatched,
+        )
+        step = _Attempt(self._store, self._bus, session.id, assistant_id, record)
         if self._snapshots is not None:
             step.writes = StepWrites(self._snapshots, session.location.directory)
         step.calls = ToolCalls(
@@ -430,10 +461,12 @@ class StepRunner:
         attempt: int,
         delay_ms: int,
         error: ev.ErrorInfo,
-        *,
-        failed: bool = False,
     ) -> None:
-        """Publish the retry, then wait for it; an interrupt ends the wait at once."""
+        """Publish the retry, then wait for it; an interrupt ends the wait at once.
+
+        Nothing else to settle then: a retry comes before any output (no
+        record), a continuation after its message failed.
+        """
         at = now_ms() + delay_ms
         event = ev.RetryScheduled(
             session_id=session_id,
@@ -443,23 +476,7 @@ class StepRunner:
             error=error,
         )
         await self._store.append(Command.of(event))
-        try:
-            await asyncio.sleep(max(0, at - now_ms()) / 1000)
-        except asyncio.CancelledError:
-            if not failed:
-                # The message started and never got a terminal: it gets one now.
-                await finish(
-                    self._store.append(
-                        Command.of(
-                            ev.StepFailed(
-                                session_id=session_id,
-                                assistant_message_id=assistant_id,
-                                error=_ABORTED,
-                            )
-                        )
-                    )
-                )
-            raise
+        await asyncio.sleep(max(0, at - now_ms()) / 1000)
 
     async def _stream(self, step: _Attempt, request: ModelRequest, limited: bool) -> Finish | None:
         provider = self._providers.resolve(request.model)
@@ -470,7 +487,7 @@ class StepRunner:
                     case TextStart(ordinal=n) | ReasoningStart(ordinal=n):
                         text = isinstance(part, TextStart)
                         step.blocks[n] = ("text" if text else "reasoning", [])
-                        step.output = True
+                        step.begin()
                         step.journal.emit(
                             ev.TextStarted(**on, ordinal=n)
                             if text
@@ -494,7 +511,7 @@ class StepRunner:
                         await self._close(step, n)
                     case ToolInputStart(id=call_id, name=name):
                         step.inputs[call_id] = []
-                        step.output = True
+                        step.begin()
                         step.calls.input_started(call_id, name)
                         step.journal.emit(ev.ToolInputStarted(**on, id=call_id, name=name))
                     case ToolInputDelta(id=call_id, delta=d):
@@ -513,14 +530,15 @@ class StepRunner:
                             )
                         )
                     case ToolCall(hosted=True):
-                        step.output = True
+                        step.begin()
                         await step.calls.hosted(part)
                     case ToolCall():
                         # tool.called is durable output: retrying the message from
                         # scratch would forget a call that may have run.
-                        step.output = True
+                        step.begin()
                         await step.calls.called(part, limited=limited)
                     case HostedResult():
+                        step.begin()
                         await step.calls.hosted_result(part)
                     case Finish():
                         return part
@@ -529,6 +547,7 @@ class StepRunner:
     async def _close(self, step: _Attempt, ordinal: int) -> None:
         """Close a text/reasoning block durably with what streamed into it."""
         kind, pieces = step.blocks.pop(ordinal, ("text", []))
+        step.begin()  # a block whose start never came is output all the same
         await step.journal.live.drain()  # its deltas go out before its end
         on = {"session_id": step.session_id, "assistant_message_id": step.assistant_id}
         text = "".join(pieces)
@@ -548,9 +567,16 @@ class StepRunner:
         return StepOutcome(error=error)
 
     async def _fail(self, step: _Attempt, error: ev.ErrorInfo) -> None:
-        """The attempt's terminal after a failure: partial output kept, every call settled."""
+        """The attempt's terminal after a failure: partial output kept, every call settled.
+
+        Before any output there is no record to fail: the execution's terminal
+        carries ``error``.
+        """
         for ordinal in sorted(step.blocks):
             await self._close(step, ordinal)
+        if not step.output:
+            await self._discard(step)
+            return
         await step.calls.cancel()
         step.calls.fail_unfinished("Tool input interrupted")
         # What its writing calls changed stays revertible after a failure too.
@@ -574,6 +600,7 @@ class StepRunner:
         limited: bool,
     ) -> StepOutcome:
         sid, aid = step.session_id, step.assistant_id
+        step.begin()  # an answer with no output at all still settles one record
         step.calls.fail_unfinished("The model never completed the tool call")
         await step.calls.fail_hosted_missing()
         if finished.reason == "content-filter":

@@ -412,7 +412,8 @@ class StepStarted(Event):
     assistant_message_id: str
     agent: str
     model: ModelRef
-    #: Dispatch time, epoch ms.
+    #: Dispatch time of the step's first attempt, epoch ms (the event itself
+    #: is written at the step's first output: no output, no record).
     started: int
     #: The file snapshot before the step, in logs written before snapshots
     #: became lazy (now on ``step.ended``/``step.failed`` as ``before``).

@@ -41,6 +41,7 @@
     compaction_buffer = 20000            # reserved headroom, tokens
     compaction_tail_tokens = 15000       # recent tail kept verbatim, tokens
     project_instructions = true          # read the project's AGENTS.md / CLAUDE.md files
+                                         # (OPENCODE_/SESSIONRT_DISABLE_PROJECT_CONFIG=1: off)
     import_scripts = false               # keep an import's metadata.script (it runs as a script)
     host_id = "web-1"                    # this host's lease owner id; random per start when unset
     lease_ttl_ms = 10000                 # an execution lease's life, renewed every ttl/4

@@ -38,7 +38,6 @@ import os
 import queue
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
@@ -46,6 +45,7 @@ import orjson
 
 from storage._replay import mismatched, refusal, stored_replay
 from storage.batch import Outcome, Prepared
+from storage.clock import SYSTEM, Clock
 from storage.errors import AppendConflictError, StorageBrokenError, StoreLockedError
 from storage.lease import LeaseRow, LeaseUse, use_lease
 from storage.projectors import project
@@ -87,8 +87,10 @@ class Writer:
         synchronous: Synchronous,
         loop: asyncio.AbstractEventLoop,
         on_done: Done,
+        clock: Clock = SYSTEM,
     ) -> None:
         self._path = path
+        self._clock = clock
         self._synchronous = synchronous
         self._loop = loop
         self._on_done = on_done
@@ -378,11 +380,11 @@ class Writer:
         the epoch the command holds.
 
         Raises :class:`LeaseHeldError` or :class:`FencedError`; the caller rolls
-        the command back either way. The clock is this writer's: on SQLite every
-        host is this one process.
+        the command back either way. The clock is this writer's (its ``clock``): on
+        SQLite every host is this one process.
         """
         held = self._lease(conn, use.session_id)
-        row, epoch = use_lease(held, use, time.time_ns() // 1_000_000)
+        row, epoch = use_lease(held, use, self._clock.now_ms())
         if row != held and row is not None:
             conn.execute(_WRITE_LEASE, (use.session_id, *row))
             self._set_lease(use.session_id, row, undo)

@@ -40,6 +40,7 @@ from storage._inline_reads import InlineReader
 from storage._subscribers import Subscribers
 from storage._writer import Synchronous, Writer, shared_lock
 from storage.batch import Outcome, Prepared, prepare
+from storage.clock import SYSTEM, Clock
 from storage.errors import StorageBrokenError, StoreClosedError
 from storage.lease import apply_fence
 from storage.queries import DECODE_CACHE_BYTES, Queries, Row
@@ -86,8 +87,11 @@ class SQLiteStore(LogReads):
         readers: int = 4,
         read_only: bool = False,
         decode_cache_bytes: int = DECODE_CACHE_BYTES,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.path = os.fspath(path)
+        #: What lease expiry is measured on (the writer's clock; tests advance their own).
+        self.clock = clock
         self.synchronous: Synchronous = synchronous
         self.read_only = read_only
         self._shared_lock: int | None = None
@@ -140,6 +144,7 @@ class SQLiteStore(LogReads):
                     synchronous=self.synchronous,
                     loop=asyncio.get_running_loop(),
                     on_done=self._batch_done,
+                    clock=self.clock,
                 )
                 await self._writer.start()
             target = f"file:{self.path}?mode=ro" if self.read_only else self.path

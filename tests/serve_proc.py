@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from proc_groups import kill_group
+
 EXE = str(Path(sys.executable).with_name("sessionrt"))
 
 
@@ -23,12 +25,14 @@ class Served:
 async def serving(
     data_dir: Path, *args: str, guard_s: float = 60.0, **spawn: Any
 ) -> AsyncIterator[Served]:
-    """Start serve with ``args``; yields once it prints where it listens; kills it after.
+    """Start serve with ``args``; yields once it prints where it listens; kills its
+    process group after (tests/conftest.py's reap catches what an interrupt skips).
 
     ``spawn`` goes to :func:`asyncio.create_subprocess_exec` (stderr is a pipe
     unless given; stdout is always one, read for the address).
     """
     spawn.setdefault("stderr", asyncio.subprocess.PIPE)
+    spawn.setdefault("start_new_session", True)  # killed with all it started, below
     proc = await asyncio.create_subprocess_exec(
         EXE,
         *("serve", "--port", "0", "--data-dir", str(data_dir), *args),
@@ -42,6 +46,6 @@ async def serving(
         assert match, line
         yield Served(proc, match.group(0))
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        if proc.returncode is None:  # not reaped: its pid still names its group
+            kill_group(proc)
         await proc.wait()

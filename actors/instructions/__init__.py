@@ -11,12 +11,19 @@ from actors.instructions._admission import (
     InstructionsUnavailableError,
 )
 from actors.instructions._render import render_baseline, render_change, render_removal
-from actors.instructions._sources import DISCOVERY_KEY, SKILLS_KEY, reference_key
+from actors.instructions._sources import (
+    DISABLE_PROJECT_CONFIG_ENV,
+    DISCOVERY_KEY,
+    SKILLS_KEY,
+    project_config_disabled,
+    reference_key,
+)
 from actors.instructions._values import ENTRY_KEY, ENTRY_MAX_BYTES, KEY, digest, encode
 from actors.instructions.entries import InstructionEntries
 
 __all__ = [
     "BASELINE_CACHE_BYTES",
+    "DISABLE_PROJECT_CONFIG_ENV",
     "DISCOVERY_KEY",
     "ENTRY_KEY",
     "ENTRY_MAX_BYTES",
@@ -27,6 +34,7 @@ __all__ = [
     "InstructionsUnavailableError",
     "digest",
     "encode",
+    "project_config_disabled",
     "reference_key",
     "render_baseline",
     "render_change",

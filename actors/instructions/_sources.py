@@ -12,6 +12,12 @@
 - **references** (``reference/<path>``): files the agent's configuration
   names, confined to the session's directory.
 
+Project discovery (the upward AGENTS.md / CLAUDE.md walk) is off when the
+runtime says so (``[runtime] project_instructions = false``) or when the
+environment sets ``OPENCODE_DISABLE_PROJECT_CONFIG`` or its twin
+``SESSIONRT_DISABLE_PROJECT_CONFIG`` to ``1`` or ``true``
+(:func:`project_config_disabled`); the data dir's file is read either way.
+
 A missing file is an observed absence. A file that exists but cannot be read
 (permissions, a symlink loop, not UTF-8, over :data:`MAX_FILE_BYTES`) makes its
 source *unavailable*: it blocks an initial baseline and otherwise keeps the
@@ -34,6 +40,7 @@ import attrs
 from actors.confine import PROJECT_CONFIG_DIR
 
 __all__ = [
+    "DISABLE_PROJECT_CONFIG_ENV",
     "DISCOVERY_KEY",
     "MAX_FILE_BYTES",
     "SKILLS_KEY",
@@ -41,6 +48,7 @@ __all__ = [
     "FileSpec",
     "Observation",
     "observe_files",
+    "project_config_disabled",
     "project_walk",
     "reference_key",
 ]
@@ -49,6 +57,21 @@ DISCOVERY_KEY: Final = "discovery/agents"
 SKILLS_KEY: Final = "skill/available"
 #: A larger instruction file is not read (its source is unavailable).
 MAX_FILE_BYTES: Final = 1024 * 1024
+#: Environment switches that turn project discovery off (the glossary's name first).
+DISABLE_PROJECT_CONFIG_ENV: Final = (
+    "OPENCODE_DISABLE_PROJECT_CONFIG",
+    "SESSIONRT_DISABLE_PROJECT_CONFIG",
+)
+
+
+def project_config_disabled(environ: Mapping[str, str]) -> bool:
+    """Whether either switch is set to ``1`` or ``true`` (any case) in ``environ``."""
+    return any(
+        environ.get(name, "").strip().lower() in ("1", "true")
+        for name in DISABLE_PROJECT_CONFIG_ENV
+    )
+
+
 _KEY_UNSAFE: Final = re.compile(r"[^a-z0-9._/-]+")
 
 

@@ -23,8 +23,8 @@ decides, in this order (the first that matches wins):
     invalid request    any other 4xx, type invalid_request_error / not_found_error
     unknown            anything else (retryable, as the reference says)
 
-``x-should-retry`` overrides the class's retryability (never context
-overflow's); ``retry-after-ms``/``retry-after`` become ``retry_after_ms``.
+``x-should-retry: false`` vetoes a retryable class's retry (``true`` never
+widens it); ``retry-after-ms``/``retry-after`` become ``retry_after_ms``.
 """
 
 from __future__ import annotations

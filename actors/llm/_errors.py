@@ -25,9 +25,11 @@ whether retrying the *same* request can help::
 classify ("UnknownProvider" in the reference), which is retryable.
 
 ``should_retry_override`` holds a provider's ``x-should-retry: true|false``
-response header; adapters set it and it wins over the class's default.
-Context overflow is the one exception: the same request would overflow
-again, so it is never retried, whatever the header says.
+response header; adapters set it. Retry stays narrow (contract, "Retry Is
+Narrow And Observable"): the header may *stop* the retry of a retryable
+class (``false``), never *start* one for a class that is not retryable
+(``true`` on a 401, a 400, a sent transport failure or a context overflow
+changes nothing).
 
 Whether a failure happened *before* or *after* durable output is not the
 error's business: the runner knows what it has published and decides between
@@ -77,10 +79,11 @@ class ProviderError(SessionRtError):
 
     @property
     def retryable(self) -> bool:
-        """Whether retrying the same request may succeed (the override wins)."""
-        if self.should_retry_override is not None:
-            return self.should_retry_override
-        return self._retryable
+        """Whether retrying the same request may succeed.
+
+        ``x-should-retry: false`` vetoes a retry; ``true`` cannot widen the set.
+        """
+        return self._retryable and self.should_retry_override is not False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r})"
@@ -131,9 +134,7 @@ class TransportError(ProviderError):
 
     @property
     def retryable(self) -> bool:
-        if self.should_retry_override is not None:
-            return self.should_retry_override
-        return self.delivery != "sent"
+        return self.delivery != "sent" and self.should_retry_override is not False
 
 
 class IncompleteStreamError(ProviderError):
@@ -147,12 +148,6 @@ class ContextOverflowError(ProviderError):
 
     type = "provider.context-overflow"
     _retryable = False
-
-    @property
-    def retryable(self) -> bool:
-        # Replaying the same oversized request cannot succeed; the runner
-        # compacts instead, so not even x-should-retry: true makes it retryable.
-        return False
 
 
 class ContinuationRejectedError(ProviderError):

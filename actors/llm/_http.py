@@ -13,7 +13,12 @@ with the delivery state retry needs:
   adapter's ``classify`` (the formats differ);
 - it broke, stalled past the idle-read timeout or ended after the stream
   started: :class:`IncompleteStreamError`, the adapter adds whether output was
-  produced.
+  produced;
+- a 2xx ``application/json`` answer to the stream request (gateways do this:
+  LiteLLM's proxy for a mock model) is read whole, up to
+  :data:`MAX_JSON_ANSWER` bytes, and handed over as one :class:`JSONAnswer`
+  that the adapter reads as the complete message; any other content type that
+  carries no event at all is an :class:`IncompleteStreamError` naming it.
 
 Messages never carry the key, the host or the URL: aiohttp's own exception
 texts name the host, so only their class names are used, and provider texts
@@ -34,18 +39,21 @@ from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
+import attrs
 import orjson
 
 from actors.llm._config import ProviderConfig
 from actors.llm._errors import IncompleteStreamError, ProviderError, TransportError
-from actors.llm._sse import SSEDecoder, SSEEvent, SSELineTooLongError
+from actors.llm._sse import MAX_LINE_BYTES, SSEDecoder, SSEEvent, SSELineTooLongError
 from actors.llm._stream import StreamPart
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "IDLE_READ_TIMEOUT_S",
+    "MAX_JSON_ANSWER",
     "ErrorClassifier",
     "HttpTransport",
+    "JSONAnswer",
     "StreamBrokenError",
     "StreamState",
     "error_body",
@@ -69,6 +77,11 @@ MAX_MESSAGE: Final = 2000
 #: and the next step would pay a new TCP and TLS handshake).
 DRAIN_TIMEOUT_S: Final = 1.0
 
+#: The largest whole JSON answer read in place of a stream (a message no
+#: model's output limit comes near; the same bound as one SSE line).
+MAX_JSON_ANSWER: Final = MAX_LINE_BYTES
+_EVENT_STREAM: Final = "text/event-stream"
+
 ErrorClassifier = Callable[[int, Mapping[str, str], bytes], ProviderError]
 
 
@@ -78,6 +91,22 @@ class StreamBrokenError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class NotAStreamError(StreamBrokenError):
+    """A 2xx answer that is no event stream and no readable JSON message."""
+
+
+@attrs.frozen
+class JSONAnswer:
+    """A whole ``application/json`` answer to a stream request, decoded."""
+
+    content_type: str
+    data: Any
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type == "application/json" or content_type.endswith("+json")
 
 
 def retry_after_ms(headers: Mapping[str, str], *, now: float | None = None) -> int | None:
@@ -196,8 +225,9 @@ class HttpTransport:
         headers: Mapping[str, str],
         body: Mapping[str, Any],
         classify: ErrorClassifier,
-    ) -> AsyncGenerator[SSEEvent, None]:
-        """POST ``body`` and yield the SSE events of a 2xx answer (see the module doc)."""
+    ) -> AsyncGenerator[SSEEvent | JSONAnswer, None]:
+        """POST ``body`` and yield the SSE events of a 2xx answer, or its one
+        :class:`JSONAnswer` when it came as JSON (see the module doc)."""
         payload = orjson.dumps(body)
         session = self._client()
         name = self.config.id
@@ -233,21 +263,55 @@ class HttpTransport:
                 except (TimeoutError, aiohttp.ClientError, OSError):
                     pass  # the status alone still classifies the failure
                 raise classify(response.status, response.headers, raw)
-            decoder = SSEDecoder()
+            content_type = response.content_type
             content = response.content
+            if _is_json(content_type):
+                yield await _json_answer(content, content_type)
+                return
+            decoder = SSEDecoder()
+            seen = False
             try:
                 while True:
                     chunk = await content.readany()
                     if not chunk:
                         break
                     for event in decoder.feed(chunk):
+                        seen = True
                         yield event
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 raise StreamBrokenError(type(exc).__name__) from None
             except SSELineTooLongError as exc:
                 raise StreamBrokenError(str(exc)) from None
             for event in decoder.close():
+                seen = True
                 yield event
+            if not seen and content_type != _EVENT_STREAM:
+                # Said once here rather than as "ended before its finish":
+                # the answer was never a stream (an HTML error page, say).
+                raise NotAStreamError(
+                    f"the provider answered {content_type or 'without a content type'}"
+                    f", not {_EVENT_STREAM}"
+                )
+
+
+async def _json_answer(content: aiohttp.StreamReader, content_type: str) -> JSONAnswer:
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while piece := await content.readany():
+            size += len(piece)
+            if size > MAX_JSON_ANSWER:
+                raise NotAStreamError(
+                    f"the provider's {content_type} answer exceeds {MAX_JSON_ANSWER} bytes"
+                )
+            chunks.append(piece)
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise StreamBrokenError(type(exc).__name__) from None
+    try:
+        data = orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError:
+        raise NotAStreamError(f"the provider's {content_type} answer is no JSON") from None
+    return JSONAnswer(content_type=content_type, data=data)
 
 
 class StreamState(Protocol):
@@ -259,6 +323,10 @@ class StreamState(Protocol):
     def event(self, event: SSEEvent) -> list[StreamPart]: ...
 
     def end(self) -> list[StreamPart]: ...
+
+    def answer(self, answer: JSONAnswer) -> list[StreamPart]:
+        """Every part of a whole JSON answer, its Finish last (or raises)."""
+        ...
 
     def incomplete(self, why: str) -> IncompleteStreamError: ...
 
@@ -283,6 +351,9 @@ async def normalized(
     try:
         async with contextlib.aclosing(events):
             async for event in events:
+                if isinstance(event, JSONAnswer):
+                    final = state.answer(event)
+                    break
                 parts = state.event(event)
                 if state.done:
                     final = parts
@@ -296,6 +367,8 @@ async def normalized(
                             pass
         if final is None:
             final = state.end()
+    except NotAStreamError as exc:
+        raise state.incomplete(exc.reason) from None
     except StreamBrokenError as exc:
         raise state.incomplete(f"the stream broke ({exc.reason})") from None
     except ProviderError as exc:

@@ -15,7 +15,9 @@
     error                a failure in the middle of the stream
 
 A body that ends or breaks before ``message_stop`` is an
-:class:`IncompleteStreamError`.
+:class:`IncompleteStreamError`. A gateway that answers the stream request with
+the whole message as ``application/json`` (LiteLLM's proxy does for a mock
+model) is read as that message: its content blocks become the same parts.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from actors.llm._anthropic_body import anthropic_body
 from actors.llm._classify import classify
 from actors.llm._config import ProviderConfig
 from actors.llm._errors import IncompleteStreamError, ProviderError
-from actors.llm._http import HttpTransport, error_body, normalized
+from actors.llm._http import HttpTransport, JSONAnswer, error_body, normalized
 from actors.llm._request import ModelRequest
 from actors.llm._sse import SSEEvent
 from actors.llm._stream import (
@@ -101,7 +103,37 @@ class AnthropicStream:
             raise self.incomplete("an unreadable stream event") from None
         if not isinstance(data, dict):
             return []
-        kind = data.get("type", event.event)
+        return self._event(data, data.get("type", event.event))
+
+    def answer(self, answer: JSONAnswer) -> list[StreamPart]:
+        """A whole Messages response, as the events that would have streamed it."""
+        data = answer.data
+        kind = data.get("type") if isinstance(data, dict) else None
+        if kind == "error":
+            return self._event(data, kind)
+        if kind != "message" or not isinstance(data.get("content"), list):
+            raise self.incomplete(f"the provider answered {answer.content_type} with no message")
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        out = self._event({"message": {"usage": usage}}, "message_start")
+        for index, block in enumerate(data["content"]):
+            if not isinstance(block, dict):
+                continue
+            out += self._event({"index": index, "content_block": block}, "content_block_start")
+            delta: dict[str, Any] | None = None
+            if block.get("type") == "tool_use" and block.get("input"):
+                arguments = orjson.dumps(block["input"]).decode()
+                delta = {"type": "input_json_delta", "partial_json": arguments}
+            elif block.get("type") == "thinking" and isinstance(block.get("signature"), str):
+                delta = {"type": "signature_delta", "signature": block["signature"]}
+            if delta is not None:
+                out += self._event({"index": index, "delta": delta}, "content_block_delta")
+            out += self._event({"index": index}, "content_block_stop")
+        out += self._event(
+            {"delta": {"stop_reason": data.get("stop_reason")}, "usage": usage}, "message_delta"
+        )
+        return out + self._event({}, "message_stop")
+
+    def _event(self, data: Mapping[str, Any], kind: Any) -> list[StreamPart]:
         out: list[StreamPart] = []
         if kind == "content_block_delta":
             self._delta(data, out)

@@ -16,7 +16,9 @@ the stream (some compatible servers send one) is a failure.
 The stream ends with :class:`Finish` at ``[DONE]``, or at the end of the
 body when a finish reason was seen (servers that omit ``[DONE]``); a body
 that ends or breaks before any finish reason is an
-:class:`IncompleteStreamError`.
+:class:`IncompleteStreamError`. A gateway that answers the stream request
+with a whole ``chat.completion`` as ``application/json`` is read as that
+completion: its message becomes one chunk's delta.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import orjson
 from actors.llm._classify import classify
 from actors.llm._config import ProviderConfig
 from actors.llm._errors import IncompleteStreamError, ProviderError
-from actors.llm._http import HttpTransport, error_body, normalized
+from actors.llm._http import HttpTransport, JSONAnswer, error_body, normalized
 from actors.llm._openai_body import openai_body
 from actors.llm._request import ModelRequest
 from actors.llm._sse import SSEEvent
@@ -108,6 +110,38 @@ class OpenAIStream:
             ) from None
         if not isinstance(chunk, dict):
             return []
+        return self._chunk(chunk)
+
+    def answer(self, answer: JSONAnswer) -> list[StreamPart]:
+        """A whole chat completion, as the one chunk that would have streamed it."""
+        data = answer.data
+        if isinstance(data, dict) and isinstance(data.get("error"), dict):
+            raise self._error(data["error"])
+        choices = data.get("choices") if isinstance(data, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices else None
+        choice: Mapping[str, Any] = first if isinstance(first, dict) else {}
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise self.incomplete(f"the provider answered {answer.content_type} with no message")
+        calls = message.get("tool_calls")
+        delta = {
+            "content": message.get("content"),
+            "reasoning_content": message.get("reasoning_content") or message.get("reasoning"),
+            "tool_calls": [
+                {**call, "index": index}
+                for index, call in enumerate(calls if isinstance(calls, list) else ())
+                if isinstance(call, dict)
+            ],
+        }
+        out = self._chunk(
+            {
+                "choices": [{"delta": delta, "finish_reason": choice.get("finish_reason")}],
+                "usage": data.get("usage"),
+            }
+        )
+        return out + self.end()
+
+    def _chunk(self, chunk: Mapping[str, Any]) -> list[StreamPart]:
         out: list[StreamPart] = []
         error = chunk.get("error")
         if isinstance(error, dict):

@@ -63,7 +63,8 @@ of ``#``, a keyword, and its argument after one space::
 
 - ``retry-after=<ms>`` (rate-limit and internal only) sets ``retry_after_ms``;
 - ``delivery=unknown|not-sent|sent`` (transport only, default unknown);
-- ``should-retry=true|false`` sets ``should_retry_override`` (the header);
+- ``should-retry=true|false`` sets ``should_retry_override`` (the header, which
+  may stop a retry but never start one);
 - ``attempts=<n>`` fails only physical attempts 1..n of the step, read from
   ``request.metadata["attempt"]`` (default 1), so a retry succeeds;
   ``once`` means ``attempts=1``. Without either, every attempt fails;

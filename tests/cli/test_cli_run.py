@@ -1,4 +1,6 @@
-"""``sessionrt run | sessions | log | openapi``, run as real subprocesses of the console script."""
+"""``sessionrt run | sessions | log | openapi``: through the CLI's ``main`` in-process, and
+one end-to-end test per command (and Ctrl-C, and the working directory) on real
+subprocesses of the console script."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import Any
 
 import attrs
 import pytest
+from cli_inprocess import Done, sessionrt
+from proc_groups import kill_group
 
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import events as ev
@@ -26,25 +30,21 @@ TIMEOUT = 30
 TOOL_SCRIPT = '#tool bash {"command": "echo hi"}\n#step\n#text finished'
 
 
-@attrs.frozen
-class Done:
-    code: int | None
-    out: str
-    err: str
-
-    def lines(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.out.splitlines()]
-
-
-async def sessionrt(*args: str, env: dict[str, str] | None = None) -> Done:
+async def sessionrt_process(*args: str, env: dict[str, str] | None = None) -> Done:
+    """``sessionrt ARGS`` as a real subprocess of the console script: one end-to-end test
+    per command; the rest call ``main`` in-process (tests/cli_inprocess.py)."""
     proc = await asyncio.create_subprocess_exec(
         EXE,
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
+        start_new_session=True,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    finally:
+        kill_group(proc)
     done = Done(proc.returncode, out.decode(), err.decode())
     assert "Traceback" not in done.err, done.err
     return done
@@ -65,7 +65,7 @@ def data(tmp_path: Path) -> list[str]:
 
 
 async def test_run_streams_the_answer_to_stdout(data: list[str]) -> None:
-    done = await sessionrt("run", "hello", *data)
+    done = await sessionrt_process("run", "hello", *data)
     assert done.code == 0, done.err
     assert done.out == "Scripted reply: hello\n"
     session_of(done)
@@ -232,7 +232,7 @@ async def test_a_bad_port_in_the_config_file_is_clear(tmp_path: Path) -> None:
 
 
 async def test_openapi_prints_the_document() -> None:
-    done = await sessionrt("openapi")
+    done = await sessionrt_process("openapi")
     assert done.code == 0
     doc = json.loads(done.out)
     assert doc["openapi"] == "3.1.0"
@@ -261,16 +261,20 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         *data,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
     )
-    assert proc.stdout is not None
-    line = (await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)).decode()
-    match = re.search(r"http://\S+", line)
-    assert match, line
     try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)).decode()
+        match = re.search(r"http://\S+", line)
+        assert match, line
         yield Served(match.group(0), data)
-    finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            kill_group(proc)
+            await proc.communicate()
 
 
 async def test_run_sessions_and_log_over_the_network(served: Served) -> None:
@@ -398,7 +402,7 @@ async def test_reading_commands_leave_a_claimed_session_and_the_log_untouched(
 
 async def test_reading_a_data_dir_without_a_database_creates_nothing(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    listed = await sessionrt("sessions", "--json", "--data-dir", str(data))
+    listed = await sessionrt_process("sessions", "--json", "--data-dir", str(data))
     assert (listed.code, listed.out) == (0, "[]\n")
     log = await sessionrt("log", "ses_1a22a3be2a7000JvJTfrpOXG6sZp", "--data-dir", str(data))
     assert log.code == 1

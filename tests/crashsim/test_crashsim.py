@@ -9,13 +9,13 @@ import itertools
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from proc_groups import run_in_group
 
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import ModelRef
@@ -47,14 +47,11 @@ def test_a_short_run_passes_with_kills_and_admissions(tmp_path: Path) -> None:
     python = VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable)
     args = ["--sessions", "3", "--iterations", "3", "--seed", "1", "--json", "--quiet"]
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    done = subprocess.run(
+    done = run_in_group(
         [str(python), str(SCRIPT), *args],
         cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=240,
-        check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(done.stdout)
@@ -70,14 +67,11 @@ def test_a_short_run_of_mid_revert_kills_passes(tmp_path: Path) -> None:
     """Each boot is killed with a revert stopped at a hook point; the next checks the files."""
     python = VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable)
     args = ["--modes", "mid-revert", "--sessions", "2", "--iterations", "3", "--seed", "4"]
-    done = subprocess.run(
+    done = run_in_group(
         [str(python), str(SCRIPT), *args, "--json", "--quiet"],
         cwd=ROOT,
         env={**os.environ, "TMPDIR": str(tmp_path)},
-        capture_output=True,
-        text=True,
         timeout=240,
-        check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(done.stdout)

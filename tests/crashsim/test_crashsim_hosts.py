@@ -11,12 +11,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import secrets
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from proc_groups import run_in_group
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "crashsim.py"
@@ -40,17 +40,14 @@ async def database() -> AsyncIterator[str]:
 
 
 def test_three_hosts_with_kills_and_pauses_keep_the_invariants(database: str) -> None:
-    done = subprocess.run(
+    done = run_in_group(
         [
             sys.executable,
             str(SCRIPT),
             *("--hosts", "3", "--database", database, "--duration", "5"),
             *("--sessions", "3", "--seed", "11", "--lease-ttl-ms", "1200", "--json"),
         ],
-        capture_output=True,
-        text=True,
         timeout=240,
-        check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -21,7 +21,7 @@ from serve_proc import serving
 
 from protocol.client import Client
 from protocol.errors import ConflictError
-from protocol.operations import PermissionReplyInput
+from protocol.operations import LogQuery, PermissionReplyInput
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import Location
 
@@ -73,6 +73,10 @@ async def test_a_call_waiting_for_an_answer_at_a_crash_is_failed_never_run(
         [tool] = [p for p in parts if getattr(p, "id", None) == asked.call_id]
         assert tool.status == "error"
         assert tool.error["type"] == "aborted"
+        log = [e async for e in client.sessions.log(session.id, LogQuery())]
+        [failed] = [e.data["data"] for e in log if e.event == "session.tool.failed"]
+        assert failed["id"] == asked.call_id
+        assert failed["executed"] is False
         served.proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(served.proc.wait(), GUARD) == 0
     assert not marker.exists()

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import attrs
 import pytest
+from loop_turns import quiesce
 
 from actors import ActorRegistry
 from actors.execution import Execution, SessionActor, Terminal
@@ -232,7 +233,7 @@ async def test_an_interrupt_while_the_start_is_recorded_waits_for_it_and_runs_no
     await hooks.starting.wait()
     assert await execution.interrupt("ses_a") is True
     assert await execution.interrupt("ses_a") is False  # already stopping
-    await asyncio.sleep(0.01)
+    await quiesce()
     assert hooks.log == []  # the start is not cut short
     hooks.start_gate.set_result(None)
     assert await waiter == Terminal(kind="interrupted", reason="user")
@@ -247,7 +248,7 @@ async def test_a_shutdown_while_the_start_or_the_terminal_is_recorded_lets_it_la
     execution.wake("ses_a")
     await hooks.starting.wait()
     stopping = asyncio.ensure_future(execution.shutdown())
-    await asyncio.sleep(0.01)
+    await quiesce()
     assert not stopping.done()
     hooks.start_gate.set_result(None)
     await stopping
@@ -263,7 +264,7 @@ async def test_a_shutdown_while_the_start_or_the_terminal_is_recorded_lets_it_la
     (await next_drain(hooks2)).release.set_result(None)
     await hooks2.settling.wait()
     stopping = asyncio.ensure_future(execution.shutdown())
-    await asyncio.sleep(0.01)
+    await quiesce()
     assert not stopping.done()
     hooks2.settle_gate.set_result(None)
     await stopping

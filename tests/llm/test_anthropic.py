@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 from llm.fake_providers import (
     FakeProvider,
@@ -310,6 +311,18 @@ async def test_rate_limit_with_retry_after_and_the_override(
     assert not error.retryable
 
 
+async def test_x_should_retry_true_does_not_make_a_401_retryable(
+    fake: FakeProvider, provider: AnthropicProvider
+) -> None:
+    fake.replies.append(
+        anthropic_error(401, "authentication_error", "bad key", **{"x-should-retry": "true"})
+    )
+    _, error = await failure(provider, request("q"))
+    assert isinstance(error, AuthenticationError)
+    assert error.should_retry_override is True
+    assert not error.retryable
+
+
 async def test_an_in_stream_overloaded_error_after_output(
     fake: FakeProvider, provider: AnthropicProvider
 ) -> None:
@@ -336,6 +349,83 @@ async def test_a_stream_without_message_stop_is_incomplete(
     assert isinstance(error, IncompleteStreamError)
     assert "before any output" in error.message
     assert parts == []
+
+
+def _message(content: list[dict[str, Any]], stop: str | None = "end_turn") -> bytes:
+    """A whole Messages response, as a gateway answers a stream request for a mock model."""
+    return orjson.dumps(
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "fake-claude",
+            "content": content,
+            "stop_reason": stop,
+            "usage": {"input_tokens": 9, "output_tokens": 4},
+        }
+    )
+
+
+async def test_a_json_answer_to_a_stream_request_is_read_as_the_message(
+    fake: FakeProvider, provider: AnthropicProvider
+) -> None:
+    fake.replies.append(
+        Reply(
+            body=_message(
+                [
+                    {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+                    {"type": "text", "text": "Reading."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "read", "input": {"path": "x"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "ls", "input": {}},
+                ],
+                stop="tool_use",
+            )
+        )
+    )
+    parts = await collect(provider, request("go"))
+    assert fake.received[0].body["stream"] is True
+    assert parts == [
+        ReasoningStart(ordinal=0),
+        ReasoningDelta(ordinal=0, delta="hmm"),
+        ReasoningEnd(ordinal=0, signature="sig"),
+        TextStart(ordinal=1),
+        TextDelta(ordinal=1, delta="Reading."),
+        TextEnd(ordinal=1),
+        ToolInputStart(id="toolu_1", name="read"),
+        ToolInputDelta(id="toolu_1", delta='{"path":"x"}'),
+        ToolInputEnd(id="toolu_1"),
+        ToolCall(id="toolu_1", name="read", input={"path": "x"}),
+        ToolInputStart(id="toolu_2", name="ls"),
+        ToolInputEnd(id="toolu_2"),
+        ToolCall(id="toolu_2", name="ls", input={}),
+        Finish(reason="tool-calls", usage=Usage(input=9, output=4)),
+    ]
+    # The connection is still good for the next (streamed) call.
+    fake.replies.append(Reply.stream(anthropic_text(["ok"])))
+    assert isinstance((await collect(provider, request("q")))[-1], Finish)
+
+
+async def test_a_json_error_or_non_message_answer_says_what_came(
+    fake: FakeProvider, provider: AnthropicProvider
+) -> None:
+    fake.replies.append(
+        Reply(
+            body=orjson.dumps(
+                {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+            )
+        )
+    )
+    _, error = await failure(provider, request("q"))
+    assert isinstance(error, ProviderInternalError)
+    fake.replies.append(Reply(body=b'{"hello": "world"}'))
+    _, error = await failure(provider, request("q"))
+    assert isinstance(error, IncompleteStreamError)
+    assert "application/json" in error.message
+    assert "before any output" in error.message
+    fake.replies.append(Reply(body=b"<html>gateway</html>", headers={"content-type": "text/html"}))
+    _, error = await failure(provider, request("q"))
+    assert isinstance(error, IncompleteStreamError)
+    assert "text/html" in error.message
 
 
 async def test_the_key_never_appears_in_errors_or_logs(

@@ -61,13 +61,23 @@ def test_classification_table(
     [make for make, type_, _ in CLASSIFICATION if type_ != "provider.context-overflow"],
     ids=[i for i in IDS if not i.startswith("provider.context-overflow")],
 )
-@pytest.mark.parametrize("override", [True, False])
-def test_the_header_override_wins(make: Callable[[], ProviderError], override: bool) -> None:
+def test_the_header_may_stop_a_retry(make: Callable[[], ProviderError]) -> None:
     error = make()
-    error.should_retry_override = override
+    error.should_retry_override = False
 
-    assert error.retryable is override
-    assert classify(error) is override
+    assert error.retryable is False
+    assert classify(error) is False
+
+
+@pytest.mark.parametrize(("make", "type_", "retryable"), CLASSIFICATION, ids=IDS)
+def test_the_header_never_starts_a_retry(
+    make: Callable[[], ProviderError], type_: str, retryable: bool
+) -> None:
+    error = make()
+    error.should_retry_override = True
+
+    assert error.retryable is retryable
+    assert classify(error) is retryable
 
 
 def test_context_overflow_is_never_retried_whatever_the_header_says() -> None:

@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 from llm.fake_providers import FakeProvider, Reply, openai_chunks, openai_error, openai_text
 from llm.fake_providers import openai_tool_calls as tool_calls
@@ -309,7 +310,7 @@ async def test_status_classification(
     assert error.retryable is retryable
 
 
-async def test_x_should_retry_overrides_the_class(
+async def test_x_should_retry_stops_a_retry_but_never_starts_one(
     fake: FakeProvider, provider: OpenAIProvider
 ) -> None:
     fake.replies.append(
@@ -323,7 +324,8 @@ async def test_x_should_retry_overrides_the_class(
     )
     _, error = await failure(provider, request("q"))
     assert isinstance(error, InvalidRequestError)
-    assert error.retryable
+    assert error.should_retry_override is True
+    assert not error.retryable
 
 
 async def test_a_stream_cut_before_output_is_incomplete_without_output(
@@ -431,6 +433,66 @@ async def test_a_missing_key_variable_is_named(
     assert not error.retryable
     assert "LOCAL_API_KEY" in error.message
     assert fake.received == []  # nothing was sent without the key
+
+
+async def test_a_json_completion_to_a_stream_request_is_read_as_the_answer(
+    fake: FakeProvider, provider: OpenAIProvider
+) -> None:
+    completion = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "reasoning_content": "hmm",
+                    "content": "Reading.",
+                    "tool_calls": [
+                        {
+                            "id": "call_a",
+                            "type": "function",
+                            "function": {"name": "read", "arguments": '{"path": "x"}'},
+                        }
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5},
+    }
+    fake.replies.append(Reply(body=orjson.dumps(completion)))
+    parts = await collect(provider, request("q"))
+    assert fake.received[0].body["stream"] is True
+    assert parts == [
+        ReasoningStart(ordinal=0),
+        ReasoningDelta(ordinal=0, delta="hmm"),
+        ReasoningEnd(ordinal=0),
+        TextStart(ordinal=1),
+        TextDelta(ordinal=1, delta="Reading."),
+        TextEnd(ordinal=1),
+        ToolInputStart(id="call_a", name="read"),
+        ToolInputDelta(id="call_a", delta='{"path": "x"}'),
+        ToolInputEnd(id="call_a"),
+        ToolCall(id="call_a", name="read", input={"path": "x"}),
+        Finish(reason="tool-calls", usage=Usage(input=12, output=5)),
+    ]
+
+
+async def test_a_json_answer_that_is_no_completion_names_its_content_type(
+    fake: FakeProvider, provider: OpenAIProvider
+) -> None:
+    fake.replies.append(Reply(body=orjson.dumps({"error": {"message": "x", "code": 429}})))
+    _, error = await failure(provider, request("q"))
+    assert isinstance(error, RateLimitError)
+    fake.replies.append(Reply(body=b"[1, 2]"))
+    _, error = await failure(provider, request("q"))
+    assert isinstance(error, IncompleteStreamError)
+    assert "application/json" in error.message
+    fake.replies.append(Reply(body=b"not json at all"))
+    _, error = await failure(provider, request("q"))
+    assert isinstance(error, IncompleteStreamError)
+    assert "application/json" in error.message
 
 
 async def test_the_key_and_host_never_appear_in_errors_or_logs(

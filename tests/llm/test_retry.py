@@ -71,6 +71,8 @@ def test_a_seeded_policy_decides_the_same_every_time() -> None:
         ContextOverflowError("too long"),
         TransportError("reset mid-body", delivery="sent"),
         RateLimitError("slow down", should_retry_override=False),
+        AuthenticationError("bad key", should_retry_override=True),
+        TransportError("reset mid-body", delivery="sent", should_retry_override=True),
     ],
 )
 def test_a_permanent_failure_is_never_retried(error: ProviderError) -> None:
@@ -83,7 +85,7 @@ def test_a_permanent_failure_is_never_retried(error: ProviderError) -> None:
         IncompleteStreamError("no finish"),
         TransportError("refused", delivery="not-sent"),
         ProviderError("unrecognised"),
-        AuthenticationError("bad key", should_retry_override=True),
+        RateLimitError("slow down", should_retry_override=True),
     ],
 )
 def test_a_retryable_failure_gets_the_backoff(error: ProviderError) -> None:
@@ -91,7 +93,7 @@ def test_a_retryable_failure_gets_the_backoff(error: ProviderError) -> None:
 
 
 def test_the_override_does_not_extend_the_budget() -> None:
-    error = AuthenticationError("bad key", should_retry_override=True)
+    error = ProviderInternalError("busy", should_retry_override=True)
 
     assert exact().decide(error, 4) == 16000
     assert exact().decide(error, 5) is None

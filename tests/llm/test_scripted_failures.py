@@ -119,7 +119,7 @@ async def test_should_retry_sets_the_header_override(
     _, yes = await collect_until_error(make_request("#fail auth should-retry=true"))
 
     assert (no.should_retry_override, no.retryable) == (False, False)
-    assert (yes.should_retry_override, yes.retryable) == (True, True)
+    assert (yes.should_retry_override, yes.retryable) == (True, False)
 
 
 @pytest.mark.parametrize("option", ["attempts=1", "once"])

@@ -91,11 +91,20 @@ class _CountingThread:
         self.reads = 0
         self.gate = asyncio.Event()
         self.gate.set()
+        self._read = asyncio.Event()
 
     async def __call__(self, fn: Callable[[], AgentCatalog]) -> AgentCatalog:
         self.reads += 1
+        self._read.set()
         await self.gate.wait()
         return await asyncio.to_thread(fn)
+
+    async def until_reads(self, count: int) -> None:
+        """Return once ``count`` reads have begun (each then waits at the gate)."""
+        async with asyncio.timeout(10):
+            while self.reads < count:
+                self._read.clear()
+                await self._read.wait()
 
 
 async def test_callers_of_an_expired_catalog_share_one_read(tmp_path: Path) -> None:
@@ -105,7 +114,9 @@ async def test_callers_of_an_expired_catalog_share_one_read(tmp_path: Path) -> N
     catalogs = AgentCatalogs((data,), thread)
     thread.gate.clear()
     callers = [asyncio.ensure_future(catalogs.agent(str(tmp_path), "extra")) for _ in range(50)]
-    await asyncio.sleep(0.01)
+    # The first caller's read has begun; the other 49 took their first step in the
+    # same turn of the loop, before this one resumes: each joined that read.
+    await thread.until_reads(1)
     thread.gate.set()
     agents = await asyncio.gather(*callers)
     assert {a.system for a in agents} == {"x"}
@@ -121,19 +132,21 @@ async def test_a_failed_or_cancelled_shared_read_leaves_each_waiter_its_own(
     catalogs = AgentCatalogs((data,), thread)
     thread.gate.clear()
     callers = [asyncio.ensure_future(catalogs.load(str(tmp_path))) for _ in range(3)]
-    await asyncio.sleep(0.01)
+    await thread.until_reads(1)
     thread.gate.set()
     outcomes = await asyncio.gather(*callers, return_exceptions=True)
     assert all(isinstance(o, InvalidRequestError) for o in outcomes)
     data.write_text('[agents.extra]\nsystem = "y"\n')
     # The reader is cancelled while its read waits: the waiter reads for itself.
     thread.gate.clear()
+    reads = thread.reads
     first = asyncio.ensure_future(catalogs.load(str(tmp_path)))
-    await asyncio.sleep(0.01)
+    await thread.until_reads(reads + 1)
     second = asyncio.ensure_future(catalogs.agent(str(tmp_path), "extra"))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one turn: ``second`` joins ``first``'s read
+    assert thread.reads == reads + 1
     first.cancel()
-    await asyncio.sleep(0.01)
+    await thread.until_reads(reads + 2)  # ``second`` reads for itself
     thread.gate.set()
     assert (await second).system == "y"
     assert first.cancelled()

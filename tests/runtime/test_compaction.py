@@ -159,6 +159,27 @@ async def test_the_estimate_anchors_on_reported_tokens(rt: Runtime, recorder: Re
     assert [r.metadata.get("purpose") for r in recorder.requests] == [None, "compaction", None]
 
 
+async def test_a_failed_pre_step_compaction_fails_the_step_without_sending_it(
+    rt: Runtime, feed: Feed, recorder: Recorder
+) -> None:
+    s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await ask(rt, s.id, "#summary-fail auth\n#usage input=2400 output=10\n#text big")
+    sent = len(recorder.steps())
+    await ask(rt, s.id, f"second {PAD}")
+    events = durable(feed, s.id)
+    types = [e["type"] for e in events]
+    assert len(recorder.summaries()) == 1
+    [failed] = [e for e in events if e["type"] == "session.compaction.failed"]
+    assert failed["data"]["error"]["type"] == "provider.authentication"
+    # The request known to be over budget was never sent: no provider overflow,
+    # no second (overflow) compaction, no step record.
+    assert len(recorder.steps()) == sent
+    assert types.count("session.compaction.started") == 1
+    assert types[-1] == "session.execution.failed"
+    assert events[-1]["data"]["error"] == failed["data"]["error"]
+    assert types[types.index("session.compaction.failed") :].count("session.step.started") == 0
+
+
 async def test_manual_compaction_waits_for_the_running_steps_boundary(
     rt: Runtime, feed: Feed
 ) -> None:
@@ -237,13 +258,22 @@ async def test_overflow_once_compacts_and_rebuilds_the_same_step(
     assert [r.metadata["attempt"] for r in last] == [1, 2]
     assert "compacted" in last[1].messages[0].text
     assert "earlier question two" not in "\n".join(m.text for m in last[1].messages)
-    failed = [e for e in durable(feed, s.id) if e["type"] == "session.step.failed"]
-    assert failed[-1]["data"]["error"]["type"] == "provider.context-overflow"
+    # One logical step, one record: the overflow came before any output, so
+    # it left none; the rebuilt attempt's output starts the step's one record,
+    # after the compaction (so inside the compacted history).
+    assert "session.step.failed" not in types
+    third = len(types) - 1 - types[::-1].index("session.inbox.delivered")
+    tail = types[third:]
+    assert tail.count("session.step.started") == 1
+    assert tail.index("session.compaction.ended") < tail.index("session.step.started")
+    [started] = [e for e in durable(feed, s.id)[third:] if e["type"] == "session.step.started"]
     page = await rt.sessions.messages(s.id, order="desc", limit=1)
     reply = page.data[0]
     assert reply.type == "assistant"
     assert reply.finish == "stop"  # type: ignore[union-attr]
-    assert reply.id != failed[-1]["data"]["assistantMessageID"]
+    assert reply.id == started["data"]["assistantMessageID"]
+    context = await rt.sessions.context(s.id)
+    assert [m.type for m in context][-2:] == ["compaction", "assistant"]
 
 
 async def test_a_second_overflow_is_terminal(rt: Runtime, feed: Feed) -> None:
@@ -370,6 +400,57 @@ async def test_a_crash_during_compaction_recovers_consistently(
         await rt.sessions.compact(s.id)
         await rt.execution.wait_idle(s.id)
         assert (await rt.sessions.context(s.id))[0].type == "compaction"
+
+
+async def test_a_manual_compaction_cut_off_by_a_crash_runs_again_once(
+    tmp_path: Path, workdir: Path, recorder: Recorder
+) -> None:
+    async with Runtime(config(tmp_path, workdir, recorder)) as rt:
+        s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+        await ask(rt, s.id, "first question")
+        await ask(rt, s.id, "second question")
+        # A process killed mid-compaction: a claim, a delivered manual compaction running.
+        await rt.store.append(
+            Command.of(
+                ev.ExecutionStarted(session_id=s.id),
+                ev.CompactionStarted(
+                    session_id=s.id, reason="manual", recent="", input_id="msg_cutoff"
+                ),
+            )
+        )
+    async with Runtime(config(tmp_path, workdir, recorder)) as rt:
+        await rt.execution.wait_idle(s.id)
+        assert await rt.store.queries.claims() == []
+        context = await rt.sessions.context(s.id)
+        assert isinstance(context[0], CompactionMessage)
+        assert (context[0].id, context[0].status) == ("msg_cutoff-recovered", "completed")
+        assert context[0].reason == "manual"
+        cut = await rt.sessions.message(s.id, "msg_cutoff")
+        assert isinstance(cut, CompactionMessage)
+        assert (cut.status, (cut.error or {}).get("type")) == ("failed", "compaction.interrupted")
+        assert len(recorder.summaries()) == 1
+        # Cut off again, the second run only fails: it is recovered once.
+        await rt.store.append(
+            Command.of(
+                ev.ExecutionStarted(session_id=s.id),
+                ev.CompactionStarted(
+                    session_id=s.id, reason="manual", recent="", input_id="msg_again-recovered"
+                ),
+            )
+        )
+    async with Runtime(config(tmp_path, workdir, recorder)) as rt:
+        await rt.execution.wait_idle(s.id)
+        assert await rt.store.queries.running_compaction(s.id) is None
+        again = await rt.sessions.message(s.id, "msg_again-recovered")
+        assert isinstance(again, CompactionMessage)
+        assert again.status == "failed"
+        assert len(recorder.summaries()) == 1
+        compactions = [
+            m.id
+            for m in (await rt.sessions.messages(s.id, order="asc", limit=200)).data
+            if isinstance(m, CompactionMessage)
+        ]
+        assert compactions == ["msg_cutoff", "msg_cutoff-recovered", "msg_again-recovered"]
 
 
 async def test_replay_rebuilds_the_compaction_projections(

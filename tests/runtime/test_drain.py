@@ -215,8 +215,17 @@ async def test_a_provider_failure_fails_the_step_and_the_execution(
     await runtime.sessions.prompt(s.id, PromptInput(text="#fail auth"))
     terminal = await feed.wait("session.execution.failed", sessionID=s.id)
     assert terminal["data"]["error"]["type"].startswith("provider.")
-    assert "session.step.failed" in feed.types(s.id)
+    # Before any output the step has no record: the execution carries the error.
+    assert "session.step.started" not in feed.types(s.id)
+    assert "session.step.failed" not in feed.types(s.id)
     assert await runtime.store.queries.claims() == []
+    # After output it has one, failed with the error, its partial text kept.
+    before = len(feed.events)
+    await runtime.sessions.prompt(s.id, PromptInput(text="#text partial\n#fail auth after-output"))
+    await feed.wait("session.execution.failed", after=before, sessionID=s.id)
+    failed = await feed.wait("session.step.failed", after=before, sessionID=s.id)
+    assert failed["data"]["error"]["type"] == "provider.authentication"
+    assert feed.types(s.id).count("session.step.started") == 1
 
 
 async def test_a_denied_tool_fails_that_call_and_the_step_goes_on(

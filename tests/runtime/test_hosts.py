@@ -9,6 +9,7 @@ database would.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -237,7 +238,11 @@ async def test_the_lease_scan_ends_when_cancelled_just_as_it_is_rung(
     config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(tmp_path))
     async with Runtime(config) as runtime:
         [scan] = [t for t in asyncio.all_tasks() if t.get_name() == "lease-scan"]
-        await asyncio.sleep(0.05)  # past the start-up sweep: waiting to be rung
+        async with asyncio.timeout(10):  # past the start-up sweep: waiting to be rung
+            for _ in itertools.count():
+                if runtime._rescan._waiters:  # type: ignore[attr-defined]
+                    break
+                await asyncio.sleep(0.005)  # a poll, with the deadline above
         runtime._rescan.set()
         for _ in range(turns):
             await asyncio.sleep(0)

@@ -18,8 +18,17 @@ import orjson
 import pytest
 from feed import Feed
 
-from actors.agents import CATALOG_TTL_S, Agent
-from actors.instructions import ENTRY_MAX_BYTES, _admission, _values, digest, encode
+from actors import agents
+from actors.agents import Agent
+from actors.instructions import (
+    DISABLE_PROJECT_CONFIG_ENV,
+    ENTRY_MAX_BYTES,
+    _admission,
+    _values,
+    digest,
+    encode,
+    project_config_disabled,
+)
 from actors.llm import Finish, ModelRequest, StreamPart, TextDelta, TextEnd, TextStart
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import InstructionEntryValueTooLargeError, Location, ModelRef
@@ -188,18 +197,28 @@ async def test_claude_md_is_read_only_where_no_agents_md_is_found(
     assert "Claude rule." not in text
 
 
+@pytest.mark.parametrize(
+    "switch",
+    ["config", "OPENCODE_DISABLE_PROJECT_CONFIG", "SESSIONRT_DISABLE_PROJECT_CONFIG"],
+)
 async def test_project_discovery_can_be_switched_off(
-    tmp_path: Path, project: Path, recorder: Recorder
+    tmp_path: Path,
+    project: Path,
+    recorder: Recorder,
+    monkeypatch: pytest.MonkeyPatch,
+    switch: str,
 ) -> None:
     (project / "AGENTS.md").write_text("Project rule.\n")
     data = tmp_path / "data"
     data.mkdir()
     (data / "AGENTS.md").write_text("Global rule.\n")
+    if switch != "config":
+        monkeypatch.setenv(switch, "true" if switch.startswith("OPENCODE") else "1")
     config = RuntimeConfig(
         data_dir=data,
         default_directory=str(project / "pkg"),
         providers={"rec": recorder},
-        project_instructions=False,
+        project_instructions=switch != "config",
     )
     async with Runtime(config) as runtime:
         feed = Feed()
@@ -209,6 +228,16 @@ async def test_project_discovery_can_be_switched_off(
     [system] = recorder.requests[0].system
     assert "Global rule." in system
     assert "Project rule." not in system
+
+
+@pytest.mark.parametrize(
+    ("value", "disabled"),
+    [("1", True), ("true", True), (" TRUE ", True), ("0", False), ("false", False), ("", False)],
+)
+def test_only_a_true_switch_disables_project_config(value: str, disabled: bool) -> None:
+    for name in DISABLE_PROJECT_CONFIG_ENV:
+        assert project_config_disabled({name: value}) is disabled
+    assert project_config_disabled({}) is False
 
 
 async def test_an_unreadable_source_blocks_only_the_first_baseline(
@@ -427,7 +456,7 @@ async def test_a_move_keeps_state_and_the_destinations_sources_arrive_as_updates
 
 
 async def test_skills_and_references_from_the_agents_configuration(
-    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     work = project / "pkg"
     config = work / ".sessionrt"
@@ -454,7 +483,8 @@ async def test_skills_and_references_from_the_agents_configuration(
     # A reference leading outside the Location is refused, and says so.
     (config / "agents.toml").write_text('[agents.build]\nreferences = ["../../outside.md"]\n')
     (project.parent / "outside.md").write_text("secret\n")
-    await asyncio.sleep(CATALOG_TTL_S + 0.1)  # the agent catalog is reused that long
+    # The agent catalog is reused for CATALOG_TTL_S: as if that had passed, not waited out.
+    monkeypatch.setattr(agents, "CATALOG_TTL_S", 0)
     fresh = await rt.sessions.create(CreateSessionInput(model=MODEL))
     await rt.sessions.prompt(fresh.id, PromptInput(text="x"))
     failed = await feed.wait("session.execution.failed", sessionID=fresh.id)
@@ -557,3 +587,29 @@ async def test_a_failed_observation_leaves_no_read_running_and_raises_itself(
             assert cancelled == [True]
         finally:
             instructions.close()
+
+
+async def test_a_changed_source_never_wakes_an_idle_session(
+    rt: Runtime, feed: Feed, project: Path, recorder: Recorder
+) -> None:
+    (project / "AGENTS.md").write_text("Rule one.\n")
+    idle = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    other = await rt.sessions.create(CreateSessionInput(model=MODEL))
+    await turn(rt, feed, idle.id, "first", 1)
+    await turn(rt, feed, other.id, "first", 1)
+    before = feed.types(idle.id)
+    sent = len(recorder.requests)
+
+    (project / "AGENTS.md").write_text("Rule two.\n")
+    # The sequencer: another session in the same Location runs a whole turn,
+    # observing the change (and draining the kernel's events) at its boundary.
+    await turn(rt, feed, other.id, "second", 2)
+    assert "Rule two." in updates(feed, other.id)[-1]["data"]["text"]
+    assert len(recorder.requests) == sent + 1
+    assert feed.types(idle.id) == before  # nothing ran, nothing was admitted
+    assert await rt.execution.active() == []
+    assert len(updates(feed, idle.id)) == 1
+
+    # The change reaches the idle session lazily, at its next boundary.
+    await turn(rt, feed, idle.id, "second", 2)
+    assert "Rule two." in updates(feed, idle.id)[-1]["data"]["text"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 
 from feed import Feed
@@ -127,3 +127,47 @@ async def test_large_tool_output_is_bounded_with_a_managed_file(
     preview = "\n".join(c["text"] for c in success["data"]["content"] if c["type"] == "text")
     assert "truncated; full content saved to" in preview
     assert len(preview.splitlines()) <= 2_001 + 1
+
+
+class Steered(Stubborn):
+    """Calls a tool every time; during its first step two steers arrive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steer: Callable[[], Awaitable[None]] | None = None
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
+        if not self.requests and self.steer is not None:
+            await self.steer()
+        async for part in super().stream(request):
+            yield part
+
+
+async def test_a_batch_of_steers_resets_the_allowance_once(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "agents.toml").write_text("[agents.build]\nsteps = 3\n")
+    steered = Steered()
+    config = RuntimeConfig(
+        data_dir=data, default_directory=str(tmp_path), providers={"stub": steered}
+    )
+    async with Runtime(config) as rt:
+        feed = Feed()
+        rt.bus.subscribe(feed)
+        s = await rt.sessions.create(
+            CreateSessionInput(model=ModelRef(id="stub-1", provider_id="stub"))
+        )
+
+        async def steer() -> None:
+            for text in ("steer a", "steer b"):
+                await rt.sessions.prompt(s.id, PromptInput(text=text, resume=False))
+
+        steered.steer = steer
+        await rt.sessions.prompt(s.id, PromptInput(text="loop"))
+        await feed.wait("session.execution.succeeded", sessionID=s.id)
+    # Both steers land at the boundary after step 1, in one batch: the count
+    # starts again once (1, 2, 3 with tools off), not once per steer.
+    second = steered.requests[1].messages
+    assert [m.text for m in second[-2:]] == ["steer a", "steer b"]
+    assert [r.metadata["step"] for r in steered.requests] == [1, 1, 2, 3]
+    assert [r.tool_choice for r in steered.requests] == ["auto", "auto", "auto", "none"]

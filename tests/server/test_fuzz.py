@@ -13,6 +13,8 @@ from strategies import json_values
 
 from protocol.operations import OPERATIONS, Operation
 
+pytestmark = pytest.mark.fuzz
+
 # Bodies shaped like the real ones, with wrong types and junk mixed in.
 fields = st.sampled_from(
     [

@@ -14,6 +14,8 @@ from http_helpers import Client, raw_request
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.fuzz
+
 PASSWORD = "hunter2"
 HEADERS = ["Last-Event-ID", "Authorization", "Origin", "Host", "x-opencode-directory"]
 

@@ -87,8 +87,7 @@ async def test_once_runs_the_call_after_the_answer_and_only_then(
     assert asked["summary"] == "echo hi && touch ran"
     assert asked["id"].startswith("per_")
     assert asked["callID"]
-    await asyncio.sleep(0.2)
-    assert not (workdir / "ran").exists()  # waiting: nothing ran
+    assert not (workdir / "ran").exists()  # waiting: nothing ran (the log's order, below)
 
     assert await _reply(client, sid, asked["id"], "once") == 204
     await _wait(client, sid)
@@ -103,6 +102,9 @@ async def test_once_runs_the_call_after_the_answer_and_only_then(
     replied_at = types.index("session.permission.replied")
     success_at = types.index("session.tool.success")
     assert types.index("session.tool.called") < asked_at < replied_at < success_at
+    # The command's process started only after the answer: what "only then" means,
+    # as a sequence in the log rather than a wait that nothing happens.
+    assert replied_at < types.index("session.tool.spawned") < success_at
     assert events[replied_at]["data"] == {"sessionID": sid, "id": asked["id"], "reply": "once"}
     assert types[-1] == "session.execution.succeeded"
 
@@ -254,3 +256,23 @@ external_directory = {{ "{shared}/*" = "allow", "{outside}/*" = "deny" }}
     assert failed["data"]["error"]["type"] == "permission.denied"
     assert "outside the session's directory" in failed["data"]["error"]["message"]
     assert "session.permission.asked" not in [e["type"] for e in events]
+
+
+async def test_a_pending_ask_keeps_the_issuing_steps_agent_across_an_agent_switch(
+    make_client: Callable[..., Awaitable[Client]], tmp_path: Path
+) -> None:
+    client, workdir = await _start(make_client, tmp_path)
+    sid = (await create_session(client, agent="asker"))["id"]
+    script = _script(_bash("touch ran"), "#step", "#text done")
+    await client.post(f"/api/session/{sid}/prompt", json={"text": script})
+    [asked] = await _pending(client, sid)
+    # plan may not run bash at all; the waiting call keeps asker's policy.
+    response = await client.post(f"/api/session/{sid}/agent", json={"agent": "plan"})
+    assert response.status == 204, await response.text()
+    assert [p["id"] for p in await _pending(client, sid)] == [asked["id"]]
+    assert await _reply(client, sid, asked["id"], "once") == 204
+    await _wait(client, sid)
+    assert (workdir / "ran").exists()
+    events = await _log(client, sid)
+    assert [e["type"] for e in events].count("session.tool.success") == 1
+    assert "session.tool.failed" not in [e["type"] for e in events]

@@ -13,6 +13,7 @@ refuses and a 405 for a method it does not declare.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -24,9 +25,12 @@ import orjson
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from proc_groups import kill_group
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from protocol.openapi import document
+
+pytestmark = pytest.mark.fuzz
 
 EXE = str(Path(sys.executable).with_name("sessionrt"))
 #: Streams that never end on their own; their refusals are covered in test_browser.
@@ -40,6 +44,7 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         [EXE, "serve", "--port", "0", "--data-dir", str(data)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         assert proc.stdout is not None
@@ -50,10 +55,12 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+        finally:  # a timeout, or Ctrl-C while it stops
+            if proc.returncode is None:
+                kill_group(proc)
+                proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
 

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from loop_turns import quiesce
 
 from actors._keyed_lock import KeyedLock
 from actors.inbox import AdmissionGate, Seen
@@ -239,12 +240,12 @@ def test_a_closing_gate_waits_for_admissions_under_way_then_refuses() -> None:
         second = asyncio.ensure_future(admission(bad, fail=True))
         await asyncio.sleep(0)
         closing = asyncio.ensure_future(gate.close())
-        await asyncio.sleep(0.01)
+        await quiesce()
         assert not closing.done()  # two under way
         bad.set()
         with pytest.raises(ValueError, match="refused"):
             await second
-        await asyncio.sleep(0.01)
+        await quiesce()
         assert not closing.done()  # a failed one counts out too, one is left
         ok.set()
         await first

@@ -359,3 +359,24 @@ async def test_recorded_synthetic_messages_join_the_transcript_directly(
         await store.append(Command.of(note))
     with pytest.raises(ConflictError):
         await sessions.prompt(s.id, PromptInput(id="msg_note", text="x"))
+
+
+async def test_retry_reconciliation_precedes_attachment_resolution(
+    sessions: Sessions, tmp_path: Path, wakes: WakeRecorder
+) -> None:
+    s = await sessions.create()
+    attached = tmp_path / "notes.txt"
+    attached.write_bytes(b"file body")
+    files = (FileInput(uri=attached.as_uri(), mime="text/plain"),)
+    first = await sessions.prompt(s.id, PromptInput(id="msg_files", text="see", files=files))
+    # The file is gone: reading it again would refuse the retry (400).
+    attached.unlink()
+    again = await sessions.prompt(s.id, PromptInput(id="msg_files", text="see", files=files))
+    assert again == first
+    await sessions.promote(s.id, "steer")
+    delivered = await sessions.prompt(s.id, PromptInput(id="msg_files", text="see", files=files))
+    assert delivered == first
+    # A new id with the same files still reads them, and is refused.
+    with pytest.raises(InvalidRequestError):
+        await sessions.prompt(s.id, PromptInput(id="msg_fresh", text="see", files=files))
+    assert wakes.calls == [(s.id, "input")] * 3

@@ -23,7 +23,7 @@ from actors.runtime import RuntimeConfig
 from actors.tools._process import group_alive
 from protocol.errors import InvalidRequestError, MessageNotFoundError
 from protocol.operations import ShellInput
-from protocol.requests import CreateSessionInput
+from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import Location
 from server.embedded import Embedded
 from tests.shell.conftest import until
@@ -143,3 +143,51 @@ async def test_cancel_refuses_unknown_ids_and_another_sessions_shell(
         assert group_alive(pgid)
         await host.sessions.shell_cancel(sid, "msg_theirs")
         await _gone(pgid)
+
+
+async def test_a_running_shell_does_not_hold_back_a_prompts_wakeup(
+    host: Embedded, repo: Path
+) -> None:
+    async with _reaped() as groups:
+        sid, pgid = await _start(host, repo, "msg_busyshell", groups)
+        await host.sessions.prompt(sid, PromptInput(text="#text answered meanwhile"))
+        await until(host, sid, "session.execution.succeeded")
+        page = await host.sessions.messages(sid, None)
+        [answer] = [m for m in page.data if m.type == "assistant"]
+        assert answer.finish == "stop"  # type: ignore[union-attr]
+        # The shell ran on through the whole turn, untouched.
+        assert group_alive(pgid)
+        assert host.runtime.shells.running == 1
+        await host.sessions.shell_cancel(sid, "msg_busyshell")
+        await _gone(pgid)
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_shells_recording(
+    host: Embedded, repo: Path
+) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+    # The command waits for the test's go-ahead, so it ends after its caller is gone.
+    command = "while [ ! -e go ]; do sleep 0.01; done; echo finished"
+    caller = asyncio.create_task(
+        host.sessions.shell(s.id, ShellInput(id="msg_orphaned", command=command))
+    )
+
+    def cancel_caller(message: dict[str, Any]) -> None:
+        # Run as the start commits: the caller is still inside its call.
+        if message["type"] == "session.shell.started":
+            caller.cancel()
+
+    unsubscribe = host.runtime.bus.subscribe(cancel_caller)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await caller
+    finally:
+        unsubscribe()
+    assert caller.cancelled()
+    (repo / "go").touch()
+    (ended,) = await until(host, s.id, "session.shell.ended")
+    assert (ended["shell"]["state"], ended["shell"]["exit"]) == ("completed", 0)
+    assert ended["output"] == "finished\n"
+    [notice] = await host.sessions.inbox(s.id)
+    assert notice.payload["metadata"]["shellID"] == "msg_orphaned"
+    # Closing the host does end a shell: test_shutdown_kills_shell_and_next_start_cancels_it_once.

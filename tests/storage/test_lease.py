@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import attrs
 import pytest
+from manual_clock import ManualClock
 
 from actors.leases import LeaseKeeper
 from protocol import Location
@@ -20,13 +23,27 @@ from storage import (
     RecordedEvent,
     SQLiteStore,
     fenced,
-    now_ms,
 )
 from storage._ops import Op
 from storage.lease import use_lease
 from storage.recorder import EntryWrite
 
 SID = "ses_lease"
+
+
+@pytest.fixture
+async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
+    """The log on SQLite with a clock the test advances: a lease expires when the test
+    moves the clock past it, not when a real TTL runs out."""
+    async with SQLiteStore(db_path, clock=ManualClock()) as s:
+        yield s
+
+
+def later(store: SQLiteStore, ms: int) -> None:
+    """Move the writer's clock ``ms`` on."""
+    clock = store.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(ms)
 
 
 async def _session(store: SQLiteStore, sid: str = SID) -> None:
@@ -92,7 +109,7 @@ async def test_a_take_claims_and_leases_in_one_command(store: SQLiteStore) -> No
     [claim] = await store.queries.claims()
     assert claim.lease is not None
     assert (claim.lease.host_id, claim.lease.epoch) == ("host-a", 1)
-    assert not claim.orphaned(now_ms())
+    assert not claim.orphaned(store.clock.now_ms())
 
 
 async def test_a_live_lease_of_another_host_refuses_the_take(store: SQLiteStore) -> None:
@@ -117,7 +134,7 @@ async def test_each_take_raises_the_epoch(store: SQLiteStore) -> None:
 async def test_a_stale_epoch_append_is_rejected(store: SQLiteStore) -> None:
     await _session(store)
     stale = await _take(store, "host-a", ttl_ms=30)
-    await asyncio.sleep(0.06)
+    later(store, 60)
     current = await _take(store, "host-b")
     before = await store.last_seq(SID)
     with pytest.raises(FencedError) as caught:
@@ -131,18 +148,18 @@ async def test_a_stale_epoch_append_is_rejected(store: SQLiteStore) -> None:
 async def test_an_expired_lease_fences_even_before_anyone_takes_it(store: SQLiteStore) -> None:
     await _session(store)
     fence = await _take(store, "host-a", ttl_ms=30)
-    await asyncio.sleep(0.06)
+    later(store, 60)
     with pytest.raises(FencedError, match="expired"):
         await store.append(_step(fence))
     [claim] = await store.queries.claims()
-    assert claim.orphaned(now_ms())
+    assert claim.orphaned(store.clock.now_ms())
 
 
 async def test_renewal_keeps_the_lease_past_its_ttl(store: SQLiteStore) -> None:
     await _session(store)
     fence = await _take(store, "host-a", ttl_ms=150)
     for _ in range(4):
-        await asyncio.sleep(0.05)
+        later(store, 50)
         await store.append(Command(events=(), lease=fence.renew(150)))
     await store.append(_step(fence))  # 200 ms after the take: still held
     with pytest.raises(LeaseHeldError):
@@ -152,7 +169,7 @@ async def test_renewal_keeps_the_lease_past_its_ttl(store: SQLiteStore) -> None:
 async def test_a_renewal_of_a_lost_lease_fails(store: SQLiteStore) -> None:
     await _session(store)
     stale = await _take(store, "host-a", ttl_ms=30)
-    await asyncio.sleep(0.06)
+    later(store, 60)
     await _take(store, "host-b")
     with pytest.raises(FencedError):
         await store.append(Command(events=(), lease=stale.renew(10_000)))
@@ -164,7 +181,7 @@ async def test_a_fenced_command_fails_alone_in_its_batch(store: SQLiteStore) -> 
     await _session(store)
     await _session(store, "ses_other")
     stale = await _take(store, "host-a", ttl_ms=30)
-    await asyncio.sleep(0.06)
+    later(store, 60)
     await _take(store, "host-b")
     # Submitted together: one batch, one transaction, a savepoint each.
     fenced = store.submit(_step(stale))
@@ -213,7 +230,7 @@ async def test_appends_inside_fenced_hold_the_fence(store: SQLiteStore) -> None:
     await _session(store)
     await _session(store, "ses_other")
     stale = await _take(store, "host-a", ttl_ms=30)
-    await asyncio.sleep(0.06)
+    later(store, 60)
     await _take(store, "host-b")
     with fenced(stale):
         with pytest.raises(FencedError):
@@ -259,7 +276,7 @@ async def test_a_mixed_batch_commits_the_good_commands_and_forgets_the_failed_on
     b = await _take(store, "host-b", sid="ses_b")
     short = await _take(store, "host-d", ttl_ms=150, sid="ses_d")
     stale = await _take(store, "host-a", ttl_ms=30, sid="ses_c")
-    await asyncio.sleep(0.06)
+    later(store, 60)
     c = await _take(store, "host-c", sid="ses_c")
     seqs = {sid: await store.last_seq(sid) for sid in ("ses_a", "ses_b", "ses_c", "ses_d")}
     [last] = await store.fetch("SELECT max(position) FROM event")
@@ -313,7 +330,7 @@ async def test_a_mixed_batch_commits_the_good_commands_and_forgets_the_failed_on
     # The next batch gets the next seqs and positions, and fencing still holds:
     # the stale epoch, the take that never happened, and the renewal that
     # failed (the short lease has expired) are all rejected.
-    await asyncio.sleep(0.2)
+    later(store, 200)
     futures = [
         store.submit(_renamed(a, "a2")),
         store.submit(_renamed(stale, "stale again")),
@@ -370,11 +387,37 @@ async def test_a_renewal_that_finds_its_lease_taken_reports_it_lost(store: SQLit
     keeper = LeaseKeeper(store, "host-a", ttl_ms=10_000, on_lost=lost.append)
     stale = await _take(store, "host-a", ttl_ms=30)
     keeper.hold(SID, stale.epoch)
-    await asyncio.sleep(0.06)
+    later(store, 60)
     await _take(store, "host-b")
     assert await keeper.renew() == [SID]
     assert lost == [SID]
     assert keeper.fence(SID) is None
+
+
+async def test_the_keeper_renews_each_quarter_ttl_on_its_clock(store: SQLiteStore) -> None:
+    """No renewal before a quarter of the TTL has passed on the keeper's clock; one
+    once it has, moving the expiry a TTL past that moment."""
+    clock = store.clock
+    assert isinstance(clock, ManualClock)
+    await _session(store)
+    fence = await _take(store, "host-a", ttl_ms=1_000)
+    [taken] = await store.queries.leases()
+    keeper = LeaseKeeper(store, "host-a", ttl_ms=1_000, on_lost=[].append, clock=clock)
+    keeper.hold(SID, fence.epoch)
+    committed = asyncio.Event()
+    store.batch_observers.append(lambda _commands, _seconds: committed.set())
+    await keeper.start()
+    try:
+        async with asyncio.timeout(10):
+            await clock.until_sleeping()  # the renewal task waits on the clock
+            assert clock.advance(249) == 0  # not yet due
+            assert clock.advance(1) == 1
+            await committed.wait()  # the renewal's batch
+        [renewed] = await store.queries.leases()
+        assert renewed.expires == taken.expires + 250
+        assert renewed.live(taken.expires + 100)  # would have expired without it
+    finally:
+        await keeper.aclose()
 
 
 def test_with_lease_keeps_every_other_field_of_the_command() -> None:

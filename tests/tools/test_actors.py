@@ -14,6 +14,7 @@ from typing import Any
 
 import pykka
 import pytest
+from loop_turns import quiesce
 
 from actors.tools import (
     OutputBounding,
@@ -241,12 +242,14 @@ async def test_a_cancelled_owner_stop_still_waits_for_every_child_then_raises(
 ) -> None:
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
+    cancelled = asyncio.Event()
     release = threading.Event()
     returned = threading.Event()
 
     def slow_to_stop(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         loop.call_soon_threadsafe(started.set)
         ctx.cancel.wait(GUARD)
+        loop.call_soon_threadsafe(cancelled.set)
         release.wait(GUARD)  # takes its time after the cancel
         returned.set()
         raise ToolError("stopped", type="aborted")
@@ -258,9 +261,10 @@ async def test_a_cancelled_owner_stop_still_waits_for_every_child_then_raises(
     async with asyncio.timeout(GUARD):
         await started.wait()
     stopping = asyncio.create_task(owner.stop())
-    await asyncio.sleep(0.05)
+    async with asyncio.timeout(GUARD):
+        await cancelled.wait()  # the stop reached the child, which now takes its time
     stopping.cancel()
-    await asyncio.sleep(0.05)
+    await quiesce()
     assert not stopping.done()  # the cancel did not abandon the child
     release.set()
     with pytest.raises(asyncio.CancelledError):
