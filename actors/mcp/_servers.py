@@ -76,6 +76,8 @@ class McpServers:
         #: Per Location: the project's narrowing error, if its file is broken.
         self._project_errors: dict[str, str] = {}
         self._reaper: asyncio.Task[None] | None = None
+        #: Connections being ended after an eviction.
+        self._ending: set[asyncio.Task[None]] = set()
         self._closed = False
 
     def __bool__(self) -> bool:
@@ -201,8 +203,10 @@ class McpServers:
         _, key = min(candidates)
         connection = self._connections.pop(key)
         self._registries.pop(str(connection.directory), None)
+        # Owned here: shutdown waits for it like for every other connection.
         task = asyncio.get_running_loop().create_task(connection.aclose())
-        task.add_done_callback(lambda _t: None)
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
 
     async def aclose(self) -> None:
         """End every server (shutdown): each process group is gone when this returns."""
@@ -214,7 +218,7 @@ class McpServers:
         connections = list(self._connections.values())
         self._connections.clear()
         self._registries.clear()
-        await asyncio.gather(*(c.aclose() for c in connections))
+        await asyncio.gather(*(c.aclose() for c in connections), *self._ending)
 
     # -- status ----------------------------------------------------------------
 
