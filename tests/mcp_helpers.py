@@ -101,11 +101,16 @@ def marked(marks: Path, word: str) -> list[int]:
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for a reaper that may never come is gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def terminals(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

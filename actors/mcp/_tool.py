@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = ["McpTool", "tool_name"]
 
+#: A larger image, audio or blob item is not passed on (a text note says so),
+#: as the read tool refuses images over the same size.
+MAX_BINARY_BYTES: Final = 5 * 1024 * 1024
 #: How often a waiting call looks at its cancel flag.
 POLL_S: Final = 0.05
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_-]+")
@@ -93,23 +96,30 @@ class McpTool:
         )
 
 
+def _binary(mime: str, data: str, **extra: str) -> Content:
+    size = len(data) * 3 // 4  # base64: the decoded size, near enough
+    if size > MAX_BINARY_BYTES:
+        return text_item(
+            f"[{mime} content of about {size} bytes left out: over the"
+            f" {MAX_BINARY_BYTES // (1024 * 1024)} MiB limit]"
+        )
+    return {"type": "file", "mime": mime, "data": data, **extra}
+
+
 def _content(item: Any) -> Content:
     kind = getattr(item, "type", None)
     if kind == "text":
         return text_item(item.text)
     if kind in ("image", "audio"):
-        return {"type": "file", "mime": item.mime_type, "data": item.data}
+        return _binary(item.mime_type, item.data)
     if kind == "resource":
         resource = item.resource
         text = getattr(resource, "text", None)
         if isinstance(text, str):
             return text_item(text)
-        return {
-            "type": "file",
-            "mime": resource.mime_type or "application/octet-stream",
-            "data": resource.blob,
-            "uri": str(resource.uri),
-        }
+        return _binary(
+            resource.mime_type or "application/octet-stream", resource.blob, uri=str(resource.uri)
+        )
     if kind == "resource_link":
         return text_item(f"[resource] {item.uri}" + (f" ({item.name})" if item.name else ""))
     return text_item(f"[unsupported MCP content: {kind}]")

@@ -64,6 +64,25 @@ async def stuck() -> str:
 
 
 @server.tool()
+def spawn() -> str:
+    """Start a child process that outlives this call (it ignores SIGTERM)."""
+    import subprocess
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _mark(f"child {child.pid}")
+    return str(child.pid)
+
+
+@server.tool()
 def crash() -> str:
     """Exit in the middle of the call."""
     _mark(f"crash {os.getpid()}")
@@ -79,6 +98,12 @@ def picture() -> Image:
         "0000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
     )
     return Image(data=png, format="png")
+
+
+@server.tool()
+def huge_picture() -> Image:
+    """A 6 MiB "image"."""
+    return Image(data=b"\x89PNG" + bytes(6 * 1024 * 1024), format="png")
 
 
 @server.tool()

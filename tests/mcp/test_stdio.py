@@ -85,6 +85,7 @@ async def test_images_resources_and_long_output_are_bounded_like_any_tool(
         sid,
         tool("files_picture"),
         tool("files_document"),
+        tool("files_huge_picture"),
         tool("files_lines", count=5000),
         "#step",
         "#text done",
@@ -100,6 +101,10 @@ async def test_images_resources_and_long_output_are_bounded_like_any_tool(
     assert picture["mime"] == "image/png"
     assert picture["data"].startswith("iVBORw0KGgo")
     assert by_name["files_document"]["content"] == [{"type": "text", "text": "the document"}]
+    [huge] = by_name["files_huge_picture"]["content"]
+    assert huge["type"] == "text"
+    assert huge["text"].startswith("[image/png content of about 6291")
+    assert "over the 5 MiB limit" in huge["text"]
     lines = by_name["files_lines"]
     assert lines["metadata"]["truncated"] is True
     saved = Path(lines["metadata"]["outputPath"])
@@ -109,15 +114,18 @@ async def test_images_resources_and_long_output_are_bounded_like_any_tool(
     assert len(lines["content"][0]["text"].splitlines()) < 200
 
 
-async def test_shutdown_ends_the_server_process(make_client: MakeClient, marks: Path) -> None:
+async def test_shutdown_ends_the_server_process_group(make_client: MakeClient, marks: Path) -> None:
     client = await make_client({"files": stdio_server(env={"MCP_TEST_MARKS": str(marks)})})
     sid = (await create_session(client))["id"]
-    await prompt(client, sid, tool("files_echo", text="x"))
+    await prompt(client, sid, tool("files_spawn"))
     await wait_idle(client, sid)
     [pid] = marked(marks, "started")
+    [child] = marked(marks, "child")
     assert alive(pid)
+    assert alive(child)
     await client.close()
     assert not alive(pid)
+    assert not alive(child)  # its whole process group, a child ignoring SIGTERM too
 
 
 async def test_an_idle_server_is_ended_and_started_again_on_next_use(
