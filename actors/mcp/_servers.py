@@ -71,9 +71,11 @@ class McpServers:
         self._blocking = blocking
         self._clock = clock
         self._connections: dict[tuple[Any, str], Connection] = {}
-        #: Per Location: the generations the registry was built from, and it.
+        #: Per Location: the generations the registry was built from, and it
+        #: (at most :data:`MAX_CONNECTIONS` Locations; emptied when full).
         self._registries: dict[str, tuple[tuple[Any, ...], ToolRegistry]] = {}
-        #: Per Location: the project's narrowing error, if its file is broken.
+        #: Per Location: the project's narrowing error, if its file is broken
+        #: (bounded like the registries).
         self._project_errors: dict[str, str] = {}
         self._reaper: asyncio.Task[None] | None = None
         #: Connections being ended after an eviction.
@@ -93,17 +95,24 @@ class McpServers:
         try:
             raw = await self._blocking(lambda: _read_project(path))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            self._project_errors[directory] = f"{PROJECT_FILE}: {exc}"
+            self._project_error(directory, f"{PROJECT_FILE}: {exc}")
             return []
         configs = self.configs
         if raw is not None:
             try:
                 configs = narrow_servers(self.configs, raw.get("mcp", {}))
             except ValueError as exc:
-                self._project_errors[directory] = f"{PROJECT_FILE}: {exc}"
+                self._project_error(directory, f"{PROJECT_FILE}: {exc}")
                 return []
         self._project_errors.pop(directory, None)
         return [c for c in configs.values() if c.enabled]
+
+    def _project_error(self, directory: str, error: str) -> None:
+        if directory not in self._project_errors:
+            log.warning("MCP servers are off in %s: %s", directory, error)
+        if len(self._project_errors) >= MAX_CONNECTIONS:
+            self._project_errors.clear()
+        self._project_errors[directory] = error
 
     def _connection(self, config: McpServerConfig, directory: str) -> Connection:
         key = (config.key(), directory)
@@ -149,6 +158,9 @@ class McpServers:
                     registry.register(mcp_tool)
                 except ValueError as exc:
                     log.warning("MCP server %s: tool skipped: %s", connection.config.name, exc)
+        if len(self._registries) >= MAX_CONNECTIONS:
+            # Locations that came and went (by count): rebuilt on their next step.
+            self._registries.clear()
         self._registries[directory] = (generations, registry)
         return registry
 
