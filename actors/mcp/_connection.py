@@ -244,7 +244,9 @@ class Connection:
         self._wake.set()
         task = self._task
         if task is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
+            # The owner task ends itself (every wait in it is bounded); a
+            # cancellation of the caller is not swallowed.
+            with contextlib.suppress(Exception):
                 await asyncio.shield(task)
         self._task = None
 
