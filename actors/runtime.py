@@ -500,6 +500,7 @@ class Runtime:
             directories=self.directories,
             blocking=self.blocking.run,
             allow_scripts=config.import_scripts,
+            leases=self.leases,
         )
         for pattern in config.secret_env_patterns:
             if not pattern or not set(pattern) & set("*?["):
@@ -870,6 +871,8 @@ class Runtime:
 
     async def recover(self) -> RecoveryReport:
         """Run the recovery sweep now (it also runs at start and then periodically)."""
+        # Imports a dead process left half written go first: nothing resumes them.
+        await self.transfer.discard_abandoned()
         return await recover(
             self.store,
             self.sessions,

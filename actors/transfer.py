@@ -16,8 +16,10 @@ events, and keep their text, parts, usage and times.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import functools
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any, Final
@@ -26,6 +28,7 @@ import attrs
 
 from actors.collector import collector_paused
 from actors.inbox import Blocking
+from actors.leases import LeaseKeeper
 from actors.locations import DirectoryRules
 from actors.sessions import Sessions
 from protocol import codec, ids
@@ -47,9 +50,16 @@ from protocol.shapes import (
     ToolPart,
     UserMessage,
 )
-from storage import AppendConflictError, Command, Store
+from storage import AppendConflictError, Command, LeaseHeldError, LeaseUse, Store, now_ms
 
-__all__ = ["SessionTransfer", "sanitized"]
+__all__ = ["IMPORT_CHUNK_EVENTS", "SessionTransfer", "sanitized"]
+
+log = logging.getLogger(__name__)
+
+#: Events per command of an import (see :meth:`SessionTransfer._record`): a
+#: few thousand rows, tens of milliseconds of the writer, so the appends of
+#: other sessions wait no longer than that.
+IMPORT_CHUNK_EVENTS: Final = 500
 
 
 class SessionTransfer:
@@ -61,8 +71,17 @@ class SessionTransfer:
         directories: DirectoryRules,
         blocking: Blocking,
         allow_scripts: bool = False,
+        leases: LeaseKeeper | None = None,
+        chunk_events: int = IMPORT_CHUNK_EVENTS,
     ) -> None:
+        if chunk_events < 2:
+            raise ValueError("an import's commands hold at least two events")
         self._store = store
+        #: Whose lease an import in several commands takes (None: no leases, one host).
+        self._leases = leases
+        self._chunk_events = chunk_events
+        #: Sessions this process is importing now (the sweep leaves them alone).
+        self._importing: set[str] = set()
         #: ``[runtime] import_scripts``: keep an imported session's ``metadata.script``.
         self._allow_scripts = allow_scripts
         self._sessions = sessions
@@ -149,17 +168,35 @@ class SessionTransfer:
 
     async def _record(self, info: Session, held: builtins.list[Any]) -> Session:
         """Append the import; ``held`` starts with its message events and keeps what
-        the append makes of them (the command, the records) for the caller to free."""
+        the appends make of them (the commands, the records) for the caller to free.
+
+        Up to ``chunk_events`` events make one command, as they always did. A
+        larger document goes in commands of that many events, one after the
+        other, so other sessions' appends commit between them instead of
+        waiting out one huge transaction (200,000 messages held the SQLite
+        writer for seconds). Readers still see it whole or not at all: the
+        first command's ``session.import.started`` makes the session hidden
+        (not read, listed or counted) and the last one's
+        ``session.import.finished`` shows it. Each command expects the seq
+        the previous one left, so nothing else writes the session between
+        them, and takes the session's lease (renewing it), so a sweep on
+        another host leaves it alone while it goes on. A failed or cancelled
+        import deletes what it wrote; one whose process died is deleted by
+        the recovery sweep (:meth:`discard_abandoned`).
+        """
         imported: builtins.list[ev.Event] = held[0]
-        created = ev.SessionCreated(
-            session_id=info.id,
-            parent_id=info.parent_id,
-            title=info.title,
-            agent=info.agent,
-            model=info.model,
-            location=info.location,
-            metadata=info.metadata,
-        )
+
+        def created(kind: type[ev.SessionCreated]) -> ev.SessionCreated:
+            return kind(
+                session_id=info.id,
+                parent_id=info.parent_id,
+                title=info.title,
+                agent=info.agent,
+                model=info.model,
+                location=info.location,
+                metadata=info.metadata,
+            )
+
         usage: builtins.list[ev.Event] = []
         t = info.tokens
         if info.cost or t != Tokens():
@@ -175,18 +212,96 @@ class SessionTransfer:
             usage.append(
                 ev.UsageRecorded(session_id=info.id, source="import", cost=info.cost, tokens=tokens)
             )
+        size = self._chunk_events
+        if len(imported) + len(usage) < size:
+            events = [created(ev.SessionCreated), *imported, *usage]
+            await self._append_chunk(info.id, events, 0, None, held)
+            return await self._sessions.get(info.id)
+        chunks = [
+            [created(ev.ImportStarted), *imported[: size - 1]],
+            *(imported[i : i + size] for i in range(size - 1, len(imported), size)),
+        ]
+        chunks[-1] = [*chunks[-1], *usage, ev.ImportFinished(session_id=info.id)]
+        self._importing.add(info.id)
+        written = 0
+        try:
+            for n, chunk in enumerate(chunks):
+                last = n == len(chunks) - 1
+                # The last command lets the lease go (taken for no time).
+                lease = self._lease(info.id, 0 if last else None)
+                await self._append_chunk(info.id, chunk, written, lease, held)
+                written += len(chunk)
+        except BaseException:
+            if written:
+                # Shielded: a cancelled import still takes back what it wrote.
+                # If it cannot now, the recovery sweep does.
+                try:
+                    await asyncio.shield(self._discard(info.id, None))
+                except Exception as exc:
+                    log.warning("the unfinished import of %s stays for the sweep: %s", info.id, exc)
+            raise
+        finally:
+            self._importing.discard(info.id)
+        return await self._sessions.get(info.id)
+
+    async def _append_chunk(
+        self,
+        session_id: str,
+        events: builtins.list[ev.Event],
+        written: int,
+        lease: LeaseUse | None,
+        held: builtins.list[Any],
+    ) -> None:
         try:
             # Made on a thread: for 200,000 messages it is a second of Python.
             command = await self._blocking(
-                functools.partial(Command.of, expected={info.id: 0}), created, *imported, *usage
+                functools.partial(Command.of, expected={session_id: written}, lease=lease),
+                *events,
             )
             held.append(command)
             held.append(await self._store.append(command))
-        except AppendConflictError as exc:
+        except (AppendConflictError, LeaseHeldError) as exc:
             raise ConflictError(
-                f"session {info.id} cannot be imported: {exc}", resource="session"
+                f"session {session_id} cannot be imported: {exc}", resource="session"
             ) from None
-        return await self._sessions.get(info.id)
+
+    def _lease(self, session_id: str, ttl_ms: int | None) -> LeaseUse | None:
+        if self._leases is None:
+            return None
+        if ttl_ms is None:
+            return self._leases.take(session_id)
+        return LeaseUse.take(session_id, self._leases.host_id, ttl_ms)
+
+    async def _discard(self, session_id: str, seq: int | None) -> bool:
+        """Delete the hidden session of an import that stopped at ``seq`` (None: this
+        process's own import, wherever it stopped); whether it did."""
+        command = Command.of(
+            ev.SessionDeleted(session_id=session_id),
+            expected=None if seq is None else {session_id: seq},
+            lease=self._lease(session_id, 0),
+        )
+        try:
+            await self._store.append(command)
+        except (AppendConflictError, LeaseHeldError):
+            return False  # it moved on, or another host holds it: not abandoned
+        return True
+
+    async def discard_abandoned(self) -> builtins.list[str]:
+        """Delete the imports a process left unfinished (it died between their commands);
+        the sessions deleted. One another host is still writing (its lease live), or
+        this process is, stays."""
+        found = await self._store.queries.imports()
+        if not found:
+            return []
+        live = {lease.session_id for lease in await self._store.queries.leases(live_at=now_ms())}
+        gone = []
+        for session_id, seq in found:
+            if session_id in self._importing or session_id in live:
+                continue
+            if await self._discard(session_id, seq):
+                log.warning("deleted the unfinished import of session %s", session_id)
+                gone.append(session_id)
+        return gone
 
     async def stats(self) -> SessionStats:
         sessions, forks = await self._store.queries.session_count()

@@ -46,6 +46,8 @@ __all__ = [
     "ExecutionRecovering",
     "ExecutionStarted",
     "ExecutionSucceeded",
+    "ImportFinished",
+    "ImportStarted",
     "InboxCancelled",
     "InboxDelivered",
     "InboxDeliveryChanged",
@@ -123,6 +125,27 @@ class SessionCreated(Event):
     model: ModelRef | None = None
     location: Location
     metadata: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ImportStarted(SessionCreated):
+    """A session begins as an import written in several commands (a large document).
+
+    Its fields are ``session.created``'s; the session it makes is hidden (not
+    read, listed or counted) until its ``session.import.finished``, so other
+    writes can go between the import's commands while readers see the import
+    whole or not at all. One that never finishes (its process died) is
+    deleted by the recovery sweep.
+    """
+
+    TYPE = "session.import.started"
+
+
+@attrs.frozen(kw_only=True)
+class ImportFinished(Event):
+    """The import's last command: its session is read and listed from here on."""
+
+    TYPE = "session.import.finished"
 
 
 @attrs.frozen(kw_only=True)
@@ -717,6 +740,8 @@ REGISTRY: Mapping[str, type[Event]] = {
         SessionForked,
         SessionViewed,
         MessageImported,
+        ImportStarted,
+        ImportFinished,
         UsageRecorded,
         InboxEnqueued,
         InboxDelivered,

@@ -13,8 +13,11 @@ import of a ``--mib`` document (small user messages, 200,000 for 32 MiB) is
 under way, until it is answered. Rounds alternate so load on the machine
 hits both sides alike; the load average is printed beside the figures.
 
-Target (issue 35): the read's p99 while an import runs ≤ 100 ms. One 29.5 MB
-import used to block every request for 28 s.
+Target (issue 35): a concurrent request's p99 while an import runs ≤ 100 ms,
+the read's and the write's. One 29.5 MB import used to block every request
+for 28 s; once it was parsed off the loop, the write still waited for the
+import's one transaction (its max 21.8 s in a run at load 12), until the
+import went in bounded commands (``actors.transfer``).
 """
 
 from __future__ import annotations
@@ -161,7 +164,6 @@ async def rounds(args: argparse.Namespace, base: str, work: str) -> dict[str, An
                 "p99_ms": percentile(values, 0.99),
                 "max_ms": max(values, default=0.0),
             }
-    p99 = figures["import.read"]["p99_ms"]
     return {
         "document_bytes": size,
         "rounds": args.rounds,
@@ -170,11 +172,12 @@ async def rounds(args: argparse.Namespace, base: str, work: str) -> dict[str, An
         "figures": figures,
         "targets": [
             {
-                "name": "read p99 while a 32 MiB import runs <= 100 ms",
-                "value": p99,
+                "name": f"{kind} p99 while a 32 MiB import runs <= 100 ms",
+                "value": figures[f"import.{kind}"]["p99_ms"],
                 "unit": "ms",
-                "pass": p99 <= TARGET_MS,
+                "pass": figures[f"import.{kind}"]["p99_ms"] <= TARGET_MS,
             }
+            for kind in ("read", "write")
         ],
     }
 

@@ -146,6 +146,10 @@ class SessionReads(Protocol):
         """(seq, before, after, files) of each writing step from ``from_seq`` on, in log order."""
         ...
 
+    async def imports(self) -> list[tuple[str, int]]:
+        """Sessions still being imported (hidden until finished), each with its head seq."""
+        ...
+
     async def claims(self) -> list[Claim]:
         """Sessions holding a write-ahead execution claim, with their leases."""
         ...

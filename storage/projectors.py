@@ -34,12 +34,20 @@ __all__ = ["Op", "project"]
 E = TypeVar("E", bound=ev.Event)
 
 
+_CREATE: Final = (
+    "INSERT INTO session (id, parent_id, title, agent, model, directory, metadata,"
+    " time_created, time_updated{}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?{})"
+    " ON CONFLICT (id) DO NOTHING"
+)
+
+
 def _created(rec: RecordedEvent, e: ev.SessionCreated) -> tuple[Op, ...]:
+    # An import in several commands makes its session hidden (``importing``)
+    # until its session.import.finished.
+    importing = isinstance(e, ev.ImportStarted)
     return (
         Op(
-            "INSERT INTO session (id, parent_id, title, agent, model, directory, metadata,"
-            " time_created, time_updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (id) DO NOTHING",
+            _CREATE.format(", importing", ", 1") if importing else _CREATE.format("", ""),
             (
                 e.session_id,
                 e.parent_id,
@@ -92,6 +100,19 @@ def _agent(rec: RecordedEvent, e: ev.AgentSelected) -> tuple[Op, ...]:
 
 def _model(rec: RecordedEvent, e: ev.ModelSelected) -> tuple[Op, ...]:
     return _set(rec, "model", json_text(e.model))
+
+
+def _import_finished(rec: RecordedEvent, e: ev.ImportFinished) -> tuple[Op, ...]:
+    return (
+        Op(
+            "UPDATE session SET importing = NULL, time_updated = ?"
+            " WHERE id = ? AND importing IS NOT NULL",
+            (rec.created, e.session_id),
+            expect=1,
+            reason="session.missing",
+            subject=e.session_id,
+        ),
+    )
 
 
 def _deleted(rec: RecordedEvent, e: ev.SessionDeleted) -> tuple[Op, ...]:
@@ -341,6 +362,8 @@ def _combined(*tables: dict[type[ev.Event], Projector]) -> dict[type[ev.Event], 
 
 _SESSION_PROJECTORS: Final[dict[type[ev.Event], Projector]] = {
     ev.SessionCreated: _typed(_created),
+    ev.ImportStarted: _typed(_created),
+    ev.ImportFinished: _typed(_import_finished),
     ev.SessionRenamed: _typed(_renamed),
     ev.MetadataUpdated: _typed(_metadata),
     ev.AgentSelected: _typed(_agent),

@@ -177,7 +177,9 @@ _WITH_PARTS: Final = (
     " END FROM session_message"
 )
 _INBOX_COLUMNS: Final = "id, session_id, type, payload, delivery, time_created"
-_SESSION_BY_ID: Final = f"SELECT {_SESSION_COLUMNS} FROM session WHERE id = ?"
+# A session still being imported (schema v16) is read as no session at all.
+_SHOWN: Final = "importing IS NULL"
+_SESSION_BY_ID: Final = f"SELECT {_SESSION_COLUMNS} FROM session WHERE id = ? AND {_SHOWN}"
 _CONTEXT: Final = (
     f"{_WITH_PARTS} WHERE session_id = ? AND {_VISIBLE} AND seq >= coalesce((SELECT"
     " max(seq) FROM session_message WHERE session_id = ? AND type = 'compaction'"
@@ -220,7 +222,7 @@ _SESSION_STALE: Final = (
     f" OR EXISTS ({_OPEN_TOOL_CALLS})"
     f" OR EXISTS ({_RUNNING_COMPACTION})"
     f" OR coalesce((SELECT s.unfinished FROM ({_OPEN_STEP}) AS s), FALSE)"
-    " FROM session WHERE id = ?"
+    f" FROM session WHERE id = ? AND {_SHOWN}"
 )
 #: Bytes of decoded messages kept, least recently used evicted first (values are
 #: immutable). An entry weighs its stored text: the decoded value holds about as much.
@@ -237,7 +239,7 @@ HISTORY_CACHE_BYTES: Final = 64 * 1024 * 1024
 _HISTORY_STATE: Final = "(SELECT coalesce(max(position), 0) FROM event), removals"
 #: The session row with that state after its columns (no row: no session).
 _SESSION_HISTORY_STATE: Final = (
-    f"SELECT {_SESSION_COLUMNS}, {_HISTORY_STATE} FROM session WHERE id = ?"
+    f"SELECT {_SESSION_COLUMNS}, {_HISTORY_STATE} FROM session WHERE id = ? AND {_SHOWN}"
 )
 # A session's messages written after a position, or whose parts were. The
 # second branch is driven by the parts' index and finds its messages by id
@@ -383,7 +385,7 @@ class Queries:
 
     async def sessions(self, query: SessionQuery, anchor: SessionAnchor | None) -> Page[Session]:
         """One page of sessions ordered by (time_updated, id), continuing from ``anchor``."""
-        where: list[str] = []
+        where: list[str] = [_SHOWN]
         params: list[Any] = []
         if query.search:
             where.append("title LIKE ? ESCAPE '\\'")
@@ -588,7 +590,9 @@ class Queries:
 
     async def session_count(self) -> tuple[int, int]:
         """(sessions, of which forks)."""
-        rows = await self._fetch("SELECT count(*), count(fork_session_id) FROM session", ())
+        rows = await self._fetch(
+            f"SELECT count(*), count(fork_session_id) FROM session WHERE {_SHOWN}", ()
+        )
         return int(rows[0][0]), int(rows[0][1])
 
     async def usage_by_model(self) -> list[Row]:
@@ -685,6 +689,15 @@ class Queries:
         return out
 
     # -- execution ------------------------------------------------------------------------------
+
+    async def imports(self) -> list[tuple[str, int]]:
+        """Sessions still being imported (hidden: schema v16), each with its log's head seq."""
+        rows = await self._fetch(
+            "SELECT id, (SELECT coalesce(max(seq), 0) FROM event WHERE aggregate_id = session.id)"
+            " FROM session WHERE importing IS NOT NULL ORDER BY id",
+            (),
+        )
+        return [(str(r[0]), int(r[1])) for r in rows]
 
     async def claims(self) -> list[Claim]:
         """Sessions holding a write-ahead execution claim."""

@@ -319,6 +319,15 @@ CREATE UNLOGGED TABLE log_listener (
 );
 """
 
+# v16: a session being imported in several commands (actors.transfer) is
+# hidden until its last one: ``importing`` is set by session.import.started
+# and cleared by session.import.finished; every read of sessions skips a
+# row that has it. The index finds the imports a dead process left behind.
+_V16: Final = """
+ALTER TABLE session ADD COLUMN importing INTEGER;
+CREATE INDEX session_importing ON session (id) WHERE importing IS NOT NULL;
+"""
+
 #: Migration n (1-based) brings the schema from version n-1 to n.
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(_V1, postgres=_V1_POSTGRES),
@@ -336,6 +345,7 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(_V13),
     Migration(_V14, sqlite=_V14_SQLITE, postgres=_V14_POSTGRES),
     Migration("", postgres=_V15_POSTGRES),
+    Migration(_V16),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 #: The width of ``session.time_bucket`` (v14), in milliseconds of time_updated.

@@ -14,7 +14,7 @@ import asyncpg
 
 from storage.errors import ProjectionConflict
 from storage.postgres import schema
-from storage.postgres.dialect import translate
+from storage.postgres.runs import run_ops
 from storage.projectors import project
 from storage.reads import record_from_row
 from storage.schema import PROJECTION_TABLES
@@ -51,9 +51,9 @@ async def rebuild_projections(url: str) -> tuple[Dump, Dump]:
                 for row in rows:
                     record = record_from_row(row)
                     for op in project(record):
-                        status = await conn.execute(translate(op.sql), *op.params)
-                        if op.expect is not None and affected(status) != op.expect:
-                            conflict = op.conflict()
+                        # Held to its row count as the writer holds it (one op a run).
+                        if (refused := await run_ops(conn, [op])) is not None:
+                            conflict = refused.conflict()
                             raise ProjectionConflict(
                                 op.reason, f"replay of {record.id} failed: {conflict}"
                             )
@@ -64,9 +64,3 @@ async def rebuild_projections(url: str) -> tuple[Dump, Dump]:
         return stored, rebuilt
     finally:
         await conn.close()
-
-
-def affected(status: str) -> int:
-    """Rows a statement touched, from its command tag (``UPDATE 3``, ``INSERT 0 1``)."""
-    tail = status.rpartition(" ")[2]
-    return int(tail) if tail.isdigit() else 0

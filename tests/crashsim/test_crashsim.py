@@ -82,6 +82,24 @@ def test_a_short_run_of_mid_revert_kills_passes(tmp_path: Path) -> None:
     assert report["notes"] == []
 
 
+@pytest.mark.slow
+def test_a_short_run_of_symlink_revert_kills_passes(tmp_path: Path) -> None:
+    """Reverts across symlink swaps, killed at a hook point: the canaries outside
+    (beside the tree, in the data dir) and the database stay, each tree as its log says."""
+    python = VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable)
+    args = ["--modes", "symlink-revert", "--sessions", "2", "--iterations", "2", "--seed", "5"]
+    done = run_in_group(
+        [str(python), str(SCRIPT), *args, "--json", "--quiet"],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert report["violations"] == []
+    assert report["kill_modes"] == {"symlink-revert": 2}
+
+
 # -- the checker on a real database, then on corrupted copies ----------------------------------
 
 

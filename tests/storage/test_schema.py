@@ -35,7 +35,7 @@ def old_migrations(backend: str) -> list[str]:
 
 
 def test_one_list_of_migrations_serves_both_backends_typed_in_one_place() -> None:
-    assert len(MIGRATIONS) == SCHEMA_VERSION == len(old_migrations("sqlite"))
+    assert len(MIGRATIONS) == SCHEMA_VERSION >= len(old_migrations("sqlite"))
     sqlite_words = re.compile(r"\b(" + "|".join(POSTGRES_TYPES) + r")\b")
     for migration in MIGRATIONS:
         assert migration.script("sqlite") == migration.both + migration.sqlite
