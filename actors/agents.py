@@ -9,7 +9,8 @@ for the scripted model, an optional ``script``.
 
 Configuration is TOML. Two owners, two powers:
 
-- **The operator's**: the built-in agents (``build``, ``plan``) and the data
+- **The operator's**: the built-in agents (``build``, ``plan``, and the
+  ``general`` subagent) and the data
   directory's ``agents.toml``, which overrides them field by field and may
   define more agents, with any permissions.
 - **The project's**: ``.sessionrt/agents.toml`` in the session's Location.
@@ -38,6 +39,10 @@ Configuration is TOML. Two owners, two powers:
     edit = "ask"
     external_directory = { "/srv/shared/*" = "allow" }
 
+    [agents.reviewer]           # a subagent: reached only through the task tool
+    mode = "subagent"           # primary | subagent | all (default)
+    description = "Reviews a change and lists its problems"
+
     [agents.demo]
     script = '''
     #text Looking around.
@@ -55,7 +60,7 @@ import time
 import tomllib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import attrs
 
@@ -66,16 +71,20 @@ from protocol.errors import InvalidRequestError
 from protocol.shapes import ModelRef
 
 __all__ = [
+    "AGENT_MODES",
     "CATALOG_TTL_S",
     "DEFAULT_AGENT",
     "Agent",
     "AgentCatalog",
     "AgentCatalogs",
+    "AgentMode",
     "load_catalog",
     "project_file",
 ]
 
 DEFAULT_AGENT: Final = "build"
+AgentMode = Literal["primary", "subagent", "all"]
+AGENT_MODES: Final = ("primary", "subagent", "all")
 #: How long a Location's catalog is reused before its files are read again.
 CATALOG_TTL_S: Final = 1.0
 PROJECT_FILE: Final = Path(PROJECT_CONFIG_DIR) / "agents.toml"
@@ -96,6 +105,11 @@ class Agent:
     references: tuple[str, ...] = ()
     #: Skills the agent may use; None = every skill found.
     skills: tuple[str, ...] | None = None
+    #: ``primary`` (a session's agent), ``subagent`` (only through the
+    #: ``task`` tool) or ``all`` (either).
+    mode: AgentMode = "all"
+    #: What the agent is for, as the ``task`` tool lists it.
+    description: str = ""
 
 
 _BUILTIN: Final[dict[str, Agent]] = {
@@ -105,11 +119,27 @@ _BUILTIN: Final[dict[str, Agent]] = {
             "You are sessionrt's build agent. Work in the session's directory with the"
             " tools you are given, and say what you did."
         ),
+        mode="primary",
     ),
     "plan": Agent(
         name="plan",
         system="You are sessionrt's planning agent. Read and propose; do not change files.",
-        permissions={"*": "allow", "write": "deny", "edit": "deny", "bash": "deny"},
+        # No task either: a subagent's own permissions would let it write for plan.
+        permissions={"*": "allow", "write": "deny", "edit": "deny", "bash": "deny", "task": "deny"},
+        mode="primary",
+    ),
+    "general": Agent(
+        name="general",
+        system=(
+            "You are sessionrt's general-purpose subagent. Do the task you are given with"
+            " the tools you have, then answer with what you found or did: your last"
+            " message is all the calling agent sees."
+        ),
+        mode="subagent",
+        description=(
+            "General-purpose agent for researching questions and carrying out"
+            " multi-step tasks on its own"
+        ),
     ),
 }
 
@@ -271,7 +301,13 @@ def _merge(base: Agent | None, name: str, table: Any, path: Path) -> Agent:
             if not isinstance(table["compaction"], bool):
                 raise InvalidRequestError("compaction must be true or false", field="compaction")
             fields["compaction"] = table["compaction"]
-        for key in ("system", "script"):
+        if "mode" in table:
+            if table["mode"] not in AGENT_MODES:
+                raise InvalidRequestError(
+                    f"mode must be one of {', '.join(AGENT_MODES)}", field="mode"
+                )
+            fields["mode"] = table["mode"]
+        for key in ("system", "script", "description"):
             if key in table:
                 if not isinstance(table[key], str):
                     raise InvalidRequestError(f"{key} must be a string", field=key)

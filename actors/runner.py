@@ -36,6 +36,7 @@ from actors.bus import EventBus
 from actors.compaction import CompactionSettings, Compactor
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
 from actors.inbox import Promotion, Scope, Seen, control_head, select_promotable
+from actors.instructions.nearby import NearbyInstructions
 from actors.llm import (
     SCRIPTED_MODEL,
     ModelLimits,
@@ -158,6 +159,7 @@ class Runner:
         model_limits: Callable[[ModelRef], ModelLimits | None] | None = None,
         waiters: PermissionWaiters | None = None,
         mcp: McpTools | None = None,
+        nearby: NearbyInstructions | None = None,
     ) -> None:
         self._store = store
         #: MCP servers' tools, by the session's Location (none configured: None).
@@ -200,6 +202,7 @@ class Runner:
             retry=retry,
             waiters=waiters,
             blocking=blocking.run,
+            nearby=nearby,
         )
 
     @property
@@ -438,9 +441,10 @@ class Runner:
                     )
                 )
             )
-        # The step that owned them (or one cut off while streaming or waiting
-        # out a retry) gets its terminal too, after its calls: a message
-        # without one would read as still running forever.
+        # The step that owned them (or one cut off while streaming: a step
+        # cut off before its first output has no record) gets its terminal
+        # too, after its calls: a message without one would read as still
+        # running forever.
         # Read again after failing calls (the rare path): the step's state
         # is taken from after its calls settled, as it always was.
         open_step = start.open_step
@@ -461,9 +465,11 @@ class Runner:
     async def _rebuild(
         self, session: Session, agent: Agent, step: int, limited: bool, native: bool
     ) -> ModelRequest:
-        """A later attempt's request: the baseline read again, as an overflow
-        compaction may have moved the instruction epoch since the step began."""
-        system = await self._instructions.current(session, agent)
+        """A later attempt's request. Instruction sources are read before every
+        physical attempt, so what changed since the step began (during a retry
+        wait, say) is admitted first; the baseline is read again too, as an
+        overflow compaction may have moved the instruction epoch."""
+        system = await self._instructions.prepare(session, agent)
         return await self._request(session, agent, step, limited, system, native)
 
     async def _request(

@@ -39,7 +39,7 @@ import enum
 import functools
 import logging
 import os
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -55,6 +55,7 @@ from actors.generate import Generator
 from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import InstructionEntries, Instructions, project_config_disabled
+from actors.instructions.nearby import NearbyInstructions
 from actors.interrupts import UNHELD, RemoteInterrupts
 from actors.leases import LeaseKeeper
 from actors.llm import (
@@ -77,6 +78,7 @@ from actors.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
 from actors.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
 from actors.shells import Environments, Shells
 from actors.snapshots import Snapshots
+from actors.subagents import DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH, Subagents
 from actors.tools import (
     DEFAULT_BASH_TIMEOUT_S,
     DEFAULT_MAX_BYTES,
@@ -138,6 +140,10 @@ def _absolute_all(paths: Sequence[str]) -> tuple[str, ...]:
     return tuple(os.path.abspath(p) for p in paths)
 
 
+def _tool_tuple(tools: Iterable[Tool]) -> tuple[Tool, ...]:
+    return tuple(tools)
+
+
 def _absolute_database(target: str | None) -> str | None:
     if target is None or "://" in target:
         return target  # a URL (an unknown scheme is refused, unechoed, by storage.connect)
@@ -151,7 +157,11 @@ class RuntimeConfig:
     again by each child process (git resolves a relative store against the
     work tree, which silently turned snapshots off)."""
 
+    #: The data directory: the SQLite log, ``agents.toml``, ``AGENTS.md``,
+    #: snapshots and tool-output files.
     data_dir: Path = attrs.field(converter=_absolute_dir)
+    #: SQLite's ``synchronous`` pragma: ``FULL`` (an admitted input survives a
+    #: power loss) or ``NORMAL`` (it survives a crash of the process).
     synchronous: Synchronous = "FULL"
     #: Where sessions created without a location live (default: the cwd).
     default_directory: str | None = attrs.field(default=None, converter=_absolute_or_none)
@@ -170,8 +180,9 @@ class RuntimeConfig:
     #: Threads of the plain executor for blocking helpers that are not tool
     #: calls: catalogue reads, attachments, makedirs, the output sweep.
     max_blocking_threads: int = 4
-    #: bash: the timeout of a call that names none, and the most one may ask for.
+    #: bash: the timeout of a call that names none; then its process group is killed.
     bash_timeout_s: float = DEFAULT_BASH_TIMEOUT_S
+    #: bash: the most a call may ask for with ``timeout_s`` (a larger ask is clamped).
     bash_max_timeout_s: float = DEFAULT_MAX_TIMEOUT_S
     #: bash: output kept in memory per call while it streams; beyond it the
     #: complete output goes to a managed tool-output file (head and tail kept).
@@ -181,7 +192,10 @@ class RuntimeConfig:
     #: A user shell command still running after this long is ended (its
     #: process group killed; its entry ``failed`` with reason ``timeout``).
     shell_timeout_s: float = SHELL_TIMEOUT_S
+    #: A tool result longer than this many lines is cut to a preview; the whole
+    #: output goes to a managed tool-output file the preview points at.
     tool_output_max_lines: int = DEFAULT_MAX_LINES
+    #: The same cut by bytes.
     tool_output_max_bytes: int = DEFAULT_MAX_BYTES
     #: Extra model providers by provider id; the scripted model is always there.
     providers: Mapping[str, Provider] = attrs.field(factory=dict)
@@ -190,8 +204,16 @@ class RuntimeConfig:
     #: The model of a session whose session and agent name none (``[runtime]
     #: default_model``); the scripted model when None.
     default_model: ModelRef | None = None
-    #: Tools offered to models; the built-in set when None.
-    tools: tuple[Tool, ...] | None = None
+    #: The embedding application's tools (``actors.tools.tool``), offered
+    #: alongside the built-in ones under the same rules; a name taken twice
+    #: or a bad schema fails the start.
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tool_tuple)
+    #: Offer the built-in tools (read, write, edit, list, glob, grep, bash, task).
+    builtin_tools: bool = True
+    #: ``task`` subagents nest at most this deep (``[runtime] subagent_max_depth``).
+    subagent_max_depth: int = DEFAULT_MAX_DEPTH
+    #: Tasks one session runs at once (``[runtime] subagent_max_children``).
+    subagent_max_children: int = DEFAULT_MAX_CHILDREN
     #: MCP servers by name (``[mcp.<name>]``, :mod:`actors.mcp`); their tools
     #: join the offered ones as ``<server>_<tool>``.
     mcp: Mapping[str, McpServerConfig] = attrs.field(factory=dict)
@@ -213,6 +235,8 @@ class RuntimeConfig:
     #: Only read: the store opens read-only, no sweep, no execution (every
     #: operation that would write or run fails).
     read_only: bool = False
+    #: Restarts of one claimed execution (counted durably) before recovery
+    #: fails it instead of resuming it again.
     max_resume_attempts: int = DEFAULT_MAX_ATTEMPTS
     #: This host's id as a lease owner (``[runtime] host_id``); None: a fresh
     #: random one per start (a restarted process is a new host).
@@ -454,9 +478,6 @@ class Runtime:
                 config.bash_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
             ),
         )
-        self.tools = ToolRegistry(
-            builtin_tools(bash=bash) if config.tools is None else config.tools
-        )
         self.bounding = OutputBounding(
             output_dir=config.tool_output_dir,
             max_lines=config.tool_output_max_lines,
@@ -494,6 +515,20 @@ class Runtime:
             agents=self.agents,
             waiters=self.permission_waiters,
         )
+        #: The task tool's subagents (child sessions run by this runtime).
+        self.subagents = Subagents(
+            sessions=self.sessions,
+            agents=self.agents,
+            store=self.store,
+            runs=self,
+            max_depth=config.subagent_max_depth,
+            max_children=config.subagent_max_children,
+        )
+        builtins = (*builtin_tools(bash=bash), self.subagents.tool) if config.builtin_tools else ()
+        try:
+            self.tools = ToolRegistry((*builtins, *config.tools))
+        except ValueError as exc:
+            raise ValueError(f"tools: {exc}") from None
         self.transfer = SessionTransfer(
             self.store,
             self.sessions,
@@ -690,6 +725,15 @@ class Runtime:
         finally:
             unsubscribe()
 
+    async def stop_child(self, session_id: str) -> None:
+        """A subagent's session stops with its parent's call: interrupted (as a
+        shutdown while the runtime closes, its claim kept), waited for."""
+        execution = self._execution
+        if execution is None:
+            return
+        await execution.interrupt(session_id, "shutdown" if self._closing else "user")
+        await execution.wait_idle(session_id)
+
     async def _stop_sessions(self, session_ids: Sequence[str]) -> None:
         for sid in session_ids:
             self.environments.forget(sid)
@@ -760,6 +804,11 @@ class Runtime:
                 model_limits=self.config.limits,
                 waiters=self.permission_waiters,
                 mcp=self.mcp if self.mcp else None,
+                nearby=NearbyInstructions(
+                    self.store.queries,
+                    self.blocking.run,
+                    enabled=self.config.project_instructions,
+                ),
             )
             # Ended after execution stops (pushed before it): no call is running then.
             self._stack.push_async_callback(self.mcp.aclose)
@@ -914,6 +963,9 @@ class Runtime:
         """
         await self.sessions.get(session_id)
         interrupted = await self.execution.interrupt(session_id, "user")
+        # Its subagents still running here stop too (those its interrupted task
+        # calls ran have already: a call settles after its child stopped).
+        interrupted = await self._interrupt_descendants(session_id) or interrupted
         # The user's shells of the session end too (their entries say so).
         interrupted = await self.shells.stop([session_id], "interrupted") > 0 or interrupted
         if not interrupted:
@@ -926,6 +978,23 @@ class Runtime:
             if steers or control_head(pending, "steer") is not None:
                 self.execution.wake(session_id, "steer")
         return interrupted
+
+    async def _interrupt_descendants(self, session_id: str) -> bool:
+        active = set(await self.execution.active())
+        if not active:
+            return False
+        stopped = False
+        frontier = list(await self.store.queries.children(session_id))
+        seen: set[str] = set()
+        while frontier:
+            child = frontier.pop()
+            if child in seen:
+                continue
+            seen.add(child)
+            if child in active:
+                stopped = await self.execution.interrupt(child, "user") or stopped
+            frontier.extend(await self.store.queries.children(child))
+        return stopped
 
 
 def _terminal_of(event: ev.Event | None) -> Terminal | None:

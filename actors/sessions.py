@@ -66,7 +66,7 @@ from protocol.shapes import (
 )
 from storage import AppendConflictError, Command, EntryWrite, ProjectionConflict, Store
 
-__all__ = ["MAX_PAGE", "Sessions", "StopHook", "no_wake"]
+__all__ = ["MAX_CHILDREN", "MAX_PAGE", "Sessions", "StopHook", "no_wake"]
 
 #: Ends the local execution of these sessions (tools killed) and returns once
 #: none of them runs here any more.
@@ -74,6 +74,8 @@ StopHook = Callable[[Sequence[str]], Awaitable[None]]
 
 MAX_PAGE: Final = 200
 DEFAULT_PAGE: Final = 50
+#: The most children ``GET /api/session/{id}/children`` lists (oldest first).
+MAX_CHILDREN: Final = 1000
 
 
 def no_wake(session_id: str, scope: Scope) -> None:
@@ -183,6 +185,12 @@ class Sessions:
         if query.parent_id is not None:
             ids.validate("ses", query.parent_id, field="parentID")
         return await self._store.queries.sessions(query, None)
+
+    async def children(self, session_id: str) -> builtins.list[Session]:
+        """The session's child sessions (subagents' and forks'), oldest first,
+        at most :data:`MAX_CHILDREN`."""
+        await self.get(session_id)
+        return await self._store.queries.child_sessions(session_id, MAX_CHILDREN)
 
     async def update(self, session_id: str, request: UpdateSessionInput) -> None:
         await self.get(session_id)

@@ -28,7 +28,9 @@ Several Physical Attempts"; reference §4.4, §4.6). After a failed attempt:
 - **retry**: a rate limit, a provider-internal failure, a transport failure
   not known to be delivered, or an incomplete stream, *before* any durable
   output: ``session.retry.scheduled {attempt, at, error}``, sleep until
-  ``at``, try again with the same assistant message id (no step allowance used);
+  ``at``, try again with the same assistant message id (no step allowance used),
+  its request rebuilt after instruction admission (a source changed during
+  the wait reaches the model in this attempt);
 - **continue**: an incomplete stream *after* durable output: the partial
   message fails (``step.failed``, its text kept), the wait is scheduled the
   same way, a synthetic continuation instruction is recorded and a new
@@ -69,6 +71,7 @@ import attrs
 from actors._shield import finish
 from actors.agents import Agent
 from actors.bus import EventBus
+from actors.instructions.nearby import NearbyInstructions
 from actors.llm import (
     ContextOverflowError,
     ContinuationRejectedError,
@@ -121,8 +124,9 @@ CONTINUE_TEXT: Final = (
 )
 CONTINUE_DESCRIPTION: Final = "Continuing after an incomplete response"
 
-#: Builds the step's request again from projected history; ``native=False``
-#: leaves out every provider-native continuation state (a full rebuild).
+#: Builds the step's request again from projected history, after admitting
+#: what changed in the instruction sources; ``native=False`` leaves out every
+#: provider-native continuation state (a full rebuild).
 Rebuild = Callable[[bool], Awaitable[ModelRequest]]
 #: Runs the overflow-triggered compaction; True when it completed.
 Compact = Callable[[], Awaitable[bool]]
@@ -282,8 +286,10 @@ class StepRunner:
         environments: Environments | None = None,
         waiters: PermissionWaiters | None = None,
         blocking: Blocking | None = None,
+        nearby: NearbyInstructions | None = None,
     ) -> None:
         self._blocking = blocking
+        self._nearby = nearby
         self._waiters = PermissionWaiters() if waiters is None else waiters
         self._store = store
         self._snapshots = snapshots
@@ -375,6 +381,10 @@ class StepRunner:
                 if not step.output:
                     await finish(self._discard(step))
                     await self._backoff(session.id, assistant_id, retries, delay, error)
+                    if rebuild is not None:
+                        # Sources are read before every physical attempt: what
+                        # changed during the wait is admitted before the retry.
+                        request = await rebuild(not rebuilt)
                     continue
                 if not isinstance(exc, IncompleteStreamError) or rebuild is None:
                     return await self._failed(step, error)
@@ -434,6 +444,11 @@ class StepRunner:
         step = _Attempt(self._store, self._bus, session.id, assistant_id, record)
         if self._snapshots is not None:
             step.writes = StepWrites(self._snapshots, session.location.directory)
+        nearby = (
+            None
+            if self._nearby is None
+            else self._nearby.for_step(session.id, session.location.directory, step.journal.durable)
+        )
         step.calls = ToolCalls(
             journal=step.journal,
             session=session,
@@ -451,6 +466,7 @@ class StepRunner:
             blocking=self._blocking,
             session_rules=functools.partial(self._store.queries.permission_rules, session.id),
             before_run=None if step.writes is None else step.writes.before_run,
+            after_success=None if nearby is None else nearby.after_success,
         )
         return step
 

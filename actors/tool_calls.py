@@ -137,9 +137,12 @@ class ToolCalls:
         session_rules: SessionRules = _no_rules,
         blocking: Blocking | None = None,
         before_run: BeforeRun | None = None,
+        after_success: BeforeRun | None = None,
     ) -> None:
         #: Awaited just before a call runs (the step's "before" snapshot of what it may write).
         self._before_run = before_run
+        #: Awaited after a success is durable (nearby AGENTS.md injection).
+        self._after_success = after_success
         #: Where path resolution for a file tool's permission runs (it reads symlinks).
         self._blocking: Blocking = _to_thread if blocking is None else blocking
         self._waiters = PermissionWaiters() if waiters is None else waiters
@@ -336,6 +339,14 @@ class ToolCalls:
             await finish(self._terminal(call.id, interrupted))
             raise
         await finish(self._terminal(call.id, outcome))
+        if outcome.status == "success" and self._after_success is not None:
+            try:
+                await self._after_success(call.name, call.input)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # The call succeeded; only its follow-up did not happen.
+                log.warning("after the %s call of %s", call.name, self._session.id, exc_info=True)
         return outcome
 
     async def _authorise(self, call: ToolCall) -> tuple[ToolOutcome | None, tuple[Path, ...]]:

@@ -64,6 +64,7 @@ _SESSION_ACTIVE: Final = by_id("session.active")
 _SESSION_GET: Final = by_id("session.get")
 _SESSION_UPDATE: Final = by_id("session.update")
 _SESSION_REMOVE: Final = by_id("session.remove")
+_SESSION_CHILDREN: Final = by_id("session.children")
 _SESSION_FORK: Final = by_id("session.fork")
 _SESSION_VIEW: Final = by_id("session.view")
 _SESSION_GENERATE: Final = by_id("session.generate")
@@ -230,6 +231,24 @@ class SessionsAPI(APIGroup):
             path_params={"sessionID": session_id},
             options=options,
         )
+
+    async def children(
+        self,
+        session_id: str,
+        *,
+        options: CallOptions | None = None,
+    ) -> tuple[Session, ...]:
+        """The session's child sessions (subagents, forks), oldest first.
+
+        ``GET /api/session/{sessionID}/children`` (session.children). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError.
+        """
+        result: tuple[Session, ...] = await self._call(
+            _SESSION_CHILDREN,
+            path_params={"sessionID": session_id},
+            options=options,
+        )
+        return result
 
     async def fork(
         self,

@@ -371,6 +371,16 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         client=("sessions", "remove"),
     ),
     Operation(
+        id="session.children",
+        method="GET",
+        path="/api/session/{sessionID}/children",
+        summary="The session's child sessions (subagents, forks), oldest first",
+        output_kind="items",
+        output=Session,
+        errors=_NF,
+        client=("sessions", "children"),
+    ),
+    Operation(
         id="session.fork",
         method="POST",
         path="/api/session/{sessionID}/fork",

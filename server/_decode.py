@@ -112,8 +112,9 @@ async def decode_body(
             f"The request body did not arrive within {timeout_s:g} s"
         ) from None
     if op.large_body:
-        return await blocking(loads_in_pieces, raw) if raw.strip() else {}
-    if not raw.strip():
+        return await blocking(loads_in_pieces, raw) if raw else {}
+    # Only an empty body is no body; whitespace alone is not a JSON document.
+    if not raw:
         data: Any = {}
     else:
         data = codec.loads(raw)

@@ -80,9 +80,12 @@ def _origins(
 
 @attrs.frozen(kw_only=True)
 class ServerSettings:
-    #: None: no password. An empty string is refused: it is a mistake, not "none".
+    #: The password every client must send (``Authorization: Bearer``, or Basic
+    #: with any user name); None: none. An empty one is refused: a mistake, not "none".
     password: str | None = attrs.field(default=None, validator=_password)
+    #: The largest request body accepted (a larger one is a 413).
     max_body_bytes: int = DEFAULT_MAX_BODY
+    #: Seconds between keep-alive comments on an idle stream.
     heartbeat_s: float = 15.0
     #: Web origins (``https://app.example``) whose pages may call the API, with CORS.
     cors_origins: tuple[str, ...] = attrs.field(default=(), converter=_strings, validator=_origins)

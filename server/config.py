@@ -1,51 +1,11 @@
 """``sessionrt serve --config FILE``: server and runtime settings from TOML.
 
     [server]
-    host = "127.0.0.1"
     port = 4096
-    password = "…"              # or SESSIONRT_SERVER_PASSWORD; never empty
-    cors_origins = []           # web origins whose pages may call the API ("https://app.example")
-    allowed_hosts = []          # Host names served besides localhost, loopback, the bound address
-    max_body_bytes = 33554432
-    heartbeat_s = 15
-    event_queue_bytes = 8388608 # an /api/event subscriber this far behind is dropped
-    stream_write_timeout_s = 10 # a stream write without progress this long drops its reader
-    shutdown_grace_s = 0.5      # what streams get to take their last frame at shutdown
-    header_timeout_s = 15       # to finish a request's headers (and keep-alive idle limit)
-    body_timeout_s = 30         # to receive a whole body (then 408, connection closed)
 
     [runtime]
     data_dir = "/var/lib/sessionrt"
-    synchronous = "FULL"        # or "NORMAL"
-    database = "/srv/db/sessionrt.sqlite"  # or "postgresql://…"; default: data_dir's file
-    default_directory = "/srv/work"
-    allow_directories = []      # e.g. ["/"]: let sessions live where the rules refuse
-    secret_env = []             # more variables tools must not inherit (provider keys)
-    secret_env_patterns = []    # glob patterns of more, case-insensitive: ["VAULT_*", "*_PIN"]
-    max_tool_threads = 16       # tool calls at once, each in its own child actor (one thread)
-    max_blocking_threads = 4    # the plain pool for blocking helpers that are not tool calls
-    bash_timeout_s = 120        # a bash call's timeout unless it asks for another
-    bash_max_timeout_s = 600    # the most a bash call may ask for (larger asks are clamped)
-    bash_output_memory_bytes = 1048576  # per call; beyond it output streams to a managed file
-    shell_output_memory_bytes = 8388608  # per user shell command; beyond it, a managed file
-    shell_timeout_s = 600       # a user shell command running longer is ended (its group killed)
-    tool_output_max_lines = 2000
-    tool_output_max_bytes = 51200
-    recover = true
-    max_resume_attempts = 10
-    decode_cache_bytes = 33554432        # per decode cache (stored messages, chat history)
     default_model = "local/fake-model"   # PROVIDER/MODEL; scripted when unset
-    retry_base_delay_s = 2               # first retry's backoff, doubled per retry
-    retry_max_delay_s = 900              # cap on a provider's retry-after
-    compaction = true                    # automatic compaction (an agent may override)
-    compaction_buffer = 20000            # reserved headroom, tokens
-    compaction_tail_tokens = 15000       # recent tail kept verbatim, tokens
-    project_instructions = true          # read the project's AGENTS.md / CLAUDE.md files
-                                         # (OPENCODE_/SESSIONRT_DISABLE_PROJECT_CONFIG=1: off)
-    import_scripts = false               # keep an import's metadata.script (it runs as a script)
-    host_id = "web-1"                    # this host's lease owner id; random per start when unset
-    lease_ttl_ms = 10000                 # an execution lease's life, renewed every ttl/4
-    mcp_idle_s = 600                     # an MCP server unused this long is ended
 
     [providers.local]                    # real models: see actors/llm/_config.py
     kind = "openai"                      # or "anthropic"
@@ -55,10 +15,12 @@
     context = 128000
     output = 4096
 
-    [mcp.files]                          # MCP servers: see actors/mcp/_config.py
-    command = ["python", "-m", "my_mcp_server"]   # stdio (or url = "http://…/mcp")
-    env = { "TOKEN_VAR" = "…" }
-    timeout_ms = 30000
+Every key with its type, default and meaning is in ``docs/configuration.md``,
+generated from :data:`FILE_KEYS` and the attrs classes the keys fill
+(``ServerSettings``, ``RuntimeConfig``, ``ProviderConfig``) by
+``scripts/gen_config_doc.py``.
+
+``[mcp.<name>]`` tables (MCP servers) are parsed by :func:`actors.mcp.parse_servers`.
 
 ``[providers]`` comes back as :class:`~actors.llm.ProviderConfig` values under
 ``"providers"`` and ``runtime.default_model`` as a :class:`ModelRef`, ready for
@@ -78,9 +40,10 @@ from actors.llm import SCRIPTED_PROVIDER_ID, parse_model_ref, parse_providers
 from actors.mcp import parse_servers
 from actors.runtime import RuntimeConfig
 
-__all__ = ["ConfigError", "load_config", "runtime_config"]
+__all__ = ["FILE_KEYS", "ConfigError", "load_config", "runtime_config"]
 
-_TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
+#: The keys a file may set, by section, with the types the loader accepts.
+FILE_KEYS: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
     "server": {
         "host": str,
         "port": int,
@@ -126,6 +89,8 @@ _TYPES: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "project_instructions": bool,
         "import_scripts": bool,
         "mcp_idle_s": (int, float),
+        "subagent_max_depth": int,
+        "subagent_max_children": int,
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.
@@ -146,12 +111,12 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
     for section, table in document.items():
         if section in _NESTED:
             continue
-        if section not in _TYPES:
+        if section not in FILE_KEYS:
             raise ConfigError(f"{path}: unknown section [{section}]")
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: [{section}] must be a table")
         for key, value in table.items():
-            expected = _TYPES[section].get(key)
+            expected = FILE_KEYS[section].get(key)
             if expected is None:
                 raise ConfigError(f"{path}: unknown key {section}.{key}")
             wrong_bool = isinstance(value, bool) and expected is not bool

@@ -21,11 +21,15 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import attrs
+
 from actors.runtime import Runtime, RuntimeConfig
+from actors.tools import Tool
 from protocol.client import Client, EventsAPI, InstructionsAPI, ServerAPI, SessionsAPI
 from server._inprocess import InProcessConnector
 from server._protocol import make_runner
@@ -50,10 +54,15 @@ class Embedded:
         *,
         config: RuntimeConfig | None = None,
         settings: ServerSettings | None = None,
+        tools: Iterable[Tool] = (),
     ) -> None:
+        """``tools``: the application's own tools (:func:`actors.tools.tool`),
+        offered alongside the built-in ones (added to ``config.tools``)."""
         if (data_dir is None) == (config is None):
             raise ValueError("pass exactly one of data_dir or config")
-        self.config = config or RuntimeConfig(data_dir=Path(os.fspath(data_dir)))  # type: ignore[arg-type]
+        config = config or RuntimeConfig(data_dir=Path(os.fspath(data_dir)))  # type: ignore[arg-type]
+        extra = tuple(tools)
+        self.config = attrs.evolve(config, tools=config.tools + extra) if extra else config
         self._settings = settings or ServerSettings()
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()

@@ -197,6 +197,10 @@ async def session_move(call: Call) -> Any:
     await call.runtime.sessions.move(call.session_id, body.directory, body.delivery)
 
 
+async def session_children(call: Call) -> Any:
+    return await call.runtime.sessions.children(call.session_id)
+
+
 async def session_fork(call: Call) -> Any:
     body: ForkInput = call.body
     return await call.runtime.sessions.fork(call.session_id, body.before)
@@ -297,6 +301,7 @@ HANDLERS: dict[str, Handler] = {
     "session.get": session_get,
     "session.update": session_update,
     "session.remove": session_remove,
+    "session.children": session_children,
     "session.fork": session_fork,
     "session.view": session_view,
     "session.generate": session_generate,

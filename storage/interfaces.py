@@ -89,6 +89,10 @@ class SessionReads(Protocol):
 
     async def children(self, session_id: str) -> list[str]: ...
 
+    async def child_sessions(self, session_id: str, limit: int) -> list[Session]:
+        """The session's children, oldest first, at most ``limit``."""
+        ...
+
     async def sessions(self, query: SessionQuery, anchor: SessionAnchor | None) -> Page[Session]:
         """One page of sessions ordered by (time_updated, id), continuing from ``anchor``."""
         ...
@@ -180,6 +184,10 @@ class SessionReads(Protocol):
 
     async def permission_rules(self, session_id: str) -> list[tuple[str, str]]:
         """``(permission, pattern)`` the session allowed with ``always`` replies, in order."""
+        ...
+
+    async def injected_instructions(self, session_id: str) -> list[str]:
+        """Paths of the nearby ``AGENTS.md`` files the session was given (once each)."""
         ...
 
     async def open_step(self, session_id: str) -> str | None:

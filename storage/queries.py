@@ -383,6 +383,15 @@ class Queries:
         rows = await self._fetch("SELECT id FROM session WHERE parent_id = ?", (session_id,))
         return [str(r[0]) for r in rows]
 
+    async def child_sessions(self, session_id: str, limit: int) -> list[Session]:
+        """The session's children, oldest first, at most ``limit``."""
+        rows = await self._fetch(
+            f"SELECT {_SESSION_COLUMNS} FROM session WHERE parent_id = ?"
+            " ORDER BY time_created, id LIMIT ?",
+            (session_id, limit),
+        )
+        return [_session(r) for r in rows]
+
     async def sessions(self, query: SessionQuery, anchor: SessionAnchor | None) -> Page[Session]:
         """One page of sessions ordered by (time_updated, id), continuing from ``anchor``."""
         where: list[str] = [_SHOWN]
@@ -817,6 +826,16 @@ class Queries:
             (session_id,),
         )
         return [(str(r[0]), str(r[1])) for r in rows]
+
+    async def injected_instructions(self, session_id: str) -> list[str]:
+        """Paths of the nearby ``AGENTS.md`` files the session was given (once each)."""
+        rows = await self._fetch(
+            "SELECT json_extract(data, '$.payload.metadata.path') FROM session_message"
+            " WHERE session_id = ? AND type = 'synthetic'"
+            " AND json_extract(data, '$.payload.metadata.notice') = 'instructions'",
+            (session_id,),
+        )
+        return [str(r[0]) for r in rows if r[0] is not None]
 
     async def open_step(self, session_id: str) -> str | None:
         """The newest assistant message when its step has no terminal (cut off by a crash).

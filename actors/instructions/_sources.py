@@ -47,6 +47,7 @@ __all__ = [
     "FileCache",
     "FileSpec",
     "Observation",
+    "Unreadable",
     "observe_files",
     "project_config_disabled",
     "project_walk",
@@ -103,6 +104,10 @@ class FileSpec:
 
 class _Unreadable(Exception):
     pass
+
+
+#: A file or directory that exists but cannot be read (its message says why).
+Unreadable = _Unreadable
 
 
 class FileCache:

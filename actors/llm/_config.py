@@ -46,7 +46,9 @@ PROVIDER_KINDS: Final[tuple[ProviderKind, ...]] = ("openai", "anthropic")
 class ModelLimits:
     """A configured model's window and output cap, in tokens."""
 
+    #: The context window, tokens: what compaction measures a request against.
     context: int = attrs.field(validator=attrs.validators.gt(0))
+    #: The most output tokens a step may ask for.
     output: int = attrs.field(validator=attrs.validators.gt(0))
 
 
@@ -62,11 +64,18 @@ def _frozen_models(value: Mapping[str, ModelLimits]) -> Mapping[str, ModelLimits
 class ProviderConfig:
     """One ``[providers.<id>]`` table."""
 
+    #: The table's name: the provider half of ``PROVIDER/MODEL``.
     id: str
+    #: The wire format: ``openai`` (Chat Completions) or ``anthropic`` (Messages).
     kind: ProviderKind = attrs.field(validator=attrs.validators.in_(PROVIDER_KINDS))
+    #: openai: the API root (``http://127.0.0.1:8000/v1``); anthropic: the host
+    #: root (``https://api.anthropic.com``).
     base_url: str
+    #: The environment variable that holds the key, read at each call; never logged.
     api_key_env: str | None = None
+    #: Extra HTTP headers sent with every request.
     headers: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_headers, repr=False)
+    #: The models a session may choose, by id: ``[providers.ID.models.MODEL]``.
     models: Mapping[str, ModelLimits] = attrs.field(factory=dict, converter=_frozen_models)
 
     def api_key(self) -> str | None:

@@ -14,6 +14,8 @@
   once (``_actors``).
 - :class:`OutputBounding`, :func:`run_sweeper`: the 2,000-line / 50 KiB limit,
   managed output files and their 7-day retention (``_bounding``).
+- :func:`tool`, :class:`CallContext`, :class:`FunctionTool`: a typed Python
+  function (sync or async) as a tool, for embedding applications (``_python``).
 - :mod:`actors.tools.builtin`: read, write, edit, list, glob, grep, bash.
 """
 
@@ -30,9 +32,11 @@ from actors.tools._environment import PASSWORD_ENV, is_secret, tool_environment
 from actors.tools._executor import RecordProcess, ToolExecutor
 from actors.tools._permission import Decision, permission
 from actors.tools._process import ProcessGroup
+from actors.tools._python import CallContext, FunctionTool, ToolSchemaError, tool
 from actors.tools._registry import ToolRegistry, ToolSpec
 from actors.tools._types import (
     DEFAULT_BASH_TIMEOUT_S,
+    AsyncTool,
     Content,
     SucceededThenInterrupted,
     Tool,
@@ -52,9 +56,12 @@ __all__ = [
     "DEFAULT_RETENTION_DAYS",
     "PASSWORD_ENV",
     "SWEEP_INTERVAL_S",
+    "AsyncTool",
+    "CallContext",
     "Cancel",
     "Content",
     "Decision",
+    "FunctionTool",
     "OutputBounding",
     "ProcessGroup",
     "Progress",
@@ -71,6 +78,7 @@ __all__ = [
     "ToolOwner",
     "ToolRegistry",
     "ToolResult",
+    "ToolSchemaError",
     "ToolSpec",
     "ToolStatus",
     "builtin_tools",
@@ -78,5 +86,6 @@ __all__ = [
     "permission",
     "run_sweeper",
     "text_item",
+    "tool",
     "tool_environment",
 ]

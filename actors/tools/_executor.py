@@ -11,6 +11,11 @@ such case is a failed :class:`ToolOutcome`:
 - any other exception → ``tool.error`` with the exception text;
 - the actor pool closed → ``aborted``.
 
+An async tool (``is_async``: :class:`~actors.tools.AsyncTool`) runs as a task
+on the loop instead, holding no thread while it waits (a subagent's ``task``
+call waits for a whole child session); only the bounding of its success
+takes a child actor.
+
 Each call runs in its own child actor (:mod:`actors.tools._actors`), adopted
 by the ``owner`` the caller passes (the step's :class:`~actors.tools.ToolOwner`).
 The tool's ``run`` and the bounding of its successful result happen in that
@@ -59,18 +64,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import attrs
 
+from actors._blocking import wait_out
 from actors._exceptions import ActorDeadError
+from actors._shield import finish
 from actors.tools._actors import ToolActors, ToolOwner
 from actors.tools._bounding import OutputBounding
 from actors.tools._process import ProcessGroup
 from actors.tools._registry import ToolRegistry
 from actors.tools._types import (
+    AsyncTool,
+    SucceededThenInterrupted,
     Tool,
     ToolContext,
     ToolError,
@@ -158,6 +168,8 @@ class ToolExecutor:
             ctx = attrs.evolve(ctx, spawned=self._spawned(self._record, ctx))
         if owner is not None:
             ctx = attrs.evolve(ctx, progress=owner.reporter(ctx.call_id))
+        if getattr(tool, "is_async", False):
+            return await self._run_async(cast(AsyncTool, tool), input, ctx)
         call = ctx
 
         def work() -> ToolOutcome:
@@ -172,6 +184,52 @@ class ToolExecutor:
         if name in self._registry or self._more is None:
             return self._registry
         return self._more(ctx.directory) or self._registry
+
+    async def _run_async(
+        self, tool: AsyncTool, input: Mapping[str, Any], ctx: ToolContext
+    ) -> ToolOutcome:
+        """An async tool: its coroutine as a task on the loop, owned by this call.
+
+        Cancelled with the awaiting task (``ctx.cancel`` set too), and waited
+        for before the cancellation propagates; a success is bounded in a
+        child actor (bounding may write a managed file), as a thread tool's is.
+        """
+        work = asyncio.get_running_loop().create_task(
+            _arun(tool, input, ctx), name=f"tool:{ctx.call_id}"
+        )
+        try:
+            # wait(), not await: cancelling us must not cancel the work unseen.
+            await asyncio.wait({work})
+        except asyncio.CancelledError:
+            ctx.cancel.set()
+            work.cancel()
+            await wait_out(work)
+            if work.cancelled() or isinstance(work.result(), ToolOutcome):
+                raise
+            result = work.result()
+            assert isinstance(result, ToolResult)
+            # The tool succeeded anyway: that is the call's settlement.
+            raise SucceededThenInterrupted(await finish(self._bounded(tool, result, ctx))) from None
+        if work.cancelled():
+            return ToolOutcome.failure("aborted", f"Tool execution aborted: {tool.name}")
+        settled = work.result()
+        if isinstance(settled, ToolOutcome):
+            return settled
+        return await self._bounded(tool, settled, ctx)
+
+    async def _bounded(self, tool: Tool, result: ToolResult, ctx: ToolContext) -> ToolOutcome:
+        def work() -> ToolOutcome:
+            try:
+                return ToolOutcome.success(self._bounding.bound(result))
+            except Exception as exc:
+                logger.warning("bounding the output of %r failed", tool.name, exc_info=True)
+                return ToolOutcome.failure("tool.error", f"bounding tool output failed: {exc}")
+
+        try:
+            # A cancel event of its own: bounding a success is never skipped.
+            return await self._actors.run(work, call_id=ctx.call_id, cancel=threading.Event())
+        except ActorDeadError as exc:
+            return ToolOutcome.failure("aborted", f"Tool execution aborted: {tool.name} ({exc})")
 
     def _spawned(self, record: RecordProcess, ctx: ToolContext) -> Callable[[ProcessGroup], None]:
         loop = asyncio.get_running_loop()
@@ -222,3 +280,24 @@ class ToolExecutor:
 
 async def _awaited(awaitable: Awaitable[None]) -> None:
     await awaitable
+
+
+async def _arun(
+    tool: AsyncTool, input: Mapping[str, Any], ctx: ToolContext
+) -> ToolResult | ToolOutcome:
+    """An async tool's result, or its failure as an outcome (only a cancellation escapes)."""
+    try:
+        result: object = await tool.arun(input, ctx)
+    except ToolError as exc:
+        return ToolOutcome.from_error(exc)
+    except Exception as exc:
+        logger.warning("tool %r failed", tool.name, exc_info=True)
+        text = str(exc)
+        return ToolOutcome.failure(
+            "tool.error", f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        )
+    if not isinstance(result, ToolResult):
+        return ToolOutcome.failure(
+            "tool.error", f"tool {tool.name!r} returned {type(result).__name__}"
+        )
+    return result

@@ -40,6 +40,7 @@ from actors.tools._process import ProcessGroup
 
 __all__ = [
     "DEFAULT_BASH_TIMEOUT_S",
+    "AsyncTool",
     "Content",
     "SucceededThenInterrupted",
     "Tool",
@@ -148,10 +149,14 @@ class ToolResult:
 class ToolError(Exception):
     """A tool failed; ``type`` tags the failure (see the module docstring)."""
 
-    def __init__(self, message: str, *, type: str = "tool.error") -> None:
+    def __init__(
+        self, message: str, *, type: str = "tool.error", metadata: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.type = type
+        #: Kept on the failed outcome (a subagent's session id, say).
+        self.metadata = metadata
 
     def __repr__(self) -> str:
         return f"ToolError({self.message!r}, type={self.type!r})"
@@ -180,6 +185,17 @@ class Tool(Protocol):
     def run(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolResult: ...
 
 
+class AsyncTool(Tool, Protocol):
+    """A tool whose work is a coroutine (``is_async`` true): the executor awaits
+    ``arun`` as a task on the event loop instead of calling ``run`` on a thread.
+    It must not block the loop; an interrupt cancels it."""
+
+    @property
+    def is_async(self) -> bool: ...
+
+    async def arun(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolResult: ...
+
+
 @attrs.frozen(kw_only=True)
 class ToolOutcome:
     """A settled tool call: the form published as the call's terminal event."""
@@ -198,12 +214,16 @@ class ToolOutcome:
         return cls(status="success", content=result.content, metadata=metadata)
 
     @classmethod
-    def failure(cls, type: str, message: str) -> ToolOutcome:
-        return cls(status="failed", error={"type": type, "message": message})
+    def failure(
+        cls, type: str, message: str, metadata: Mapping[str, Any] | None = None
+    ) -> ToolOutcome:
+        return cls(
+            status="failed", error={"type": type, "message": message}, metadata=metadata or {}
+        )
 
     @classmethod
     def from_error(cls, error: ToolError) -> ToolOutcome:
-        return cls.failure(error.type, error.message)
+        return cls.failure(error.type, error.message, error.metadata)
 
 
 class SucceededThenInterrupted(asyncio.CancelledError):

@@ -12,8 +12,9 @@ Origin checks of :mod:`server.guard` like any other.
 First paint waits for no file but the page: the style sheet and the page's
 script are inlined into ``index.html`` when the app is made (allowed by their
 hashes in the Content-Security-Policy, no ``'unsafe-inline'``), the script
-with the one module it imports (``console-sse.js``, also imported by the feed
-worker) put in place of its import line. Every answer carries a
+with the modules it imports (``console-sse.js``, also imported by the feed
+worker, ``console-markdown.js`` and ``console-work.js``) put in place of their
+import lines. Every answer carries a
 strong ETag (a hash of its bytes: a revalidation costs a 304 and no body) and
 is gzipped when the client accepts it; bodies and their gzipped forms are made
 once, at start (a fixed set of files, a few tens of KiB in all).
@@ -48,6 +49,8 @@ ASSETS: Final = (
     "console.js",
     "console-sse.js",
     "console-feed.js",
+    "console-markdown.js",
+    "console-work.js",
     "console.css",
 )
 #: Route names the password does not cover (the page must load to ask for it).
@@ -55,8 +58,14 @@ PUBLIC_ROUTES: Final = frozenset({"console.index", "console.asset"})
 #: In index.html, the tags replaced by the inlined file.
 _STYLE_TAG: Final = '<link rel="stylesheet" href="/console/console.css">'
 _SCRIPT_TAG: Final = '<script type="module" src="/console/console.js"></script>'
-#: In console.js, the import replaced by the module's text (its exports made plain).
-_IMPORT: Final = 'import { readFrames } from "/console/console-sse.js";\n'
+#: In console.js, the imports replaced by their module's text, each in a function
+#: of its own (so its private names cannot meet the page's) returning its exports.
+_IMPORTS: Final = {
+    "console-sse.js": 'import { readFrames } from "/console/console-sse.js";\n',
+    "console-markdown.js": 'import { renderMarkdown } from "/console/console-markdown.js";\n',
+    "console-work.js": "import { promptBar, renderDiff, revertText, sessionTree }"
+    ' from "/console/console-work.js";\n',
+}
 _POLICY: Final = (
     "default-src 'none'; script-src 'self'{scripts}; worker-src 'self'; style-src 'self'{styles};"
     " connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none';"
@@ -94,14 +103,22 @@ def _file(name: str, body: bytes, policy: str) -> _File:
     )
 
 
-def _inline(html: str, style: str, script: str, module: str) -> tuple[str, str]:
-    """The page with its style and script inlined, and the policy that allows exactly them."""
-    if _STYLE_TAG not in html or _SCRIPT_TAG not in html or _IMPORT not in script:
-        raise RuntimeError("index.html or console.js lost what the console inlines")
-    plain = "\n".join(line.removeprefix("export ") for line in module.split("\n"))
+def _module(name: str, line: str, text: str) -> str:
+    """An imported module as a statement binding the names ``line`` imports."""
+    plain = "\n".join(line.removeprefix("export ") for line in text.split("\n"))
     if re.search(r"^\s*(import|export)\b", plain, re.M):
-        raise RuntimeError("console-sse.js must stay a module with plain top-level exports")
-    script = script.replace(_IMPORT, plain)
+        raise RuntimeError(f"{name} must stay a module with plain top-level exports")
+    names = line[line.index("{") + 1 : line.index("}")].strip()
+    return f"const {{ {names} }} = (() => {{\n{plain}\nreturn {{ {names} }};\n}})();\n"
+
+
+def _inline(html: str, style: str, script: str, modules: dict[str, str]) -> tuple[str, str]:
+    """The page with its style and script inlined, and the policy that allows exactly them."""
+    lost = [name for name, line in _IMPORTS.items() if line not in script]
+    if _STYLE_TAG not in html or _SCRIPT_TAG not in html or lost:
+        raise RuntimeError("index.html or console.js lost what the console inlines")
+    for name, line in _IMPORTS.items():
+        script = script.replace(line, _module(name, line, modules[name]))
     if "</style" in style or "</script" in script:
         raise RuntimeError("an inlined console file closes its own tag")
     html = html.replace(_STYLE_TAG, "<style>" + style + "</style>")
@@ -119,7 +136,7 @@ def _load() -> dict[str, _File]:
         raw["index.html"].decode(),
         raw["console.css"].decode(),
         raw["console.js"].decode(),
-        raw["console-sse.js"].decode(),
+        {name: raw[name].decode() for name in _IMPORTS},
     )
     files["index.html"] = _file("index.html", page.encode(), policy)
     return files

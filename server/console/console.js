@@ -29,9 +29,21 @@
 // and shown on the tool call they hold, with once/always/reject buttons.
 // Compaction rows show their reason and status; the summary is collapsed, and
 // streams in from session.compaction.delta while the compaction runs.
+//
+// The work of a session: answers are rendered as Markdown (console-markdown.js
+// builds DOM nodes, never HTML text, so an answer cannot run script or load
+// from elsewhere); each prompt offers its changes (GET …/diff between it and
+// the next prompt: the files its steps changed, with their patches), a fork
+// from it, and a revert (stage, with or without its files; the staged revert
+// is shown above the prompt with clear and commit). The header shows the
+// session's agent and model (switchable) and its parent; the sessions list
+// shows child sessions under their parent. The user shell runs a command in
+// the session's directory; its row shows the output.
 // Served inlined into the page, this import replaced by the module itself
 // (server/console/__init__.py); served alone, it imports it.
 import { readFrames } from "/console/console-sse.js";
+import { renderMarkdown } from "/console/console-markdown.js";
+import { promptBar, renderDiff, revertText, sessionTree } from "/console/console-work.js";
 
 const BEYOND = 9007199254740991; // an `after` past any seq: the log answers with log.synced only
 const FIRST_PAGE = 30; // messages per page: a screenful and more
@@ -197,9 +209,13 @@ function statusOf(id) {
 function renderSessions() {
   const list = $("sessions");
   list.textContent = "";
-  for (const session of sessions.values()) {
-    const item = el("li");
+  for (const [session, depth] of sessionTree(sessions)) {
+    const item = el("li", depth ? "child" : "");
     item.dataset.id = session.id;
+    if (depth) {
+      item.dataset.parent = session.parentID;
+      item.style.paddingLeft = 6 + 16 * Math.min(depth, 6) + "px";
+    }
     const state = statusOf(session.id);
     const dot = el("span", "dot " + (state !== "idle" ? state : unread.has(session.id) ? "unread" : ""));
     dot.title = unread.has(session.id) && state === "idle" ? "unread" : state;
@@ -297,15 +313,12 @@ class SessionView {
     $("transcript").textContent = "";
     $("log").tBodies[0].textContent = "";
     $("session-id").textContent = this.id;
-    const known = sessions.get(this.id);
-    const session = known
-      ? Promise.resolve(known)
-      : api("GET", "/api/session/" + this.id).then((answer) => answer.data);
+    const session = api("GET", "/api/session/" + this.id).then((answer) => answer.data);
     session.catch(() => {}); // a missing session fails the log read below, and is shown there
     // The watermark first, then the messages (which include at least that much),
     // then the log from the watermark: nothing falls between the two reads.
     this.lastSeq = await this.watermark();
-    $("session-title").textContent = (await session).title || "";
+    this.showInfo(await session);
     const page = await api("GET", `/api/session/${this.id}/message?limit=${FIRST_PAGE}&order=desc`);
     this.older = page.cursor.next || null;
     // One insertion and one layout for the whole page, not one per message.
@@ -461,6 +474,128 @@ class SessionView {
       this.scheduleFlush();
     }
     if (type === "session.renamed") $("session-title").textContent = data.title || "";
+    if (type === "session.agent.selected" || type === "session.model.selected") this.loadInfo();
+    if (type.startsWith("session.revert.")) this.reloadTranscript();
+  }
+
+  // -- the session's settings, revert and the work of each prompt -------------------------------
+
+  async loadInfo() {
+    try {
+      const { data } = await api("GET", "/api/session/" + this.id);
+      if (current === this) this.showInfo(data);
+    } catch (err) {
+      if (!this.control.signal.aborted) showError(err);
+    }
+  }
+
+  showInfo(session) {
+    this.session = session;
+    $("session-title").textContent = session.title || "";
+    const model = session.model ? `${session.model.providerID}/${session.model.id}` : "";
+    $("agent").value = session.agent || "";
+    $("model").value = model;
+    // The choices offered: the built-in ones, and whatever this session uses.
+    for (const [list, value] of [["agents", session.agent], ["models", model]]) {
+      const options = $(list);
+      if (value && ![...options.options].some((o) => o.value === value)) {
+        const option = el("option");
+        option.value = value;
+        options.append(option);
+      }
+    }
+    const parent = $("session-parent");
+    parent.hidden = !session.parentID;
+    if (session.parentID) {
+      const name = sessions.get(session.parentID);
+      parent.textContent = "↑ " + ((name && name.title) || session.parentID);
+      parent.dataset.id = session.parentID;
+    }
+    this.renderRevert();
+  }
+
+  // A staged revert hides its message and what follows (the server's listing
+  // leaves them out): the transcript is read again, and the banner shows it.
+  async reloadTranscript() {
+    await this.loadInfo();
+    if (current !== this) return;
+    for (const node of this.nodes.values()) node.remove();
+    this.nodes.clear();
+    this.messages.clear();
+    const page = await api("GET", `/api/session/${this.id}/message?limit=${FIRST_PAGE}&order=desc`);
+    if (current !== this) return;
+    this.older = page.cursor.next || null;
+    for (const message of page.data.slice().reverse()) this.put(message);
+    $("older").hidden = !this.older;
+  }
+
+  renderRevert() {
+    const revert = this.session && this.session.revert;
+    const box = $("revert-box");
+    box.hidden = !revert;
+    if (!revert) return;
+    $("revert-text").textContent = revertText(revert);
+  }
+
+  async revert(messageID, files) {
+    try {
+      await api("POST", `/api/session/${this.id}/revert/stage`, { messageID, files });
+    } catch (err) {
+      showError(err);
+    }
+  }
+
+  async fork(messageID) {
+    try {
+      const { data } = await api("POST", `/api/session/${this.id}/fork`, { before: messageID });
+      sessions.set(data.id, data);
+      await openSession(data.id);
+      loadSessions().catch(showError);
+    } catch (err) {
+      showError(err);
+    }
+  }
+
+  // The prompt after this one in the transcript, if any: the end of its changes.
+  nextPrompt(message) {
+    let next = null;
+    for (const other of this.messages.values()) {
+      if (other.type === "user" && other.seq > message.seq && (!next || other.seq < next.seq)) next = other;
+    }
+    return next;
+  }
+
+  async toggleChanges(message, node) {
+    const open = node.querySelector(".changes");
+    if (open) {
+      open.remove();
+      return;
+    }
+    const box = el("div", "changes", "reading…");
+    node.append(box);
+    const query = new URLSearchParams({ from: message.id });
+    const next = this.nextPrompt(message);
+    if (next) query.set("to", next.id);
+    try {
+      const { data } = await api("GET", `/api/session/${this.id}/diff?${query}`);
+      box.textContent = "";
+      if (!data.length) box.append(el("div", "muted", "No file changes."));
+      for (const diff of data) box.append(renderDiff(diff));
+    } catch (err) {
+      box.textContent = "";
+      box.append(el("div", "error-text", String(err.message || err)));
+    }
+  }
+
+  promptActions(message, node) {
+    node.append(
+      promptBar({
+        changes: () => this.toggleChanges(message, node),
+        fork: () => this.fork(message.id),
+        revert: () => this.revert(message.id, false),
+        revertFiles: () => this.revert(message.id, true),
+      }),
+    );
   }
 
   scheduleFlush() {
@@ -514,7 +649,8 @@ class SessionView {
     if (message.type === "compaction") return this.renderCompaction(message, node);
     if (message.type === "shell") return this.renderShell(message, node);
     if (message.type !== "assistant") {
-      node.textContent = message.text || message.description || "";
+      node.append(el("div", "body", message.text || message.description || ""));
+      if (message.type === "user") this.promptActions(message, node);
       return node;
     }
     const live = this.liveText.get(message.id) || new Map();
@@ -532,7 +668,12 @@ class SessionView {
         text = streaming.text;
         cls += " streaming";
       } else if (streaming && part.text) live.delete(part.ordinal);
-      const block = el("div", cls, text);
+      const block = el("div", cls);
+      // Markdown once the block is durable; while it streams, plain text.
+      if (cls === "text") {
+        block.classList.add("md");
+        block.append(renderMarkdown(text));
+      } else block.textContent = text;
       block.dataset.ordinal = String(part.ordinal);
       node.append(block);
     }
@@ -896,6 +1037,42 @@ function main() {
     if (current) api("POST", `/api/session/${current.id}/compact`, {}).then(() => current && current.loadInbox(), showError);
   });
   $("older").addEventListener("click", () => current && current.loadOlder().catch(showError));
+  $("agent-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const agent = $("agent").value.trim();
+    if (current && agent) api("POST", `/api/session/${current.id}/agent`, { agent }).catch(showError);
+  });
+  $("model-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const [providerID, ...rest] = $("model").value.trim().split("/");
+    const id = rest.join("/");
+    if (!current) return;
+    if (!providerID || !id) {
+      showError(new Error("a model is PROVIDER/MODEL, e.g. scripted/scripted"));
+      return;
+    }
+    api("POST", `/api/session/${current.id}/model`, { model: { providerID, id } }).catch(showError);
+  });
+  $("shell-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const command = $("shell-command").value;
+    if (!current || !command.trim()) return;
+    $("shell-command").value = "";
+    api("POST", `/api/session/${current.id}/shell`, { command }).catch((err) => {
+      if (!$("shell-command").value) $("shell-command").value = command;
+      showError(err);
+    });
+  });
+  $("revert-clear").addEventListener("click", () => {
+    if (current) api("DELETE", `/api/session/${current.id}/revert`).catch(showError);
+  });
+  $("revert-commit").addEventListener("click", () => {
+    if (current) api("POST", `/api/session/${current.id}/revert/commit`).catch(showError);
+  });
+  $("session-parent").addEventListener("click", () => {
+    const parent = $("session-parent").dataset.id;
+    if (parent) openSession(parent);
+  });
   $("tab-log").addEventListener("click", () => setTab(true));
   $("tab-transcript").addEventListener("click", () => setTab(false));
   $("follow").addEventListener("change", () => current && current.ready && !$("log-view").hidden && current.startLog());

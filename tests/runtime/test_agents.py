@@ -330,7 +330,8 @@ async def test_only_the_tools_an_agent_may_use_are_offered(tmp_path: Path, workd
     assert {t.name for t in plan.requests[0].tools} == {"read", "list", "glob", "grep"}
     build = Recorder("list", {"path": "."})
     await _record(tmp_path, workdir, "build", build)
-    assert {t.name for t in build.requests[0].tools} == set(BUILTIN_NAMES)
+    # Every built-in tool, and the task tool that hands work to a subagent.
+    assert {t.name for t in build.requests[0].tools} == {*BUILTIN_NAMES, "task"}
 
 
 async def test_a_denied_call_is_in_the_next_steps_history(tmp_path: Path, workdir: Path) -> None:

@@ -223,6 +223,11 @@ async def test_a_stream_cut_before_output_is_retried_on_the_same_message(world: 
     (reply,) = await world.assistants(sid)
     assert reply.id == scheduled["assistantMessageID"]
     assert reply.parts == (TextPart(ordinal=0, text="whole"),)
+    # One step, one record, written at the retried attempt's first output.
+    (started,) = world.durable(sid, "session.step.started")
+    assert started["assistantMessageID"] == reply.id
+    types = [m["type"] for m in world.feed.events if m.get("durable")]
+    assert types.index("session.retry.scheduled") < types.index("session.step.started")
 
 
 # -- continuation after output ----------------------------------------------------------------
@@ -422,6 +427,10 @@ async def test_a_rejected_signature_rebuilds_the_request_once_without_a_retry(
     assert thinking_blocks(rebuilt.body) == []
     _, second = await world.assistants(sid)
     assert second.parts == (TextPart(ordinal=0, text="rebuilt"),)
+    assert second.error is None
+    # Two steps, two records: the rejected attempt left none of its own.
+    assert len(world.durable(sid, "session.step.started")) == 2
+    assert world.durable(sid, "session.step.failed") == []
 
 
 async def test_a_second_rejection_fails_the_step(world: World) -> None:
@@ -436,6 +445,8 @@ async def test_a_second_rejection_fails_the_step(world: World) -> None:
     assert terminal.kind == "failed"
     assert terminal.error.type == "provider.continuation-rejected"
     assert len(world.fake.received) == 3
+    # The failed step never produced output: only the first step has a record.
+    assert len(await world.assistants(sid)) == 1
 
 
 # -- structured concurrency -------------------------------------------------------------------

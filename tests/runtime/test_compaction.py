@@ -57,7 +57,7 @@ def config(tmp_path: Path, workdir: Path, recorder: Recorder, **overrides: Any) 
         data_dir=tmp_path / "data",
         default_directory=str(workdir),
         providers={"rec": recorder},
-        tools=(),
+        builtin_tools=False,
         model_limits={"rec/small": ModelLimits(context=3000, output=500)},
         compaction_buffer=0,
         compaction_tail_tokens=300,

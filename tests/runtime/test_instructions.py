@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,21 @@ from actors.instructions import (
     encode,
     project_config_disabled,
 )
-from actors.llm import Finish, ModelRequest, StreamPart, TextDelta, TextEnd, TextStart
+from actors.llm import (
+    Finish,
+    ModelRequest,
+    RateLimitError,
+    StreamPart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+)
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import InstructionEntryValueTooLargeError, Location, ModelRef
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import SystemMessage
-from storage import Command, SQLiteStore
+from storage import Command, RecordedEvent, SQLiteStore
 
 MODEL = ModelRef(id="rec-1", provider_id="rec")
 
@@ -587,6 +595,56 @@ async def test_a_failed_observation_leaves_no_read_running_and_raises_itself(
             assert cancelled == [True]
         finally:
             instructions.close()
+
+
+class FailsOnce(Recorder):
+    """Rate-limited on its first request, then answers like the Recorder."""
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
+        if not self.requests:
+            self.requests.append(request)
+            raise RateLimitError("slow down")
+        async for part in super().stream(request):
+            yield part
+
+
+async def test_a_source_changed_during_a_retry_wait_is_admitted_before_the_retry(
+    tmp_path: Path, project: Path
+) -> None:
+    model = FailsOnce()
+    (project / "AGENTS.md").write_text("Rule: tabs.\n")
+    config = RuntimeConfig(
+        data_dir=tmp_path / "data",
+        default_directory=str(project / "pkg"),
+        providers={"rec": model},
+        retry_base_delay_s=0.001,
+    )
+    async with Runtime(config) as rt:
+        feed = Feed()
+        rt.bus.subscribe(feed)
+
+        def change_during_wait(records: Sequence[RecordedEvent]) -> None:
+            # The retry is durable, its wait not begun: the file changes in the wait.
+            if any(r.type.startswith("session.retry.scheduled") for r in records):
+                (project / "AGENTS.md").write_text("Rule: spaces.\n")
+
+        unsubscribe = rt.store.subscribe(change_during_wait)
+        s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+        await turn(rt, feed, s.id, "go", 1)
+        unsubscribe()
+
+    first, retry = model.requests
+    assert "Rule: tabs." in first.system[0]
+    # The same step, its second physical attempt: the update is in its request.
+    assert retry.metadata["step"] == first.metadata["step"]
+    assert retry.metadata["attempt"] == 2
+    _initial, changed = updates(feed, s.id)
+    assert list(changed["data"]["delta"]) == ["discovery/agents"]
+    assert [t for r, t in texts(retry) if r == "system"] == [changed["data"]["text"]]
+    assert "Rule: spaces." in changed["data"]["text"]
+    types = feed.types(s.id)
+    last_update = max(i for i, t in enumerate(types) if t == "session.instructions.updated")
+    assert types.index("session.retry.scheduled") < last_update
 
 
 async def test_a_changed_source_never_wakes_an_idle_session(

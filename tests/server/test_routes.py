@@ -174,6 +174,8 @@ async def test_an_unknown_agent_is_a_tagged_400_at_creation_and_selection(
     [
         ("POST", "/api/session", b"{not json", None),
         ("POST", "/api/session", b"[1, 2]", None),
+        # Only an empty body is no body: whitespace is not a JSON document.
+        ("POST", "/api/session", b"\r\n", None),
         ("POST", "/api/session", b'{"id": "msg_wrongprefix"}', "id"),
         ("POST", "/api/session", b'{"title": 5}', "title"),
         ("GET", "/api/session?limit=abc", None, "limit"),

@@ -1,0 +1,312 @@
+"""The console shows the work, in a real browser (Debian's Chromium, headless).
+
+Answers as Markdown (and nothing in an answer runs or loads from elsewhere),
+each prompt's changes with their diff, revert stage/clear/commit, fork, the
+user shell, the agent and model, child sessions under their parent. Every
+action is a click on the page; its effect is checked in the page, on disk
+where it touches files, and in the session's durable log (the Log tab).
+Screenshots go to ``$SESSIONRT_TEST_OUTPUT`` (default: the test's tmp
+directory), never the repository.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from serve_proc import serving
+
+pytest.importorskip("playwright")
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+CHROMIUM = "/usr/bin/chromium"
+PASSWORD = "console-pw"
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium"),
+    pytest.mark.timeout(120),
+]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as pw:
+        launched = await pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("SESSIONRT_TEST_OUTPUT", tmp_path / "screenshots"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """The server's working directory, so new sessions' directory: a git work tree."""
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    (work / "README.md").write_text("a project\n")
+    return work
+
+
+@pytest.fixture
+async def url(tmp_path: Path, work: Path) -> AsyncIterator[str]:
+    env = {**os.environ, "SESSIONRT_SERVER_PASSWORD": PASSWORD}
+    async with serving(tmp_path / "data", env=env, cwd=work) as served:
+        yield served.url
+
+
+async def signed_in(browser: Browser, url: str) -> Page:
+    page = await browser.new_page(viewport={"width": 1200, "height": 800})
+    await page.goto(url + "/")
+    await expect(page.locator("#auth")).to_be_visible()
+    await page.fill("#password", PASSWORD)
+    await page.click("#auth-ok")
+    await expect(page.locator("#feed-state.live")).to_be_visible()
+    return page
+
+
+async def create(page: Page, title: str) -> str:
+    await page.fill("#new-title", title)
+    await page.click("#create")
+    await expect(page.locator("#session-title")).to_have_text(title)
+    sid = await page.locator("#session-id").text_content()
+    assert sid is not None
+    return sid
+
+
+async def answered(page: Page, text: str, *, answer: str, count: int) -> None:
+    """Sends ``text`` and waits until ``count`` answers show ``answer``'s text."""
+    await page.fill("#prompt", text)
+    await page.click("#send")
+    done = page.locator("#transcript .msg.assistant .text", has_text=answer)
+    await expect(done).to_have_count(count, timeout=30_000)
+    await expect(page.locator("#session-status")).to_have_text("idle", timeout=30_000)
+
+
+async def logged(page: Page, event: str) -> None:
+    """The Log tab shows ``event``; back to the transcript after."""
+    await page.click("#tab-log")
+    await expect(page.locator("#log tbody td.type", has_text=event).first).to_be_visible()
+    await page.click("#tab-transcript")
+
+
+MARKDOWN = "\n".join(
+    "#text " + line
+    for line in [
+        "# Plan",
+        "Some **bold**, *slanted* and `inline code`, see [the docs](https://example.org/docs).",
+        "```python",
+        "print('hello')",
+        "```",
+        "- first",
+        "- second",
+        "",
+        "| a | b |",
+        "|---|---|",
+        "| 1 | 2 |",
+        "<script>window.pwned = 'script'</script>",
+        '<img src="x" onerror="window.pwned = \'img\'">',
+        "[click me](javascript:window.pwned='link')",
+        "![tracker](http://198.51.100.7/pixel.png)",
+        "[shouting](JAVASCRIPT:window.pwned='upper') [inline page](data:text/html,hi)",
+        "<javascript:window.pwned='auto'> [relative](/api/session)",
+        "done.",
+    ]
+)
+
+
+async def test_an_answer_is_markdown_and_nothing_in_it_runs_or_loads(
+    browser: Browser, url: str, shots: Path
+) -> None:
+    page = await signed_in(browser, url)
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    await create(page, "markdown")
+
+    await answered(page, MARKDOWN, answer="done.", count=1)
+
+    answer = page.locator("#transcript .msg.assistant .text.md")
+    await expect(answer.locator("h1")).to_have_text("Plan")
+    await expect(answer.locator("strong")).to_have_text("bold")
+    await expect(answer.locator("em")).to_have_text("slanted")
+    await expect(answer.locator("p code")).to_have_text("inline code")
+    await expect(answer.locator('pre code[data-lang="python"]')).to_have_text("print('hello')")
+    await expect(answer.locator("li")).to_have_text(["first", "second"])
+    await expect(answer.locator("table td")).to_have_text(["1", "2"])
+    docs = answer.locator('a[href="https://example.org/docs"]')
+    await expect(docs).to_have_attribute("rel", "noopener noreferrer nofollow")
+    # The attacks are shown as the characters they are, and do nothing.
+    await expect(answer).to_contain_text("<script>window.pwned = 'script'</script>")
+    await expect(answer).to_contain_text("[click me](javascript:window.pwned='link')")
+    assert await answer.locator("script, img, iframe, [onerror]").count() == 0
+    hrefs = await answer.locator("a").evaluate_all("links => links.map(a => a.href)")
+    assert hrefs == ["https://example.org/docs", "http://198.51.100.7/pixel.png"]
+    tracker = answer.locator("a", has_text="tracker")
+    await expect(tracker).to_have_attribute("href", "http://198.51.100.7/pixel.png")
+    await page.locator("#transcript .msg.assistant").screenshot(path=shots / "markdown.png")
+    assert await page.evaluate("window.pwned") is None
+    assert [r for r in requested if not r.startswith(url)] == []
+    await page.close()
+
+
+WRITE_ONE = '#tool write {"path": "notes.txt", "content": "one\\n"}\n#step\n#text wrote one'
+WRITE_TWO = '#tool write {"path": "notes.txt", "content": "one\\ntwo\\n"}\n#step\n#text wrote two'
+
+
+async def test_a_prompts_changes_show_their_diff(browser: Browser, url: str, shots: Path) -> None:
+    page = await signed_in(browser, url)
+    await create(page, "changes")
+    await answered(page, WRITE_ONE, answer="wrote one", count=1)
+    await answered(page, WRITE_TWO, answer="wrote two", count=1)
+    prompts = page.locator("#transcript .msg.user")
+
+    await prompts.nth(0).locator("button.show-changes").click()
+    await prompts.nth(1).locator("button.show-changes").click()
+
+    added = prompts.nth(0).locator('.file-diff[data-file="notes.txt"]')
+    await expect(added).to_have_class("file-diff added")
+    await expect(added.locator("pre.patch span.add")).to_have_text(["+one\n"])
+    changed = prompts.nth(1).locator('.file-diff[data-file="notes.txt"]')
+    await expect(changed).to_have_class("file-diff modified")
+    await expect(changed.locator("summary")).to_contain_text("+1 -0")
+    await expect(changed.locator("pre.patch span.add")).to_have_text(["+two\n"])
+    await page.screenshot(path=shots / "changes-diff.png")
+    await page.close()
+
+
+async def test_revert_stage_clear_and_commit_from_a_prompt(
+    browser: Browser, url: str, work: Path, shots: Path
+) -> None:
+    page = await signed_in(browser, url)
+    await create(page, "revert")
+    await answered(page, WRITE_ONE, answer="wrote one", count=1)
+    await answered(page, WRITE_TWO, answer="wrote two", count=1)
+    prompts = page.locator("#transcript .msg.user")
+    assert (work / "notes.txt").read_text() == "one\ntwo\n"
+
+    await prompts.nth(1).locator("button.revert-files").click()
+
+    banner = page.locator("#revert-box")
+    await expect(banner).to_be_visible()
+    await expect(page.locator("#revert-text")).to_contain_text("files restored: notes.txt")
+    await expect(prompts).to_have_count(1)
+    assert (work / "notes.txt").read_text() == "one\n"
+    await page.screenshot(path=shots / "revert-staged.png")
+    await logged(page, "session.revert.staged")
+
+    await page.click("#revert-clear")
+
+    await expect(banner).to_be_hidden()
+    await expect(prompts).to_have_count(2)
+    assert (work / "notes.txt").read_text() == "one\ntwo\n"
+    await logged(page, "session.revert.cleared")
+
+    await prompts.nth(1).locator("button.revert").click()
+    await expect(page.locator("#revert-text")).to_contain_text("files untouched")
+    await page.click("#revert-commit")
+
+    await expect(banner).to_be_hidden()
+    await expect(prompts).to_have_count(1)
+    assert (work / "notes.txt").read_text() == "one\ntwo\n"
+    await logged(page, "session.revert.committed")
+    await page.click("#tab-log")
+    await page.locator("#log tbody tr").last.scroll_into_view_if_needed()
+    await page.screenshot(path=shots / "log-revert.png")
+    await page.close()
+
+
+async def test_a_fork_from_a_prompt_opens_with_what_came_before(
+    browser: Browser, url: str, shots: Path
+) -> None:
+    page = await signed_in(browser, url)
+    parent = await create(page, "to fork")
+    await answered(page, "#text first answer", answer="first answer", count=1)
+    await answered(page, "#text second answer", answer="second answer", count=1)
+
+    await page.locator("#transcript .msg.user").nth(1).locator("button.fork").click()
+
+    await expect(page.locator("#session-id")).not_to_have_text(parent)
+    await expect(page.locator("#transcript .msg.user")).to_have_count(1)
+    await expect(page.locator("#transcript .msg.assistant .text")).to_have_text(["first answer"])
+    await page.screenshot(path=shots / "fork.png")
+    await logged(page, "session.forked")
+    await page.close()
+
+
+async def test_the_user_shell_runs_from_the_page_and_shows_its_output(
+    browser: Browser, url: str, shots: Path
+) -> None:
+    page = await signed_in(browser, url)
+    await create(page, "shell")
+
+    await page.fill("#shell-command", "printf 'from %s' shell && ls")
+    await page.click("#shell-run")
+
+    row = page.locator("#transcript .msg.shell")
+    await expect(row).to_have_attribute("data-state", "completed", timeout=30_000)
+    await expect(row.locator("pre")).to_contain_text("from shell")
+    await expect(row.locator("pre")).to_contain_text("README.md")
+    await page.screenshot(path=shots / "shell.png")
+    await logged(page, "session.shell.ended")
+    await page.close()
+
+
+async def test_the_agent_and_model_are_shown_and_switched(
+    browser: Browser, url: str, shots: Path
+) -> None:
+    page = await signed_in(browser, url)
+    sid = await create(page, "settings")
+    await expect(page.locator("#agent")).to_have_value("")
+
+    await page.fill("#agent", "plan")
+    await page.click("#agent-set")
+    await logged(page, "session.agent.selected")
+    await page.fill("#model", "scripted/scripted")
+    await page.click("#model-set")
+    await logged(page, "session.model.selected")
+    await page.reload()
+    await expect(page.locator("#auth")).to_be_hidden()
+    await expect(page.locator("#session-id")).to_have_text(sid)
+
+    await expect(page.locator("#agent")).to_have_value("plan")
+    await expect(page.locator("#model")).to_have_value("scripted/scripted")
+    await page.screenshot(path=shots / "agent-model.png")
+    await page.fill("#agent", "no-such-agent")
+    await page.click("#agent-set")
+    await expect(page.locator("#transcript .error-text")).to_contain_text("no-such-agent")
+    await page.close()
+
+
+async def test_child_sessions_stand_under_their_parent(
+    browser: Browser, url: str, shots: Path
+) -> None:
+    page = await signed_in(browser, url)
+    parent = await create(page, "parent")
+    await create(page, "unrelated")
+    status = await page.evaluate(
+        """([parent, pw]) => fetch('/api/session', {method: 'POST',
+        headers: {'Content-Type': 'application/json', Authorization: 'Bearer ' + pw},
+        body: JSON.stringify({title: 'child', parentID: parent})}).then(r => r.status)""",
+        [parent, PASSWORD],
+    )
+    assert status == 200
+
+    child = page.locator(f'#sessions li.child[data-parent="{parent}"]')
+    await expect(child).to_have_text("child")
+    order = await page.locator("#sessions li .title").all_text_contents()
+    assert order.index("child") == order.index("parent") + 1
+    await page.screenshot(path=shots / "children.png")
+    await child.click()
+    await expect(page.locator("#session-parent")).to_have_text("↑ parent")
+    await page.click("#session-parent")
+    await expect(page.locator("#session-id")).to_have_text(parent)
+    await page.close()
