@@ -26,6 +26,7 @@ import os
 import time
 import tomllib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -66,6 +67,12 @@ class McpServers:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.configs = dict(configs)
+        if any(c.enabled for c in self.configs.values()) and find_spec("mcp") is None:
+            # Said at start, not at the first step that would use a server.
+            raise ValueError(
+                "[mcp.*] servers are configured but the MCP SDK is not installed:"
+                " pip install 'sessionrt[mcp]'"
+            )
         self._secret_env = tuple(secret_env)
         self.idle_s = idle_s
         self._blocking = blocking
