@@ -31,7 +31,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import attrs
 
@@ -48,11 +48,12 @@ __all__ = [
     "CONTROL_TYPES",
     "AdmissionGate",
     "Blocking",
+    "Doorbell",
     "Inbox",
     "Promotion",
+    "RevertCommits",
     "Scope",
     "Seen",
-    "WakeHook",
     "control_head",
     "select_promotable",
 ]
@@ -60,8 +61,20 @@ __all__ = [
 #: ``input``: the idle/entry boundary (queued input may deliver); ``steer``: a
 #: step boundary inside a running drain (only steers deliver).
 Scope = Literal["input", "steer"]
-WakeHook = Callable[[str, Scope], None]
 RevertCommit = Callable[[Session], Awaitable[list[ev.Event]]]
+
+
+class Doorbell(Protocol):
+    """Who runs a session when input arrives (the runtime's execution)."""
+
+    def wake(self, session_id: str, scope: Scope) -> None: ...
+
+
+class RevertCommits(Protocol):
+    """The events committing a session's staged revert (the runtime's reverts)."""
+
+    async def commit_events(self, session: Session) -> list[ev.Event]: ...
+
 
 CONTROL_TYPES: Final[frozenset[str]] = frozenset({"compaction", "move"})
 
@@ -135,21 +148,22 @@ class Inbox:
     def __init__(
         self,
         store: Store,
-        wake: WakeHook,
+        wake: Doorbell,
         locks: KeyedLock,
         blocking: Blocking = asyncio.to_thread,
         withheld: Withheld | None = None,
+        revert: RevertCommits | None = None,
     ) -> None:
         self._store = store
-        self._wake = wake
+        self._wake = wake.wake
         self._locks = locks
         self._blocking = blocking
         self._withheld = withheld or Withheld(
             files=() if store.path is None else (Path(store.path),)
         )
         #: The events committing a session's staged revert; a prompt's admission
-        #: carries them in its own transaction (set by the session facade).
-        self.revert_commit: RevertCommit | None = None
+        #: carries them in its own transaction.
+        self.revert_commit: RevertCommit | None = None if revert is None else revert.commit_events
         #: Closed by a closing runtime before it hands its refused wakes over.
         self.gate = AdmissionGate()
 

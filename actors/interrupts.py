@@ -26,14 +26,14 @@ import asyncio
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
-from typing import Any, Final
+from collections.abc import Coroutine
+from typing import Any, Final, Protocol
 
 from actors.hostbus import HostBus, HostMessage
 from protocol.errors import ServiceUnavailableError
 from storage.errors import StorageError
 
-__all__ = ["PENDING", "REMEMBERED", "UNHELD", "WAIT_S", "RemoteInterrupts"]
+__all__ = ["PENDING", "REMEMBERED", "UNHELD", "WAIT_S", "LocalHost", "RemoteInterrupts"]
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +48,27 @@ PENDING: Final = 1024
 #: Answers an owner keeps for requests seen again (by count, oldest out).
 REMEMBERED: Final = 1024
 
-Spawn = Callable[[Coroutine[Any, Any, object], str], None]
-#: ``locate(session_id)``: the other host holding the session's live lease;
-#: :data:`UNHELD` when it is claimed but no other host holds it (its owner's
-#: lease expired and nobody took it over yet, or this host did); None when
-#: it is not claimed (it runs nowhere).
-Locate = Callable[[str], Coroutine[Any, Any, str | None]]
+#: ``locate``: claimed, but no other host holds the session's live lease.
 UNHELD: Final = ""
+
+
+class LocalHost(Protocol):
+    """What the remote interrupts need of this host (the runtime's execution)."""
+
+    async def interrupt_here(self, session_id: str) -> bool:
+        """This host's own interrupt: True when it stopped an execution."""
+        ...
+
+    def spawn(self, work: Coroutine[Any, Any, object], name: str) -> None:
+        """Run a task the runtime owns."""
+        ...
+
+    async def locate(self, session_id: str) -> str | None:
+        """The other host holding the session's live lease; :data:`UNHELD`
+        when it is claimed but no other host holds it (its owner's lease
+        expired and nobody took it over yet, or this host did); None when it
+        is not claimed (it runs nowhere)."""
+        ...
 
 
 class RemoteInterrupts:
@@ -65,19 +79,15 @@ class RemoteInterrupts:
         self,
         host_id: str,
         bus: HostBus,
-        interrupt: Callable[[str], Coroutine[Any, Any, bool]],
-        spawn: Spawn,
-        locate: Locate,
+        local: LocalHost,
         *,
         wait_s: float = WAIT_S,
     ) -> None:
-        #: ``interrupt(session_id)``: this host's own interrupt, True when it
-        #: stopped an execution; ``spawn``: runs a task the runtime owns.
         self._host_id = host_id
         self._bus = bus
-        self._interrupt = interrupt
-        self._spawn = spawn
-        self._locate = locate
+        self._interrupt = local.interrupt_here
+        self._spawn = local.spawn
+        self._locate = local.locate
         self.wait_s = wait_s
         self._waiting: dict[str, asyncio.Future[bool]] = {}
         #: request id -> the answer given; None while it is being worked out.

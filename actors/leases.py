@@ -15,14 +15,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from typing import Protocol
 
 from storage import Command, Fence, FencedError, LeaseUse, StorageError, Store
 from storage.clock import SYSTEM, Clock
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["LeaseKeeper", "LeaseLoss"]
 
 log = logging.getLogger(__name__)
+
+
+class LeaseLoss(Protocol):
+    """Who stops an execution whose lease this host failed to renew."""
+
+    def lease_lost(self, session_id: str) -> None: ...
 
 
 class LeaseKeeper:
@@ -32,7 +38,7 @@ class LeaseKeeper:
         host_id: str,
         *,
         ttl_ms: int,
-        on_lost: Callable[[str], None],
+        on_lost: LeaseLoss,
         clock: Clock = SYSTEM,
     ) -> None:
         if ttl_ms < 40:
@@ -40,7 +46,7 @@ class LeaseKeeper:
         self.store = store
         self.host_id = host_id
         self.ttl_ms = ttl_ms
-        self._on_lost = on_lost
+        self._on_lost = on_lost.lease_lost
         self._clock = clock
         self._fences: dict[str, Fence] = {}
         self._task: asyncio.Task[None] | None = None

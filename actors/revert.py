@@ -53,9 +53,8 @@ import builtins
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import orjson
 
@@ -89,13 +88,23 @@ PAUSE_POINTS: Final = frozenset(
     f"{op}.{where}" for op in ("stage", "clear") for where in ("intent", "event", "restore")
 ) | {"commit"}
 
-Busy = Callable[[str], Awaitable[bool]]
+
+class BusyCheck(Protocol):
+    """Whether a session has a busy period on this host (the runtime's execution)."""
+
+    async def busy(self, session_id: str) -> bool: ...
+
+
 #: The restores of one stage or clear: (tree, the paths made what they are in it).
 Restores = list[tuple[str, list[str]]]
 
 
-async def _never_busy(session_id: str) -> bool:
-    return False
+class _NeverBusy:
+    async def busy(self, session_id: str) -> bool:
+        return False
+
+
+_NEVER_BUSY: Final = _NeverBusy()
 
 
 class Reverts:
@@ -104,7 +113,7 @@ class Reverts:
         store: Store,
         locks: KeyedLock,
         snapshots: Snapshots,
-        busy: Busy = _never_busy,
+        busy: BusyCheck = _NEVER_BUSY,
         *,
         intents: Path,
         blocking: Blocking,
@@ -112,7 +121,7 @@ class Reverts:
         self._store = store
         self._locks = locks
         self._snapshots = snapshots
-        self.busy = busy
+        self.busy = busy.busy
         #: Where the intents of stages and clears in progress are kept.
         self._intents = intents
         self._blocking = blocking

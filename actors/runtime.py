@@ -39,68 +39,50 @@ import enum
 import functools
 import logging
 import os
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 import attrs
 
-from actors._blocking import BlockingExecutor
-from actors.agents import AgentCatalogs
-from actors.bus import EventBus
 from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
-from actors.execution import Execution, Terminal, widest
+from actors.execution import Execution, Terminal
 from actors.generate import Generator
-from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
+from actors.hostbus import HostBus, HostMessage
 from actors.inbox import Scope, control_head, select_promotable
-from actors.instructions import InstructionEntries, Instructions, project_config_disabled
+from actors.instructions import Instructions, project_config_disabled
 from actors.instructions.nearby import NearbyInstructions
-from actors.interrupts import UNHELD, RemoteInterrupts
 from actors.leases import LeaseKeeper
 from actors.llm import (
     SCRIPTED_MODEL,
-    HttpProvider,
     ModelLimits,
     Provider,
     ProviderConfig,
-    ProviderRegistry,
-    build_providers,
 )
-from actors.locations import DirectoryRules
-from actors.mcp import McpServerConfig, McpServers
-from actors.permissions import PermissionWaiters
+from actors.mcp import McpServerConfig
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
-from actors.revert import Reverts
 from actors.runner import InstructionSource, Runner
-from actors.sessions import Sessions
+from actors.services import Services, build_services, terminal_of
 from actors.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
 from actors.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
-from actors.shells import Environments, Shells
-from actors.snapshots import Snapshots
-from actors.subagents import DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH, Subagents
+from actors.subagents import DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH
 from actors.tools import (
     DEFAULT_BASH_TIMEOUT_S,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_LINES,
-    OutputBounding,
     ProcessGroup,
     RecordProcess,
     Tool,
-    ToolActors,
     ToolContext,
     ToolError,
     ToolExecutor,
-    ToolRegistry,
-    builtin_tools,
     run_sweeper,
 )
 from actors.tools.builtin import (
     DEFAULT_MAX_TIMEOUT_S,
     DEFAULT_OUTPUT_MEMORY_BYTES,
-    BashTool,
 )
-from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef
@@ -113,13 +95,10 @@ from storage import (
     Store,
     Synchronous,
     connect,
-    default_host_id,
     fenced,
-    is_server_url,
     now_ms,
     redact,
 )
-from storage.follow import FollowDispatcher
 
 __all__ = ["DB_NAME", "Runtime", "RuntimeConfig", "check_data_dir", "make_data_dir"]
 
@@ -431,154 +410,42 @@ class Runtime:
         self._state = _State.UNOPENED
         self._stack = contextlib.AsyncExitStack()
         self._own_store = store is None
-        self.store: Store = store or connect(
-            config.database_target,
-            synchronous=config.synchronous,
-            read_only=config.read_only,
-            decode_cache_bytes=config.decode_cache_bytes,
-        )
-        self.host_id = config.host_id or default_host_id()
-        #: A bus this runtime made is its own to open and close.
-        self._own_bus: NotifyHostBus | None = None
-        if host_bus is None and not config.read_only and is_server_url(config.database_target):
-            # Hosts in other processes share the server: reach them through it.
-            # After its connection came back, a scan at once: a host that
-            # released sessions meanwhile told nobody.
-            host_bus = self._own_bus = NotifyHostBus(
-                config.database_target, on_reconnect=lambda: self._rescan.set()
+        if store is None:
+            store = connect(
+                config.database_target,
+                synchronous=config.synchronous,
+                read_only=config.read_only,
+                decode_cache_bytes=config.decode_cache_bytes,
             )
-        self.host_bus: HostBus = host_bus or LocalHostBus()
-        self.leases = LeaseKeeper(
-            self.store, self.host_id, ttl_ms=config.lease_ttl_ms, on_lost=self._lease_lost
-        )
-        self._hooks: _DurableHooks | None = None
-        self._rescan = asyncio.Event()
-        self._tasks: set[asyncio.Task[object]] = set()
-        #: Interrupts to and from the other hosts (answered, resent until then).
-        self.remote_interrupts = RemoteInterrupts(
-            self.host_id, self.host_bus, self._interrupt_here, self._spawn, self._locate
-        )
-        self._closing = False
-        #: Wakes that arrived while closing (session id -> widest scope).
-        self._refused: dict[str, Scope] = {}
-        #: Set once :meth:`_hand_over_wakes` has run (the bus closes next).
-        self._handed_over = False
-        #: Followers of one session's durable log (SSE ``session.log``, hence the
-        #: embedded host and the CLI): one subscription, rung per session.
-        self.follows = FollowDispatcher(self.store)
-        self.bus = EventBus()
-        if config.max_tool_threads < 1 or config.max_blocking_threads < 1:
-            raise ValueError("max_tool_threads and max_blocking_threads must be at least 1")
-        self.blocking = BlockingExecutor(limit=config.max_blocking_threads)
-        self.tool_actors = ToolActors(limit=config.max_tool_threads)
-        bash = BashTool(
-            default_timeout_s=config.bash_timeout_s,
-            max_timeout_s=max(config.bash_max_timeout_s, config.bash_timeout_s),
-            output_memory_bytes=max(
-                config.bash_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
-            ),
-        )
-        self.bounding = OutputBounding(
-            output_dir=config.tool_output_dir,
-            max_lines=config.tool_output_max_lines,
-            max_bytes=config.tool_output_max_bytes,
-        )
-        self.providers = ProviderRegistry(providers=config.providers)
-        self.directories = DirectoryRules(
-            data_dir=config.data_dir, allowed=tuple(Path(d) for d in config.allow_directories)
-        )
-        self.adapters: dict[str, HttpProvider] = build_providers(config.provider_configs)
-        self.providers = ProviderRegistry(
-            providers={**self.adapters, **config.providers},
-            models={
-                pid: frozenset(c.models)
-                for pid, c in config.provider_configs.items()
-                if pid not in config.providers
-            },
-        )
-        if config.default_model is not None:
-            try:
-                self.providers.check(config.default_model)
-            except InvalidRequestError as exc:
-                raise ValueError(f"default_model: {exc}") from None
-        self.agents = AgentCatalogs((config.agents_file,), self.blocking.run)
-        #: Tool calls waiting for a permission reply (answered through sessions).
-        self.permission_waiters = PermissionWaiters()
-        self.sessions = Sessions(
-            self.store,
-            wake=self._wake,
-            stop=self._stop_sessions,
-            default_directory=config.default_directory,
-            blocking=self.blocking.run,
-            directories=self.directories,
-            check_model=self.providers.check,
-            agents=self.agents,
-            waiters=self.permission_waiters,
-        )
-        #: The task tool's subagents (child sessions run by this runtime).
-        self.subagents = Subagents(
-            sessions=self.sessions,
-            agents=self.agents,
-            store=self.store,
-            runs=self,
-            max_depth=config.subagent_max_depth,
-            max_children=config.subagent_max_children,
-        )
-        builtins = (*builtin_tools(bash=bash), self.subagents.tool) if config.builtin_tools else ()
-        try:
-            self.tools = ToolRegistry((*builtins, *config.tools))
-        except ValueError as exc:
-            raise ValueError(f"tools: {exc}") from None
-        self.transfer = SessionTransfer(
-            self.store,
-            self.sessions,
-            directories=self.directories,
-            blocking=self.blocking.run,
-            allow_scripts=config.import_scripts,
-            leases=self.leases,
-        )
-        for pattern in config.secret_env_patterns:
-            if not pattern or not set(pattern) & set("*?["):
-                raise ValueError(f"secret_env_patterns: {pattern!r} is no glob pattern (* ? [)")
-        secret_env = (
-            frozenset(config.secret_env)
-            | set(config.secret_env_patterns)
-            | {c.api_key_env for c in config.provider_configs.values() if c.api_key_env}
-        )
-        self._secret_env = secret_env
-        self.environments = Environments(secret_env)
-        self.snapshots = Snapshots(
-            config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=self.blocking.run
-        )
-        self.reverts = Reverts(
-            self.store,
-            self.sessions.locks,
-            self.snapshots,
-            busy=self._busy,
-            intents=config.data_dir / "revert",
-            blocking=self.blocking.run,
-        )
-        self.sessions.inbox.revert_commit = self.reverts.commit_events
-        self.shells = Shells(
-            self.store,
-            self.sessions.locks,
-            self.environments,
-            self.bounding,
-            self.blocking.run,
-            output_memory_bytes=max(
-                config.shell_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
-            ),
-            timeout_s=config.shell_timeout_s,
-        )
-        self.instructions = InstructionEntries(self.store)
+        self.services = services = build_services(config, store, host_bus=host_bus)
+        # The services under the names the server, the embedded host and the tests use.
+        self.store = services.store
+        self.host_id = services.host_id
+        self.host_bus = services.host_bus
+        self.leases = services.leases
+        self.remote_interrupts = services.remote_interrupts
+        self.follows = services.follows
+        self.bus = services.bus
+        self.blocking = services.blocking
+        self.tool_actors = services.tool_actors
+        self.tools = services.tools
+        self.bounding = services.bounding
+        self.adapters = services.adapters
+        self.providers = services.providers
+        self.directories = services.directories
+        self.agents = services.agents
+        self.permission_waiters = services.permission_waiters
+        self.environments = services.environments
+        self.shells = services.shells
+        self.snapshots = services.snapshots
+        self.reverts = services.reverts
+        self.sessions = services.sessions
+        self.transfer = services.transfer
+        self.instructions = services.instructions
         #: The owner of the MCP server processes (none started until used).
-        self.mcp = McpServers(
-            config.mcp,
-            secret_env=secret_env,
-            idle_s=config.mcp_idle_s,
-            blocking=self.blocking.run,
-        )
-        self._execution: Execution | None = None
+        self.mcp = services.mcp
+        #: The task tool's subagents (child sessions run by this runtime).
+        self.subagents = services.subagents
         self.recovery = RecoveryReport()
 
     def _builtin_instructions(self) -> Instructions:
@@ -597,66 +464,7 @@ class Runtime:
 
     @property
     def execution(self) -> Execution:
-        if self._execution is None:
-            raise ServiceUnavailableError("the runtime is not running", service="execution")
-        return self._execution
-
-    async def _busy(self, session_id: str) -> bool:
-        execution = self._execution
-        return execution is not None and session_id in await execution.active()
-
-    def _wake(self, session_id: str, scope: Scope) -> None:
-        if self._closing:
-            # Nothing new starts here any more: another host gets it at the end.
-            self._refused[session_id] = widest(self._refused.get(session_id), scope)
-            if self._handed_over:  # a host-bus wake (admissions are refused by now)
-                log.info("wake for %s after this host handed its wakes over: dropped", session_id)
-        elif self._execution is not None:
-            self._execution.wake(session_id, scope)
-
-    def _lease_lost(self, session_id: str) -> None:
-        if self._execution is not None:
-            self._execution.lease_lost(session_id)
-
-    def _spawn(self, work: Coroutine[Any, Any, object], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _on_host_message(self, message: HostMessage) -> None:
-        if message.kind in ("interrupt", "answer"):
-            # Answered even while execution stops (no, nothing ran here): the
-            # sender would otherwise wait its whole timeout for a 503.
-            self.remote_interrupts.on_message(message)
-            return
-        execution = self._execution
-        if execution is None:
-            return
-        for sid in message.session_ids:
-            if message.kind == "wake":
-                self._wake(sid, message.scope)
-            elif message.kind == "resume":
-                self._spawn(execution.resume(sid), f"resume:{sid}")
-        if message.kind == "released":
-            self._rescan.set()
-
-    async def _interrupt_here(self, session_id: str) -> bool:
-        execution = self._execution
-        return execution is not None and await execution.interrupt(session_id, "user")
-
-    async def _locate(self, session_id: str) -> str | None:
-        """Where a session runs, for :mod:`actors.interrupts`: another host's id,
-        UNHELD (claimed, no other host's live lease), or None (not claimed).
-
-        One read: a lease is taken with its claim and released with its end, so
-        the claims (with their leases) say it all."""
-        for claim in await self.store.queries.claims():
-            if claim.session_id == session_id:
-                lease = claim.lease
-                if claim.orphaned(now_ms()) or lease is None or lease.host_id == self.host_id:
-                    return UNHELD
-                return lease.host_id
-        return None
+        return self.services.execution.execution
 
     async def _owner(self, session_id: str) -> str | None:
         """The other host holding a live lease on the session, if any."""
@@ -688,7 +496,7 @@ class Runtime:
         ended = asyncio.Event()
 
         def watch(records: Sequence[RecordedEvent]) -> None:
-            if any(r.aggregate_id == session_id and _terminal_of(r.event) for r in records):
+            if any(r.aggregate_id == session_id and terminal_of(r.event) for r in records):
                 ended.set()
 
         unsubscribe = self.store.subscribe(watch)
@@ -705,155 +513,85 @@ class Runtime:
 
     async def resume(self, session_id: str) -> Terminal:
         """Start or join the session's execution, here or on the host that holds it."""
-        execution = self.execution
-        done: asyncio.Future[Terminal] = asyncio.get_running_loop().create_future()
-
-        def watch(records: Sequence[RecordedEvent]) -> None:
-            for r in records:
-                if r.aggregate_id == session_id and not done.done():
-                    terminal = _terminal_of(r.event)
-                    if terminal is not None:
-                        done.set_result(terminal)
-
-        # Subscribed first: the owner's terminal may come right after the hand-off.
-        unsubscribe = self.store.subscribe(watch)
-        try:
-            terminal = await execution.resume(session_id)
-            if terminal.kind != "elsewhere":
-                return terminal
-            return await asyncio.shield(done)
-        finally:
-            unsubscribe()
+        return await self.services.execution.resume(session_id)
 
     async def stop_child(self, session_id: str) -> None:
-        """A subagent's session stops with its parent's call: interrupted (as a
-        shutdown while the runtime closes, its claim kept), waited for."""
-        execution = self._execution
-        if execution is None:
-            return
-        await execution.interrupt(session_id, "shutdown" if self._closing else "user")
-        await execution.wait_idle(session_id)
-
-    async def _stop_sessions(self, session_ids: Sequence[str]) -> None:
-        for sid in session_ids:
-            self.environments.forget(sid)
-        # The sessions are being deleted: their shells end with them.
-        await self.shells.stop(session_ids, "cancelled")
-        execution = self._execution
-        if execution is None:
-            return
-        # All at once: each interrupt kills its tools' groups; the waits overlap.
-        await asyncio.gather(*(execution.interrupt(sid, "user") for sid in session_ids))
-        await asyncio.gather(*(execution.wait_idle(sid) for sid in session_ids))
+        """A subagent's session stops with its parent's call (see HostExecution)."""
+        await self.services.execution.stop_child(session_id)
 
     async def __aenter__(self) -> Self:
         if self._state is not _State.UNOPENED:
             raise RuntimeError(f"runtime is {self._state.value}; a runtime opens once")
         self._state = _State.OPEN
         try:
-            for adapter in self.adapters.values():
-                # Closed after everything that could still stream from them.
-                self._stack.push_async_callback(adapter.aclose)
-            await self._stack.enter_async_context(self.blocking)
-            await self._stack.enter_async_context(self.tool_actors)
-            if self.config.read_only:
-                await self._open_store()
-                self.bus.attach(self.store)
-                self._stack.callback(self.bus.close)
-                return self
-            await self.blocking.run(make_data_dir, self.config.data_dir)
-            if self.config.default_directory is not None:
-                # A misconfigured default fails the start, not every later create.
-                await self.blocking.run(
-                    functools.partial(self.directories.check, field="runtime.default_directory"),
-                    self.config.default_directory,
-                )
-            await self._open_store()
-            self.bus.attach(self.store)
-            self._stack.callback(self.bus.close)
-            runner = Runner(
-                store=self.store,
-                sessions=self.sessions,
-                providers=self.providers,
-                tools=self.tools,
-                executor=ToolExecutor(
-                    self.tools,
-                    self.tool_actors,
-                    self.bounding,
-                    record=_process_recorder(self.store, self.leases),
-                    more=self.mcp.registry if self.mcp else None,
-                ),
-                blocking=self.blocking,
-                bus=self.bus,
-                agents=self.agents,
-                output_dir=self.config.tool_output_dir,
-                instructions=self.config.instructions or self._builtin_instructions(),
-                secret_env=self._secret_env,
-                server_dirs=(self.config.data_dir,),
-                default_model=self.config.default_model or SCRIPTED_MODEL,
-                retry_base_delay_s=self.config.retry_base_delay_s,
-                retry_max_delay_s=self.config.retry_max_delay_s,
-                chat_cache_bytes=self.config.decode_cache_bytes,
-                snapshots=self.snapshots,
-                environments=self.environments,
-                compaction=CompactionSettings(
-                    auto=self.config.compaction,
-                    buffer=self.config.compaction_buffer,
-                    tail_tokens=self.config.compaction_tail_tokens,
-                ),
-                model_limits=self.config.limits,
-                waiters=self.permission_waiters,
-                mcp=self.mcp if self.mcp else None,
-                nearby=NearbyInstructions(
-                    self.store.queries,
-                    self.blocking.run,
-                    enabled=self.config.project_instructions,
-                ),
-            )
-            # Ended after execution stops (pushed before it): no call is running then.
-            self._stack.push_async_callback(self.mcp.aclose)
-            self.runner = runner
-            self.generator = Generator(
-                store=self.store,
-                sessions=self.sessions,
-                providers=self.providers,
-                agents=self.agents,
-                chat=runner.chat_cache,
-                default_model=self.config.default_model or SCRIPTED_MODEL,
-            )
-            sweeper = asyncio.get_running_loop().create_task(
-                run_sweeper(self.bounding, self.blocking), name="tool-output-sweeper"
-            )
-            self._stack.push_async_callback(_cancel, sweeper)
-            # Closed after execution stops (pushed first): the steps use the watches.
-            self._stack.push_async_callback(self.snapshots.aclose)
-            if self._own_bus is not None:
-                # Closed last: the shutdown's hand-over notice goes out through it.
-                await self._own_bus.open()
-                self._stack.push_async_callback(self._own_bus.close)
-            # After execution stopped and the leases ended, right before the bus
-            # closes: the wakes admitted here while closing go to the others.
-            self._stack.push_async_callback(self._hand_over_wakes)
-            # Renewal ends after execution stops (the terminals release the leases).
-            await self.leases.start()
-            self._stack.push_async_callback(self.leases.aclose)
-            self._hooks = _DurableHooks(self.store, runner, self.leases, self.host_bus)
-            self._execution = await Execution.start(self._hooks)
-            self._stack.push_async_callback(self._stop_execution)
-            self._stack.callback(await self.host_bus.subscribe(self.host_id, self._on_host_message))
-            # Closed before execution stops: a shutdown kills running shells,
-            # whose entries stay running until the next start cancels them.
-            self._stack.push_async_callback(self.shells.aclose)
-            if self.config.recover:
-                await self.shells.recover()
-                await self.reverts.recover()
-                self.recovery = await self.recover()
-                scan = asyncio.get_running_loop().create_task(self._scan(), name="lease-scan")
-                self._stack.push_async_callback(_cancel, scan)
+            await self._open()
         except BaseException:
             await self.aclose()
             raise
         return self
+
+    async def _open(self) -> None:
+        services, config, stack = self.services, self.config, self._stack
+        for adapter in services.adapters.values():
+            # Closed after everything that could still stream from them.
+            stack.push_async_callback(adapter.aclose)
+        await stack.enter_async_context(services.blocking)
+        await stack.enter_async_context(services.tool_actors)
+        if not config.read_only:
+            await services.blocking.run(make_data_dir, config.data_dir)
+        if config.default_directory is not None and not config.read_only:
+            # A misconfigured default fails the start, not every later create.
+            await services.blocking.run(
+                functools.partial(services.directories.check, field="runtime.default_directory"),
+                config.default_directory,
+            )
+        await self._open_store()
+        services.bus.attach(self.store)
+        stack.callback(services.bus.close)
+        if config.read_only:
+            return
+        self.runner = runner = _build_runner(
+            config, services, config.instructions or self._builtin_instructions()
+        )
+        # Ended after execution stops (pushed before it): no call is running then.
+        stack.push_async_callback(services.mcp.aclose)
+        self.generator = Generator(
+            store=self.store,
+            sessions=self.sessions,
+            providers=self.providers,
+            agents=self.agents,
+            chat=runner.chat_cache,
+            default_model=config.default_model or SCRIPTED_MODEL,
+        )
+        sweeper = asyncio.get_running_loop().create_task(
+            run_sweeper(services.bounding, services.blocking), name="tool-output-sweeper"
+        )
+        stack.push_async_callback(_cancel, sweeper)
+        # Closed after execution stops (pushed first): the steps use the watches.
+        stack.push_async_callback(services.snapshots.aclose)
+        if services.own_bus is not None:
+            # Closed last: the shutdown's hand-over notice goes out through it.
+            await services.own_bus.open()
+            stack.push_async_callback(services.own_bus.close)
+        # After execution stopped and the leases ended, right before the bus
+        # closes: the wakes admitted here while closing go to the others.
+        stack.push_async_callback(services.execution.hand_over_wakes, self.sessions.inbox.gate)
+        # Renewal ends after execution stops (the terminals release the leases).
+        await services.leases.start()
+        stack.push_async_callback(services.leases.aclose)
+        hooks = _DurableHooks(self.store, runner, services.leases, services.host_bus)
+        await services.execution.start(hooks, hooks.handed_over)
+        stack.push_async_callback(services.execution.stop)
+        stack.callback(await services.host_bus.subscribe(self.host_id, services.host_messages))
+        # Closed before execution stops: a shutdown kills running shells,
+        # whose entries stay running until the next start cancels them.
+        stack.push_async_callback(services.shells.aclose)
+        if config.recover:
+            await services.shells.recover()
+            await services.reverts.recover()
+            self.recovery = await self.recover()
+            scan = asyncio.get_running_loop().create_task(self._scan(), name="lease-scan")
+            stack.push_async_callback(_cancel, scan)
 
     async def _open_store(self) -> None:
         if self._own_store:
@@ -872,51 +610,6 @@ class Runtime:
             return
         self._state = _State.CLOSED
         await self._stack.aclose()
-
-    async def _stop_execution(self) -> None:
-        self._closing = True
-        execution = self._execution
-        if execution is not None:
-            await execution.shutdown()
-        self._execution = None
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        hooks = self._hooks
-        if hooks is not None and hooks.handed_over:
-            # Released, claims kept: the other hosts need not wait for expiry.
-            message = HostMessage(
-                kind="released", origin=self.host_id, session_ids=tuple(hooks.handed_over)
-            )
-            try:
-                await self.host_bus.publish(None, message)
-            except Exception:
-                log.exception("announcing the released sessions failed")
-
-    async def _hand_over_wakes(self) -> None:
-        """Send the wakes refused while closing to the other hosts.
-
-        The first other host to take each lease runs it (the rest hand their
-        wake to that one). It runs as late as the bus allows, after execution
-        stopped (which can take a tool's kill grace) and again for any wake
-        refused while publishing: a wake refused after an earlier hand-over
-        would otherwise reach no host, its input admitted but not run until
-        the session's next wake.
-        """
-        # Admissions under way finish (and ring their wake) first; later ones get 503.
-        await self.sessions.inbox.gate.close()
-        while self._refused:
-            refused, self._refused = self._refused, {}
-            for scope in ("input", "steer"):
-                ids = tuple(sid for sid, s in refused.items() if s == scope)
-                if not ids:
-                    continue
-                wake = HostMessage(kind="wake", origin=self.host_id, session_ids=ids, scope=scope)
-                try:
-                    await self.host_bus.publish(None, wake)
-                except Exception:
-                    log.exception("handing over the wakes received while closing failed")
-        self._handed_over = True
 
     async def recover(self) -> RecoveryReport:
         """Run the recovery sweep now (it also runs at start and then periodically)."""
@@ -941,8 +634,8 @@ class Runtime:
             # ran on forever, holding a closing runtime open.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
-                    await self._rescan.wait()
-            self._rescan.clear()
+                    await self.services.rescan.wait()
+            self.services.rescan.clear()
             try:
                 await self.recover()
             except ServiceUnavailableError:
@@ -997,15 +690,49 @@ class Runtime:
         return stopped
 
 
-def _terminal_of(event: ev.Event | None) -> Terminal | None:
-    match event:
-        case ev.ExecutionSucceeded():
-            return Terminal(kind="succeeded")
-        case ev.ExecutionFailed(error=error):
-            return Terminal(kind="failed", error=error)
-        case ev.ExecutionInterrupted(reason=reason):
-            return Terminal(kind="interrupted", reason=reason)
-    return None
+def _build_runner(
+    config: RuntimeConfig, services: Services, instructions: InstructionSource
+) -> Runner:
+    """The drains' runner over the services (made at open: the instructions need the loop)."""
+    return Runner(
+        store=services.store,
+        sessions=services.sessions,
+        providers=services.providers,
+        tools=services.tools,
+        executor=ToolExecutor(
+            services.tools,
+            services.tool_actors,
+            services.bounding,
+            record=_process_recorder(services.store, services.leases),
+            more=services.mcp.registry if services.mcp else None,
+        ),
+        blocking=services.blocking,
+        bus=services.bus,
+        agents=services.agents,
+        output_dir=config.tool_output_dir,
+        instructions=instructions,
+        secret_env=services.secret_env,
+        server_dirs=(config.data_dir,),
+        default_model=config.default_model or SCRIPTED_MODEL,
+        retry_base_delay_s=config.retry_base_delay_s,
+        retry_max_delay_s=config.retry_max_delay_s,
+        chat_cache_bytes=config.decode_cache_bytes,
+        snapshots=services.snapshots,
+        environments=services.environments,
+        compaction=CompactionSettings(
+            auto=config.compaction,
+            buffer=config.compaction_buffer,
+            tail_tokens=config.compaction_tail_tokens,
+        ),
+        model_limits=config.limits,
+        waiters=services.permission_waiters,
+        nearby=NearbyInstructions(
+            services.store.queries,
+            services.blocking.run,
+            enabled=config.project_instructions,
+        ),
+        mcp=services.mcp if services.mcp else None,
+    )
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -17,9 +17,9 @@ import datetime
 import functools
 import os
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import attrs
 import orjson
@@ -27,7 +27,7 @@ import orjson
 from actors._keyed_lock import KeyedLock
 from actors.agents import AgentCatalogs
 from actors.attachments import Withheld
-from actors.inbox import Blocking, Inbox, Scope, Seen, WakeHook
+from actors.inbox import Blocking, Doorbell, Inbox, RevertCommits, Scope, Seen
 from actors.locations import DirectoryRules
 from actors.permissions import PermissionWaiters
 from protocol import events as ev
@@ -66,11 +66,16 @@ from protocol.shapes import (
 )
 from storage import AppendConflictError, Command, EntryWrite, ProjectionConflict, Store
 
-__all__ = ["MAX_CHILDREN", "MAX_PAGE", "Sessions", "StopHook", "no_wake"]
+__all__ = ["MAX_CHILDREN", "MAX_PAGE", "NOTHING_RUNS", "Sessions", "Stops"]
 
-#: Ends the local execution of these sessions (tools killed) and returns once
-#: none of them runs here any more.
-StopHook = Callable[[Sequence[str]], Awaitable[None]]
+
+class Stops(Protocol):
+    """Who ends the local execution of sessions being deleted (the runtime's execution)."""
+
+    async def stop_sessions(self, session_ids: Sequence[str]) -> None:
+        """Stop them (tools killed); return once none of them runs here any more."""
+        ...
+
 
 MAX_PAGE: Final = 200
 DEFAULT_PAGE: Final = 50
@@ -78,12 +83,17 @@ DEFAULT_PAGE: Final = 50
 MAX_CHILDREN: Final = 1000
 
 
-def no_wake(session_id: str, scope: Scope) -> None:
-    """The wake hook of a runtime that records input but runs nothing."""
+class _NothingRuns:
+    """The doorbell and stops of a facade that records input but runs nothing."""
+
+    def wake(self, session_id: str, scope: Scope) -> None:
+        pass
+
+    async def stop_sessions(self, session_ids: Sequence[str]) -> None:
+        pass
 
 
-async def _nothing_runs(session_ids: Sequence[str]) -> None:
-    """The stop hook of a runtime that runs nothing."""
+NOTHING_RUNS: Final = _NothingRuns()
 
 
 class Sessions:
@@ -91,8 +101,10 @@ class Sessions:
         self,
         store: Store,
         *,
-        wake: WakeHook = no_wake,
-        stop: StopHook = _nothing_runs,
+        wake: Doorbell = NOTHING_RUNS,
+        stop: Stops = NOTHING_RUNS,
+        locks: KeyedLock | None = None,
+        revert: RevertCommits | None = None,
         default_directory: str | None = None,
         blocking: Blocking = asyncio.to_thread,
         directories: DirectoryRules | None = None,
@@ -103,8 +115,8 @@ class Sessions:
         self._store = store
         #: The tool calls of this process waiting for a permission reply.
         self._waiters = PermissionWaiters() if waiters is None else waiters
-        self._stop = stop
-        self._locks = KeyedLock()
+        self._stop = stop.stop_sessions
+        self._locks = KeyedLock() if locks is None else locks
         #: The per-session inbox lock; revert mutations and shell notices take it too.
         self.locks = self._locks
         self._blocking = blocking
@@ -114,7 +126,7 @@ class Sessions:
             directories=() if data_dir is None else (data_dir,),
             files=() if store.path is None else (Path(store.path),),
         )
-        self.inbox = Inbox(store, wake, self._locks, blocking, withheld)
+        self.inbox = Inbox(store, wake, self._locks, blocking, withheld, revert)
         self._default_directory = default_directory or os.getcwd()
         #: Raises InvalidRequestError for a model no provider serves (the
         #: runtime passes its registry's check); None accepts any model.

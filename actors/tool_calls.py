@@ -56,7 +56,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -316,7 +315,6 @@ class ToolCalls:
             assistant_message_id=self._assistant_id,
             directory=Path(session.location.directory),
             output_dir=self._output_dir,
-            cancel=threading.Event(),
             config_writes=permission(self._agent.permissions, "config") == "allow",
             secret_env=self._secret_env,
             server_dirs=self._server_dirs,

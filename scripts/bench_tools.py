@@ -21,8 +21,8 @@ in the same run, so both see the same machine and load:
    one :class:`~actors.tools.ToolOwner`; the clock starts when the interrupt
    lands (every call task cancelled, ``owner.stop()``) and stops when every
    call has its outcome and every child has reported. Target: at most 100 ms.
-   The same with real bash children (``sleep 30``: the tool notices the
-   cancel within its 50 ms poll, kills the process group, reaps it) is shown
+   The same with real bash children (``sleep 30``: the cancel wakes the
+   tool's selector, it kills the process group, reaps it) is shown
    without a target, as is the plain-pool baseline of the cooperative case.
 """
 
@@ -36,7 +36,6 @@ import sqlite3
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,7 +99,6 @@ def _ctx(directory: Path, output_dir: Path, n: int) -> ToolContext:
         assistant_message_id="msg_bench",
         directory=directory,
         output_dir=output_dir,
-        cancel=threading.Event(),
     )
 
 
@@ -151,8 +149,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         bash = BashTool(kill_grace_s=0.5)
         registry = ToolRegistry([echo, waits, bash])
         async with (
-            ToolActors(limit=args.threads) as actors,
             BlockingExecutor(limit=args.threads) as plain,
+            ToolActors(blocking=plain, limit=args.threads) as actors,
         ):
             executor = ToolExecutor(registry, actors, bounding)
 

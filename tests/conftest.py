@@ -34,7 +34,7 @@ class WakeRecorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Scope]] = []
 
-    def __call__(self, session_id: str, scope: Scope) -> None:
+    def wake(self, session_id: str, scope: Scope) -> None:
         self.calls.append((session_id, scope))
 
 

@@ -22,7 +22,13 @@ from protocol.events import InterruptReason
 
 
 class Execution:
-    """SessionExecution: the process-local execution API keyed by session id."""
+    """SessionExecution: the process-local execution API keyed by session id.
+
+    A request travels with its own reply future. The ``ask`` only confirms the
+    supervisor took the message (and raises ``ActorDeadError`` if it is gone);
+    the answer arrives in the message's future, from the supervisor's books or
+    from the session actor it forwarded the request to.
+    """
 
     def __init__(self, supervisor: ActorRef[Supervisor]) -> None:
         self._supervisor = supervisor
@@ -34,38 +40,32 @@ class Execution:
     def wake(self, session_id: str, scope: Scope = "input") -> None:
         """Ring the session's doorbell; never blocks, never fails for the caller."""
         if self._supervisor.is_alive():
-            self._supervisor.tell(Wake(session_id, scope))
+            self._supervisor.tell(Wake(session_id=session_id, scope=scope))
 
     async def resume(self, session_id: str) -> Terminal:
-        """Start or join the session's execution and return its terminal."""
-        # The supervisor answers with the session actor's answer to come, whose
-        # own answer is the terminal's future.
-        answer: asyncio.Future[asyncio.Future[Terminal]] = await self._supervisor.ask(
-            Resume(session_id)
-        )
-        future = await answer
-        # Shielded: a joined waiter that gives up must not cancel the terminal
-        # every other waiter is waiting for.
-        return await asyncio.shield(future)
+        """Start or join the session's execution and return its terminal.
+
+        Each caller has its own reply: one that gives up cancels only its own.
+        """
+        reply: asyncio.Future[Terminal] = asyncio.get_running_loop().create_future()
+        await self._supervisor.ask(Resume(session_id=session_id, reply=reply))
+        return await reply
 
     async def interrupt(self, session_id: str, reason: InterruptReason = "user") -> bool:
-        answer: asyncio.Future[bool] = await self._supervisor.ask(Interrupt(session_id, reason))
-        return await answer
+        reply: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        await self._supervisor.ask(Interrupt(session_id=session_id, reason=reason, reply=reply))
+        return await reply
 
     def lease_lost(self, session_id: str) -> None:
         """This host lost the session's lease: stop its busy period, writing nothing more."""
         if self._supervisor.is_alive():
-            self._supervisor.tell(LeaseLost(session_id))
+            self._supervisor.tell(LeaseLost(session_id=session_id))
 
     async def wait_idle(self, session_id: str) -> None:
         """Return once the session has no busy period (successors included)."""
-        while True:
-            answer: asyncio.Future[asyncio.Future[None]] = await self._supervisor.ask(
-                AwaitIdle(session_id)
-            )
-            await asyncio.shield(await answer)
-            if session_id not in await self.active():
-                return
+        reply: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self._supervisor.ask(AwaitIdle(session_id=session_id, reply=reply))
+        await reply
 
     async def active(self) -> list[str]:
         """Sessions with a busy period owned by this process."""
@@ -76,7 +76,7 @@ class Execution:
         """Interrupt every busy period with reason ``shutdown`` (claims stay), wait, stop."""
         if not self._supervisor.is_alive():
             return
-        waiters: list[asyncio.Future[None]] = await self._supervisor.ask(Shutdown())
-        for waiter in waiters:
-            await asyncio.shield(waiter)
+        reply: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self._supervisor.ask(Shutdown(reply=reply))
+        await reply
         await self._supervisor.stop()

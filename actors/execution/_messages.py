@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Literal, Protocol
 
 import attrs
@@ -57,57 +58,65 @@ def widest(a: Scope | None, b: Scope) -> Scope:
     return "input" if "input" in (a, b) else "steer"
 
 
-@attrs.frozen
+# The messages. A request carries its own reply future: whoever ends up
+# answering it (the supervisor from its own state, or the session actor it is
+# forwarded to) resolves that future, so an answer is never a future of a future.
+
+
+@attrs.frozen(kw_only=True)
 class Wake:
     session_id: str
     scope: Scope = "input"
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Resume:
     session_id: str
+    reply: asyncio.Future[Terminal] = attrs.field(eq=False, repr=False)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Interrupt:
     session_id: str
     reason: InterruptReason = "user"
+    #: None: nobody waits for the answer (the supervisor's shutdown).
+    reply: asyncio.Future[bool] | None = attrs.field(default=None, eq=False, repr=False)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class LeaseLost:
     session_id: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class AwaitIdle:
+    """Answered by the supervisor once the session has no busy period (successors included)."""
+
     session_id: str
+    reply: asyncio.Future[None] = attrs.field(eq=False, repr=False)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Active:
-    pass
+    """The sessions with a busy period: the supervisor's own books (an ask's answer)."""
 
 
-@attrs.frozen
-class IsBusy:
-    pass
-
-
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Idle:
-    """A session actor found itself idle, having handled ``received`` messages;
-    the supervisor may retire it."""
+    """A session actor is idle, having handled ``received`` messages; the
+    supervisor may retire it (told after every message it handles while idle)."""
 
     session_id: str
     received: int = 0
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Retire:
-    pass
+    """From the supervisor: you are idle and nothing more is on its way; stop."""
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Shutdown:
-    pass
+    """Interrupt every busy period (reason ``shutdown``); answered once none is left."""
+
+    reply: asyncio.Future[None] = attrs.field(eq=False, repr=False)

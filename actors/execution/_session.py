@@ -11,10 +11,8 @@ from typing import Any
 from actors._actor import Actor
 from actors.execution._messages import (
     SUCCEEDED,
-    AwaitIdle,
     ExecutionHooks,
     Interrupt,
-    IsBusy,
     LeaseLost,
     Resume,
     Retire,
@@ -59,7 +57,6 @@ class SessionActor(Actor):
         self._settling = False
         self._reason: InterruptReason | None = None
         self._fenced = False
-        self._idle_waiters: list[asyncio.Future[None]] = []
 
     async def on_receive(self, message: object) -> Any:
         self._received += 1
@@ -69,25 +66,22 @@ class SessionActor(Actor):
                     _ = self._start(scope, force=False)
                 else:
                     self._pending = widest(self._pending, scope)
-                return None
-            case Resume():
-                return self._resume()
-            case Interrupt(reason=reason):
-                return self._interrupt(reason)
+            case Resume(reply=reply):
+                self._resume().add_done_callback(lambda terminal: _answer(reply, terminal))
+            case Interrupt(reason=reason, reply=answer):
+                interrupted = self._interrupt(reason)
+                if answer is not None and not answer.done():
+                    answer.set_result(interrupted)
             case LeaseLost():
-                return self._lease_lost()
-            case AwaitIdle():
-                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                if self._busy is None:
-                    waiter.set_result(None)
-                else:
-                    self._idle_waiters.append(waiter)
-                return waiter
-            case IsBusy():
-                return self._busy is not None
+                self._lease_lost()
             case Retire():
-                return self._busy is None
-        return await super().on_receive(message)
+                # Idle, and the supervisor sends nothing more: the last thing this does.
+                await self.actor_ref.stop()
+            case _:
+                return await super().on_receive(message)
+        if self._busy is None:
+            self._on_idle(self.session_id, self._received)
+        return None
 
     async def on_stop(self) -> None:
         busy = self._busy
@@ -222,8 +216,10 @@ class SessionActor(Actor):
             self._pending, self._pending_force, self._successor = None, False, None
             _ = self._start(scope, force=force, terminal=successor)
             return
-        waiters, self._idle_waiters = self._idle_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
         self._on_idle(self.session_id, self._received)
+
+
+def _answer(reply: asyncio.Future[Terminal], terminal: asyncio.Future[Terminal]) -> None:
+    """Hand a busy period's terminal to one Resume's own reply (unless its asker left)."""
+    if not reply.done():
+        reply.set_result(terminal.result())

@@ -1,9 +1,23 @@
-"""The supervisor: routes execution requests to session actors, retires idle ones."""
+"""The supervisor: routes execution requests to session actors, retires idle ones.
+
+It answers from its own books and never waits for a child inside a handler.
+For each live session actor it counts the messages it has sent it, notes the
+count at the last ``Wake`` or ``Resume`` (each starts or joins a busy period)
+and the count the actor last reported with ``Idle``. A session is *active*
+while a kick is newer than its last idle report: from the moment its wake is
+sent until it says it is idle after handling it, successors included. So
+``Active``, ``AwaitIdle``, an ``Interrupt`` of an idle session and
+``Shutdown`` are answered here, and a request only a session can answer
+(``Resume``, an ``Interrupt`` of an active one) is forwarded with its own
+reply future, which the session actor resolves.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
+
+import attrs
 
 from actors._actor import Actor
 from actors._ref import ActorRef
@@ -13,7 +27,6 @@ from actors.execution._messages import (
     ExecutionHooks,
     Idle,
     Interrupt,
-    IsBusy,
     LeaseLost,
     Resume,
     Retire,
@@ -24,103 +37,139 @@ from actors.execution._messages import (
 from actors.execution._session import SessionActor
 
 
+@attrs.define
+class _Child:
+    """The supervisor's books on one live session actor."""
+
+    ref: ActorRef[SessionActor]
+    #: Messages sent to it.
+    sent: int = 0
+    #: ``sent`` just after the last Wake or Resume: it is busy until it reports past it.
+    kicked: int = 0
+    #: ``received`` of its last Idle report.
+    idle_at: int = 0
+    #: AwaitIdle replies, answered when it is no longer active.
+    idle_waiters: list[asyncio.Future[None]] = attrs.field(factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.kicked > self.idle_at
+
+    def send(self, message: object) -> None:
+        self.sent += 1
+        self.ref.tell(message)
+
+
 class Supervisor(Actor):
     """Routes execution requests to session actors; retires idle ones."""
 
     def __init__(self, hooks: ExecutionHooks) -> None:
         self._hooks = hooks
-        self._sessions: dict[str, ActorRef[SessionActor]] = {}
-        #: Messages sent to each session actor (see :meth:`_retire`).
-        self._sent: dict[str, int] = {}
+        self._children: dict[str, _Child] = {}
         self._closed = False
+        #: Shutdown replies, answered once no session is active.
+        self._shutdowns: list[asyncio.Future[None]] = []
 
     async def on_receive(self, message: object) -> Any:
-        # Requests for a session are forwarded, never awaited here: the answer
-        # (a future) goes back to the asker, who waits for it, so one
-        # session's handling never holds up the others' in this mailbox.
         match message:
             case Wake(session_id=sid) if not self._closed:
-                self._send(await self._session(sid), message)
-                return None
-            case Resume(session_id=sid):
+                self._kick(await self._child(sid), message)
+            case Resume(session_id=sid, reply=reply):
                 if self._closed:
-                    return _ready(_ready(Terminal(kind="interrupted", reason="shutdown")))
-                return self._request(await self._session(sid), message)
-            case Interrupt(session_id=sid) | LeaseLost(session_id=sid):
-                ref = self._sessions.get(sid)
-                return _ready(False) if ref is None else self._request(ref, message)
-            case AwaitIdle(session_id=sid):
-                ref = self._sessions.get(sid)
-                return _ready(_ready(None)) if ref is None else self._request(ref, message)
+                    _resolve(reply, Terminal(kind="interrupted", reason="shutdown"))
+                else:
+                    self._kick(await self._child(sid), message)
+            case Interrupt(session_id=sid, reply=reply):
+                child = self._children.get(sid)
+                if child is not None and child.active:
+                    child.send(message)
+                elif reply is not None:
+                    _resolve(reply, False)  # idle: nothing to interrupt
+            case LeaseLost(session_id=sid):
+                child = self._children.get(sid)
+                if child is not None and child.active:
+                    child.send(message)
+            case AwaitIdle(session_id=sid, reply=reply):
+                child = self._children.get(sid)
+                if child is None or not child.active:
+                    _resolve(reply, None)
+                else:
+                    child.idle_waiters = [w for w in child.idle_waiters if not w.done()]
+                    child.idle_waiters.append(reply)
             case Active():
-                return [sid for sid in list(self._sessions) if await self._ask(sid, IsBusy())]
+                return [sid for sid, child in self._children.items() if child.active]
             case Idle(session_id=sid, received=received):
-                await self._retire(sid, received)
-                return None
-            case Shutdown():
-                return await self._shutdown()
+                self._idle(sid, received)
+            case Shutdown(reply=reply):
+                self._closed = True
+                self._shutdowns.append(reply)
+                for sid, child in self._children.items():
+                    if child.active:
+                        child.send(Interrupt(session_id=sid, reason="shutdown"))
+                self._answer_shutdowns()
             case Wake():
-                return None  # closed: nothing new starts
-        return await super().on_receive(message)
+                pass  # closed: nothing new starts
+            case _:
+                return await super().on_receive(message)
+        return None
 
-    async def _session(self, session_id: str) -> ActorRef[SessionActor]:
-        ref = self._sessions.get(session_id)
-        if ref is None:
+    async def _child(self, session_id: str) -> _Child:
+        child = self._children.get(session_id)
+        if child is None:
             me = self.actor_ref
 
             def idle(sid: str, received: int) -> None:
                 if me.is_alive():
-                    me.tell(Idle(sid, received))
+                    me.tell(Idle(session_id=sid, received=received))
 
             ref = await SessionActor.start(session_id, self._hooks, idle)
-            self._sessions[session_id] = ref
-            self._sent[session_id] = 0
-        return ref
+            child = self._children[session_id] = _Child(ref)
+        return child
 
-    def _send(self, ref: ActorRef[SessionActor], message: Wake) -> None:
-        self._sent[message.session_id] += 1
-        ref.tell(message)
+    @staticmethod
+    def _kick(child: _Child, message: Wake | Resume) -> None:
+        child.send(message)
+        child.kicked = child.sent
 
-    def _request(self, ref: ActorRef[SessionActor], message: Any) -> asyncio.Future[Any]:
-        self._sent[message.session_id] += 1
-        return ref.request(message)
+    def _idle(self, session_id: str, received: int) -> None:
+        """A session said it is idle: answer its waiters, retire it if nothing is on its way.
 
-    async def _ask(self, session_id: str, message: object) -> Any:
-        self._sent[session_id] += 1
-        return await self._sessions[session_id].ask(message)
-
-    async def _retire(self, session_id: str, received: int) -> None:
-        """Stop an idle session actor, unless it has been sent something since.
-
-        Every message a session actor gets comes from here. When it has
-        handled as many as were sent to it by the time it said it was idle,
-        nothing is on its way to it and it is idle still; otherwise it is
-        asked (after whatever it has queued).
+        Every message a session actor gets comes from here, so when it has
+        handled as many as were sent to it, nothing is in flight and it stays
+        idle; otherwise it reports again after handling the rest.
         """
-        ref = self._sessions.get(session_id)
-        if ref is None:
+        child = self._children.get(session_id)
+        if child is None:
             return
-        if self._sent[session_id] != received and not await self._ask(session_id, Retire()):
+        child.idle_at = max(child.idle_at, received)
+        if child.active:
             return  # woken again since it said so
-        del self._sessions[session_id]
-        del self._sent[session_id]
-        await ref.stop()
+        waiters, child.idle_waiters = child.idle_waiters, []
+        for waiter in waiters:
+            _resolve(waiter, None)
+        if child.sent == received:
+            del self._children[session_id]
+            child.ref.tell(Retire())
+        self._answer_shutdowns()
 
-    async def _shutdown(self) -> list[asyncio.Future[None]]:
-        self._closed = True
-        waiters = []
-        for sid in list(self._sessions):
-            await self._ask(sid, Interrupt(sid, "shutdown"))
-            waiters.append(await self._ask(sid, AwaitIdle(sid)))
-        return waiters
+    def _answer_shutdowns(self) -> None:
+        if self._shutdowns and not any(child.active for child in self._children.values()):
+            replies, self._shutdowns = self._shutdowns, []
+            for reply in replies:
+                _resolve(reply, None)
 
     async def on_stop(self) -> None:
-        for ref in list(self._sessions.values()):
-            await ref.stop()
-        self._sessions.clear()
+        # Stopping is the owner's duty to its children, not a handler: wait for each.
+        children, self._children = list(self._children.values()), {}
+        for child in children:
+            await child.ref.stop()
+            for waiter in child.idle_waiters:
+                _resolve(waiter, None)
+        replies, self._shutdowns = self._shutdowns, []
+        for reply in replies:
+            _resolve(reply, None)
 
 
-def _ready(value: Any) -> asyncio.Future[Any]:
-    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    future.set_result(value)
-    return future
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)

@@ -37,6 +37,7 @@ from actors.tools._registry import ToolRegistry, ToolSpec
 from actors.tools._types import (
     DEFAULT_BASH_TIMEOUT_S,
     AsyncTool,
+    CancelEvent,
     Content,
     SucceededThenInterrupted,
     Tool,
@@ -59,6 +60,7 @@ __all__ = [
     "AsyncTool",
     "CallContext",
     "Cancel",
+    "CancelEvent",
     "Content",
     "Decision",
     "FunctionTool",

@@ -5,26 +5,40 @@ The shape (ARCHITECTURE §2, "pykka at the blocking edge")::
     step (ToolCalls) ── owns ──> ToolOwner ── adopts ──> ToolChild  (loop side)
                                                            │ Run / Cancel
                                                            ▼
-                                                   ToolCallActor    (its own thread)
+                                                   ToolCallActor    (its own thread, free)
+                                                           │ starts, joins
+                                                           ▼
+                                                   the call's worker thread (the tool)
                                                            │ Progress, then the outcome
                                                            ▼
                                                back on the loop (call_soon_threadsafe)
 
-- **Run**: the child's one piece of work: run the tool and bound a success
-  (one region: a success is never handed back unbounded). A child whose call
-  is already cancelled when Run arrives does not run the tool.
-- **Cancel**: the owner's stop request. A running tool is busy on the
-  child's only thread, so the request is carried by the call's cancel event
-  (``ctx.cancel``, which the tool polls); the message also reaches a child
-  that has not reached Run yet.
-- **Progress**: ``ctx.progress`` on the child's thread becomes a
-  :class:`Progress` message to the owner, on the loop.
+The actor's own thread only handles messages; the tool's blocking work runs
+on a worker thread the actor starts on Run and joins before it reports. So
+the actor hears ``Cancel`` (and a stop) *while the tool works*, and acts on
+it at once: it sets the call's :class:`~actors.tools.CancelEvent`, which
+wakes the tool where it waits (bash's selector holds the event's descriptor
+beside its output pipe, and kills the process group; a file loop checks it
+per entry). One thread per call more than running the tool on the actor's
+thread, and no pool shared between calls: a call's thread is its own, ends
+with it, and nothing of one call can hold up another.
+
+- **Run**: start the worker: it runs the tool and bounds a success (one
+  region: a success is never handed back unbounded), then tells the actor
+  ``_Done``. A child whose call is already cancelled when Run arrives does
+  not run the tool.
+- **Cancel**: set the call's cancel event (the owner is stopping, or the call
+  was interrupted); also heard by a child that has not reached Run yet.
+- **stop** (pykka's, e.g. someone's ``ActorRegistry.stop_all()``): cancel
+  the tool and wait for the worker; what it produced is the settlement.
+- **Progress**: ``ctx.progress`` on the worker becomes a :class:`Progress`
+  message to the owner, on the loop.
 - **Failure**: an exception that escapes the tool (anything but
-  :class:`ToolError`) is the actor's failure; pykka calls ``on_failure``,
-  which settles the call as ``tool.error``. A child stopped before it ran
-  (someone's ``pykka.ActorRegistry.stop_all()``) settles as ``aborted``.
+  :class:`ToolError`) is re-raised by the actor when it hears ``_Done``: the
+  actor's failure; pykka calls ``on_failure``, which settles the call as
+  ``tool.error``. A child stopped before it ran settles as ``aborted``.
   Every child reports exactly once, from ``on_stop`` or ``on_failure``, after
-  pykka has unregistered it, just before its thread exits.
+  its worker has ended and pykka has unregistered it.
 - **Ownership**: the step's :class:`ToolOwner` holds its children;
   :meth:`ToolOwner.stop` cancels every one and returns once each has
   reported. The step waits for that before its own terminal, so no child
@@ -32,10 +46,11 @@ The shape (ARCHITECTURE §2, "pykka at the blocking edge")::
 
 Threads are bounded: at most ``limit`` children exist at once (``[runtime]
 max_tool_threads``, a limit on concurrent calls; a call waits for a slot
-before its actor starts, and holds it until the actor's thread is on its way
-out). The loop never starts a thread itself: one long-lived *spawner* actor
-per runtime starts each child, so the loop pays a ``queue.put`` per call.
-The loop never waits on a pykka future either: it only ``tell``s.
+before its actor starts). The loop never starts or joins a thread itself:
+one long-lived *spawner* actor per runtime starts each child and joins its
+thread once it has reported, so the loop pays a ``queue.put`` per call; the
+spawner's own thread is joined on the runtime's blocking executor when the
+pool closes. The loop never waits on a pykka future either: it only ``tell``s.
 """
 
 from __future__ import annotations
@@ -52,9 +67,9 @@ from typing import Any, Self
 import attrs
 import pykka
 
-from actors._blocking import wait_all, wait_out
+from actors._blocking import BlockingExecutor, wait_all, wait_out
 from actors._exceptions import ActorDeadError
-from actors.tools._types import SucceededThenInterrupted, ToolOutcome
+from actors.tools._types import CancelEvent, SucceededThenInterrupted, ToolOutcome
 
 __all__ = [
     "Cancel",
@@ -68,7 +83,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The child's work: run the tool, bound a success; runs on the child's thread.
+#: The child's work: run the tool, bound a success; runs on the child's worker thread.
 Work = Callable[[], ToolOutcome]
 
 
@@ -90,6 +105,18 @@ class Progress:
     metadata: Mapping[str, Any]
 
 
+@attrs.frozen
+class _Done:
+    """From the child's worker to the child: the tool has returned (or raised)."""
+
+
+@attrs.frozen(kw_only=True)
+class _Ended:
+    """From a child to the spawner: my thread is ending; join it."""
+
+    thread: threading.Thread
+
+
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
     """Run ``callback`` on ``loop`` (thread side)."""
     # RuntimeError: the loop is closed, and with it whoever was waiting; nothing to tell.
@@ -105,12 +132,12 @@ def _describe(exc: BaseException | None) -> str:
 
 
 class ToolChild:
-    """The loop side of one child actor: its call, its cancel event, its outcome."""
+    """The loop side of one child actor: its call, its outcome, the way to tell it Cancel."""
 
     def __init__(
         self,
         call_id: str,
-        cancel: threading.Event,
+        cancel: CancelEvent,
         done: asyncio.Future[ToolOutcome],
     ) -> None:
         self.call_id = call_id
@@ -130,9 +157,8 @@ class ToolChild:
             self._tell_cancel()
 
     def request_cancel(self) -> None:
-        """Cancel: set the event the running tool polls, and tell the actor."""
+        """Tell the actor Cancel (once it is attached: at once, else when it is)."""
         self._cancelled = True
-        self.cancel.set()
         self._tell_cancel()
 
     def _tell_cancel(self) -> None:
@@ -203,12 +229,15 @@ class _Spawn:
 
 
 class ToolCallActor(pykka.ThreadingActor):
-    """Runs one tool call on its own thread, then stops itself and reports once."""
+    """One tool call: its worker runs the tool, its own thread hears Run, Cancel, stop."""
 
-    def __init__(self, spawn: _Spawn, exiting: set[threading.Thread]) -> None:
+    def __init__(self, spawn: _Spawn, spawner: pykka.ActorRef[_Spawner]) -> None:
         super().__init__()
         self._spawn = spawn
-        self._exiting = exiting
+        self._spawner = spawner
+        self._worker: threading.Thread | None = None
+        #: Written by the worker before it tells _Done; read after joining it.
+        self._result: ToolOutcome | BaseException | None = None
         self._outcome = ToolOutcome.failure(
             "aborted", "Tool execution aborted: its actor was stopped before it ran"
         )
@@ -221,20 +250,49 @@ class ToolCallActor(pykka.ThreadingActor):
                     self._outcome = ToolOutcome.failure(
                         "aborted", "Tool execution aborted before it started"
                     )
-                else:
-                    try:
-                        self._outcome = self._spawn.work()
-                    except Exception:
-                        raise  # the actor's failure: on_failure settles the call
-                    except BaseException as exc:
-                        # SystemExit & co. would make pykka stop every actor in the process.
-                        raise RuntimeError(f"the tool raised {type(exc).__name__}") from exc
-                # Reported from on_stop: the owner hears once this actor is unregistered.
-                self.stop()
+                    self.stop()
+                    return
+                self._worker = threading.Thread(
+                    target=self._work, name=f"tool-{self._spawn.child.call_id}"
+                )
+                self._worker.start()
             case Cancel():
                 self._spawn.child.cancel.set()
+            case _Done():
+                result = self._settle()
+                if isinstance(result, BaseException):
+                    raise result  # the actor's failure: on_failure settles the call
+                # Reported from on_stop: the owner hears once this actor is unregistered.
+                self.stop()
             case _:
                 super().on_receive(message)
+
+    def _work(self) -> None:
+        """The worker thread: run the tool, keep what came of it, tell the actor."""
+        try:
+            self._result = self._spawn.work()
+        except Exception as exc:
+            self._result = exc
+        except BaseException as exc:
+            # SystemExit & co. would make pykka stop every actor in the process.
+            error = RuntimeError(f"the tool raised {type(exc).__name__}")
+            error.__cause__ = exc
+            self._result = error
+        # Stopped meanwhile: on_stop joins this thread and reads the result itself.
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.actor_ref.tell(_Done())
+
+    def _settle(self) -> ToolOutcome | BaseException | None:
+        """Cancel a worker still running, join it, and take its result as the outcome."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            if worker.is_alive():
+                self._spawn.child.cancel.set()
+            worker.join()
+        result, self._result = self._result, None
+        if isinstance(result, ToolOutcome):
+            self._outcome = result
+        return result
 
     def on_failure(
         self,
@@ -243,47 +301,56 @@ class ToolCallActor(pykka.ThreadingActor):
         traceback: TracebackType | None,
     ) -> None:
         # pykka has logged the traceback and unregistered us; on_stop will not run.
+        self._settle()
         self._outcome = ToolOutcome.failure("tool.error", _describe(exception_value))
         self._report()
 
     def on_stop(self) -> None:
+        result = self._settle()
+        if isinstance(result, BaseException):  # stopped while a failing tool ran
+            self._outcome = ToolOutcome.failure("tool.error", _describe(result))
         self._report()
 
     def _report(self) -> None:
         if self._reported:
             return
         self._reported = True
-        # Registered before reporting: whoever learns the outcome can also
-        # learn that this thread is ending (see ToolActors.aclose).
-        self._exiting.add(threading.current_thread())
+        # Before the report: once every child has reported, the spawner has all
+        # their threads to join (see ToolActors.aclose).
+        with contextlib.suppress(pykka.ActorDeadError):
+            self._spawner.tell(_Ended(thread=threading.current_thread()))
         done, outcome = self._spawn.child.done, self._outcome
         _post(self._spawn.loop, lambda: _resolve(done, outcome))
 
 
 class _Spawner(pykka.ThreadingActor):
-    """Starts one ``ToolCallActor`` per call, so thread starts happen off the loop."""
+    """Starts one ``ToolCallActor`` per call and joins its thread once it ends.
+
+    So thread starts and joins happen off the loop.
+    """
 
     # It holds no work of its own; a pool left open must not keep the process alive.
     use_daemon_thread = True
 
     def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        stopped: asyncio.Future[None],
-        exiting: set[threading.Thread],
+        self, loop: asyncio.AbstractEventLoop, stopped: asyncio.Future[threading.Thread]
     ) -> None:
         super().__init__()
         self._loop = loop
         self._stopped = stopped
-        self._exiting = exiting
 
     def on_receive(self, message: Any) -> None:
-        if not isinstance(message, _Spawn):
-            super().on_receive(message)
-            return
-        spawn: _Spawn = message
+        match message:
+            case _Spawn():
+                self._start(message)
+            case _Ended(thread=thread):
+                thread.join()  # it has reported: only its last lines are left
+            case _:
+                super().on_receive(message)
+
+    def _start(self, spawn: _Spawn) -> None:
         try:
-            ref = ToolCallActor.start(spawn, self._exiting)
+            ref = ToolCallActor.start(spawn, self.actor_ref)
             ref.tell(Run())
         except pykka.ActorDeadError:
             return  # stopped before it got Run: its on_stop has reported
@@ -294,9 +361,9 @@ class _Spawner(pykka.ThreadingActor):
         _post(self._loop, lambda: spawn.child.attached(ref))
 
     def on_stop(self) -> None:
-        self._exiting.add(threading.current_thread())
-        stopped = self._stopped
-        _post(self._loop, lambda: _resolve(stopped, None))
+        # Every _Ended before the stop has been handled: each child's thread is joined.
+        stopped, me = self._stopped, threading.current_thread()
+        _post(self._loop, lambda: _resolve(stopped, me))
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:
@@ -315,18 +382,20 @@ class ToolActors:
 
     An async context manager: ``__aenter__`` starts the spawner's thread;
     ``aclose`` cancels every child still running, waits for each to report,
-    and stops the spawner. Use it from one event loop.
+    stops the spawner (which joins every child's thread) and joins the
+    spawner's thread on ``blocking``. Use it from one event loop.
     """
 
-    def __init__(self, *, limit: int = 16) -> None:
+    def __init__(self, *, blocking: BlockingExecutor, limit: int = 16) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, not {limit}")
         self._limit = limit
+        self._blocking = blocking
         self._slots = asyncio.Semaphore(limit)
         self._state = _State.UNOPENED
         self._spawner: pykka.ActorRef[_Spawner] | None = None
-        self._spawner_stopped: asyncio.Future[None] | None = None
-        self._exiting: set[threading.Thread] = set()
+        #: The spawner's own thread, once it has stopped (it is joined last).
+        self._spawner_stopped: asyncio.Future[threading.Thread] | None = None
         self._running: dict[ToolChild, None] = {}
 
     def __repr__(self) -> str:
@@ -347,7 +416,7 @@ class ToolActors:
             raise RuntimeError(f"ToolActors cannot be opened when {self._state.value}")
         loop = asyncio.get_running_loop()
         self._spawner_stopped = loop.create_future()
-        self._spawner = _Spawner.start(loop, self._spawner_stopped, self._exiting)
+        self._spawner = _Spawner.start(loop, self._spawner_stopped)
         # Private plumbing: only aclose() may stop it, after every child reported.
         pykka.ActorRegistry.unregister(self._spawner)
         self._state = _State.OPEN
@@ -362,7 +431,12 @@ class ToolActors:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel running children, wait for their reports, stop the spawner. Idempotent."""
+        """Cancel running children, wait for their reports, stop the spawner. Idempotent.
+
+        Returns once every thread the pool started has ended: each child's
+        (joined by the spawner, which hears their ``_Ended`` before its stop)
+        and the spawner's own (joined on the blocking executor).
+        """
         if self._state is _State.UNOPENED:
             self._state = _State.CLOSED
             return
@@ -376,21 +450,17 @@ class ToolActors:
         spawner, self._spawner = self._spawner, None
         if spawner is not None:
             _ = spawner.stop(block=False)  # never .get() on the loop
-        if self._spawner_stopped is not None:
-            await wait_all([self._spawner_stopped])
-        # A thread reports from its last lines; it is gone a moment later.
-        for _ in range(5000):
-            if not any(t.is_alive() for t in self._exiting):
-                break
-            await asyncio.sleep(0.001)
-        self._exiting.clear()
+        stopped = self._spawner_stopped
+        if stopped is not None:
+            await wait_all([stopped])
+            await self._blocking.run(stopped.result().join)
 
     async def run(
         self,
         work: Work,
         *,
         call_id: str,
-        cancel: threading.Event,
+        cancel: CancelEvent,
         owner: ToolOwner | None = None,
     ) -> ToolOutcome:
         """Run ``work`` in a new child actor adopted by ``owner``; return its outcome.

@@ -64,7 +64,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, cast
@@ -80,6 +79,7 @@ from actors.tools._process import ProcessGroup
 from actors.tools._registry import ToolRegistry
 from actors.tools._types import (
     AsyncTool,
+    CancelEvent,
     SucceededThenInterrupted,
     Tool,
     ToolContext,
@@ -227,7 +227,7 @@ class ToolExecutor:
 
         try:
             # A cancel event of its own: bounding a success is never skipped.
-            return await self._actors.run(work, call_id=ctx.call_id, cancel=threading.Event())
+            return await self._actors.run(work, call_id=ctx.call_id, cancel=CancelEvent())
         except ActorDeadError as exc:
             return ToolOutcome.failure("aborted", f"Tool execution aborted: {tool.name} ({exc})")
 

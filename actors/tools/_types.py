@@ -29,8 +29,10 @@ and (for schema violations) ``invalid-input``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
@@ -41,6 +43,7 @@ from actors.tools._process import ProcessGroup
 __all__ = [
     "DEFAULT_BASH_TIMEOUT_S",
     "AsyncTool",
+    "CancelEvent",
     "Content",
     "SucceededThenInterrupted",
     "Tool",
@@ -69,6 +72,48 @@ def _content(items: Iterable[Content]) -> tuple[Content, ...]:
     return tuple(items)
 
 
+class CancelEvent(threading.Event):
+    """A call's stop signal: a ``threading.Event`` that can also wake a selector.
+
+    The call's actor sets it when it hears Cancel (or is stopped). A file loop
+    checks :meth:`is_set` per entry; a tool that waits on descriptors (bash
+    on its output pipe) selects on :meth:`readable` too, so it wakes the
+    moment the call is cancelled rather than at its next poll.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._guard = threading.Lock()
+        #: Write ends of the pipes handed out by readable(), still open.
+        self._wakers: list[int] = []
+
+    def set(self) -> None:
+        with self._guard:
+            super().set()
+            for fd in self._wakers:
+                os.write(fd, b"\0")  # one byte into an empty pipe: never blocks
+            self._wakers.clear()
+
+    @contextlib.contextmanager
+    def readable(self) -> Iterator[int]:
+        """A descriptor that is readable once the event is set; closed on exit."""
+        read, write = os.pipe()
+        try:
+            with self._guard:
+                if self.is_set():
+                    os.write(write, b"\0")
+                else:
+                    self._wakers.append(write)
+            yield read
+        finally:
+            # Under the guard: set() never writes to a descriptor closed (or reused) here.
+            with self._guard:
+                if write in self._wakers:
+                    self._wakers.remove(write)
+            os.close(read)
+            os.close(write)
+
+
 def _ignore_progress(_update: Mapping[str, Any]) -> None:
     pass
 
@@ -83,8 +128,9 @@ class ToolContext:
 
     ``progress`` is called from the worker thread, so whoever builds the
     context supplies a thread-safe function (typically one that hops to the
-    loop with ``loop.call_soon_threadsafe``). ``cancel`` is the cooperative
-    stop signal: long-running tools poll it and raise ``ToolError(type="aborted")``.
+    loop with ``loop.call_soon_threadsafe``). ``cancel`` is the stop signal the
+    call's actor sets when it hears Cancel: long-running tools check it (or
+    select on :meth:`CancelEvent.readable`) and raise ``ToolError(type="aborted")``.
 
     ``spawned`` is called from the worker thread by a tool that starts a process
     group, *before* the group may do anything: it returns once the group is
@@ -99,7 +145,7 @@ class ToolContext:
     directory: Path
     #: The managed tool-output directory; ``tool_…`` files in it are readable.
     output_dir: Path
-    cancel: threading.Event = attrs.field(factory=threading.Event)
+    cancel: CancelEvent = attrs.field(factory=CancelEvent)
     progress: Callable[[Mapping[str, Any]], None] = _ignore_progress
     spawned: Callable[[ProcessGroup], None] = _unrecorded
     #: bash's default timeout when its tool was not configured with one.
@@ -166,7 +212,7 @@ class Tool(Protocol):
     """A tool the model can call.
 
     ``run`` blocks and runs on a worker thread; it may do file I/O and wait on
-    subprocesses, must poll ``ctx.cancel`` if it can take long, and reports
+    subprocesses, must check ``ctx.cancel`` if it can take long, and reports
     failure by raising :class:`ToolError` (any other exception also fails the
     call, as ``tool.error``).
     """

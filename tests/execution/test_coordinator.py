@@ -81,10 +81,13 @@ OK = Terminal(kind="succeeded")
 
 
 async def delivered(execution: Execution) -> None:
-    """Wait until every wake told so far has reached its session actor.
+    """Wait until every wake told so far has been handled by its session actor.
 
-    Wakes are tells through the supervisor's mailbox and then the session's;
-    an ask takes the same two mailboxes after them, so its answer is a barrier.
+    Wakes are tells through the supervisor's mailbox and then the session's.
+    The supervisor answers ``active`` after forwarding every earlier wake, and
+    the session actor's drain task, started when the wake was forwarded, runs
+    before the asker's task is woken by that answer (the loop runs ready
+    callbacks in order): its handling of a wake never awaits.
     """
     await execution.active()
 
@@ -436,3 +439,115 @@ async def test_self_waking_drains_keep_a_flat_stack() -> None:
     assert hooks.count == 20_000
     assert (hooks.starts, hooks.settles) == (1, 1)  # one busy period throughout
     assert len(hooks.depths) == 1
+
+
+# -- the supervisor answers from its own books ---------------------------------------------------
+
+
+async def retired(count: int = 50) -> None:
+    """Let told Retire messages run (a stop takes a few loop turns); the guard is a count."""
+    for _ in range(count):
+        if not ActorRegistry.get_by_class(SessionActor):
+            return
+        await asyncio.sleep(0)
+
+
+async def test_active_holds_every_session_from_its_wake_until_it_is_idle(
+    execution: Execution, hooks: Hooks
+) -> None:
+    sessions = [f"ses_{n:02d}" for n in range(30)]
+    for sid in sessions:
+        execution.wake(sid)
+    # No barrier: a wake the supervisor has forwarded counts before its actor handles it.
+    assert await execution.active() == sessions
+    calls = [await next_drain(hooks) for _ in sessions]
+    for call in calls[::2]:
+        call.release.set_result(None)
+    await asyncio.gather(*(execution.wait_idle(c.session_id) for c in calls[::2]))
+    assert await execution.active() == [c.session_id for c in calls[1::2]]
+    for call in calls[1::2]:
+        call.release.set_result(None)
+    await asyncio.gather(*(execution.wait_idle(sid) for sid in sessions))
+    assert await execution.active() == []
+    await retired()
+    assert ActorRegistry.get_by_class(SessionActor) == []
+
+
+async def test_wait_idle_does_not_return_between_a_busy_period_and_its_successor(
+    execution: Execution, hooks: Hooks
+) -> None:
+    hooks.settle_gate = asyncio.get_running_loop().create_future()
+    execution.wake("ses_a")
+    await next_drain(hooks)
+    idle = asyncio.ensure_future(execution.wait_idle("ses_a"))
+    assert await execution.interrupt("ses_a") is True
+    await hooks.settling.wait()
+    execution.wake("ses_a")  # during cleanup: a successor starts at settlement
+    await delivered(execution)
+    hooks.settle_gate.set_result(None)
+    successor = await next_drain(hooks)
+    # The first period has settled; the successor runs: still not idle.
+    assert hooks.kinds() == ["started", "drain", "settled", "started", "drain"]
+    assert not idle.done()
+    successor.release.set_result(None)
+    await idle
+    assert await execution.active() == []
+
+
+async def test_an_interrupt_racing_the_idle_report_is_answered_and_the_actor_retired(
+    execution: Execution, hooks: Hooks
+) -> None:
+    execution.wake("ses_a")
+    (await next_drain(hooks)).release.set_result(None)
+    await hooks.settling.wait()
+    # Settled, its Idle report possibly still on its way: the interrupt may be
+    # forwarded to an idle actor, which answers False and reports idle again.
+    assert await execution.interrupt("ses_a") is False
+    execution.lease_lost("ses_a")
+    await execution.wait_idle("ses_a")
+    await retired()
+    assert ActorRegistry.get_by_class(SessionActor) == []
+    # A later wake gets a fresh actor.
+    execution.wake("ses_a")
+    (await next_drain(hooks)).release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert hooks.kinds() == ["started", "drain", "settled"] * 2
+
+
+async def test_shutdown_is_answered_once_every_busy_period_settled_and_refuses_new_work(
+    hooks: Hooks,
+) -> None:
+    execution = await Execution.start(hooks)
+    hooks.settle_gate = asyncio.get_running_loop().create_future()
+    execution.wake("ses_a")
+    execution.wake("ses_b")
+    await next_drain(hooks)
+    await next_drain(hooks)
+    stopping = asyncio.ensure_future(execution.shutdown())
+    await hooks.settling.wait()
+    # Settlement is held; the supervisor is not blocked on it and still answers.
+    assert await execution.active() == ["ses_a", "ses_b"]
+    assert await execution.resume("ses_c") == Terminal(kind="interrupted", reason="shutdown")
+    execution.wake("ses_c")  # closed: ignored
+    assert await execution.interrupt("ses_c") is False
+    assert not stopping.done()
+    hooks.settle_gate.set_result(None)
+    await stopping
+    shutdown = Terminal(kind="interrupted", reason="shutdown")
+    assert sorted(e[1:] for e in hooks.log if e[0] == "settled") == [  # type: ignore[type-var]
+        ("ses_a", shutdown),
+        ("ses_b", shutdown),
+    ]
+    assert ActorRegistry.get_all() == []
+
+
+async def test_a_resumer_that_gives_up_leaves_the_others_their_answer(
+    execution: Execution, hooks: Hooks
+) -> None:
+    waiters = [asyncio.ensure_future(execution.resume("ses_a")) for _ in range(3)]
+    call = await next_drain(hooks)
+    waiters[1].cancel()
+    call.release.set_result(None)
+    assert await waiters[0] == OK
+    assert await waiters[2] == OK
+    assert waiters[1].cancelled()

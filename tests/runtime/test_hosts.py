@@ -203,7 +203,7 @@ async def test_a_wake_admitted_while_a_host_closes_runs_on_another(hosts: Hosts)
             await asyncio.sleep(0.005)
     closing = asyncio.create_task(a.aclose())
     async with asyncio.timeout(5):
-        while not a._closing:  # noqa: ASYNC110 (a flag, not an event)
+        while not a.services.execution.closing:  # noqa: ASYNC110 (a flag, not an event)
             await asyncio.sleep(0.005)
     await a.sessions.prompt(idle.id, PromptInput(text="#text late"))
     await closing
@@ -240,10 +240,10 @@ async def test_the_lease_scan_ends_when_cancelled_just_as_it_is_rung(
         [scan] = [t for t in asyncio.all_tasks() if t.get_name() == "lease-scan"]
         async with asyncio.timeout(10):  # past the start-up sweep: waiting to be rung
             for _ in itertools.count():
-                if runtime._rescan._waiters:  # type: ignore[attr-defined]
+                if runtime.services.rescan._waiters:  # type: ignore[attr-defined]
                     break
                 await asyncio.sleep(0.005)  # a poll, with the deadline above
-        runtime._rescan.set()
+        runtime.services.rescan.set()
         for _ in range(turns):
             await asyncio.sleep(0)
         scan.cancel()
@@ -269,7 +269,7 @@ async def test_a_lease_scan_the_database_refuses_says_so_in_one_line(
         monkeypatch.setattr(runtime, "recover", refused)
         for _ in range(2):
             tried.clear()
-            runtime._rescan.set()
+            runtime.services.rescan.set()
             async with asyncio.timeout(5):
                 await tried.wait()
         await asyncio.sleep(0)

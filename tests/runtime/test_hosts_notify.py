@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -289,18 +289,18 @@ async def test_a_channel_that_cannot_connect_fails_to_open_as_storage_broken() -
     await bus.close()  # nothing to close: a no-op
 
 
-class _CountingEvent(asyncio.Event):
-    """The runtime's scan event, counting who rang it."""
+class _Counting:
+    """The bus channel's ``on_reconnect`` (the runtime's scan doorbell), counting its rings."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, ring: Callable[[], None]) -> None:
+        self._ring = ring
         self.rung = 0
-        self._rang = asyncio.Event()
+        self.rang = asyncio.Event()
 
-    def set(self) -> None:
+    def __call__(self) -> None:
         self.rung += 1
-        self._rang.set()
-        super().set()
+        self.rang.set()
+        self._ring()
 
 
 async def test_a_runtime_scans_at_once_when_its_host_channel_is_back(
@@ -312,12 +312,13 @@ async def test_a_runtime_scans_at_once_when_its_host_channel_is_back(
         data_dir=tmp_path / "data", default_directory=str(tmp_path), database=dsn, host_id="a"
     )
     runtime = Runtime(config)
-    rescan = runtime._rescan = _CountingEvent()
+    bus = runtime.host_bus
+    assert isinstance(bus, NotifyHostBus)
+    channel = bus.channel
+    rescan = channel._on_reconnect = _Counting(channel._on_reconnect)  # type: ignore[arg-type]
     async with runtime:
-        bus = runtime.host_bus
-        assert isinstance(bus, NotifyHostBus)
         before = rescan.rung
-        rescan._rang.clear()
+        rescan.rang.clear()
         listener = bus.channel.listener
         admin = await asyncpg.connect(ADMIN)
         try:
@@ -325,6 +326,6 @@ async def test_a_runtime_scans_at_once_when_its_host_channel_is_back(
         finally:
             await admin.close()
         async with asyncio.timeout(5):
-            await rescan._rang.wait()
+            await rescan.rang.wait()
         assert rescan.rung == before + 1
         assert listener.connects == 2

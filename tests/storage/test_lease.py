@@ -359,6 +359,13 @@ async def test_a_mixed_batch_commits_the_good_commands_and_forgets_the_failed_on
     ]
 
 
+class LostLeases(list[str]):
+    """The keeper's LeaseLoss, recording the sessions it reports."""
+
+    def lease_lost(self, session_id: str) -> None:
+        self.append(session_id)
+
+
 async def test_a_renewal_outrun_by_the_next_execution_reports_nothing_lost(
     store: SQLiteStore,
 ) -> None:
@@ -366,8 +373,8 @@ async def test_a_renewal_outrun_by_the_next_execution_reports_nothing_lost(
     takes the lease before the renewal commits: the renewal fails, yet the
     lease held now is live and must not be reported lost."""
     await _session(store)
-    lost: list[str] = []
-    keeper = LeaseKeeper(store, "host-a", ttl_ms=10_000, on_lost=lost.append)
+    lost = LostLeases()
+    keeper = LeaseKeeper(store, "host-a", ttl_ms=10_000, on_lost=lost)
     first = await _take(store, "host-a")
     keeper.hold(SID, first.epoch)
     await store.append(Command.of(ev.ExecutionSucceeded(session_id=SID), lease=first.release()))
@@ -383,8 +390,8 @@ async def test_a_renewal_outrun_by_the_next_execution_reports_nothing_lost(
 
 async def test_a_renewal_that_finds_its_lease_taken_reports_it_lost(store: SQLiteStore) -> None:
     await _session(store)
-    lost: list[str] = []
-    keeper = LeaseKeeper(store, "host-a", ttl_ms=10_000, on_lost=lost.append)
+    lost = LostLeases()
+    keeper = LeaseKeeper(store, "host-a", ttl_ms=10_000, on_lost=lost)
     stale = await _take(store, "host-a", ttl_ms=30)
     keeper.hold(SID, stale.epoch)
     later(store, 60)
@@ -402,7 +409,7 @@ async def test_the_keeper_renews_each_quarter_ttl_on_its_clock(store: SQLiteStor
     await _session(store)
     fence = await _take(store, "host-a", ttl_ms=1_000)
     [taken] = await store.queries.leases()
-    keeper = LeaseKeeper(store, "host-a", ttl_ms=1_000, on_lost=[].append, clock=clock)
+    keeper = LeaseKeeper(store, "host-a", ttl_ms=1_000, on_lost=LostLeases(), clock=clock)
     keeper.hold(SID, fence.epoch)
     committed = asyncio.Event()
     store.batch_observers.append(lambda _commands, _seconds: committed.set())

@@ -63,8 +63,8 @@ def ctx(make_ctx: MakeCtx) -> ToolContext:
 
 
 @pytest.fixture
-async def runner(loop_hygiene: None) -> AsyncIterator[ToolActors]:
-    async with ToolActors(limit=4) as r:
+async def runner(loop_hygiene: None, blocking: BlockingExecutor) -> AsyncIterator[ToolActors]:
+    async with ToolActors(blocking=blocking, limit=4) as r:
         yield r
     # Every child actor the calls used has stopped.
     assert pykka.ActorRegistry.get_all() == []

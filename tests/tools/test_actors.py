@@ -9,14 +9,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pykka
 import pytest
 from loop_turns import quiesce
+from proc_groups import alive
 
+from actors import BlockingExecutor
 from actors.tools import (
+    Cancel,
+    CancelEvent,
     OutputBounding,
     Progress,
     ToolActors,
@@ -28,6 +34,7 @@ from actors.tools import (
     ToolRegistry,
     ToolResult,
 )
+from actors.tools.builtin import BashTool, GrepTool
 
 GUARD = 10.0
 
@@ -169,40 +176,41 @@ async def test_stopping_the_owner_stops_every_child_and_waits_for_each(
 
 
 async def test_someone_elses_pykka_stop_all_neither_loses_a_call_nor_the_pool(
-    bounding: OutputBounding, ctx: ToolContext
+    bounding: OutputBounding, blocking: BlockingExecutor, make_ctx: Callable[..., ToolContext]
 ) -> None:
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
-    gate = threading.Event()
     ran: list[str] = []
 
-    def blocker(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def finishes_anyway(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         loop.call_soon_threadsafe(started.set)
-        gate.wait(GUARD)
+        # The actor hears the stop while this runs, and cancels the call.
+        ran.append("stop heard" if ctx.cancel.wait(GUARD) else "never stopped")
         return ToolResult.text("first")
 
     def second(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         ran.append("second")
         return ToolResult.text("second")
 
-    async with ToolActors(limit=2) as runner:
-        executor = executor_for(runner, bounding, FnTool("block", blocker), FnTool("t", second))
-        first = asyncio.create_task(executor.execute("block", {}, ctx))
+    async with ToolActors(blocking=blocking, limit=2) as runner:
+        executor = executor_for(
+            runner, bounding, FnTool("block", finishes_anyway), FnTool("t", second)
+        )
+        first = asyncio.create_task(executor.execute("block", {}, make_ctx(call_id="c1")))
         async with asyncio.timeout(GUARD):
             await started.wait()
-        # Someone else's pykka shutdown: the busy child gets its stop after its Run.
+        # Someone else's pykka shutdown: the busy child stops its tool and waits for it.
         _ = pykka.ActorRegistry.stop_all(block=False)
-        gate.set()
         outcome = await first
-        # Run was already underway: its success stands.
+        # The tool finished its work regardless: its success stands.
         assert outcome.status == "success"
         # The pool was not stopped with them: later calls still run.
-        assert (await executor.execute("t", {}, ctx)).status == "success"
-    assert ran == ["second"]
+        assert (await executor.execute("t", {}, make_ctx(call_id="c2"))).status == "success"
+    assert ran == ["stop heard", "second"]
 
 
 async def test_closing_the_pool_cancels_running_children_and_waits(
-    bounding: OutputBounding, ctx: ToolContext
+    bounding: OutputBounding, blocking: BlockingExecutor, ctx: ToolContext
 ) -> None:
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
@@ -213,7 +221,7 @@ async def test_closing_the_pool_cancels_running_children_and_waits(
             return ToolResult.text("never cancelled")
         raise ToolError("closed", type="aborted")
 
-    runner = ToolActors(limit=1)
+    runner = ToolActors(blocking=blocking, limit=1)
     async with runner:
         call = asyncio.create_task(
             executor_for(runner, bounding, FnTool("t", waits)).execute("t", {}, ctx)
@@ -226,12 +234,14 @@ async def test_closing_the_pool_cancels_running_children_and_waits(
     assert pykka.ActorRegistry.get_all() == []
 
 
-async def test_lifecycle_errors(bounding: OutputBounding, ctx: ToolContext) -> None:
+async def test_lifecycle_errors(
+    bounding: OutputBounding, blocking: BlockingExecutor, ctx: ToolContext
+) -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        ToolActors(limit=0)
-    runner = ToolActors()
+        ToolActors(blocking=blocking, limit=0)
+    runner = ToolActors(blocking=blocking)
     with pytest.raises(RuntimeError, match="not open"):
-        await runner.run(lambda: None, call_id="c", cancel=threading.Event())  # type: ignore[arg-type, return-value]
+        await runner.run(lambda: None, call_id="c", cancel=CancelEvent())  # type: ignore[arg-type, return-value]
     async with runner:
         with pytest.raises(RuntimeError, match="cannot be opened"):
             await runner.__aenter__()
@@ -271,3 +281,103 @@ async def test_a_cancelled_owner_stop_still_waits_for_every_child_then_raises(
         await stopping
     assert returned.is_set()
     assert (await call).error == {"type": "aborted", "message": "stopped"}
+
+
+# -- the actor hears Cancel while its tool runs ------------------------------------------------
+
+
+async def test_a_cancel_told_to_the_actor_reaches_the_tool_while_it_runs(
+    runner: ToolActors, bounding: OutputBounding, ctx: ToolContext
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    def waits(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        loop.call_soon_threadsafe(started.set)
+        if not ctx.cancel.wait(GUARD):
+            return ToolResult.text("never cancelled")
+        raise ToolError("cancelled by my actor", type="aborted")
+
+    call = asyncio.create_task(
+        executor_for(runner, bounding, FnTool("t", waits)).execute("t", {}, ctx)
+    )
+    async with asyncio.timeout(GUARD):
+        await started.wait()
+    [ref] = pykka.ActorRegistry.get_by_class(ToolCallActor)
+    # Only the message: nobody on the loop touches the call's cancel event.
+    ref.tell(Cancel())
+    assert (await call).error == {"type": "aborted", "message": "cancelled by my actor"}
+
+
+async def test_cancel_ends_the_process_group_of_a_running_bash_call(
+    runner: ToolActors, bounding: OutputBounding, location: Path, ctx: ToolContext
+) -> None:
+    up = asyncio.Event()
+
+    def on_progress(message: Progress) -> None:
+        if "up" in message.metadata["output"]:
+            up.set()
+
+    owner = ToolOwner(on_progress=on_progress)
+    executor = ToolExecutor(ToolRegistry([BashTool()]), runner, bounding)
+    command = "echo $$ > leader.pid; sleep 30 & echo $! > bg.pid; echo up; wait"
+    call = asyncio.create_task(
+        executor.execute("bash", {"command": command, "timeout_s": 60}, ctx, owner=owner)
+    )
+    async with asyncio.timeout(GUARD):
+        await up.wait()
+    leader, background = (int((location / f).read_text()) for f in ("leader.pid", "bg.pid"))
+    assert alive(leader)
+    assert alive(background)
+    await owner.stop()
+    outcome = await call
+    assert outcome.error is not None
+    assert outcome.error["type"] == "aborted"
+    assert not alive(leader)
+    assert not alive(background)
+    assert pykka.ActorRegistry.get_by_class(ToolCallActor) == []
+
+
+async def test_cancel_ends_the_file_loop_of_a_running_grep(
+    runner: ToolActors, bounding: OutputBounding, location: Path, ctx: ToolContext
+) -> None:
+    for n in range(20):
+        (location / f"f{n}.txt").write_text("needle\nhay\n" * 50)
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    grep = GrepTool()
+
+    def greps_until_stopped(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        """Runs grep over the tree again and again: only grep's own loop checks the cancel."""
+        loop.call_soon_threadsafe(started.set)
+        deadline = time.monotonic() + GUARD  # a guard, not a timing
+        while time.monotonic() < deadline:
+            grep.run({"pattern": "needle"}, ctx)  # raises ToolError(aborted) once cancelled
+        return ToolResult.text("grep never stopped")
+
+    owner = ToolOwner()
+    executor = executor_for(runner, bounding, FnTool("loop", greps_until_stopped))
+    call = asyncio.create_task(executor.execute("loop", {}, ctx, owner=owner))
+    async with asyncio.timeout(GUARD):
+        await started.wait()
+    await owner.stop()
+    assert (await call).error == {"type": "aborted", "message": "Tool execution aborted"}
+
+
+async def test_closing_the_pool_ends_every_thread_it_started(
+    bounding: OutputBounding, blocking: BlockingExecutor, make_ctx: Callable[..., ToolContext]
+) -> None:
+    def ours() -> set[threading.Thread]:
+        # The blocking executor's threads live on until it closes: not the pool's.
+        return {t for t in threading.enumerate() if not t.name.startswith("sessionrt-blocking")}
+
+    before = ours()
+    async with ToolActors(blocking=blocking, limit=2) as runner:
+        executor = executor_for(runner, bounding, FnTool("t", _ok))
+        outcomes = await asyncio.gather(
+            *(executor.execute("t", {}, make_ctx(call_id=f"c{n}")) for n in range(4))
+        )
+        assert {o.status for o in outcomes} == {"success"}
+    # Joined, not awaited by polling: the spawner joined each child's thread, and
+    # its own thread was joined on the blocking executor before aclose returned.
+    assert ours() == before

@@ -13,6 +13,7 @@ import pytest
 
 from actors import BlockingExecutor
 from actors.tools import (
+    CancelEvent,
     OutputBounding,
     SucceededThenInterrupted,
     ToolActors,
@@ -192,7 +193,7 @@ async def test_a_preset_cancel_fails_the_call_without_running_it(
     runner: ToolActors, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
 ) -> None:
     tool = FnTool("t", echo)
-    cancel = threading.Event()
+    cancel = CancelEvent()
     cancel.set()
     outcome = await executor_for(runner, bounding, tool).execute("t", {}, make_ctx(cancel=cancel))
     assert outcome.error is not None
@@ -201,9 +202,9 @@ async def test_a_preset_cancel_fails_the_call_without_running_it(
 
 
 async def test_a_closed_actor_pool_fails_the_call_as_aborted(
-    bounding: OutputBounding, ctx: ToolContext
+    bounding: OutputBounding, blocking: BlockingExecutor, ctx: ToolContext
 ) -> None:
-    runner = ToolActors(limit=1)
+    runner = ToolActors(blocking=blocking, limit=1)
     async with runner:
         pass
     outcome = await executor_for(runner, bounding, FnTool("t", echo)).execute("t", {}, ctx)

@@ -3,7 +3,8 @@
 The command runs in a new session (``start_new_session=True``), so it and
 everything it starts share one process group that we can signal as a whole.
 The worker thread multiplexes three things without any helper thread: the
-merged stdout/stderr pipe (``selectors``), ``ctx.cancel``, and the deadline.
+merged stdout/stderr pipe and ``ctx.cancel`` (both in one ``selectors``
+selector: the cancel wakes it at once), and the deadline.
 
 - The command starts behind a gate: the shell first waits for a line on a
   pipe of ours, and only then execs ``bash -c <command>`` (same pid, same
@@ -200,8 +201,10 @@ class BashTool:
         fd = proc.stdout.fileno()
         last_progress = float("-inf")
         fresh = eof = False
-        with selectors.DefaultSelector() as selector:
+        with selectors.DefaultSelector() as selector, ctx.cancel.readable() as cancelled:
             selector.register(fd, selectors.EVENT_READ)
+            # Readable the moment the call's actor hears Cancel: no wait for a poll.
+            selector.register(cancelled, selectors.EVENT_READ)
             while True:
                 if ctx.cancel.is_set():
                     return "aborted"
@@ -216,7 +219,8 @@ class BashTool:
                     # Everything closed its stdout but bash runs on: wait, still cancellable.
                     ctx.cancel.wait(min(_POLL_S, remaining))
                     continue
-                if selector.select(min(_POLL_S, remaining)):
+                ready = {key.fd for key, _ in selector.select(min(_POLL_S, remaining))}
+                if fd in ready:
                     chunk = os.read(fd, _CHUNK)
                     if chunk:
                         output.add(chunk)
@@ -233,7 +237,7 @@ class BashTool:
 def _drain(selector: selectors.BaseSelector, fd: int, output: SpillingOutput) -> None:
     """Read what is already in the pipe, briefly: a background job may hold it open."""
     end = time.monotonic() + _DRAIN_S
-    while time.monotonic() < end and selector.select(0):
+    while time.monotonic() < end and any(key.fd == fd for key, _ in selector.select(0)):
         chunk = os.read(fd, _CHUNK)
         if not chunk:
             return

@@ -1,0 +1,482 @@
+"""build_services: the runtime's parts, wired once.
+
+:func:`build_services` makes every service of a runtime from its config and
+its store, in dependency order, and returns them as one :class:`Services`
+record. A part receives the services it uses, or a narrow Protocol one of
+them satisfies (a :class:`~actors.inbox.Doorbell`, a
+:class:`~actors.leases.LeaseLoss` …), at construction; nothing is wired
+afterwards and no part holds a method of the :class:`~actors.runtime.Runtime`.
+
+:class:`HostExecution` is what those Protocols name where the runtime used to
+lend its own methods: this host's execution while the runtime runs (the
+doorbell, interrupts, lease losses, busy checks, the stops of deleted
+sessions, the tasks the runtime owns, and the wakes refused while closing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from actors._blocking import BlockingExecutor
+from actors._keyed_lock import KeyedLock
+from actors.agents import AgentCatalogs
+from actors.bus import EventBus
+from actors.execution import Execution, ExecutionHooks, Terminal, widest
+from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
+from actors.inbox import AdmissionGate, Scope
+from actors.instructions import InstructionEntries
+from actors.interrupts import UNHELD, RemoteInterrupts
+from actors.leases import LeaseKeeper
+from actors.llm import HttpProvider, ProviderRegistry, build_providers
+from actors.locations import DirectoryRules
+from actors.mcp import McpServers
+from actors.permissions import PermissionWaiters
+from actors.revert import Reverts
+from actors.sessions import Sessions
+from actors.shells import Environments, Shells
+from actors.snapshots import Snapshots
+from actors.subagents import Subagents
+from actors.tools import OutputBounding, ToolActors, ToolRegistry, builtin_tools
+from actors.tools.builtin import BashTool
+from actors.transfer import SessionTransfer
+from protocol import events as ev
+from protocol.errors import InvalidRequestError, ServiceUnavailableError
+from storage import RecordedEvent, Store, default_host_id, is_server_url, now_ms
+from storage.follow import FollowDispatcher
+
+if TYPE_CHECKING:
+    from actors.runtime import RuntimeConfig
+
+__all__ = ["HostExecution", "Services", "build_services", "terminal_of"]
+
+log = logging.getLogger(__name__)
+
+
+class HostExecution:
+    """This host's execution while the runtime runs, for the parts that need it.
+
+    Started by the runtime's open (:meth:`start`, once its drain hooks exist)
+    and stopped by its close (:meth:`stop`). Before and after, a wake is
+    refused and nothing is busy.
+    """
+
+    def __init__(
+        self, store: Store, host_id: str, host_bus: HostBus, shells: Shells, envs: Environments
+    ) -> None:
+        self._store = store
+        self._host_id = host_id
+        self._host_bus = host_bus
+        self._shells = shells
+        self._environments = envs
+        self._execution: Execution | None = None
+        #: Sessions this host settled with a shutdown terminal (released, claims kept).
+        self._handed_over_ids: list[str] = []
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._closing = False
+        #: Wakes that arrived while closing (session id -> widest scope).
+        self._refused: dict[str, Scope] = {}
+        #: Set once :meth:`hand_over_wakes` has run (the bus closes next).
+        self._handed_over = False
+
+    @property
+    def execution(self) -> Execution:
+        if self._execution is None:
+            raise ServiceUnavailableError("the runtime is not running", service="execution")
+        return self._execution
+
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`stop` has begun (wakes are refused from then on)."""
+        return self._closing
+
+    async def start(self, hooks: ExecutionHooks, handed_over: list[str]) -> None:
+        """Start the supervisor; ``handed_over`` is filled by ``hooks`` as they settle."""
+        self._handed_over_ids = handed_over
+        self._execution = await Execution.start(hooks)
+
+    # -- what the other parts call ----------------------------------------------------------------
+
+    def wake(self, session_id: str, scope: Scope) -> None:
+        """The :class:`~actors.inbox.Doorbell` of the sessions."""
+        if self._closing:
+            # Nothing new starts here any more: another host gets it at the end.
+            self._refused[session_id] = widest(self._refused.get(session_id), scope)
+            if self._handed_over:  # a host-bus wake (admissions are refused by now)
+                log.info("wake for %s after this host handed its wakes over: dropped", session_id)
+        elif self._execution is not None:
+            self._execution.wake(session_id, scope)
+
+    def lease_lost(self, session_id: str) -> None:
+        """The :class:`~actors.leases.LeaseLoss` of the lease keeper."""
+        if self._execution is not None:
+            self._execution.lease_lost(session_id)
+
+    async def busy(self, session_id: str) -> bool:
+        """The :class:`~actors.revert.BusyCheck` of the reverts."""
+        execution = self._execution
+        return execution is not None and session_id in await execution.active()
+
+    async def interrupt_here(self, session_id: str) -> bool:
+        execution = self._execution
+        return execution is not None and await execution.interrupt(session_id, "user")
+
+    def spawn(self, work: Coroutine[Any, Any, object], name: str) -> None:
+        """Run a task this host owns until it stops."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def locate(self, session_id: str) -> str | None:
+        """Where a session runs, for :mod:`actors.interrupts`: another host's id,
+        UNHELD (claimed, no other host's live lease), or None (not claimed).
+
+        One read: a lease is taken with its claim and released with its end, so
+        the claims (with their leases) say it all."""
+        for claim in await self._store.queries.claims():
+            if claim.session_id == session_id:
+                lease = claim.lease
+                if claim.orphaned(now_ms()) or lease is None or lease.host_id == self._host_id:
+                    return UNHELD
+                return lease.host_id
+        return None
+
+    async def resume(self, session_id: str) -> Terminal:
+        """Start or join the session's execution, here or on the host that holds it."""
+        execution = self.execution
+        done: asyncio.Future[Terminal] = asyncio.get_running_loop().create_future()
+
+        def watch(records: Sequence[RecordedEvent]) -> None:
+            for r in records:
+                if r.aggregate_id == session_id and not done.done():
+                    terminal = terminal_of(r.event)
+                    if terminal is not None:
+                        done.set_result(terminal)
+
+        # Subscribed first: the owner's terminal may come right after the hand-off.
+        unsubscribe = self._store.subscribe(watch)
+        try:
+            terminal = await execution.resume(session_id)
+            if terminal.kind != "elsewhere":
+                return terminal
+            return await asyncio.shield(done)
+        finally:
+            unsubscribe()
+
+    async def stop_child(self, session_id: str) -> None:
+        """A subagent's session stops with its parent's call: interrupted (as a
+        shutdown while the runtime closes, its claim kept), waited for."""
+        execution = self._execution
+        if execution is None:
+            return
+        await execution.interrupt(session_id, "shutdown" if self._closing else "user")
+        await execution.wait_idle(session_id)
+
+    async def stop_sessions(self, session_ids: Sequence[str]) -> None:
+        """The :class:`~actors.sessions.Stops` of the sessions: they are being deleted."""
+        for sid in session_ids:
+            self._environments.forget(sid)
+        # Their shells end with them.
+        await self._shells.stop(session_ids, "cancelled")
+        execution = self._execution
+        if execution is None:
+            return
+        # All at once: each interrupt kills its tools' groups; the waits overlap.
+        await asyncio.gather(*(execution.interrupt(sid, "user") for sid in session_ids))
+        await asyncio.gather(*(execution.wait_idle(sid) for sid in session_ids))
+
+    def on_host_message(self, message: HostMessage, rescan: asyncio.Event) -> None:
+        """A wake, resume or release from another host (interrupts go to RemoteInterrupts)."""
+        execution = self._execution
+        if execution is None:
+            return
+        for sid in message.session_ids:
+            if message.kind == "wake":
+                self.wake(sid, message.scope)
+            elif message.kind == "resume":
+                self.spawn(execution.resume(sid), f"resume:{sid}")
+        if message.kind == "released":
+            rescan.set()
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Interrupt every busy period (shutdown), end this host's tasks, announce releases."""
+        self._closing = True
+        execution = self._execution
+        if execution is not None:
+            await execution.shutdown()
+        self._execution = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._handed_over_ids:
+            # Released, claims kept: the other hosts need not wait for expiry.
+            message = HostMessage(
+                kind="released", origin=self._host_id, session_ids=tuple(self._handed_over_ids)
+            )
+            try:
+                await self._host_bus.publish(None, message)
+            except Exception:
+                log.exception("announcing the released sessions failed")
+
+    async def hand_over_wakes(self, gate: AdmissionGate) -> None:
+        """Send the wakes refused while closing to the other hosts.
+
+        The first other host to take each lease runs it (the rest hand their
+        wake to that one). It runs as late as the bus allows, after execution
+        stopped (which can take a tool's kill grace) and again for any wake
+        refused while publishing: a wake refused after an earlier hand-over
+        would otherwise reach no host, its input admitted but not run until
+        the session's next wake.
+        """
+        # Admissions under way finish (and ring their wake) first; later ones get 503.
+        await gate.close()
+        while self._refused:
+            refused, self._refused = self._refused, {}
+            for scope in ("input", "steer"):
+                ids = tuple(sid for sid, s in refused.items() if s == scope)
+                if not ids:
+                    continue
+                wake = HostMessage(kind="wake", origin=self._host_id, session_ids=ids, scope=scope)
+                try:
+                    await self._host_bus.publish(None, wake)
+                except Exception:
+                    log.exception("handing over the wakes received while closing failed")
+        self._handed_over = True
+
+
+def terminal_of(event: ev.Event | None) -> Terminal | None:
+    """The execution terminal an event records, if it is one."""
+    match event:
+        case ev.ExecutionSucceeded():
+            return Terminal(kind="succeeded")
+        case ev.ExecutionFailed(error=error):
+            return Terminal(kind="failed", error=error)
+        case ev.ExecutionInterrupted(reason=reason):
+            return Terminal(kind="interrupted", reason=reason)
+    return None
+
+
+class HostMessages:
+    """What another host tells this one: interrupts and their answers, wakes, releases."""
+
+    def __init__(
+        self, remote: RemoteInterrupts, execution: HostExecution, rescan: asyncio.Event
+    ) -> None:
+        self._remote = remote
+        self._execution = execution
+        self._rescan = rescan
+
+    def __call__(self, message: HostMessage) -> None:
+        if message.kind in ("interrupt", "answer"):
+            # Answered even while execution stops (no, nothing ran here): the
+            # sender would otherwise wait its whole timeout for a 503.
+            self._remote.on_message(message)
+            return
+        self._execution.on_host_message(message, self._rescan)
+
+
+@attrs.frozen(kw_only=True)
+class Services:
+    """The runtime's services, each made once (see :func:`build_services`)."""
+
+    store: Store
+    host_id: str
+    host_bus: HostBus
+    #: The bus the runtime made itself (over a server database), its own to open and close.
+    own_bus: NotifyHostBus | None
+    #: Set for a recovery scan at once (another host released sessions, the bus reconnected).
+    rescan: asyncio.Event
+    execution: HostExecution
+    leases: LeaseKeeper
+    remote_interrupts: RemoteInterrupts
+    host_messages: HostMessages
+    follows: FollowDispatcher
+    bus: EventBus
+    blocking: BlockingExecutor
+    tool_actors: ToolActors
+    tools: ToolRegistry
+    bounding: OutputBounding
+    adapters: dict[str, HttpProvider]
+    providers: ProviderRegistry
+    directories: DirectoryRules
+    agents: AgentCatalogs
+    permission_waiters: PermissionWaiters
+    environments: Environments
+    secret_env: frozenset[str]
+    shells: Shells
+    snapshots: Snapshots
+    reverts: Reverts
+    sessions: Sessions
+    #: The task tool's subagents (child sessions run by this runtime).
+    subagents: Subagents
+    transfer: SessionTransfer
+    instructions: InstructionEntries
+    #: The owner of the MCP server processes (none started until used).
+    mcp: McpServers
+
+
+def build_services(
+    config: RuntimeConfig, store: Store, *, host_bus: HostBus | None = None
+) -> Services:
+    """Make every service of a runtime, in dependency order; nothing is opened here.
+
+    ``host_bus``: how this host reaches the others (over a server database a
+    bus of its own, else a private in-process one, when None).
+    """
+    if config.max_tool_threads < 1 or config.max_blocking_threads < 1:
+        raise ValueError("max_tool_threads and max_blocking_threads must be at least 1")
+    for pattern in config.secret_env_patterns:
+        if not pattern or not set(pattern) & set("*?["):
+            raise ValueError(f"secret_env_patterns: {pattern!r} is no glob pattern (* ? [)")
+    host_id = config.host_id or default_host_id()
+    rescan = asyncio.Event()
+    own_bus = None
+    if host_bus is None and not config.read_only and is_server_url(config.database_target):
+        # Hosts in other processes share the server: reach them through it.
+        # After its connection came back, a scan at once: a host that
+        # released sessions meanwhile told nobody.
+        host_bus = own_bus = NotifyHostBus(config.database_target, on_reconnect=rescan.set)
+    host_bus = host_bus or LocalHostBus()
+
+    blocking = BlockingExecutor(limit=config.max_blocking_threads)
+    bash = BashTool(
+        default_timeout_s=config.bash_timeout_s,
+        max_timeout_s=max(config.bash_max_timeout_s, config.bash_timeout_s),
+        output_memory_bytes=max(
+            config.bash_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
+        ),
+    )
+    bounding = OutputBounding(
+        output_dir=config.tool_output_dir,
+        max_lines=config.tool_output_max_lines,
+        max_bytes=config.tool_output_max_bytes,
+    )
+    adapters = build_providers(config.provider_configs)
+    providers = ProviderRegistry(
+        providers={**adapters, **config.providers},
+        models={
+            pid: frozenset(c.models)
+            for pid, c in config.provider_configs.items()
+            if pid not in config.providers
+        },
+    )
+    if config.default_model is not None:
+        try:
+            providers.check(config.default_model)
+        except InvalidRequestError as exc:
+            raise ValueError(f"default_model: {exc}") from None
+    directories = DirectoryRules(
+        data_dir=config.data_dir, allowed=tuple(Path(d) for d in config.allow_directories)
+    )
+    agents = AgentCatalogs((config.agents_file,), blocking.run)
+    waiters = PermissionWaiters()
+    secret_env = (
+        frozenset(config.secret_env)
+        | set(config.secret_env_patterns)
+        | {c.api_key_env for c in config.provider_configs.values() if c.api_key_env}
+    )
+    environments = Environments(secret_env)
+    #: The per-session inbox lock; revert mutations and shell notices take it too.
+    locks = KeyedLock()
+    shells = Shells(
+        store,
+        locks,
+        environments,
+        bounding,
+        blocking.run,
+        output_memory_bytes=max(
+            config.shell_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
+        ),
+        timeout_s=config.shell_timeout_s,
+    )
+    execution = HostExecution(store, host_id, host_bus, shells, environments)
+    snapshots = Snapshots(
+        config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=blocking.run
+    )
+    reverts = Reverts(
+        store,
+        locks,
+        snapshots,
+        busy=execution,
+        intents=config.data_dir / "revert",
+        blocking=blocking.run,
+    )
+    sessions = Sessions(
+        store,
+        wake=execution,
+        stop=execution,
+        locks=locks,
+        revert=reverts,
+        default_directory=config.default_directory,
+        blocking=blocking.run,
+        directories=directories,
+        check_model=providers.check,
+        agents=agents,
+        waiters=waiters,
+    )
+    remote_interrupts = RemoteInterrupts(host_id, host_bus, execution)
+    leases = LeaseKeeper(store, host_id, ttl_ms=config.lease_ttl_ms, on_lost=execution)
+    subagents = Subagents(
+        sessions=sessions,
+        agents=agents,
+        store=store,
+        runs=execution,
+        max_depth=config.subagent_max_depth,
+        max_children=config.subagent_max_children,
+    )
+    builtins = (*builtin_tools(bash=bash), subagents.tool) if config.builtin_tools else ()
+    try:
+        tools = ToolRegistry((*builtins, *config.tools))
+    except ValueError as exc:
+        raise ValueError(f"tools: {exc}") from None
+    return Services(
+        store=store,
+        host_id=host_id,
+        host_bus=host_bus,
+        own_bus=own_bus,
+        rescan=rescan,
+        execution=execution,
+        leases=leases,
+        remote_interrupts=remote_interrupts,
+        host_messages=HostMessages(remote_interrupts, execution, rescan),
+        follows=FollowDispatcher(store),
+        bus=EventBus(),
+        blocking=blocking,
+        tool_actors=ToolActors(blocking=blocking, limit=config.max_tool_threads),
+        tools=tools,
+        bounding=bounding,
+        adapters=adapters,
+        providers=providers,
+        directories=directories,
+        agents=agents,
+        permission_waiters=waiters,
+        environments=environments,
+        secret_env=secret_env,
+        shells=shells,
+        snapshots=snapshots,
+        reverts=reverts,
+        sessions=sessions,
+        subagents=subagents,
+        transfer=SessionTransfer(
+            store,
+            sessions,
+            directories=directories,
+            blocking=blocking.run,
+            allow_scripts=config.import_scripts,
+            leases=leases,
+        ),
+        instructions=InstructionEntries(store),
+        mcp=McpServers(
+            config.mcp,
+            secret_env=secret_env,
+            idle_s=config.mcp_idle_s,
+            blocking=blocking.run,
+        ),
+    )
