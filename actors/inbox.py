@@ -28,7 +28,7 @@ before a control item (compaction, move); at the idle boundary (scope
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, Protocol
@@ -46,15 +46,18 @@ from storage import Command, Op, ProjectionConflict, Store, no_staged_revert
 
 __all__ = [
     "CONTROL_TYPES",
+    "NOTHING_DUE",
     "AdmissionGate",
     "Blocking",
     "Doorbell",
+    "Due",
     "Inbox",
     "Promotion",
     "RevertCommits",
     "Scope",
     "Seen",
     "control_head",
+    "due",
     "select_promotable",
 ]
 
@@ -405,7 +408,11 @@ class Inbox:
         await self._require(session_id)
         ids.validate("msg", inbox_id, field="inboxID")
         async with self._locks.hold(session_id):
-            await self._pending_item(session_id, inbox_id)
+            pending = await self._store.queries.inbox(session_id)
+            if not any(item.id == inbox_id for item in pending):
+                if await self._store.queries.was_cancelled(session_id, inbox_id):
+                    return  # a second cancel: answered like the first, nothing written
+                raise ConflictError(f"inbox item {inbox_id} is not pending", resource="inbox")
             await self._apply(ev.InboxCancelled(session_id=session_id, inbox_id=inbox_id))
 
     async def change_delivery(self, session_id: str, inbox_id: str, delivery: Delivery) -> None:
@@ -435,7 +442,13 @@ class Inbox:
         host has let go of its lock since."""
         return self._locks.generation(session_id)
 
-    async def promote(self, session_id: str, scope: Scope, seen: Seen | None = None) -> Promotion:
+    async def promote(
+        self,
+        session_id: str,
+        scope: Scope,
+        seen: Seen | None = None,
+        held: Collection[str] = (),
+    ) -> Promotion:
         """Deliver what ``scope`` allows, in one transaction; say what it delivered and left.
 
         ``seen`` is the inbox as the caller read it at this boundary, with the
@@ -444,11 +457,12 @@ class Inbox:
         and the read is skipped. Another host's cancellation still races it,
         as it races a read under this host's lock; the delivery's projection
         refuses an item no longer pending, and promotion then reads afresh.
+        ``held``: synthetic input held behind a staged revert (never delivered).
         """
         async with self._locks.hold(session_id):
             pending: Sequence[InboxItem] | None = None
             if seen is not None and seen.generation == self._locks.generation(session_id):
-                chosen = select_promotable(seen.items, scope)
+                chosen = select_promotable(seen.items, scope, held)
                 try:
                     await self._deliver(session_id, chosen)
                 except ConflictError:
@@ -457,7 +471,7 @@ class Inbox:
                     pending = seen.items
             if pending is None:
                 pending = await self._store.queries.inbox(session_id)
-                chosen = select_promotable(pending, scope)
+                chosen = select_promotable(pending, scope, held)
                 await self._deliver(session_id, chosen)
         delivered = {item.id for item in chosen}
         left = [item for item in pending if item.id not in delivered]
@@ -496,47 +510,66 @@ class Inbox:
             raise ConflictError(str(exc), resource="inbox") from None
 
 
-def select_promotable(pending: Sequence[InboxItem], scope: Scope) -> list[InboxItem]:
-    """Which pending items a promotion at ``scope`` delivers, in delivery order.
+@attrs.frozen
+class Due:
+    """What a boundary delivers: input items to promote, or one control item, or nothing."""
 
-    ``pending`` is in enqueue order. Control items are never chosen and stop
-    every walk: later input must not cross them.
+    inputs: tuple[InboxItem, ...] = ()
+    control: InboxItem | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.inputs) or self.control is not None
+
+
+NOTHING_DUE: Final = Due()
+
+
+def due(pending: Sequence[InboxItem], scope: Scope, held: Collection[str] = ()) -> Due:
+    """What a boundary at ``scope`` delivers from ``pending`` (in enqueue order).
+
+    The rules, in one place:
+
+    - Items in ``held`` (synthetic input admitted while a revert is staged) are
+      not there at all until the revert is cleared or committed.
+    - The first control item (compaction, move) is a boundary: nothing behind
+      it is looked at, so later input never crosses it.
+    - The steers ahead of it deliver, in order, at any boundary.
+    - Failing those, the control item is due if it is a steer (queued input
+      ahead of it does not hold it back), or, at the idle boundary (``input``),
+      if nothing is ahead of it.
+    - Failing that, at the idle boundary, the oldest queued item delivers.
     """
-    steers: list[InboxItem] = []
+    ahead: list[InboxItem] = []
+    control: InboxItem | None = None
     for item in pending:
+        if held and item.id in held:
+            continue
         if item.type in CONTROL_TYPES:
+            control = item
             break
-        if item.delivery == "steer":
-            steers.append(item)
-    steer_pending = any(i.delivery == "steer" and i.type not in CONTROL_TYPES for i in pending)
-    if steer_pending or scope == "steer":
-        return steers
-    for item in pending:
-        if item.type in CONTROL_TYPES:
-            return []
-        # No steer is pending, so the first non-control item is the oldest queued one.
-        return [item]
-    return []
+        ahead.append(item)
+    steers = tuple(item for item in ahead if item.delivery == "steer")
+    if steers:
+        return Due(inputs=steers)
+    if control is not None and (control.delivery == "steer" or (scope == "input" and not ahead)):
+        return Due(control=control)
+    if scope == "input" and ahead:
+        return Due(inputs=(ahead[0],))
+    return NOTHING_DUE
 
 
-def control_head(pending: Sequence[InboxItem], scope: Scope) -> InboxItem | None:
-    """The control item (compaction, move) due at this boundary, if any.
+def select_promotable(
+    pending: Sequence[InboxItem], scope: Scope, held: Collection[str] = ()
+) -> list[InboxItem]:
+    """The input items (never a control item) a promotion at ``scope`` delivers (:func:`due`)."""
+    return list(due(pending, scope, held).inputs)
 
-    ``pending`` is in enqueue order. Steers ahead of a control item deliver
-    first (promotion stops before it); a steer-delivered control item is due
-    at any Safe Step Boundary once nothing is ahead of it but queued input, a
-    queued one only at the idle boundary (``input``) when it heads the inbox
-    and no steer is pending.
-    """
-    for item in pending:
-        if item.type in CONTROL_TYPES:
-            if item.delivery == "steer":
-                return item
-            steer_pending = any(i.delivery == "steer" for i in pending)
-            return item if scope == "input" and pending[0] is item and not steer_pending else None
-        if item.delivery == "steer":
-            return None
-    return None
+
+def control_head(
+    pending: Sequence[InboxItem], scope: Scope, held: Collection[str] = ()
+) -> InboxItem | None:
+    """The control item due at this boundary, if any (:func:`due`)."""
+    return due(pending, scope, held).control
 
 
 def _compact(values: Mapping[str, Any]) -> dict[str, Any]:

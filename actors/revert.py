@@ -60,6 +60,7 @@ import orjson
 
 from actors._keyed_lock import KeyedLock
 from actors._shield import finish
+from actors.inbox import Doorbell
 from actors.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
 from protocol import codec, ids
 from protocol import events as ev
@@ -115,6 +116,7 @@ class Reverts:
         snapshots: Snapshots,
         busy: BusyCheck = _NEVER_BUSY,
         *,
+        wake: Doorbell,
         intents: Path,
         blocking: Blocking,
     ) -> None:
@@ -122,6 +124,8 @@ class Reverts:
         self._locks = locks
         self._snapshots = snapshots
         self.busy = busy.busy
+        #: Rung when a clear releases synthetic input the revert held.
+        self._wake = wake
         #: Where the intents of stages and clears in progress are kept.
         self._intents = intents
         self._blocking = blocking
@@ -145,10 +149,15 @@ class Reverts:
             return revert
 
     async def clear(self, session_id: str) -> None:
+        held: builtins.list[str] = []
         async with self._locks.hold(session_id):
             session = await self._idle(session_id)
             if session.revert is not None:
+                held = await self._store.queries.held_synthetic(session_id)
                 await self._clear(session, session.revert)
+        if held:
+            # What the revert held is input like any other now: it delivers.
+            self._wake.wake(session_id, "input")
 
     async def recover(self) -> int:
         """Finish (or drop) every stage or clear a crash interrupted; how many were finished."""

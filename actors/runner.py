@@ -26,7 +26,7 @@ execution with the step's error.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -35,7 +35,7 @@ from actors.agents import Agent, AgentCatalogs
 from actors.bus import EventBus
 from actors.compaction import CompactionSettings, Compactor
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
-from actors.inbox import Promotion, Scope, Seen, control_head, select_promotable
+from actors.inbox import Promotion, Scope, Seen, control_head, due, select_promotable
 from actors.instructions.nearby import NearbyInstructions
 from actors.llm import (
     SCRIPTED_MODEL,
@@ -240,12 +240,13 @@ class Runner:
                 generation = inbox.generation(session_id)
                 pending = await self._store.queries.boundary(session_id)
             boundary, pending = pending, None
-            if await self._control(session, promote_scope, boundary.inbox):
+            held = await self._held(session)
+            if await self._control(session, promote_scope, boundary.inbox, held):
                 first = False  # handled: the loop goes on from what follows it
                 session = await self._sessions.get(session_id)
                 continue
             resumed = False
-            if not continuing and not select_promotable(boundary.inbox, promote_scope):
+            if not continuing and not select_promotable(boundary.inbox, promote_scope, held):
                 resumed = first and force and await self._awaits_reply(session_id)
                 if not resumed:
                     return
@@ -259,7 +260,10 @@ class Runner:
                 session, await self._agent(session), boundary.instructions
             )
             promotion = await self._sessions.inbox.promote(
-                session_id, promote_scope, Seen(generation=generation, items=boundary.inbox)
+                session_id,
+                promote_scope,
+                Seen(generation=generation, items=boundary.inbox),
+                held,
             )
             if promotion.delivered:
                 step = 0  # new input resets the allowance, once per batch
@@ -305,10 +309,12 @@ class Runner:
             if outcome.error is not None:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
-            if not continuing and self._nothing_due(session_id, scope, promotion):
+            if not continuing and self._nothing_due(session_id, scope, promotion, held):
                 return
 
-    def _nothing_due(self, session_id: str, scope: Scope, promotion: Promotion) -> bool:
+    def _nothing_due(
+        self, session_id: str, scope: Scope, promotion: Promotion, held: Collection[str]
+    ) -> bool:
         """Whether the idle boundary after a turn has nothing to deliver or handle,
         known without reading the inbox again.
 
@@ -322,17 +328,26 @@ class Runner:
             return False
         if self._sessions.inbox.generation(session_id) != promotion.generation:
             return False
-        left = promotion.left
-        return control_head(left, scope) is None and not select_promotable(left, scope)
+        return not due(promotion.left, scope, held)
 
-    async def _control(self, session: Session, scope: Scope, pending: list[InboxItem]) -> bool:
+    async def _held(self, session: Session) -> frozenset[str]:
+        """Synthetic input held behind the session's staged revert: no boundary
+        delivers it until the revert is cleared (then it is input like any
+        other) or committed (then it is discarded). Nothing to read without one."""
+        if session.revert is None:
+            return frozenset()
+        return frozenset(await self._store.queries.held_synthetic(session.id))
+
+    async def _control(
+        self, session: Session, scope: Scope, pending: list[InboxItem], held: Collection[str]
+    ) -> bool:
         """Handle the control item due at this boundary, if any; True when one was.
 
         Promotion never delivers control items and stops before them, so one
         at the head of the inbox would otherwise stall every later input.
         ``pending`` is the inbox as read at this boundary.
         """
-        item = control_head(pending, scope)
+        item = control_head(pending, scope, held)
         if item is None:
             return False
         handler = self.controls.get(item.type)

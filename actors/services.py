@@ -405,6 +405,7 @@ def build_services(
         locks,
         snapshots,
         busy=execution,
+        wake=execution,
         intents=config.data_dir / "revert",
         blocking=blocking.run,
     )

@@ -140,6 +140,10 @@ class SessionReads(Protocol):
         """Pending synthetic input admitted since the session's revert was staged."""
         ...
 
+    async def was_cancelled(self, session_id: str, inbox_id: str) -> bool:
+        """Whether ``inbox_id`` was cancelled in ``session_id`` and not admitted since."""
+        ...
+
     async def running_shells(self) -> list[RunningShell]:
         """Every shell entry still ``running``, by session and log order."""
         ...

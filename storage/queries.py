@@ -641,6 +641,20 @@ class Queries:
         )
         return [str(r[0]) for r in rows]
 
+    async def was_cancelled(self, session_id: str, inbox_id: str) -> bool:
+        """Whether ``inbox_id`` was cancelled in ``session_id`` and not admitted since.
+
+        Read only when a cancel finds the item not pending (a second cancel):
+        it walks the session's cancellations, not a hot path.
+        """
+        rows = await self._fetch(
+            "SELECT type FROM event WHERE aggregate_id = ?"
+            " AND type IN ('session.inbox.cancelled.1', 'session.inbox.enqueued.1')"
+            " AND json_extract(data, '$.inboxID') = ? ORDER BY seq DESC LIMIT 1",
+            (session_id, inbox_id),
+        )
+        return bool(rows) and str(rows[0][0]) == "session.inbox.cancelled.1"
+
     # -- shells and snapshots -------------------------------------------------------------------
 
     async def running_shells(self) -> list[RunningShell]:

@@ -154,7 +154,15 @@ def test_a_control_item_is_due_only_when_nothing_may_deliver_before_it() -> None
     assert control_head([queued_compaction], "steer") is None
     assert control_head([queued_compaction], "input") is queued_compaction
     assert control_head([queued, queued_compaction], "input") is None
-    assert control_head([queued_compaction, item(6, "user", "steer")], "input") is None
+    # A steer behind it does not hold it back: the control item is a boundary.
+    assert control_head([queued_compaction, item(6, "user", "steer")], "input") is (
+        queued_compaction
+    )
+    assert select_promotable([queued_compaction, item(6, "user", "steer")], "input") == []
+    # Held input (behind a staged revert) is not there at all.
+    held = item(8, "synthetic", "steer")
+    assert select_promotable([held, queued], "input", {held.id}) == [queued]
+    assert control_head([held, queued_compaction], "input", {held.id}) is queued_compaction
     move = item(7, "move", "steer")
     assert control_head([move], "steer") is move
     assert control_head([], "input") is None
