@@ -50,7 +50,7 @@ from actors.sessions import Sessions
 from actors.shells import Environments
 from actors.snapshots import Snapshots
 from actors.step import StepRunner, retry_policy
-from actors.tools import ToolExecutor, ToolRegistry
+from actors.tools import ToolExecutor, ToolRegistry, ToolSpec
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, SessionNotFoundError
 from protocol.shapes import (
@@ -70,6 +70,7 @@ __all__ = [
     "ControlHandler",
     "ControlUnsupportedError",
     "InstructionSource",
+    "McpTools",
     "NoInstructions",
     "Runner",
     "StepFailedError",
@@ -114,6 +115,12 @@ class InstructionSource(Protocol):
         ...
 
 
+class McpTools(Protocol):
+    """More tools by Location (:class:`actors.mcp.McpServers`)."""
+
+    async def tools(self, directory: str) -> ToolRegistry: ...
+
+
 class NoInstructions:
     """No sources: the agent's system prompt, as it is, and nothing admitted."""
 
@@ -151,9 +158,12 @@ class Runner:
         compaction: CompactionSettings | None = None,
         model_limits: Callable[[ModelRef], ModelLimits | None] | None = None,
         waiters: PermissionWaiters | None = None,
+        mcp: McpTools | None = None,
         nearby: NearbyInstructions | None = None,
     ) -> None:
         self._store = store
+        #: MCP servers' tools, by the session's Location (none configured: None).
+        self._mcp = mcp
         self._default_model = default_model
         self._sessions = sessions
         self._providers = providers
@@ -508,10 +518,20 @@ class Runner:
             messages=to_chat(history, self._chat, native=native),
             # Only what the agent may call is offered; a call to anything else
             # still fails (ToolCalls checks again), but the model is not invited.
-            tools=self._tools.offered_specs(agent.permissions),
+            tools=await self._offered(session, agent),
             metadata=metadata,
         )
         return with_max_steps(request) if limited else request
+
+    async def _offered(self, session: Session, agent: Agent) -> tuple[ToolSpec, ...]:
+        """The tools the agent may call: the runtime's, then its Location's MCP servers'."""
+        specs = self._tools.offered_specs(agent.permissions)
+        if self._mcp is None:
+            return specs
+        more = await self._mcp.tools(session.location.directory)
+        return specs + tuple(
+            spec for spec in more.offered_specs(agent.permissions) if spec.name not in self._tools
+        )
 
     async def _awaits_reply(self, session_id: str) -> bool:
         """A forced resume with nothing to deliver runs only if the transcript wants it."""

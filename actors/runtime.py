@@ -60,6 +60,7 @@ from actors.llm import (
     Provider,
     ProviderConfig,
 )
+from actors.mcp import McpServerConfig
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.runner import InstructionSource, Runner
 from actors.services import Services, build_services, terminal_of
@@ -192,6 +193,11 @@ class RuntimeConfig:
     subagent_max_depth: int = DEFAULT_MAX_DEPTH
     #: Tasks one session runs at once (``[runtime] subagent_max_children``).
     subagent_max_children: int = DEFAULT_MAX_CHILDREN
+    #: MCP servers by name (``[mcp.<name>]``, :mod:`actors.mcp`); their tools
+    #: join the offered ones as ``<server>_<tool>``.
+    mcp: Mapping[str, McpServerConfig] = attrs.field(factory=dict)
+    #: An MCP server unused this long is ended (started again on next use).
+    mcp_idle_s: float = 600.0
     #: Instruction admission; the built-in sources (:mod:`actors.instructions`) when None.
     instructions: InstructionSource | None = None
     #: Discover the project's AGENTS.md / CLAUDE.md files (``[runtime]
@@ -436,6 +442,8 @@ class Runtime:
         self.sessions = services.sessions
         self.transfer = services.transfer
         self.instructions = services.instructions
+        #: The owner of the MCP server processes (none started until used).
+        self.mcp = services.mcp
         #: The task tool's subagents (child sessions run by this runtime).
         self.subagents = services.subagents
         self.recovery = RecoveryReport()
@@ -448,6 +456,7 @@ class Runtime:
             # once as the runtime opens, switches it off like the config key.
             discover_project=self.config.project_instructions
             and not project_config_disabled(os.environ),
+            guidance=self.mcp.guidance if self.mcp else None,
         )
         # Closed after execution stops (the stack unwinds in reverse).
         self._stack.callback(instructions.close)
@@ -544,6 +553,8 @@ class Runtime:
         self.runner = runner = _build_runner(
             config, services, config.instructions or self._builtin_instructions()
         )
+        # Ended after execution stops (pushed before it): no call is running then.
+        stack.push_async_callback(services.mcp.aclose)
         self.generator = Generator(
             store=self.store,
             sessions=self.sessions,
@@ -693,6 +704,7 @@ def _build_runner(
             services.tool_actors,
             services.bounding,
             record=_process_recorder(services.store, services.leases),
+            more=services.mcp.registry if services.mcp else None,
         ),
         blocking=services.blocking,
         bus=services.bus,
@@ -719,6 +731,7 @@ def _build_runner(
             services.blocking.run,
             enabled=config.project_instructions,
         ),
+        mcp=services.mcp if services.mcp else None,
     )
 
 

@@ -35,6 +35,7 @@ from actors.interrupts import UNHELD, RemoteInterrupts
 from actors.leases import LeaseKeeper
 from actors.llm import HttpProvider, ProviderRegistry, build_providers
 from actors.locations import DirectoryRules
+from actors.mcp import McpServers
 from actors.permissions import PermissionWaiters
 from actors.revert import Reverts
 from actors.sessions import Sessions
@@ -317,6 +318,8 @@ class Services:
     subagents: Subagents
     transfer: SessionTransfer
     instructions: InstructionEntries
+    #: The owner of the MCP server processes (none started until used).
+    mcp: McpServers
 
 
 def build_services(
@@ -471,4 +474,10 @@ def build_services(
             leases=leases,
         ),
         instructions=InstructionEntries(store),
+        mcp=McpServers(
+            config.mcp,
+            secret_env=secret_env,
+            idle_s=config.mcp_idle_s,
+            blocking=blocking.run,
+        ),
     )

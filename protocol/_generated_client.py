@@ -24,6 +24,7 @@ from protocol.operations import (
     InterruptQuery,
     InterruptResult,
     LogQuery,
+    McpServerStatus,
     MessagesQuery,
     ModelInput,
     PermissionReplyInput,
@@ -100,6 +101,7 @@ _SESSION_INSTRUCTIONS_ENTRY_PUT: Final = by_id("session.instructions.entry.put")
 _SESSION_INSTRUCTIONS_ENTRY_REMOVE: Final = by_id("session.instructions.entry.remove")
 _EVENT_SUBSCRIBE: Final = by_id("event.subscribe")
 _SERVER_HEALTH: Final = by_id("server.health")
+_SERVER_MCP: Final = by_id("server.mcp")
 _SERVER_METRICS: Final = by_id("server.metrics")
 
 
@@ -961,6 +963,22 @@ class ServerAPI(APIGroup):
         """
         result: HealthStatus = await self._call(
             _SERVER_HEALTH,
+            options=options,
+        )
+        return result
+
+    async def mcp(
+        self,
+        *,
+        options: CallOptions | None = None,
+    ) -> tuple[McpServerStatus, ...]:
+        """The configured MCP servers: status (connected, failed with error, disabled) and tool
+        names.
+
+        ``GET /api/mcp`` (server.mcp). Errors: InvalidRequestError, UnauthorizedError.
+        """
+        result: tuple[McpServerStatus, ...] = await self._call(
+            _SERVER_MCP,
             options=options,
         )
         return result

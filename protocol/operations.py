@@ -69,6 +69,8 @@ __all__ = [
     "InterruptQuery",
     "InterruptResult",
     "LogQuery",
+    "McpLocationStatus",
+    "McpServerStatus",
     "MessagesQuery",
     "ModelInput",
     "Operation",
@@ -209,6 +211,29 @@ class InterruptResult:
 class HealthStatus:
     #: Always true in a 200; a store that takes no writes answers a tagged 503.
     healthy: bool
+
+
+@attrs.frozen(kw_only=True)
+class McpLocationStatus:
+    #: A Location whose server process (or HTTP session) this is.
+    directory: str
+    status: Literal["idle", "starting", "connected", "failed"]
+    error: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class McpServerStatus:
+    """A configured MCP server (``[mcp.<name>]``): one connection per Location using it."""
+
+    name: str
+    transport: Literal["stdio", "http"]
+    #: ``connected`` when some Location's connection is; ``failed`` (with
+    #: ``error``) when none is and one failed; ``idle`` before first use.
+    status: Literal["idle", "starting", "connected", "failed", "disabled"]
+    error: str | None = None
+    #: Its tools as the model sees them: ``<server>_<tool>``.
+    tools: tuple[str, ...] = ()
+    locations: tuple[McpLocationStatus, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -719,6 +744,16 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         output=HealthStatus,
         errors=(e.ServiceUnavailableError, e.StorageUnavailableError),
         client=("server", "health"),
+    ),
+    Operation(
+        id="server.mcp",
+        method="GET",
+        path="/api/mcp",
+        summary="The configured MCP servers: status (connected, failed with error, disabled)"
+        " and tool names",
+        output_kind="items",
+        output=McpServerStatus,
+        client=("server", "mcp"),
     ),
     Operation(
         id="server.metrics",

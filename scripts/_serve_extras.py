@@ -1,10 +1,11 @@
-"""The extras ``sessionrt serve ARGS`` needs, for scripts/serve: ``postgres`` or nothing.
+"""The extras ``sessionrt serve ARGS`` needs, for scripts/serve: ``postgres``, ``mcp``, or nothing.
 
 Standard library only: it runs on the system Python before .venv exists. The
 runtime itself is always installed; an extra is added only when the arguments
 (``--database URL``) or the ``--config`` file (``[runtime] database``) ask for
-the PostgreSQL backend. A file it cannot read adds nothing: ``serve`` then
-says what is wrong with it.
+the PostgreSQL backend; ``mcp`` when the file configures ``[mcp.*]``
+servers. A file it cannot read adds nothing: ``serve`` then says what is
+wrong with it.
 """
 
 from __future__ import annotations
@@ -34,14 +35,24 @@ def extras(args: Sequence[str]) -> list[str]:
     if database is None:
         config = _value(args, "--config")
         if config is not None:
-            try:
-                with open(config, "rb") as file:
-                    runtime = tomllib.load(file).get("runtime", {})
-            except (OSError, tomllib.TOMLDecodeError):
-                runtime = {}
+            document = _read(config)
+            runtime = document.get("runtime", {})
             if isinstance(runtime, dict):
                 database = runtime.get("database")
-    return ["postgres"] if _is_postgres(database) else []
+    out = ["postgres"] if _is_postgres(database) else []
+    config = _value(args, "--config")
+    mcp = _read(config).get("mcp", {}) if config is not None else {}
+    if isinstance(mcp, dict) and mcp:
+        out.append("mcp")  # MCP servers: the official SDK
+    return out
+
+
+def _read(path: str) -> dict[str, object]:
+    try:
+        with open(path, "rb") as file:
+            return tomllib.load(file)
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 # Sourced by scripts/test, scripts/serve and the other scripts: makes .venv (if
 # missing) and installs sessionrt (editable) with the extras the caller names in
-# `venv_extras` (comma-separated; default "test,dev,postgres", what the suite
+# `venv_extras` (comma-separated; default "test,dev,postgres,mcp", what the suite
 # needs). scripts/serve names only what its configuration needs, so a first
 # start installs the runtime alone; a later scripts/test adds the rest to the
 # same .venv.
@@ -16,7 +16,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 _stamps=.venv/.installed-$(cat setup.cfg pyproject.toml | sha1sum | cut -c1-12)
 if [ -f "$_stamps" ]; then rm -f "$_stamps"; fi  # the one-file stamp of before
-_wanted=${venv_extras-test,dev,postgres}
+_wanted=${venv_extras-test,dev,postgres,mcp}
 _missing=
 for _extra in base ${_wanted//,/ }; do
     [ -f "$_stamps/$_extra" ] || _missing=1

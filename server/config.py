@@ -20,6 +20,8 @@ generated from :data:`FILE_KEYS` and the attrs classes the keys fill
 (``ServerSettings``, ``RuntimeConfig``, ``ProviderConfig``) by
 ``scripts/gen_config_doc.py``.
 
+``[mcp.<name>]`` tables (MCP servers) are parsed by :func:`actors.mcp.parse_servers`.
+
 ``[providers]`` comes back as :class:`~actors.llm.ProviderConfig` values under
 ``"providers"`` and ``runtime.default_model`` as a :class:`ModelRef`, ready for
 :class:`~actors.runtime.RuntimeConfig` (``provider_configs``, ``default_model``).
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from actors.llm import SCRIPTED_PROVIDER_ID, parse_model_ref, parse_providers
+from actors.mcp import parse_servers
 from actors.runtime import RuntimeConfig
 
 __all__ = ["FILE_KEYS", "ConfigError", "load_config", "runtime_config"]
@@ -85,12 +88,13 @@ FILE_KEYS: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
         "compaction_tail_tokens": int,
         "project_instructions": bool,
         "import_scripts": bool,
+        "mcp_idle_s": (int, float),
         "subagent_max_depth": int,
         "subagent_max_children": int,
     },
 }
 #: Sections with a nested shape of their own, parsed by their owner.
-_NESTED: Final = ("providers",)
+_NESTED: Final = ("providers", "mcp")
 
 
 class ConfigError(Exception):
@@ -131,6 +135,10 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
         out["providers"] = parse_providers(providers)
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    try:
+        out["mcp"] = parse_servers(document.get("mcp", {}))
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     default_model = out.get("runtime", {}).get("default_model")
     if default_model is not None:
         _default_model(path, out, default_model)
@@ -169,4 +177,9 @@ def runtime_config(
     from_file = runtime.pop("data_dir", None)
     chosen = data_dir or (Path(from_file) if from_file else fallback_data_dir)
     runtime.update(overrides)
-    return RuntimeConfig(data_dir=chosen, provider_configs=loaded.get("providers", {}), **runtime)
+    return RuntimeConfig(
+        data_dir=chosen,
+        provider_configs=loaded.get("providers", {}),
+        mcp=loaded.get("mcp", {}),
+        **runtime,
+    )

@@ -26,6 +26,8 @@ from protocol.operations import (
     InstructionEntryInput,
     InterruptQuery,
     InterruptResult,
+    McpLocationStatus,
+    McpServerStatus,
     MessagesQuery,
     ModelInput,
     PermissionReplyInput,
@@ -278,6 +280,20 @@ async def instruction_entry_remove(call: Call) -> Any:
     await call.runtime.instructions.remove(call.session_id, call.path["key"])
 
 
+async def server_mcp(call: Call) -> Any:
+    return [
+        McpServerStatus(
+            name=entry["name"],
+            transport=entry["transport"],
+            status=entry["status"],
+            error=entry.get("error"),
+            tools=tuple(entry["tools"]),
+            locations=tuple(McpLocationStatus(**where) for where in entry["locations"]),
+        )
+        for entry in call.runtime.mcp.status()
+    ]
+
+
 HANDLERS: dict[str, Handler] = {
     "session.list": session_list,
     "session.create": session_create,
@@ -319,4 +335,5 @@ HANDLERS: dict[str, Handler] = {
     "session.instructions.entry.list": instruction_entries,
     "session.instructions.entry.put": instruction_entry_put,
     "session.instructions.entry.remove": instruction_entry_remove,
+    "server.mcp": server_mcp,
 }

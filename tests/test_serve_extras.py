@@ -54,3 +54,9 @@ def test_a_file_it_cannot_read_adds_nothing_and_serve_says_why(tmp_path: Path) -
 
     assert done.stdout == "\n"
     assert load().extras(["--config", str(tmp_path / "missing.toml")]) == []
+
+
+def test_mcp_servers_in_the_file_need_the_sdk(tmp_path: Path) -> None:
+    config = tmp_path / "sessionrt.toml"
+    config.write_text('[mcp.files]\ncommand = ["python", "-m", "x"]\n')
+    assert load().extras(["--config", str(config)]) == ["mcp"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
@@ -55,7 +55,12 @@ from protocol.shapes import Session
 from storage import Command, Store
 from storage.queries import InstructionInputs, InstructionState
 
-__all__ = ["BASELINE_CACHE_BYTES", "Instructions", "InstructionsUnavailableError"]
+__all__ = ["BASELINE_CACHE_BYTES", "Guidance", "Instructions", "InstructionsUnavailableError"]
+
+#: MCP guidance for a Location: ``{"mcp/<server>": instructions}`` (``actors.mcp``).
+Guidance = Callable[[str], Awaitable[Mapping[str, str]]]
+#: The namespace of MCP guidance keys (``actors.mcp.GUIDANCE_PREFIX``).
+GUIDANCE_PREFIX: Final = "mcp/"
 
 #: Threads observing instruction files at once (each job is one session's step).
 OBSERVE_THREADS: Final = 2
@@ -73,6 +78,7 @@ class _Settled:
 
     builtin: tuple[str, str, str]
     files: tuple[Observation, ...]
+    guidance: Mapping[str, str]
     entries: Sequence[tuple[str, str]]
     current: Mapping[str, str]
     initial: Mapping[str, str]
@@ -84,6 +90,7 @@ class _Settled:
         files: Sequence[Observation],
         entries: Sequence[tuple[str, str]],
         state: InstructionState,
+        guidance: Mapping[str, str],
     ) -> bool:
         # The file observations are the cache's own objects while inotify
         # reports no change: compared by identity; the rest by value.
@@ -92,6 +99,7 @@ class _Settled:
             and len(files) == len(self.files)
             and all(a is b for a, b in zip(files, self.files, strict=True))
             and entries == self.entries
+            and guidance == self.guidance
             and state.current == self.current
             and state.initial == self.initial
         )
@@ -117,8 +125,11 @@ class Instructions:
         platform: str = sys.platform,
         today: Callable[[], str] | None = None,
         baseline_cache_bytes: int = BASELINE_CACHE_BYTES,
+        guidance: Guidance | None = None,
     ) -> None:
         self._store = store
+        #: MCP guidance: each server's instructions for a Location (``mcp/<server>``).
+        self._guidance = guidance
         # File observation is short blocking I/O (stats, and reads of changed
         # files): a plain bounded executor of its own, one hop per step, not a
         # tool thread. :meth:`close` ends its threads.
@@ -162,19 +173,26 @@ class Instructions:
                 async with asyncio.TaskGroup() as group:
                     observing = group.create_task(self._observe(spec))
                     reading = group.create_task(self._store.queries.instruction_inputs(session.id))
+                    guiding = group.create_task(self._mcp_guidance(spec.directory))
             except BaseExceptionGroup as failed:
                 raise failed.exceptions[0] from None
             files, (state, entries) = observing.result(), reading.result()
+            guidance = guiding.result()
         else:
             state, entries = inputs
-            files = await self._observe(spec)
+            if self._guidance is None:
+                files, guidance = await self._observe(spec), {}
+            else:
+                files, guidance = await asyncio.gather(
+                    self._observe(spec), self._mcp_guidance(spec.directory)
+                )
         date = (self._today or _today)()
         builtin = (agent.system, session.location.directory, date)
         settled = self._settled.get(session.id)
         if (
             state is not None
             and settled is not None
-            and settled.holds(builtin, files, entries, state)
+            and settled.holds(builtin, files, entries, state, guidance)
         ):
             # Nothing moved since the last step found nothing to admit (the
             # usual step): the same answer without hashing every value again.
@@ -190,6 +208,7 @@ class Instructions:
                 ),
             ),
             *files,
+            Observation(scope=GUIDANCE_PREFIX, values=guidance),
             Observation(
                 scope="api/", values=entry_values([(k, orjson.loads(v)) for k, v in entries])
             ),
@@ -250,6 +269,7 @@ class Instructions:
         self._settled[session.id] = _Settled(
             builtin=builtin,
             files=tuple(files),
+            guidance=guidance,
             entries=entries,
             current=state.current,
             initial=state.initial,
@@ -261,6 +281,9 @@ class Instructions:
         """The epoch baseline as stored now (after a compaction moved it); reads no source."""
         state = await self._store.queries.instruction_state(session.id)
         return () if state is None else (await self.baseline(state),)
+
+    async def _mcp_guidance(self, directory: str) -> Mapping[str, str]:
+        return {} if self._guidance is None else await self._guidance(directory)
 
     async def _observe(self, spec: FileSpec) -> list[Observation]:
         """The file sources now: the last observation while the kernel reports no

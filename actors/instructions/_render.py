@@ -61,6 +61,8 @@ def _block(key: str, value: Any) -> str:
         return f"Reference {value['path']}:\n{value['text']}"
     if key.startswith("api/"):
         return f'<context key="{key.removeprefix("api/")}">\n{_json(value)}\n</context>'
+    if key.startswith("mcp/"):
+        return f"Guidance from MCP server {key.removeprefix('mcp/')}:\n{value}"
     return _json(value)
 
 
@@ -85,6 +87,8 @@ def render_change(key: str, value: Any, *, new: bool) -> str:
         return f"The project instructions changed. The complete current set:\n{_block(key, value)}"
     if key.startswith("skill/"):
         return f"The available skills changed.\n{_block(key, value)}"
+    if key.startswith("mcp/"):
+        return f"The MCP server's guidance changed.\n{_block(key, value)}"
     return f"Updated {key}:\n{_block(key, value)}"
 
 

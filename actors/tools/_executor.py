@@ -65,6 +65,7 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, Final, cast
 
 import attrs
@@ -94,6 +95,10 @@ logger = logging.getLogger(__name__)
 #: Makes a call's process group durable (on the loop); raises when it cannot.
 RecordProcess = Callable[[ToolContext, ProcessGroup], Awaitable[None]]
 
+#: More tools a call may name, by the session's Location (an MCP server's:
+#: ``actors.mcp.McpServers.registry``); the runtime's registry is asked first.
+MoreTools = Callable[[Path], ToolRegistry | None]
+
 #: A guard, not a deadline: a commit takes milliseconds.
 RECORD_TIMEOUT_S: Final = 30.0
 
@@ -109,8 +114,10 @@ class ToolExecutor:
         *,
         record: RecordProcess | None = None,
         record_timeout_s: float = RECORD_TIMEOUT_S,
+        more: MoreTools | None = None,
     ) -> None:
         self._registry = registry
+        self._more = more
         self._actors = actors
         self._bounding = bounding
         self._record = record
@@ -147,9 +154,10 @@ class ToolExecutor:
             asyncio.CancelledError: the awaiting task was cancelled; the tool has
                 been asked to stop (``ctx.cancel``) and its actor has reported.
         """
+        registry = self._registry_of(name, ctx)
         try:
-            tool = self._registry.lookup(name)
-            problem = self._registry.validate(name, input)
+            tool = registry.lookup(name)
+            problem = registry.validate(name, input)
         except ToolError as exc:
             return ToolOutcome.from_error(exc)
         if problem is not None:
@@ -171,6 +179,11 @@ class ToolExecutor:
             return await self._actors.run(work, call_id=ctx.call_id, cancel=ctx.cancel, owner=owner)
         except ActorDeadError as exc:
             return ToolOutcome.failure("aborted", f"Tool execution aborted: {name} ({exc})")
+
+    def _registry_of(self, name: str, ctx: ToolContext) -> ToolRegistry:
+        if name in self._registry or self._more is None:
+            return self._registry
+        return self._more(ctx.directory) or self._registry
 
     async def _run_async(
         self, tool: AsyncTool, input: Mapping[str, Any], ctx: ToolContext

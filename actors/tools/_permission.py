@@ -1,7 +1,9 @@
 """Per-agent tool permission: a rule table from permission keys to decisions.
 
-A table maps a *key* to a rule. Keys are tool names, ``*`` (every tool not
-named), and a few names that ``*`` never covers, because they are not tools a
+A table maps a *key* to a rule. Keys are tool names, globs over tool names
+(``"files_*" = "ask"``: every tool of the MCP server ``files``; an exact name
+wins over a glob, and of several matching globs the last written wins),
+``*`` (every tool not named), and a few names that ``*`` never covers, because they are not tools a
 model picks but authority over the runtime or the machine:
 
 - ``config``: tools may write the project's configuration (``.sessionrt/``);
@@ -64,6 +66,8 @@ DECISIONS: Final = ("allow", "ask", "deny")
 EXTERNAL_DIRECTORY: Final = "external_directory"
 #: Keys that ``*`` does not cover, with their default (see the module docstring).
 CAPABILITIES: Final[Mapping[str, Decision]] = {"config": "deny", EXTERNAL_DIRECTORY: "ask"}
+#: A key with one of these is a glob over tool names (``files_*``), not a name.
+_GLOB_KEY: Final = frozenset("*?")
 #: How restrictive each decision is; the stricter one wins.
 _STRICTNESS: Final[Mapping[str, int]] = {"allow": 0, "ask": 1, "deny": 2}
 
@@ -110,7 +114,15 @@ def matches(pattern: str, subject: str) -> bool:
 def _fallback(rules: Mapping[str, Rule], key: str) -> Rule:
     if key in CAPABILITIES:
         return rules.get(key, CAPABILITIES[key])
-    return rules.get(key, rules.get("*", "allow"))
+    found = rules.get(key)
+    if found is not None:
+        return found
+    # A glob key (``files_*``: an MCP server's tools) covers the names it
+    # matches; the last matching one wins, as patterns do.
+    for name, rule in rules.items():
+        if name != "*" and _GLOB_KEY.intersection(name) and matches(name, key):
+            found = rule
+    return found if found is not None else rules.get("*", "allow")
 
 
 def _judge(rule: Rule, subject: str | None, default: Decision) -> Decision:
