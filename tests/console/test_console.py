@@ -17,34 +17,13 @@ import pytest
 from serve_proc import serving
 
 pytest.importorskip("playwright")
-from playwright.async_api import Browser, Page, async_playwright, expect
+from console_pages import CONSOLE_MARKS, PASSWORD, create, signed_in
+from playwright.async_api import Browser, Page, expect
 
-CHROMIUM = "/usr/bin/chromium"
-PASSWORD = "console-pw"
-pytestmark = [
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium"),
-    pytest.mark.timeout(120),
-]
+pytestmark = CONSOLE_MARKS
 #: A slow answer: 2 characters every 60 ms, long enough to watch, reload and interrupt.
 SLOW_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
 SLOW = f"#reasoning thinking first\n#delay 60\n#chunk 2\n#text {SLOW_TEXT.strip()}"
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as pw:
-        launched = await pw.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    out = Path(os.environ.get("SESSIONRT_TEST_OUTPUT", tmp_path / "screenshots"))
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 @pytest.fixture
@@ -52,29 +31,6 @@ async def url(tmp_path: Path) -> AsyncIterator[str]:
     env = {**os.environ, "SESSIONRT_SERVER_PASSWORD": PASSWORD}
     async with serving(tmp_path / "data", env=env, cwd=tmp_path) as served:
         yield served.url
-
-
-async def signed_in(browser: Browser, url: str) -> Page:
-    page = await browser.new_page(viewport={"width": 1200, "height": 800})
-    await page.goto(url + "/")
-    dialog = page.locator("#auth")
-    await expect(dialog).to_be_visible()
-    await page.fill("#password", PASSWORD)
-    await page.click("#auth-ok")
-    await expect(dialog).to_be_hidden()
-    await expect(page.locator("#feed-state.live")).to_be_visible()
-    return page
-
-
-async def create(page: Page, title: str) -> str:
-    await page.fill("#new-title", title)
-    await page.click("#create")
-    await expect(page.locator("#session-title")).to_have_text(title)
-    sid = await page.locator("#session-id").text_content()
-    assert sid is not None
-    assert sid.startswith("ses_")
-    await expect(page.locator(f'#sessions li[data-id="{sid}"]')).to_be_visible()
-    return sid
 
 
 async def send(page: Page, text: str, delivery: str = "steer") -> None:
