@@ -380,4 +380,6 @@ async def test_closing_the_pool_ends_every_thread_it_started(
         assert {o.status for o in outcomes} == {"success"}
     # Joined, not awaited by polling: the spawner joined each child's thread, and
     # its own thread was joined on the blocking executor before aclose returned.
-    assert ours() == before
+    # Only threads that are new count: one an earlier test left (asyncio's
+    # waitpid watcher) may end meanwhile, which is not the pool's doing.
+    assert ours() - before == set()
