@@ -17,7 +17,7 @@ whether retrying the *same* request can help::
         ├── AuthenticationError       provider.authentication     no
         ├── QuotaExceededError        provider.quota-exceeded     no
         ├── ContentPolicyError        provider.content-policy     no
-        ├── InvalidRequestError       provider.invalid-request    no
+        ├── ProviderInvalidRequestError provider.invalid-request  no
         ├── UnsupportedOperationError provider.unsupported-operation no
         └── NoRouteError              provider.no-route           no
 
@@ -49,10 +49,10 @@ __all__ = [
     "ContinuationRejectedError",
     "Delivery",
     "IncompleteStreamError",
-    "InvalidRequestError",
     "NoRouteError",
     "ProviderError",
     "ProviderInternalError",
+    "ProviderInvalidRequestError",
     "QuotaExceededError",
     "RateLimitError",
     "TransportError",
@@ -174,7 +174,7 @@ class ContentPolicyError(ProviderError):
     _retryable = False
 
 
-class InvalidRequestError(ProviderError):
+class ProviderInvalidRequestError(ProviderError):
     """The provider (or the scripted provider's script parser) rejected the request."""
 
     type = "provider.invalid-request"

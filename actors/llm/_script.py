@@ -20,10 +20,10 @@ from actors.llm._errors import (
     ContextOverflowError,
     Delivery,
     IncompleteStreamError,
-    InvalidRequestError,
     NoRouteError,
     ProviderError,
     ProviderInternalError,
+    ProviderInvalidRequestError,
     QuotaExceededError,
     RateLimitError,
     TransportError,
@@ -31,7 +31,7 @@ from actors.llm._errors import (
 )
 from actors.llm._stream import FINISH_REASONS, FinishReason
 from protocol import codec
-from protocol.errors import InvalidRequestError as WireInvalidRequestError
+from protocol.errors import InvalidRequestError
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -62,7 +62,7 @@ FAILURE_KINDS: Final[Mapping[str, type[ProviderError]]] = {
     "auth": AuthenticationError,
     "quota": QuotaExceededError,
     "content-policy": ContentPolicyError,
-    "invalid-request": InvalidRequestError,
+    "invalid-request": ProviderInvalidRequestError,
     "unsupported": UnsupportedOperationError,
     "no-route": NoRouteError,
 }
@@ -344,7 +344,7 @@ class _StepBuilder:
         raw = raw.strip() or "{}"
         try:
             value = codec.loads(raw)
-        except WireInvalidRequestError:
+        except InvalidRequestError:
             raise ScriptError(line, f"#tool {name}: input is not JSON: {raw!r}") from None
         if not isinstance(value, dict):
             raise ScriptError(line, f"#tool {name}: input must be a JSON object")
@@ -359,7 +359,7 @@ class _StepBuilder:
             raw = raw[len("error") :].strip()
         try:
             value = codec.loads(raw or "{}")
-        except WireInvalidRequestError:
+        except InvalidRequestError:
             raise ScriptError(line, f"#hosted-result: content is not JSON: {raw!r}") from None
         if not isinstance(value, dict):
             raise ScriptError(line, "#hosted-result: content must be a JSON object")

@@ -76,7 +76,7 @@ A step holds at most one ``#fail`` and one ``#finish``. Empty steps before
 the first or after the last directive are dropped; an empty step between two
 separators is an error. A malformed script (or a non-string
 ``metadata["script"]``) makes the stream raise
-:class:`~actors.llm.InvalidRequestError` naming the line.
+:class:`~actors.llm.ProviderInvalidRequestError` naming the line.
 
 Step selection. The step run is number *k* (from 0), the count of assistant
 messages after the last user message, not counting the max-steps directive:
@@ -136,7 +136,7 @@ from typing import Any, Final
 
 import attrs
 
-from actors.llm._errors import InvalidRequestError, ProviderError
+from actors.llm._errors import ProviderError, ProviderInvalidRequestError
 from actors.llm._request import (
     ChatMessage,
     HostedContent,
@@ -253,7 +253,7 @@ class ScriptedProvider:
                         if found.text is not None or found.failure is not None:
                             break
         except ScriptError as exc:
-            raise InvalidRequestError(f"Invalid script: {exc}") from None
+            raise ProviderInvalidRequestError(f"Invalid script: {exc}") from None
         attempt = _attempt(request)
         failure = found.failure
         if failure is not None and failure.applies(attempt):
@@ -306,7 +306,9 @@ def step_index(messages: Sequence[ChatMessage]) -> int:
 def _attempt(request: ModelRequest) -> int:
     attempt = request.metadata.get("attempt", 1)
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-        raise InvalidRequestError(f"metadata 'attempt' must be an integer >= 1, not {attempt!r}")
+        raise ProviderInvalidRequestError(
+            f"metadata 'attempt' must be an integer >= 1, not {attempt!r}"
+        )
     return attempt
 
 
@@ -327,14 +329,14 @@ def _script(request: ModelRequest) -> Script | None:
     configured = request.metadata.get("script")
     try:
         if configured is not None and not isinstance(configured, str):
-            raise InvalidRequestError(
+            raise ProviderInvalidRequestError(
                 f"metadata 'script' must be a string, not {type(configured).__name__}"
             )
         if configured:
             return parse_script(configured)
         return find_script(_last_user_text(request.messages))
     except ScriptError as exc:
-        raise InvalidRequestError(f"Invalid script: {exc}") from None
+        raise ProviderInvalidRequestError(f"Invalid script: {exc}") from None
 
 
 def _last_user_text(messages: Sequence[ChatMessage]) -> str:

@@ -18,13 +18,13 @@ from actors.llm import (
     ContextOverflowError,
     Finish,
     IncompleteStreamError,
-    InvalidRequestError,
     ModelLimits,
     ModelRequest,
     OpenAIProvider,
     ProviderConfig,
     ProviderError,
     ProviderInternalError,
+    ProviderInvalidRequestError,
     QuotaExceededError,
     RateLimitError,
     ReasoningContent,
@@ -293,7 +293,11 @@ async def test_server_errors_are_provider_internal(
             QuotaExceededError,
             False,
         ),
-        (openai_error(404, "no model", type="invalid_request_error"), InvalidRequestError, False),
+        (
+            openai_error(404, "no model", type="invalid_request_error"),
+            ProviderInvalidRequestError,
+            False,
+        ),
         (
             openai_error(400, "flagged", type="invalid_request_error", code="content_filter"),
             ContentPolicyError,
@@ -323,7 +327,7 @@ async def test_x_should_retry_stops_a_retry_but_never_starts_one(
         openai_error(400, "odd", type="invalid_request_error", **{"x-should-retry": "true"})
     )
     _, error = await failure(provider, request("q"))
-    assert isinstance(error, InvalidRequestError)
+    assert isinstance(error, ProviderInvalidRequestError)
     assert error.should_retry_override is True
     assert not error.retryable
 

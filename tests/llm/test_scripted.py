@@ -12,8 +12,8 @@ import pytest
 from actors.llm import (
     ChatMessage,
     Finish,
-    InvalidRequestError,
     ModelRequest,
+    ProviderInvalidRequestError,
     ReasoningContent,
     ReasoningDelta,
     ReasoningEnd,
@@ -364,12 +364,12 @@ async def test_a_script_of_comments_only_always_answers_the_final_text(
 async def test_a_bad_attempt_number_is_an_invalid_request(
     make_request: MakeRequest, collect: Collect, attempt: object
 ) -> None:
-    with pytest.raises(InvalidRequestError, match="attempt"):
+    with pytest.raises(ProviderInvalidRequestError, match="attempt"):
         await collect(make_request("hi", metadata={"attempt": attempt}))
 
 
 async def test_a_script_that_is_not_a_string_is_an_invalid_request(
     make_request: MakeRequest, collect: Collect
 ) -> None:
-    with pytest.raises(InvalidRequestError, match="must be a string"):
+    with pytest.raises(ProviderInvalidRequestError, match="must be a string"):
         await collect(make_request("hi", metadata={"script": ["#text a"]}))
