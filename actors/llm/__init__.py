@@ -5,7 +5,7 @@
 - The stream a provider yields (``_stream``): text, reasoning and tool-input
   parts, :class:`ToolCall`, and one closing :class:`Finish` with :class:`Usage`.
 - Typed failures and their retry classification (``_errors``):
-  :class:`ProviderError` and its subclasses, :func:`classify`.
+  :class:`ProviderError` and its subclasses, :func:`is_retryable`.
 - :class:`Provider`, the protocol adapters implement (``_provider``), and
   :class:`ProviderRegistry`, which picks one for a model (``_registry``).
 - :class:`ScriptedProvider` (``scripted``, script language in ``_script``):
@@ -29,7 +29,6 @@ from actors.llm._errors import (
     ContentPolicyError,
     ContextOverflowError,
     ContinuationRejectedError,
-    Delivery,
     IncompleteStreamError,
     NoRouteError,
     ProviderError,
@@ -37,9 +36,10 @@ from actors.llm._errors import (
     ProviderInvalidRequestError,
     QuotaExceededError,
     RateLimitError,
+    SendState,
     TransportError,
     UnsupportedOperationError,
-    classify,
+    is_retryable,
 )
 from actors.llm._provider import Provider
 from actors.llm._registry import SCRIPTED_MODEL, SCRIPTED_PROVIDER_ID, ProviderRegistry
@@ -103,7 +103,6 @@ __all__ = [
     "ContentPolicyError",
     "ContextOverflowError",
     "ContinuationRejectedError",
-    "Delivery",
     "FileContent",
     "Finish",
     "FinishReason",
@@ -132,6 +131,7 @@ __all__ = [
     "Role",
     "ScriptError",
     "ScriptedProvider",
+    "SendState",
     "StreamPart",
     "TextContent",
     "TextDelta",
@@ -149,8 +149,8 @@ __all__ = [
     "UnsupportedOperationError",
     "Usage",
     "build_providers",
-    "classify",
     "is_max_steps_message",
+    "is_retryable",
     "parse_model_ref",
     "parse_providers",
     "parse_script",

@@ -15,10 +15,10 @@ from typing import Any, Final, Literal
 import attrs
 
 from actors.llm._errors import (
+    SEND_STATES,
     AuthenticationError,
     ContentPolicyError,
     ContextOverflowError,
-    Delivery,
     IncompleteStreamError,
     NoRouteError,
     ProviderError,
@@ -26,6 +26,7 @@ from actors.llm._errors import (
     ProviderInvalidRequestError,
     QuotaExceededError,
     RateLimitError,
+    SendState,
     TransportError,
     UnsupportedOperationError,
 )
@@ -96,7 +97,6 @@ _USAGE_KEYS: Final = {
     "cache-write": "cache_write",
     "cost": "cost",
 }
-_DELIVERIES: Final[tuple[Delivery, ...]] = ("unknown", "not-sent", "sent")
 
 
 class ScriptError(ValueError):
@@ -148,7 +148,7 @@ class Failure:
     attempts: int | None = None
     after_output: bool = False
     retry_after_ms: int | None = None
-    delivery: Delivery = "unknown"
+    delivery: SendState = "unknown"
     should_retry: bool | None = None
 
     def applies(self, attempt: int) -> bool:
@@ -406,9 +406,9 @@ class _StepBuilder:
             elif sep and key == "retry-after" and kind in ("rate-limit", "internal"):
                 fields["retry_after_ms"] = _int(line, "retry-after", value, minimum=0)
             elif sep and key == "delivery" and kind == "transport":
-                delivery = next((d for d in _DELIVERIES if d == value), None)
+                delivery = next((d for d in SEND_STATES if d == value), None)
                 if delivery is None:
-                    raise ScriptError(line, f"delivery expects {'|'.join(_DELIVERIES)}")
+                    raise ScriptError(line, f"delivery expects {'|'.join(SEND_STATES)}")
                 fields["delivery"] = delivery
             else:
                 raise ScriptError(line, f"#fail {kind}: unknown option {option!r}")
