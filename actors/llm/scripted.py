@@ -86,7 +86,7 @@ answer is :data:`SCRIPT_DONE_TEXT` with finish ``stop``.
 
 Streaming. A step streams its blocks in the order the directives are
 written. Text and reasoning blocks share ordinals 0, 1, ...; each tool call
-streams ``ToolInputStart``, ``ToolInputDelta`` pieces of its compact JSON
+streams ``ToolInputStart``, ``ToolInputChunk`` pieces of its compact JSON
 input, ``ToolInputEnd`` and ``ToolCall``, with id ``call_<k>_<n>`` (*n* from 0
 within the step). Then exactly one ``Finish``.
 
@@ -164,15 +164,15 @@ from actors.llm._stream import (
     Finish,
     FinishReason,
     HostedResult,
-    ReasoningDelta,
+    ReasoningChunk,
     ReasoningEnd,
     ReasoningStart,
     StreamPart,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
     Usage,
@@ -263,7 +263,7 @@ class ScriptedProvider:
         for piece in _chunks(text, DEFAULT_CHUNK):
             if found.delay_ms:
                 await self.sleep(found.delay_ms / 1000)
-            yield TextDelta(ordinal=0, delta=piece)
+            yield TextChunk(ordinal=0, delta=piece)
         yield TextEnd(ordinal=0)
         usage = _derived_usage(request, [TextBlock(kind="text", text=text)])
         yield Finish(reason="stop", usage=usage)
@@ -370,19 +370,19 @@ def _parts(blocks: Sequence[Block], k: int) -> Iterator[tuple[int, StreamPart]]:
                 hosted = call_id
             yield 0, ToolInputStart(id=call_id, name=block.name)
             for piece in _chunks(_json(block.input), block.chunk):
-                yield block.delay_ms, ToolInputDelta(id=call_id, delta=piece)
+                yield block.delay_ms, ToolInputChunk(id=call_id, delta=piece)
             yield 0, ToolInputEnd(id=call_id)
             yield 0, ToolCall(id=call_id, name=block.name, input=block.input, hosted=block.hosted)
         elif block.kind == "text":
             yield 0, TextStart(ordinal=ordinal)
             for piece in _chunks(block.text, block.chunk):
-                yield block.delay_ms, TextDelta(ordinal=ordinal, delta=piece)
+                yield block.delay_ms, TextChunk(ordinal=ordinal, delta=piece)
             yield 0, TextEnd(ordinal=ordinal)
             ordinal += 1
         else:
             yield 0, ReasoningStart(ordinal=ordinal)
             for piece in _chunks(block.text, block.chunk):
-                yield block.delay_ms, ReasoningDelta(ordinal=ordinal, delta=piece)
+                yield block.delay_ms, ReasoningChunk(ordinal=ordinal, delta=piece)
             yield 0, ReasoningEnd(ordinal=ordinal)
             ordinal += 1
 

@@ -21,8 +21,8 @@ from actors.llm import (
     QuotaExceededError,
     RateLimitError,
     StreamPart,
+    TextChunk,
     TextContent,
-    TextDelta,
     TextEnd,
     TextStart,
     ToolCall,
@@ -135,7 +135,7 @@ async def test_attempts_one_fails_only_the_first_attempt(
     retried = await collect(make_request(script, metadata={"attempt": 2}))
 
     assert isinstance(error, RateLimitError)
-    assert [p.delta for p in retried if isinstance(p, TextDelta)] == ["recovere", "d"]
+    assert [p.delta for p in retried if isinstance(p, TextChunk)] == ["recovere", "d"]
     assert isinstance(retried[-1], Finish)
 
 
@@ -177,7 +177,7 @@ async def test_after_output_with_nothing_to_stream_streams_a_partial_text(
     parts, error = await collect_until_error(make_request("#fail transport after-output once"))
 
     assert isinstance(error, TransportError)
-    assert "".join(p.delta for p in parts if isinstance(p, TextDelta)) == PARTIAL_TEXT
+    assert "".join(p.delta for p in parts if isinstance(p, TextChunk)) == PARTIAL_TEXT
     assert parts[-1] == TextEnd(ordinal=0)
 
 
