@@ -828,10 +828,11 @@ class SessionsAPI(APIGroup):
         *,
         options: CallOptions | None = None,
     ) -> tuple[FileDiff, ...]:
-        """File diffs between the snapshots before two user messages.
+        """File diffs between the snapshots before two user messages, or of one step (messageID: an
+        assistant message).
 
         ``GET /api/session/{sessionID}/diff`` (session.diff). Errors: InvalidRequestError,
-        UnauthorizedError, SessionNotFoundError, MessageNotFoundError, UnknownError.
+        UnauthorizedError, SessionNotFoundError, MessageNotFoundError, ConflictError, UnknownError.
         """
         result: tuple[FileDiff, ...] = await self._call(
             _SESSION_DIFF,

@@ -189,6 +189,15 @@ class DiffQuery:
     context: int | None = attrs.field(
         default=None, metadata={"schema": {"type": "integer", "minimum": 0}}
     )
+    #: An assistant message id (a step): the files that step changed, from its
+    #: own snapshots. Not with ``from``/``to``.
+    message_id: str | None = attrs.field(
+        default=None,
+        metadata={
+            "wire": "messageID",
+            "schema": {"type": "string", "pattern": ids.pattern("msg")},
+        },
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -681,11 +690,12 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         id="session.diff",
         method="GET",
         path="/api/session/{sessionID}/diff",
-        summary="File diffs between the snapshots before two user messages",
+        summary="File diffs between the snapshots before two user messages, or of one step"
+        " (messageID: an assistant message)",
         query=DiffQuery,
         output_kind="items",
         output=FileDiff,
-        errors=(*_NF, e.MessageNotFoundError, e.UnknownError),
+        errors=(*_NF, e.MessageNotFoundError, e.ConflictError, e.UnknownError),
         client=("sessions", "diff"),
     ),
     Operation(

@@ -263,7 +263,11 @@ async def revert_commit(call: Call) -> Any:
 async def session_diff(call: Call) -> Any:
     q: DiffQuery = call.query or DiffQuery()
     return await call.runtime.reverts.diff(
-        call.session_id, q.from_, q.to, 3 if q.context is None else q.context
+        call.session_id,
+        q.from_,
+        q.to,
+        3 if q.context is None else q.context,
+        message_id=q.message_id,
     )
 
 
