@@ -58,6 +58,7 @@ from protocol.shapes import (
 __all__ = [
     "OPERATIONS",
     "ActiveSession",
+    "AgentInfo",
     "AgentInput",
     "DeliveryInput",
     "DiffQuery",
@@ -72,6 +73,7 @@ __all__ = [
     "McpLocationStatus",
     "McpServerStatus",
     "MessagesQuery",
+    "ModelInfo",
     "ModelInput",
     "Operation",
     "OutputKind",
@@ -243,6 +245,27 @@ class McpServerStatus:
     #: Its tools as the model sees them: ``<server>_<tool>``.
     tools: tuple[str, ...] = ()
     locations: tuple[McpLocationStatus, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class AgentInfo:
+    """An agent a session may select (its system prompt, script and permissions not shown)."""
+
+    name: str
+    #: ``primary`` (a session's agent), ``subagent`` (only through the
+    #: ``task`` tool) or ``all`` (either).
+    mode: Literal["primary", "subagent", "all"]
+    description: str = ""
+    #: The model it runs on; None: the session's selected model.
+    model: ModelRef | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ModelInfo:
+    """A model this server can be asked for: a configured provider's model, or scripted."""
+
+    provider_id: str
+    id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -528,6 +551,17 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         client=("sessions", "wait"),
     ),
     Operation(
+        id="session.agents",
+        method="GET",
+        path="/api/session/{sessionID}/agent",
+        summary="The agents the session may select: built in, the operator's and its"
+        " directory's, by name",
+        output_kind="items",
+        output=AgentInfo,
+        errors=_NF,
+        client=("sessions", "agents"),
+    ),
+    Operation(
         id="session.switchAgent",
         method="POST",
         path="/api/session/{sessionID}/agent",
@@ -754,6 +788,16 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         output=HealthStatus,
         errors=(e.ServiceUnavailableError, e.StorageUnavailableError),
         client=("server", "health"),
+    ),
+    Operation(
+        id="server.models",
+        method="GET",
+        path="/api/model",
+        summary="The models the configured providers name (and the scripted one); a"
+        " provider configured without a model list takes any model id",
+        output_kind="items",
+        output=ModelInfo,
+        client=("server", "models"),
     ),
     Operation(
         id="server.mcp",
