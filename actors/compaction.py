@@ -64,8 +64,8 @@ from actors.llm import (
     ProviderError,
     ProviderRegistry,
     RetryPolicy,
+    TextChunk,
     TextContent,
-    TextDelta,
     Usage,
 )
 from actors.step import step_tokens
@@ -634,7 +634,7 @@ class Compactor:
         pieces: list[str] = []
         async with contextlib.aclosing(provider.stream(request)) as stream:
             async for part in stream:
-                if isinstance(part, TextDelta):
+                if isinstance(part, TextChunk):
                     pieces.append(part.delta)
                     self._bus.live(ev.CompactionDelta(session_id=session_id, text=part.delta))
                 elif isinstance(part, Finish):

@@ -81,15 +81,15 @@ from actors.llm import (
     ModelRequest,
     ProviderError,
     ProviderRegistry,
-    ReasoningDelta,
+    ReasoningChunk,
     ReasoningEnd,
     ReasoningStart,
     RetryPolicy,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
     Usage,
@@ -513,13 +513,13 @@ class StepRunner:
                             if text
                             else ev.ReasoningStarted(**on, ordinal=n)
                         )
-                    case TextDelta(ordinal=n, delta=d):
+                    case TextChunk(ordinal=n, delta=d):
                         step.blocks.setdefault(n, ("text", []))[1].append(d)
                         if step.journal.live.listening:
                             step.journal.live.publish(
                                 ev.TextDelta(**on, ordinal=n, delta=d), step.journal.gate()
                             )
-                    case ReasoningDelta(ordinal=n, delta=d):
+                    case ReasoningChunk(ordinal=n, delta=d):
                         step.blocks.setdefault(n, ("reasoning", []))[1].append(d)
                         if step.journal.live.listening:
                             step.journal.live.publish(
@@ -534,7 +534,7 @@ class StepRunner:
                         step.begin()
                         step.calls.input_started(call_id, name)
                         step.journal.emit(ev.ToolInputStarted(**on, id=call_id, name=name))
-                    case ToolInputDelta(id=call_id, delta=d):
+                    case ToolInputChunk(id=call_id, delta=d):
                         step.inputs.setdefault(call_id, []).append(d)
                         if step.journal.live.listening:
                             step.journal.live.publish(

@@ -47,6 +47,9 @@ class Clock(Protocol):
 class SystemClock:
     """The real one: ``time.time_ns``, ``asyncio.sleep`` and ``asyncio.timeout``."""
 
+    def __repr__(self) -> str:  # the configuration reference prints the default
+        return "SystemClock()"
+
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
 

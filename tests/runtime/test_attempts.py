@@ -39,7 +39,7 @@ from actors.llm import (
     ProviderConfig,
     StreamPart,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
 )
@@ -503,7 +503,7 @@ class BrokenModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
         yield ToolInputStart(id="call_1", name="bash")
-        yield ToolInputDelta(id="call_1", delta='{"command": "sleep 30"}')
+        yield ToolInputChunk(id="call_1", delta='{"command": "sleep 30"}')
         yield ToolInputEnd(id="call_1")
         yield ToolCall(id="call_1", name="bash", input={"command": "sleep 30"})
         await self.go.wait()
