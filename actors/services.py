@@ -405,6 +405,7 @@ def build_services(
             config.shell_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
         ),
         timeout_s=config.shell_timeout_s,
+        clock=config.clock,
     )
     execution = HostExecution(store, host_id, host_bus, shells, environments, config.clock)
     snapshots = Snapshots(
