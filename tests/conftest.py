@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import gc
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,12 @@ from storage import SQLiteStore, is_server_url
 # scripts/; tests here assert behaviour, so no example has a deadline.
 settings.register_profile("sessionrt", deadline=None)
 settings.load_profile("sessionrt")
+
+# Bytecode is kept for what this process and every child it starts imports, also
+# when pytest is run directly: see scripts/test (a server start compiling ~600
+# modules again cost as much CPU as the rest of its start).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 class WakeRecorder:
