@@ -9,7 +9,7 @@ import atexit
 import gc
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import pgdb
 import proc_groups
 import pytest
 from hypothesis import settings
+from loop_watch import SlowCallbacks
 
 from actors.inbox import Scope
 from actors.sessions import Sessions
@@ -148,6 +149,17 @@ def wakes() -> WakeRecorder:
 @pytest.fixture
 def sessions(store: SQLiteStore, wakes: WakeRecorder, tmp_path: Path) -> Sessions:
     return Sessions(store, wake=wakes, default_directory=str(tmp_path))
+
+
+@pytest.fixture
+def slow_callbacks() -> Iterator[SlowCallbacks]:
+    """The test fails if one callback of its loop used more than
+    ``loop_watch.THRESHOLD_S`` of CPU (see tests/loop_watch.py: the threshold,
+    why CPU time, and the allow-list)."""
+    with SlowCallbacks() as watch:
+        yield watch
+    offenders = watch.offenders()
+    assert not offenders, f"callbacks held the event loop: {offenders}"
 
 
 @pytest.fixture
