@@ -461,13 +461,19 @@ async def test_appenders_appending_again_find_the_next_batch_begun_and_an_idle_s
         await asyncio.gather(*(store.append(Command.of(created(s))) for s in sessions))
 
         async def appender(session_id: str) -> list[int]:
-            return [
-                (await store.append(Command.of(renamed(session_id, str(i)))))[0].seq
-                for i in range(5)
-            ]
+            seqs = []
+            for i in range(5):
+                if session_id == sessions[0] and i == 3:
+                    # Only the server refuses it: its batch, begun by the one
+                    # before, is redone a command at a time, and it fails alone.
+                    with pytest.raises(StorageBrokenError):
+                        await store.append(Command.of(renamed(session_id, "a\x00b")))
+                seqs.append((await store.append(Command.of(renamed(session_id, str(i)))))[0].seq)
+            return seqs
 
         seqs = await asyncio.gather(*(appender(s) for s in sessions))
         assert store.chains["taken"] >= 4
+        assert store.batch_paths["isolated"] == 1
         conn = await asyncpg.connect(pg_url)
         try:
             async with asyncio.timeout(10), conn.transaction():  # a guard, not the synchronisation
@@ -479,7 +485,6 @@ async def test_appenders_appending_again_find_the_next_batch_begun_and_an_idle_s
         [again] = await store.append(Command.of(renamed(sessions[0], "again")))
     assert seqs == [[2, 3, 4, 5, 6]] * len(sessions)
     assert again.seq == 7
-    assert store.batch_paths["isolated"] == 0
 
 
 async def test_a_single_appender_never_holds_the_lock_between_its_appends(pg_url: str) -> None:
