@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from actors._blocking import BlockingExecutor
 from actors.agents import AgentCatalogs
 from actors.bus import EventBus
 from actors.execution import Execution, ExecutionHooks, Terminal, widest
@@ -31,6 +30,7 @@ from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import AdmissionGate, Scope
 from actors.instructions import InstructionEntries
 from actors.interrupts import UNHELD, RemoteInterrupts
+from actors.kit import BlockingExecutor
 from actors.leases import LeaseKeeper
 from actors.llm import HttpProvider, ProviderRegistry, build_providers
 from actors.locations import DirectoryRules
@@ -46,7 +46,8 @@ from actors.tools.builtin import BashTool
 from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
-from storage import RecordedEvent, Store, default_host_id, is_server_url, now_ms
+from storage import RecordedEvent, Store, default_host_id, is_server_url
+from storage.clock import SYSTEM, Clock
 from storage.follow import FollowDispatcher
 
 if TYPE_CHECKING:
@@ -73,8 +74,10 @@ class HostExecution:
         shells: Shells,
         envs: Environments,
         actors: Execution,
+        clock: Clock = SYSTEM,
     ) -> None:
         self._store = store
+        self._clock = clock
         #: The session actors (opened by :meth:`start`); ``_execution`` once open.
         self._actors = actors
         self._host_id = host_id
@@ -141,10 +144,11 @@ class HostExecution:
 
         One read: a lease is taken with its claim and released with its end, so
         the claims (with their leases) say it all."""
+        now = self._clock.now_ms()
         for claim in await self._store.queries.claims():
             if claim.session_id == session_id:
                 lease = claim.lease
-                if claim.orphaned(now_ms()) or lease is None or lease.host_id == self._host_id:
+                if claim.orphaned(now) or lease is None or lease.host_id == self._host_id:
                     return UNHELD
                 return lease.host_id
         return None
@@ -360,6 +364,7 @@ def build_services(
         output_dir=config.tool_output_dir,
         max_lines=config.tool_output_max_lines,
         max_bytes=config.tool_output_max_bytes,
+        clock=config.clock,
     )
     adapters = build_providers(config.provider_configs)
     providers = ProviderRegistry(
@@ -398,8 +403,9 @@ def build_services(
             config.shell_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
         ),
         timeout_s=config.shell_timeout_s,
+        clock=config.clock,
     )
-    execution = HostExecution(store, host_id, host_bus, shells, environments, actors)
+    execution = HostExecution(store, host_id, host_bus, shells, environments, actors, config.clock)
     snapshots = Snapshots(
         config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=blocking.run
     )
@@ -424,8 +430,10 @@ def build_services(
         agents=agents,
         waiters=waiters,
     )
-    remote_interrupts = RemoteInterrupts(host_id, host_bus, execution)
-    leases = LeaseKeeper(store, host_id, ttl_ms=config.lease_ttl_ms, on_lost=execution)
+    remote_interrupts = RemoteInterrupts(host_id, host_bus, execution, clock=config.clock)
+    leases = LeaseKeeper(
+        store, host_id, ttl_ms=config.lease_ttl_ms, on_lost=execution, clock=config.clock
+    )
     subagents = Subagents(
         sessions=sessions,
         agents=agents,

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from actors._exceptions import ActorDeadError
-from actors._ref import ActorRef
 from actors.execution._messages import (
     Active,
     AwaitIdle,
@@ -22,6 +20,7 @@ from actors.execution._messages import (
 )
 from actors.execution._supervisor import Supervisor
 from actors.inbox import Run, Scope
+from actors.kit import ActorDeadError, ActorRef
 from protocol.errors import ServiceUnavailableError
 from protocol.events import InterruptReason
 

@@ -9,8 +9,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from actors._actor import Actor
-from actors._exceptions import ActorDeadError
 from actors.execution._messages import (
     SUCCEEDED,
     ExecutionHooks,
@@ -25,6 +23,7 @@ from actors.execution._messages import (
     widest,
 )
 from actors.inbox import Run, Scope
+from actors.kit import Actor, ActorDeadError
 from protocol.errors import ServiceUnavailableError
 from protocol.events import InterruptReason
 from protocol.shapes import InboxItem

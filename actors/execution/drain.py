@@ -30,7 +30,6 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from actors._blocking import BlockingExecutor
 from actors.agents import Agent, AgentCatalogs
 from actors.bus import EventBus
 from actors.compaction import CompactionSettings, Compactor
@@ -38,6 +37,7 @@ from actors.execution._messages import Own
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions.nearby import NearbyInstructions
+from actors.kit import BlockingExecutor
 from actors.llm import (
     SCRIPTED_MODEL,
     ModelLimits,
@@ -64,6 +64,7 @@ from protocol.shapes import (
     SessionMessage,
 )
 from storage import Boundary, Command, DrainStart, Store
+from storage.clock import SYSTEM, Clock
 from storage.queries import InstructionInputs
 
 __all__ = [
@@ -162,6 +163,7 @@ class Drain:
         waiters: PermissionWaiters | None = None,
         mcp: McpTools | None = None,
         nearby: NearbyInstructions | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self._store = store
         #: MCP servers' tools, by the session's Location (none configured: None).
@@ -182,6 +184,7 @@ class Drain:
             retry=retry,
             limits=model_limits or (lambda model: None),
             settings=compaction,
+            clock=clock,
         )
         #: What the drain does with a control item at the head of the inbox,
         #: by its type. A handler delivers the item (``Inbox.control``, with
@@ -205,6 +208,7 @@ class Drain:
             waiters=waiters,
             blocking=blocking.run,
             nearby=nearby,
+            clock=clock,
         )
 
     @property

@@ -35,25 +35,25 @@ from actors.llm._config import ProviderConfig
 from actors.llm._errors import IncompleteStreamError, ProviderError
 from actors.llm._http import HttpTransport, JSONAnswer, error_body, normalized
 from actors.llm._request import ModelRequest
-from actors.llm._sse import SSEEvent
 from actors.llm._stream import (
     Finish,
     FinishReason,
     HostedResult,
-    ReasoningDelta,
+    ReasoningChunk,
     ReasoningEnd,
     ReasoningStart,
     StreamPart,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
     Usage,
 )
 from actors.llm.openai import decode_arguments
+from protocol.sse import SSEFrame
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider", "AnthropicStream"]
 
@@ -96,7 +96,7 @@ class AnthropicStream:
         self.done = False
         self.produced = False
 
-    def event(self, event: SSEEvent) -> list[StreamPart]:
+    def event(self, event: SSEFrame) -> list[StreamPart]:
         try:
             data = orjson.loads(event.data)
         except orjson.JSONDecodeError:
@@ -229,16 +229,16 @@ class AnthropicStream:
                 and piece
             ):
                 block.args.append(piece)
-                out.append(ToolInputDelta(id=block.id, delta=piece))
+                out.append(ToolInputChunk(id=block.id, delta=piece))
 
     def _text(self, index: int, text: Any, out: list[StreamPart]) -> None:
         block = self._blocks.get(index)
         if block is None or not isinstance(text, str) or not text:
             return
         if block.kind == "text":
-            out.append(TextDelta(ordinal=block.ordinal, delta=text))
+            out.append(TextChunk(ordinal=block.ordinal, delta=text))
         elif block.kind == "thinking":
-            out.append(ReasoningDelta(ordinal=block.ordinal, delta=text))
+            out.append(ReasoningChunk(ordinal=block.ordinal, delta=text))
 
     def _stop(self, data: Mapping[str, Any], out: list[StreamPart]) -> None:
         index = data.get("index")

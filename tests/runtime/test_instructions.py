@@ -34,7 +34,7 @@ from actors.llm import (
     ModelRequest,
     RateLimitError,
     StreamPart,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
 )
@@ -57,7 +57,7 @@ class Recorder:
     async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
         self.requests.append(request)
         yield TextStart(ordinal=0)
-        yield TextDelta(ordinal=0, delta="ok")
+        yield TextChunk(ordinal=0, delta="ok")
         yield TextEnd(ordinal=0)
         yield Finish(reason="stop")
 
@@ -578,7 +578,7 @@ async def test_a_failed_observation_leaves_no_read_running_and_raises_itself(
             async def slow_inputs(session_id: str) -> Any:
                 reading.set()
                 try:
-                    await asyncio.sleep(30)
+                    await asyncio.Event().wait()  # hangs until it is cancelled
                 except asyncio.CancelledError:
                     cancelled.append(True)
                     raise
