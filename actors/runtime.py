@@ -228,7 +228,7 @@ class RuntimeConfig:
     #: The longest a provider's retry-after may make a retry wait.
     retry_max_delay_s: float = 15 * 60.0
     #: Bytes each decode cache may hold (the store's decoded messages, the
-    #: the drain's converted chat history): least recently used evicted first.
+    #: drain's converted chat history): least recently used evicted first.
     decode_cache_bytes: int = 32 * 1024 * 1024
     #: The event log's database (``[runtime] database``): a SQLite file path, or a
     #: ``postgresql://`` URL; None is ``sessionrt.sqlite`` in the data dir.

@@ -23,7 +23,7 @@ from actors.execution._messages import (
     widest,
 )
 from actors.inbox import Run, Scope
-from actors.kit import Actor, ActorDeadError
+from actors.kit import Actor, ActorDeadError, ActorRef
 from protocol.errors import ServiceUnavailableError
 from protocol.events import InterruptReason
 from protocol.shapes import InboxItem
@@ -54,7 +54,6 @@ class SessionActor(Actor):
         #: The session's pending input as the last read or promotion left it;
         #: None once any other command ran (nothing but commands writes it here).
         self.inbox: list[InboxItem] | None = None
-        self._own = OwnActor(self)
         self._busy: asyncio.Task[None] | None = None
         #: While the busy task runs ``started`` or ``settled``, which must land
         #: whole, a cancellation waits (``_deferred``) until it returns.
@@ -217,8 +216,9 @@ class SessionActor(Actor):
                 self._pending = None
                 outcome = Terminal(kind="elsewhere", owner=exc.owner, scope=wanted, force=force)
             else:
+                own = OwnActor(self.actor_ref, self.session_id)  # no cycle through the actor
                 while True:
-                    await self._hooks.drain(self.session_id, scope, force, self._own)
+                    await self._hooks.drain(self.session_id, scope, force, own)
                     if self._pending is None:
                         break
                     scope, self._pending, force = self._pending, None, False
@@ -274,23 +274,23 @@ class SessionActor(Actor):
 class OwnActor:
     """A drain's handle on its session actor: a command as a future and a mailbox put."""
 
-    __slots__ = ("_actor",)
+    __slots__ = ("_ref", "_session_id")
 
-    def __init__(self, actor: SessionActor) -> None:
-        self._actor = actor
+    def __init__(self, ref: ActorRef[SessionActor], session_id: str) -> None:
+        self._ref = ref
+        self._session_id = session_id
 
     async def command(self, run: Run, *, keeps_inbox: bool = False) -> Any:
-        actor = self._actor
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         message = SessionCommand(
-            session_id=actor.session_id,
+            session_id=self._session_id,
             run=run,
             keeps_inbox=keeps_inbox,
             own=contextvars.copy_context(),
             reply=reply,
         )
         try:
-            actor.actor_ref.tell(message)
+            self._ref.tell(message)
         except ActorDeadError:
             raise _gone() from None
         return await reply
