@@ -131,6 +131,10 @@ def show_default(key: str, value: Any) -> str:
         return "`{}`"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    if type(value).__repr__ is object.__repr__:
+        # An object without a repr of its own (the system clock): its class,
+        # never its address, which changes with every run.
+        return f"`{type(value).__name__}()`"
     shown = f"`{value}`"
     if isinstance(value, int) and key.endswith("_bytes"):
         shown += _size(value)
