@@ -16,7 +16,7 @@ Several hosts may share one log (:mod:`storage.lease`): this runtime is one
 host, ``host_id``. An execution's start takes the session's lease, its drains
 append under its fence, the keeper renews it every ``lease_ttl_ms / 4`` and
 the terminal releases it. A wake for a session another host holds reaches
-that host over the :class:`~actors.hostbus.HostBus` (so do a resume and an
+that host over the :class:`~actors.host_messages.HostBus` (so do a resume and an
 interrupt); a periodic scan recovers claimed sessions whose lease expired;
 closing releases this host's leases (the shutdown terminal) and tells the
 other hosts, which take the sessions at once.
@@ -49,11 +49,11 @@ import attrs
 from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
 from actors.execution import Execution, Terminal
 from actors.generate import Generator
-from actors.hostbus import HostBus, HostMessage
+from actors.host_messages import HostBus, HostMessage
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import Instructions, project_config_disabled
 from actors.instructions.nearby import NearbyInstructions
-from actors.leases import LeaseKeeper
+from actors.lease_keeper import LeaseKeeper
 from actors.llm import (
     SCRIPTED_MODEL,
     ModelLimits,

@@ -1,6 +1,6 @@
 """The clock what waits on time reads: the wall clock in milliseconds, and sleeping.
 
-Lease expiry (the SQLite writer's), lease renewal (:class:`actors.leases.LeaseKeeper`)
+Lease expiry (the SQLite writer's), lease renewal (:class:`actors.lease_keeper.LeaseKeeper`)
 take a :class:`Clock`; the default is :data:`SYSTEM`. Tests give them a clock they
 advance instead of sleeping, so a lease expires because the test said so, not
 because a real TTL ran out on a machine that may be slower than the TTL.

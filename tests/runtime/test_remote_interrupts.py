@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hosts import Hosts, RecordingBus
 
-from actors.hostbus import HostMessage, LocalHostBus
+from actors.host_messages import HostMessage, LocalHostBus
 from actors.runtime import Runtime
 from protocol.errors import ServiceUnavailableError
 from protocol.requests import CreateSessionInput, PromptInput
