@@ -84,6 +84,7 @@ from protocol.shapes import (
     UserMessage,
 )
 from storage import Command, Store
+from storage.clock import SYSTEM, Clock
 
 __all__ = [
     "BUFFER_TOKENS",
@@ -412,7 +413,10 @@ class Compactor:
         retry: RetryPolicy,
         limits: Callable[[ModelRef], ModelLimits | None],
         settings: CompactionSettings | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
+        #: What a retry's backoff waits on.
+        self._clock = clock
         self._store = store
         self._bus = bus
         self._providers = providers
@@ -597,7 +601,7 @@ class Compactor:
                     raise CompactionFailedError(
                         ev.ErrorInfo(type=exc.type, message=exc.message), total
                     ) from None
-                await asyncio.sleep(delay / 1000)
+                await self._clock.sleep(delay / 1000)
                 continue
             total = _add(total, finished.usage)
             if finished.reason == "length":

@@ -283,7 +283,7 @@ class EventFeed:
                 connection.idle = True
                 connection.wake.clear()
                 try:
-                    async with asyncio.timeout(heartbeat):
+                    async with self._settings.clock.timeout(heartbeat):
                         await connection.wake.wait()
                 except TimeoutError:
                     connection.idle = False
