@@ -187,8 +187,10 @@ class RuntimeConfig:
     #: alongside the built-in ones under the same rules; a name taken twice
     #: or a bad schema fails the start.
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tool_tuple)
+    # metadata "file" False: a setting for embedding, not a key of a configuration
+    # file (server.config reads the keys a file may set from these fields).
     #: Offer the built-in tools (read, write, edit, list, glob, grep, bash, task).
-    builtin_tools: bool = True
+    builtin_tools: bool = attrs.field(default=True, metadata={"file": False})
     #: ``task`` subagents nest at most this deep (``[runtime] subagent_max_depth``).
     subagent_max_depth: int = DEFAULT_MAX_DEPTH
     #: Tasks one session runs at once (``[runtime] subagent_max_children``).
@@ -213,7 +215,7 @@ class RuntimeConfig:
     recover: bool = True
     #: Only read: the store opens read-only, no sweep, no execution (every
     #: operation that would write or run fails).
-    read_only: bool = False
+    read_only: bool = attrs.field(default=False, metadata={"file": False})
     #: Restarts of one claimed execution (counted durably) before recovery
     #: fails it instead of resuming it again.
     max_resume_attempts: int = DEFAULT_MAX_ATTEMPTS
