@@ -94,6 +94,7 @@ SLEEPS_ALLOWED = {
     "tests/runtime/test_hosts_sim.py",  # random pauses of a randomized simulation
     "tests/durability/test_revert_crash.py",  # a lock bug's window; misses, never false
     "tests/mcp/mcp_server.py",  # a slow or stuck MCP tool, cancelled or killed, never waited out
+    "tests/storage/test_clock.py",  # sleeps on a ManualClock: only the test's advance ends them
 }
 
 
