@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import logging
 import os
@@ -85,6 +84,7 @@ from actors.tools.builtin import (
 )
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
+from protocol.lifecycle import Lifecycle, LifecycleState
 from protocol.shapes import ModelRef
 from storage import (
     Command,
@@ -282,12 +282,6 @@ class RuntimeConfig:
         return self.data_dir / "tool-output"
 
 
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
 class _DurableHooks:
     """Execution hooks that publish the execution facts under the lease and run the runner."""
 
@@ -413,7 +407,7 @@ class Runtime:
         the caller; ``host_bus``: how this host reaches the others (a private
         in-process bus when None)."""
         self.config = config
-        self._state = _State.UNOPENED
+        self._lifecycle = Lifecycle("runtime")
         self._stack = contextlib.AsyncExitStack()
         self._own_store = store is None
         if store is None:
@@ -525,9 +519,7 @@ class Runtime:
         await self.services.execution.stop_child(session_id)
 
     async def __aenter__(self) -> Self:
-        if self._state is not _State.UNOPENED:
-            raise RuntimeError(f"runtime is {self._state.value}; a runtime opens once")
-        self._state = _State.OPEN
+        self._lifecycle.open()
         try:
             await self._open()
         except BaseException:
@@ -612,9 +604,8 @@ class Runtime:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._state is _State.CLOSED:
+        if self._lifecycle.close() is LifecycleState.CLOSED:
             return
-        self._state = _State.CLOSED
         await self._stack.aclose()
 
     async def recover(self) -> RecoveryReport:
