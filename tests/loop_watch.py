@@ -53,6 +53,22 @@ ALLOWED: Final[dict[str, str]] = {
 }
 
 
+#: The test's own body and its fixtures' set-up run on the loop too, as tasks of
+#: their own (pytest-asyncio's wrappers); they are not the runtime's callbacks (a
+#: test may validate a whole OpenAPI document in one go).
+_HARNESS: Final = ("pytest_asyncio", "_pytest")
+
+
+def is_test_code(handle: asyncio.Handle) -> bool:
+    """The callback is a step of the test function's task or of a fixture's set-up."""
+    owner = getattr(getattr(handle, "_callback", None), "__self__", None)
+    if not isinstance(owner, asyncio.Task):
+        return False
+    code = getattr(owner.get_coro(), "cr_code", None)
+    name, filename = getattr(code, "co_name", ""), getattr(code, "co_filename", "")
+    return name.startswith("test_") or any(part in filename for part in _HARNESS)
+
+
 def describe(handle: asyncio.Handle) -> str:
     """A callback's name: ``task <coroutine qualname>`` for a task's step, else the
     callback's qualified name."""
@@ -102,7 +118,7 @@ class SlowCallbacks:
                 original(handle)
             finally:
                 used = cpu() - cpu_before - (watch._gc_cpu - gc_before)
-                if used > watch.threshold_s:
+                if used > watch.threshold_s and not is_test_code(handle):
                     watch.slow.append((describe(handle), used, wall() - wall_before))
 
         self._thread = threading.get_ident()

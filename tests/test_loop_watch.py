@@ -39,6 +39,16 @@ async def test_an_allowed_callback_and_a_short_one_are_not_offenders() -> None:
     assert watch.offenders() == []
 
 
+async def test_the_test_function_itself_is_not_an_offender() -> None:
+    async def test_validates_a_large_document() -> None:  # what a test body may do
+        _burn(0.02)
+
+    with SlowCallbacks(threshold_s=0.01, allowed={}) as watch:
+        await asyncio.get_running_loop().create_task(test_validates_a_large_document())
+        await asyncio.get_running_loop().create_task(busy_on_the_loop())
+    assert [name for name, _, _ in watch.slow] == ["task busy_on_the_loop"]
+
+
 def test_a_loop_on_another_thread_is_not_watched() -> None:
     with SlowCallbacks(threshold_s=0.01, allowed={}) as watch:
         import threading
