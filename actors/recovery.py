@@ -43,8 +43,8 @@ from typing import Final
 
 import attrs
 
-from actors._blocking import BlockingExecutor
 from actors.execution import Execution
+from actors.kit import BlockingExecutor
 from actors.leases import LeaseKeeper
 from actors.reaper import reap_stale_tools
 from actors.sessions import Sessions

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from actors._blocking import BlockingExecutor
 from actors._keyed_lock import KeyedLock
 from actors.agents import AgentCatalogs
 from actors.bus import EventBus
@@ -32,6 +31,7 @@ from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import AdmissionGate, Scope
 from actors.instructions import InstructionEntries
 from actors.interrupts import UNHELD, RemoteInterrupts
+from actors.kit import BlockingExecutor
 from actors.leases import LeaseKeeper
 from actors.llm import HttpProvider, ProviderRegistry, build_providers
 from actors.locations import DirectoryRules
@@ -405,6 +405,7 @@ def build_services(
             config.shell_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
         ),
         timeout_s=config.shell_timeout_s,
+        clock=config.clock,
     )
     execution = HostExecution(store, host_id, host_bus, shells, environments, config.clock)
     snapshots = Snapshots(

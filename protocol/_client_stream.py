@@ -28,8 +28,15 @@ from protocol._client_http import (
     read_failure,
     transport_error,
 )
-from protocol._client_sse import SSEDecodeError, SSEDecoder, SSEEvent, SSEFrame, parse_frame
 from protocol.operations import Operation
+from protocol.sse import (
+    SSEDecodeError,
+    SSEDecoder,
+    SSEEvent,
+    SSEFrame,
+    SSELineTooLongError,
+    parse_frame,
+)
 
 __all__ = ["EventStream"]
 
@@ -139,6 +146,8 @@ class EventStream(AsyncIterator[SSEEvent]):
             return self._client_closed() if self._cut_by_client else StopAsyncIteration()
         if isinstance(exc, aiohttp.ClientError):
             return transport_error(op, exc)
+        if isinstance(exc, SSELineTooLongError):
+            return ClientError("malformed_response", f"{op.id}: {exc}", status=200, operation=op.id)
         return exc
 
     async def _open(self) -> None:

@@ -35,14 +35,20 @@ class Clock(Protocol):
         """Return once ``seconds`` have passed on this clock."""
         ...
 
-    def timeout(self, seconds: float | None) -> contextlib.AbstractAsyncContextManager[object]:
+    def timeout(
+        self, seconds: float | None
+    ) -> contextlib.AbstractAsyncContextManager[asyncio.Timeout]:
         """As :func:`asyncio.timeout`: the block is cancelled, and ``TimeoutError``
-        raised, once ``seconds`` have passed on this clock (never when None)."""
+        raised, once ``seconds`` have passed on this clock (never when None). What
+        it gives is an :class:`asyncio.Timeout`: ``reschedule`` may end it sooner."""
         ...
 
 
 class SystemClock:
     """The real one: ``time.time_ns``, ``asyncio.sleep`` and ``asyncio.timeout``."""
+
+    def __repr__(self) -> str:  # the configuration reference prints the default
+        return "SystemClock()"
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000

@@ -92,9 +92,9 @@ def test_what_a_session_leader_started_is_killed_once_the_leader_is_gone(
 SLEEPS_ALLOWED = {
     "tests/llm/fake_providers.py",  # a slow network, simulated, when a reply asks for one
     "tests/runtime/test_hosts_sim.py",  # random pauses of a randomized simulation
-    "tests/runtime/test_instructions.py",  # a read that hangs until it is cancelled
     "tests/durability/test_revert_crash.py",  # a lock bug's window; misses, never false
     "tests/mcp/mcp_server.py",  # a slow or stuck MCP tool, cancelled or killed, never waited out
+    "tests/storage/test_clock.py",  # sleeps on a ManualClock: only the test's advance ends them
 }
 
 

@@ -67,8 +67,7 @@ from typing import Any, Self
 import attrs
 import pykka
 
-from actors._blocking import BlockingExecutor, wait_all, wait_out
-from actors._exceptions import ActorDeadError
+from actors.kit import ActorDeadError, BlockingExecutor, wait_all, wait_out
 from actors.tools._types import CancelEvent, SucceededThenInterrupted, ToolOutcome
 
 __all__ = [

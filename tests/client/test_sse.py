@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol._client_sse import SSEDecodeError, SSEDecoder, SSEFrame, parse_frame
 from protocol.client import SSEEvent
+from protocol.sse import SSEDecodeError, SSEDecoder, SSEFrame, parse_frame
 
 
 def frames(*chunks: bytes) -> list[SSEFrame]:
@@ -75,6 +75,16 @@ def test_a_leading_bom_is_dropped_once() -> None:
 
 def test_an_unfinished_frame_is_dropped_at_the_end() -> None:
     assert frames(b"data: 1\n\ndata: 2\n") == [SSEFrame(data="1")]
+
+
+def test_an_open_frame_whose_lines_ended_is_dispatched_when_asked() -> None:
+    # A provider may omit the blank line after its last event; a cut line is still dropped.
+    decoder = SSEDecoder()
+    assert decoder.feed(b"event: e\ndata: 1\r") == []
+    assert decoder.end(dispatch_open=True) == [SSEFrame(event="e", data="1")]
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: 1\ndata: 2") == []
+    assert decoder.end(dispatch_open=True) == []
 
 
 def test_a_final_cr_ends_its_line() -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self, TypeVar, TypeVarTuple
 
-from actors._exceptions import ActorDeadError, ActorError
+from actors.kit.exceptions import ActorDeadError, ActorError
 
 __all__ = ["BlockingExecutor", "wait_all", "wait_out"]
 
@@ -57,7 +57,7 @@ async def wait_all(futures: list[asyncio.Future[Any]]) -> None:
     """Wait until every one of ``futures`` is done, then re-raise a cancellation that came.
 
     For owners that must not leave a child behind: a cancel of the caller
-    neither abandons a child nor is lost (like :func:`actors._shield.finish`).
+    neither abandons a child nor is lost (like :func:`actors.kit.shield.finish`).
     """
     cancelled = False
     for future in futures:
