@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from actors.agents import Agent, AgentCatalogs
-from actors.bus import EventBus
 from actors.compaction import CompactionSettings, Compactor
+from actors.event_bus import EventBus
 from actors.execution._messages import Own
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
 from actors.inbox import Scope, control_head, select_promotable

@@ -713,7 +713,8 @@ class SessionView {
       node.append(block);
     }
     if (message.error) node.append(el("div", "error-text", oneLine(message.error.message || message.error)));
-    if (wroteFiles(message)) node.append(this.stepFiles(message));
+    // Copied by a fork (seq <= 0): its snapshots are in the parent's log, not this one's.
+    if (message.seq > 0 && wroteFiles(message)) node.append(this.stepFiles(message));
     if (message.tokens || message.cost) {
       const t = message.tokens || {};
       const cache = t.cache || {};

@@ -307,6 +307,10 @@ async def test_the_agent_and_model_are_shown_and_switched(
     models = await page.locator("#models option").evaluate_all("os => os.map(o => o.value)")
     assert models == ["scripted/scripted"]
 
+    # The choices drawn open (a closed select shows one) for the screenshot.
+    await page.locator("#agent").evaluate("s => { s.size = s.options.length; }")
+    await page.locator("#session-head").screenshot(path=shots / "agent-choices.png")
+    await page.locator("#agent").evaluate("s => s.removeAttribute('size')")
     await page.select_option("#agent", "docs")
     await page.click("#agent-set")
     await logged(page, "session.agent.selected")
