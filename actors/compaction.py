@@ -54,7 +54,7 @@ from typing import Final
 import attrs
 import orjson
 
-from actors.bus import EventBus
+from actors.event_bus import EventBus
 from actors.kit import finish
 from actors.llm import (
     ChatMessage,

@@ -45,7 +45,7 @@ import attrs
 
 from actors.execution import Execution
 from actors.kit import BlockingExecutor
-from actors.leases import LeaseKeeper
+from actors.lease_keeper import LeaseKeeper
 from actors.reaper import reap_stale_tools
 from actors.sessions import Sessions
 from protocol import events as ev

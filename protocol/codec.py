@@ -150,9 +150,9 @@ def _tagged(tp: Any) -> dict[Any, Any]:
     """A union's options by their ``type`` tag (the first option naming a tag wins)."""
     out: dict[Any, Any] = {}
     for option in typing.get_args(tp):
-        if option is type(None):
-            continue
-        tag_type = typing.get_type_hints(option).get("type")
+        if not (isinstance(option, type) and attrs.has(option)):
+            continue  # only an attrs class declares a tag (``list[str]`` has no hints at all)
+        tag_type = _hints(option).get("type")
         for tag in typing.get_args(tag_type):
             out.setdefault(tag, option)
     return out

@@ -104,10 +104,14 @@ def _postgres_backend(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
 
 def pytest_configure(config: pytest.Config) -> None:
     """In the process that runs tests (not xdist's controller, whose children are the
-    workers): note every child spawned, to kill what is left of them however the run ends."""
+    workers): note every child spawned, to kill what is left of them however the run ends.
+    Everywhere, a child started from the main thread dies with its parent."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         proc_groups.note_spawned()
         atexit.register(proc_groups.reap_all)
+        proc_groups.reap_on_termination()
+    else:  # the controller: its workers die with it, and theirs with them
+        proc_groups.note_spawned(record=False)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

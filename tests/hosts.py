@@ -7,8 +7,8 @@ from pathlib import Path
 
 from feed import Feed
 
-from actors.bus import EventBus
-from actors.hostbus import HostMessage, LocalHostBus
+from actors.event_bus import EventBus
+from actors.host_messages import HostMessage, LocalHostBus
 from actors.runtime import Runtime, RuntimeConfig
 from storage import SQLiteStore
 

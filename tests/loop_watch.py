@@ -24,6 +24,14 @@ How the threshold was chosen (issue #42 section 1):
   of a large body, a file walk on the loop). ``SESSIONRT_SLOW_CALLBACK_MS`` sets
   another threshold for a local run (``=5`` shows everything above the target).
 
+Only the runtime's callbacks count: a task or callback whose code is in tests/
+(the test itself, its fixtures and helpers) is left out, unless
+``include_tests``. A test's own synchronous work (validating a large document,
+say) is not the runtime stalling its loop; the cost is that runtime code a test
+calls directly runs in the test's task and is not seen either, only what the
+runtime runs in its own tasks (actors, the server's handlers, the store's
+callbacks).
+
 A blocked call (a lock, a ``sleep``, a disk read) uses no CPU and is not seen
 here; the wall time of the slowest callback is in the failure message to help
 tell the two apart.
@@ -38,6 +46,7 @@ import gc
 import os
 import threading
 import time
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
@@ -53,15 +62,23 @@ ALLOWED: Final[dict[str, str]] = {
 }
 
 
-def describe(handle: asyncio.Handle) -> str:
-    """A callback's name: ``task <coroutine qualname>`` for a task's step, else the
-    callback's qualified name."""
+_TESTS: Final = str(Path(__file__).resolve().parent) + os.sep
+
+
+def describe(handle: asyncio.Handle) -> tuple[str, bool]:
+    """A callback's name (``task <coroutine qualname>`` for a task's step, else the
+    callback's qualified name), and whether its code is the tests' own."""
     callback = getattr(handle, "_callback", None)
     owner = getattr(callback, "__self__", None)
     if isinstance(owner, asyncio.Task):
         coro = owner.get_coro()
-        return f"task {getattr(coro, '__qualname__', type(coro).__name__)}"
-    return str(getattr(callback, "__qualname__", repr(callback)))
+        code = getattr(coro, "cr_code", None)
+        name = f"task {getattr(coro, '__qualname__', type(coro).__name__)}"
+    else:
+        code = getattr(getattr(callback, "__func__", callback), "__code__", None)
+        name = str(getattr(callback, "__qualname__", repr(callback)))
+    ours = code is not None and code.co_filename.startswith(_TESTS)
+    return name, ours
 
 
 class SlowCallbacks:
@@ -69,9 +86,14 @@ class SlowCallbacks:
     passes excluded) while entered; :meth:`offenders` names those not allowed."""
 
     def __init__(
-        self, threshold_s: float = THRESHOLD_S, allowed: dict[str, str] | None = None
+        self,
+        threshold_s: float = THRESHOLD_S,
+        allowed: dict[str, str] | None = None,
+        *,
+        include_tests: bool = False,
     ) -> None:
         self.threshold_s = threshold_s
+        self.include_tests = include_tests
         self.allowed = ALLOWED if allowed is None else allowed
         #: (name, CPU seconds, wall seconds) of each callback over the threshold.
         self.slow: list[tuple[str, float, float]] = []
@@ -103,7 +125,9 @@ class SlowCallbacks:
             finally:
                 used = cpu() - cpu_before - (watch._gc_cpu - gc_before)
                 if used > watch.threshold_s:
-                    watch.slow.append((describe(handle), used, wall() - wall_before))
+                    name, tests = describe(handle)
+                    if watch.include_tests or not tests:
+                        watch.slow.append((name, used, wall() - wall_before))
 
         self._thread = threading.get_ident()
         self._original = original

@@ -20,7 +20,7 @@ async def busy_on_the_loop() -> None:
 
 
 async def test_a_callback_that_holds_the_loop_is_named() -> None:
-    with SlowCallbacks(threshold_s=0.01, allowed={}) as watch:
+    with SlowCallbacks(threshold_s=0.01, allowed={}, include_tests=True) as watch:
         await asyncio.get_running_loop().create_task(busy_on_the_loop())
         asyncio.get_running_loop().call_soon(_burn, 0.02)
         await asyncio.sleep(0)  # let the call_soon run
@@ -32,7 +32,7 @@ async def test_a_callback_that_holds_the_loop_is_named() -> None:
 
 async def test_an_allowed_callback_and_a_short_one_are_not_offenders() -> None:
     allowed = {"task busy_on_the_loop": "what this test is about"}
-    with SlowCallbacks(threshold_s=0.01, allowed=allowed) as watch:
+    with SlowCallbacks(threshold_s=0.01, allowed=allowed, include_tests=True) as watch:
         await asyncio.get_running_loop().create_task(busy_on_the_loop())
         await asyncio.get_running_loop().create_task(asyncio.sleep(0))
     assert [name for name, _, _ in watch.slow] == ["task busy_on_the_loop"]
@@ -40,10 +40,16 @@ async def test_an_allowed_callback_and_a_short_one_are_not_offenders() -> None:
 
 
 def test_a_loop_on_another_thread_is_not_watched() -> None:
-    with SlowCallbacks(threshold_s=0.01, allowed={}) as watch:
+    with SlowCallbacks(threshold_s=0.01, allowed={}, include_tests=True) as watch:
         import threading
 
         thread = threading.Thread(target=asyncio.run, args=(busy_on_the_loop(),))
         thread.start()
         thread.join()
+    assert watch.slow == []
+
+
+async def test_the_tests_own_code_is_left_out_unless_asked() -> None:
+    with SlowCallbacks(threshold_s=0.01, allowed={}) as watch:
+        await asyncio.get_running_loop().create_task(busy_on_the_loop())
     assert watch.slow == []

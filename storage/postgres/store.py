@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -45,6 +44,7 @@ from typing import Any, Final, Self
 import asyncpg
 
 from protocol import ids
+from protocol.lifecycle import Lifecycle
 from storage._subscribers import Subscribers
 from storage._url import redact
 from storage.batch import Outcome, Prepared, prepare
@@ -79,13 +79,6 @@ CHAIN_MIN: Final = 8
 CHANNEL: Final = "sessionrt_log"
 
 
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
 class PostgresStore(LogReads):
     def __init__(
         self,
@@ -103,7 +96,7 @@ class PostgresStore(LogReads):
         self.channel = channel
         #: Tells this store's NOTIFYs from other processes'.
         self.origin = ids.event_id().removeprefix("evt_")
-        self._state = _State.UNOPENED
+        self._lifecycle = Lifecycle("store", StoreClosedError)
         #: Opened at open (the migration runs on it); replaced when lost.
         self._writer: asyncpg.Connection | None = None
         self._readers = Readers(url, self.where, size=readers, read_only=read_only)
@@ -144,7 +137,7 @@ class PostgresStore(LogReads):
         return False
 
     def __repr__(self) -> str:
-        return f"PostgresStore({self.where!r}, {self._state.value})"
+        return f"PostgresStore({self.where!r}, {self._lifecycle.state.value})"
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -167,9 +160,7 @@ class PostgresStore(LogReads):
             raise StorageBrokenError(f"cannot connect to {self.where}: {_reason(exc)}") from None
 
     async def open(self) -> None:
-        if self._state is not _State.UNOPENED:
-            raise StoreClosedError(f"store is {self._state.value}; a store opens once")
-        self._state = _State.OPEN
+        self._lifecycle.open()
         try:
             if self.read_only:
                 conn = await self._connect()
@@ -212,9 +203,8 @@ class PostgresStore(LogReads):
             raise
 
     async def close(self) -> None:
-        if self._state in (_State.CLOSING, _State.CLOSED):
+        if not self._lifecycle.begin_close():
             return
-        self._state = _State.CLOSING
         try:
             await self._drained.wait()
         finally:
@@ -231,11 +221,11 @@ class PostgresStore(LogReads):
                 with contextlib.suppress(Exception):
                     await writer.close()
             await self._readers.close()
-            self._state = _State.CLOSED
+            self._lifecycle.closed()
 
     @property
     def is_open(self) -> bool:
-        return self._state is _State.OPEN
+        return self._lifecycle.is_open
 
     @property
     def listener(self) -> Listener:
@@ -244,8 +234,7 @@ class PostgresStore(LogReads):
         return self._listener
 
     def _check_open(self) -> None:
-        if self._state is not _State.OPEN:
-            raise StoreClosedError(f"store is {self._state.value}")
+        self._lifecycle.check_open()
 
     async def _list_listener(self, conn: asyncpg.Connection) -> None:
         """The listen connection is (again) in place: list it, so batches notify it."""
@@ -365,7 +354,7 @@ class PostgresStore(LogReads):
                 origin=self.origin,
                 own=self._remote.own,
                 begun=begun,
-                chain=len(batch) >= CHAIN_MIN and self._state is _State.OPEN,
+                chain=len(batch) >= CHAIN_MIN and self._lifecycle.is_open,
             )
         except (*UNAVAILABLE, asyncpg.PostgresError, StorageBrokenError) as exc:
             # The outcome of a COMMIT cut off by a lost connection is unknown;

@@ -15,7 +15,7 @@ import pytest
 from hosts import Hosts, RecordingBus
 from manual_clock import ManualClock
 
-from actors.hostbus import HostMessage, LocalHostBus
+from actors.host_messages import HostMessage, LocalHostBus
 from actors.interrupts import WAIT_S
 from actors.runtime import Runtime
 from protocol.errors import ServiceUnavailableError
