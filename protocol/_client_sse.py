@@ -15,12 +15,20 @@ keeps the spec's sticky value.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import orjson
 
-__all__ = ["SSEDecodeError", "SSEDecoder", "SSEEvent", "SSEFrame", "parse_frame"]
+__all__ = [
+    "RawFrame",
+    "SSEDecodeError",
+    "SSEDecoder",
+    "SSEEvent",
+    "SSEFrame",
+    "parse_frame",
+    "parse_raw",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -54,82 +62,127 @@ def parse_frame(frame: SSEFrame) -> SSEEvent:
     return SSEEvent(id=frame.id, event=frame.event, data=value)
 
 
+def parse_raw(raw: RawFrame) -> SSEEvent:
+    """A frame as :meth:`SSEDecoder.feed_raw` gives it, its data parsed as JSON.
+
+    orjson reads the bytes as they came; only data that is not valid UTF-8 is
+    decoded with replacement first (the spec's decoding), then parsed.
+    """
+    frame_id, event, data = raw
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return parse_frame(SSEFrame(id=frame_id, event=event, data=data.decode("utf-8", "replace")))
+    return SSEEvent(id=frame_id, event=event, data=value)
+
+
+#: (id, event type, data bytes): a frame before its data is decoded.
+RawFrame = tuple[int | None, str | None, bytes]
+
+_BOM: Final = b"\xef\xbb\xbf"
+#: Event type names decoded once each; a stream names a few dozen at most.
+_NAMES_MAX: Final = 256
+
+
 class SSEDecoder:
-    """Feed it chunks as they arrive; it returns the frames they complete."""
+    """Feed it chunks as they arrive; it returns the frames they complete.
+
+    Works on bytes: a chunk's complete lines are cut with one ``split``, a
+    ``data`` value stays bytes (joined, for several lines, with ``b"\\n"``)
+    until :func:`parse_raw` hands it to orjson, and an event type is decoded
+    once per name.
+    """
 
     def __init__(self) -> None:
         self._buffer = b""
         self._started = False
-        self._data: list[str] = []
+        self._data: list[bytes] = []
         self._event: str | None = None
         self._id: int | None = None
-        self.last_event_id: str | None = None
+        self._last_id: bytes | None = None
+        self._names: dict[bytes, str] = {}
+
+    @property
+    def last_event_id(self) -> str | None:
+        """The spec's sticky last event id: the latest ``id`` field, whatever frame it was in."""
+        last = self._last_id
+        return None if last is None else last.decode("utf-8", "replace")
 
     def feed(self, chunk: bytes) -> list[SSEFrame]:
+        return [
+            SSEFrame(id=i, event=e, data=d.decode("utf-8", "replace"))
+            for i, e, d in self.feed_raw(chunk)
+        ]
+
+    def feed_raw(self, chunk: bytes) -> list[RawFrame]:
+        """The frames ``chunk`` completes, their data still bytes (see :func:`parse_raw`)."""
         buffer = self._buffer + chunk
-        frames: list[SSEFrame] = []
-        start = 0
-        while (cut := _line_end(buffer, start)) is not None:
-            end, after = cut
-            frame = self._line(buffer[start:end])
-            if frame is not None:
-                frames.append(frame)
-            start = after
-        self._buffer = buffer[start:]
+        hold = b""
+        if b"\r" in buffer:
+            # CR and CRLF end lines too. A trailing CR may be the first half of
+            # a CRLF split across two chunks: it waits for the next byte.
+            if buffer.endswith(b"\r"):
+                buffer, hold = buffer[:-1], b"\r"
+            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buffer.split(b"\n")
+        self._buffer = lines.pop() + hold
+        if not lines:
+            return []
+        if not self._started:
+            self._started = True
+            lines[0] = lines[0].removeprefix(_BOM)
+        frames: list[RawFrame] = []
+        names = self._names
+        data, event, frame_id = self._data, self._event, self._id
+        for line in lines:
+            # The server's own lines first ("id: ", "event: ", "data: "), each
+            # told by one prefix test; anything else goes the general way.
+            if not line:
+                if data:
+                    joined = data[0] if len(data) == 1 else b"\n".join(data)
+                    frames.append((frame_id, event, joined))
+                    data = []
+                event = frame_id = None
+            elif line.startswith(b"data: "):
+                data.append(line[6:])
+            elif line.startswith(b"id: ") and line[4:].isdigit():
+                self._last_id = line[4:]
+                frame_id = int(self._last_id)
+            elif line.startswith(b"event: ") and (known := names.get(line)) is not None:
+                event = known
+            elif line[0] != 0x3A:  # ":" starts a comment (the server's ping)
+                name, colon, value = line.partition(b":")
+                if colon and value.startswith(b" "):
+                    value = value[1:]
+                if name == b"data":
+                    data.append(value)
+                elif name == b"event":
+                    event = self._name(line, value)
+                elif name == b"id" and b"\0" not in value:
+                    self._last_id = value
+                    frame_id = int(value) if value.isdigit() else None
+                # "retry" and unknown fields are ignored: this client never reconnects on its own.
+        self._data, self._event, self._id = data, event, frame_id
         return frames
 
     def end(self) -> list[SSEFrame]:
         """The stream ended: complete a line cut by a final CR; drop an unfinished frame."""
-        frames: list[SSEFrame] = []
+        return [
+            SSEFrame(id=i, event=e, data=d.decode("utf-8", "replace")) for i, e, d in self.end_raw()
+        ]
+
+    def end_raw(self) -> list[RawFrame]:
+        """:meth:`end`, its frames as :meth:`feed_raw` gives them."""
+        frames: list[RawFrame] = []
         if self._buffer.endswith(b"\r"):
-            frames = self.feed(b"\n")
+            frames = self.feed_raw(b"\n")
         self._buffer = b""
         self._data, self._event, self._id = [], None, None
         return frames
 
-    def _line(self, raw: bytes) -> SSEFrame | None:
-        # The spec decodes with replacement: a bad byte spoils a value, not the stream.
-        line = raw.decode("utf-8", "replace")
-        if not self._started:
-            self._started = True
-            line = line.removeprefix("\ufeff")
-        if not line:
-            return self._dispatch()
-        if line.startswith(":"):
-            return None
-        name, colon, value = line.partition(":")
-        if colon and value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id" and "\0" not in value:
-            self.last_event_id = value
-            self._id = _seq(value)
-        # "retry" and unknown fields are ignored: this client never reconnects on its own.
-        return None
-
-    def _dispatch(self) -> SSEFrame | None:
-        data, event, frame_id = self._data, self._event, self._id
-        self._data, self._event, self._id = [], None, None
-        if not data:
-            return None
-        return SSEFrame(id=frame_id, event=event or None, data="\n".join(data))
-
-
-def _line_end(buffer: bytes, start: int) -> tuple[int, int] | None:
-    """(end of the line at ``start``, start of the next), or None while it is incomplete."""
-    lf = buffer.find(b"\n", start)
-    cr = buffer.find(b"\r", start)
-    if cr == -1 or (lf != -1 and lf < cr):
-        return None if lf == -1 else (lf, lf + 1)
-    if cr + 1 == len(buffer):
-        # A trailing CR may be the first half of a CRLF split across two chunks.
-        return None
-    return (cr, cr + 2) if buffer[cr + 1] == 0x0A else (cr, cr + 1)
-
-
-def _seq(value: str) -> int | None:
-    # Durable frames carry their seq; anything else is not a position one can resume from.
-    return int(value) if value.isascii() and value.isdigit() else None
+    def _name(self, line: bytes, value: bytes) -> str | None:
+        """The event type ``value`` (from ``line``) as text; remembered by its whole line."""
+        name = value.decode("utf-8", "replace") or None
+        if len(self._names) < _NAMES_MAX and name is not None:
+            self._names[line] = name
+        return name
