@@ -12,22 +12,19 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from protocol import ids
-from protocol.events import Event, envelope
+from protocol.events import Event, EventEnvelope, envelope
 from storage import RecordedEvent, Recorder, now_ms
 
-__all__ = ["Envelope", "EventBus"]
+__all__ = ["EventBus"]
 
 log = logging.getLogger(__name__)
-
-Envelope = dict[str, Any]
 
 
 class EventBus:
     def __init__(self) -> None:
-        self._subscribers: list[Callable[[Envelope], None]] = []
+        self._subscribers: list[Callable[[EventEnvelope], None]] = []
         self._detach: Callable[[], None] | None = None
 
     def attach(self, recorder: Recorder) -> None:
@@ -40,7 +37,7 @@ class EventBus:
             self._detach = None
         self._subscribers.clear()
 
-    def subscribe(self, subscriber: Callable[[Envelope], None]) -> Callable[[], None]:
+    def subscribe(self, subscriber: Callable[[EventEnvelope], None]) -> Callable[[], None]:
         self._subscribers.append(subscriber)
 
         def unsubscribe() -> None:
@@ -70,7 +67,7 @@ class EventBus:
                     )
                 )
 
-    def _publish(self, message: Envelope) -> None:
+    def _publish(self, message: EventEnvelope) -> None:
         for subscriber in list(self._subscribers):
             try:
                 subscriber(message)

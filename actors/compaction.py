@@ -64,8 +64,8 @@ from actors.llm import (
     ProviderError,
     ProviderRegistry,
     RetryPolicy,
+    TextChunk,
     TextContent,
-    TextDelta,
     Usage,
 )
 from actors.step import step_tokens
@@ -84,6 +84,7 @@ from protocol.shapes import (
     UserMessage,
 )
 from storage import Command, Store
+from storage.clock import SYSTEM, Clock
 
 __all__ = [
     "BUFFER_TOKENS",
@@ -412,7 +413,10 @@ class Compactor:
         retry: RetryPolicy,
         limits: Callable[[ModelRef], ModelLimits | None],
         settings: CompactionSettings | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
+        #: What a retry's backoff waits on.
+        self._clock = clock
         self._store = store
         self._bus = bus
         self._providers = providers
@@ -597,7 +601,7 @@ class Compactor:
                     raise CompactionFailedError(
                         ev.ErrorInfo(type=exc.type, message=exc.message), total
                     ) from None
-                await asyncio.sleep(delay / 1000)
+                await self._clock.sleep(delay / 1000)
                 continue
             total = _add(total, finished.usage)
             if finished.reason == "length":
@@ -630,7 +634,7 @@ class Compactor:
         pieces: list[str] = []
         async with contextlib.aclosing(provider.stream(request)) as stream:
             async for part in stream:
-                if isinstance(part, TextDelta):
+                if isinstance(part, TextChunk):
                     pieces.append(part.delta)
                     self._bus.live(ev.CompactionDelta(session_id=session_id, text=part.delta))
                 elif isinstance(part, Finish):

@@ -18,8 +18,8 @@ from actors.llm import (
     ModelRequest,
     ProviderError,
     ProviderRegistry,
+    TextChunk,
     TextContent,
-    TextDelta,
 )
 from actors.sessions import Sessions
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
@@ -75,7 +75,7 @@ class Generator:
             provider = self._providers.resolve(request.model)
             async with contextlib.aclosing(provider.stream(request)) as stream:
                 async for part in stream:
-                    if isinstance(part, TextDelta):
+                    if isinstance(part, TextChunk):
                         chunks.append(part.delta)
                         size += len(part.delta)
                         if size >= MAX_GENERATED_CHARS:

@@ -23,6 +23,7 @@ since by new input.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from typing import Any, Final, Protocol
 
 from actors.hostbus import HostBus, HostMessage
 from protocol.errors import ServiceUnavailableError
+from storage.clock import SYSTEM, Clock
 from storage.errors import StorageError
 
 __all__ = ["PENDING", "REMEMBERED", "UNHELD", "WAIT_S", "LocalHost", "RemoteInterrupts"]
@@ -82,7 +84,10 @@ class RemoteInterrupts:
         local: LocalHost,
         *,
         wait_s: float = WAIT_S,
+        clock: Clock = SYSTEM,
     ) -> None:
+        #: What the wait for an answer, and the pauses between resends, are measured on.
+        self._clock = clock
         self._host_id = host_id
         self._bus = bus
         self._interrupt = local.interrupt_here
@@ -113,15 +118,15 @@ class RemoteInterrupts:
         )
         pause, target, ended = _RESEND_S, owner, False
         try:
-            async with asyncio.timeout(self.wait_s):
+            async with self._clock.timeout(self.wait_s):
                 while True:
                     try:
                         await self._bus.publish(target, message)
                     except StorageError as exc:
                         log.warning("interrupt for %s not sent to %s: %s", session_id, target, exc)
-                    done, _ = await asyncio.wait((answered,), timeout=pause)
-                    if done:
-                        return answered.result()
+                    with contextlib.suppress(TimeoutError):
+                        async with self._clock.timeout(pause):
+                            return await asyncio.shield(answered)
                     pause = min(pause * 2, _RESEND_MAX_S)
                     if ended:
                         return False  # it ran nowhere, and no answer came since

@@ -47,7 +47,8 @@ class LeaseKeeper:
         self.host_id = host_id
         self.ttl_ms = ttl_ms
         self._on_lost = on_lost.lease_lost
-        self._clock = clock
+        #: What the leases' expiry is measured on (the store's, in a runtime).
+        self.clock = clock
         self._fences: dict[str, Fence] = {}
         self._task: asyncio.Task[None] | None = None
         self._suspended = False
@@ -118,7 +119,7 @@ class LeaseKeeper:
 
     async def _run(self) -> None:
         while True:
-            await self._clock.sleep(self.interval_s)
+            await self.clock.sleep(self.interval_s)
             if self._suspended:
                 continue
             try:

@@ -61,7 +61,6 @@ from storage import (
     SeqConflictError,
     StorageError,
     Store,
-    now_ms,
 )
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "RESTART_NOTICE", "RecoveryReport", "recover"]
@@ -101,7 +100,8 @@ async def recover(
     """Recover every claimed session nobody runs."""
 
     async def busy() -> set[str]:
-        live = {lease.session_id for lease in await store.queries.leases(live_at=now_ms())}
+        leases = await store.queries.leases(live_at=keeper.clock.now_ms())
+        live = {lease.session_id for lease in leases}
         return live | set(await execution.active())
 
     stale = await reap_stale_tools(store, blocking, running=busy)
@@ -109,7 +109,7 @@ async def recover(
     if not claims:
         return RecoveryReport(stale_tools=stale)
     running = set(await execution.active())
-    now = now_ms()
+    now = keeper.clock.now_ms()
     free = [c for c in claims if c.session_id not in running and c.orphaned(now)]
     skipped = tuple(c.session_id for c in claims if c not in free and c.parent_id is None)
     children = [c for c in free if c.parent_id is not None]

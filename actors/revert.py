@@ -220,17 +220,27 @@ class Reverts:
         from_id: str | None = None,
         to_id: str | None = None,
         context: int = 3,
+        *,
+        message_id: str | None = None,
     ) -> builtins.list[FileDiff]:
-        """File diffs between the snapshots before two user messages.
+        """File diffs between the snapshots before two user messages, or of one step.
 
         ``from`` left out: the session's first snapshot; ``to`` left out: the
-        files as they are now.
+        files as they are now. ``message_id`` (an assistant message, not with
+        ``from``/``to``): what that step changed (see :meth:`step_diff`).
         """
         if context < 0:
             raise InvalidRequestError("context must be a non-negative integer", field="context")
-        for value, field in ((from_id, "from"), (to_id, "to")):
+        for value, field in ((from_id, "from"), (to_id, "to"), (message_id, "messageID")):
             if value is not None:
                 ids.validate("msg", value, field=field)
+        if message_id is not None:
+            if from_id is not None or to_id is not None:
+                raise InvalidRequestError(
+                    "messageID (one step) does not go with from/to (between prompts)",
+                    field="messageID",
+                )
+            return await self.step_diff(session_id, message_id, context)
         session = await self._session(session_id)
         directory = session.location.directory
         try:
@@ -243,6 +253,46 @@ class Reverts:
             if end is None:
                 return []
             return await self._snapshots.diff(directory, start, end, context=context)
+        except SnapshotError as exc:
+            raise UnknownError(f"snapshot store: {exc}") from None
+
+    async def step_diff(
+        self, session_id: str, message_id: str, context: int = 3
+    ) -> builtins.list[FileDiff]:
+        """The files the step of assistant message ``message_id`` changed, with their diff.
+
+        From the step's own snapshots (``before`` and ``snapshot`` of its
+        ``step.ended``/``step.failed``), only its ``files``: nothing the user
+        or a later step did. A step that recorded no snapshot (no writing
+        tool ran, no git work tree, not ended yet) changed nothing: ``[]``.
+        The message is looked up in this session only (another session's id
+        is a 404); a user or other non-step message is a 400.
+        """
+        session = await self._session(session_id)
+        message = await self._store.queries.message(session_id, message_id)
+        if message is None:
+            raise MessageNotFoundError(session_id, message_id)
+        if not isinstance(message, AssistantMessage):
+            raise InvalidRequestError(
+                f"messageID must name an assistant message (a step), not a {message.type}"
+                " message; a prompt's changes are from=<it>&to=<the next prompt>",
+                field="messageID",
+            )
+        step = await self._store.queries.step_snapshot(session_id, message_id, message.seq)
+        if step is None:
+            return []
+        before, after, files = step
+        directory = session.location.directory
+        try:
+            if not await self._snapshots.has_trees(directory, [before, after]):
+                raise ConflictError(
+                    "the step's snapshots were taken in another directory (the session"
+                    " moved since)",
+                    resource="files",
+                )
+            return await self._snapshots.diff(
+                directory, before, after, context=context, only=frozenset(files)
+            )
         except SnapshotError as exc:
             raise UnknownError(f"snapshot store: {exc}") from None
 

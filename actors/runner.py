@@ -63,6 +63,7 @@ from protocol.shapes import (
     SessionMessage,
 )
 from storage import Boundary, Command, DrainStart, Store
+from storage.clock import SYSTEM, Clock
 from storage.queries import InstructionInputs
 
 __all__ = [
@@ -160,6 +161,7 @@ class Runner:
         waiters: PermissionWaiters | None = None,
         mcp: McpTools | None = None,
         nearby: NearbyInstructions | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self._store = store
         #: MCP servers' tools, by the session's Location (none configured: None).
@@ -180,6 +182,7 @@ class Runner:
             retry=retry,
             limits=model_limits or (lambda model: None),
             settings=compaction,
+            clock=clock,
         )
         #: What the runner does with a control item at the head of the inbox,
         #: by its type. A handler delivers the item (``Inbox.control``, with
@@ -203,6 +206,7 @@ class Runner:
             waiters=waiters,
             blocking=blocking.run,
             nearby=nearby,
+            clock=clock,
         )
 
     @property

@@ -96,9 +96,9 @@ from storage import (
     Synchronous,
     connect,
     fenced,
-    now_ms,
     redact,
 )
+from storage.clock import SYSTEM, Clock, wait_event
 
 __all__ = ["DB_NAME", "Runtime", "RuntimeConfig", "check_data_dir", "make_data_dir"]
 
@@ -249,6 +249,10 @@ class RuntimeConfig:
     #: Window limits of models no ``[providers.*]`` table describes (the
     #: scripted model, injected providers), keyed ``PROVIDER/MODEL``.
     model_limits: Mapping[str, ModelLimits] = attrs.field(factory=dict)
+    #: What every wait of the runtime is measured on (lease expiry and renewal,
+    #: retry backoff, the output sweep, interrupt answers, stream heartbeats):
+    #: the real clock; tests give one they advance (:mod:`storage.clock`).
+    clock: Clock = attrs.field(default=SYSTEM, eq=False, repr=False)
 
     def limits(self, model: ModelRef) -> ModelLimits | None:
         """The context and output limits of ``model``; None when unknown."""
@@ -416,6 +420,7 @@ class Runtime:
                 synchronous=config.synchronous,
                 read_only=config.read_only,
                 decode_cache_bytes=config.decode_cache_bytes,
+                clock=config.clock,
             )
         self.services = services = build_services(config, store, host_bus=host_bus)
         # The services under the names the server, the embedded host and the tests use.
@@ -468,7 +473,7 @@ class Runtime:
 
     async def _owner(self, session_id: str) -> str | None:
         """The other host holding a live lease on the session, if any."""
-        for lease in await self.store.queries.leases(live_at=now_ms()):
+        for lease in await self.store.queries.leases(live_at=self.config.clock.now_ms()):
             if lease.session_id == session_id and lease.host_id != self.host_id:
                 return lease.host_id
         return None
@@ -479,7 +484,7 @@ class Runtime:
         out: dict[str, tuple[str, int | None]] = {}
         claimed = {c.session_id for c in await self.store.queries.claims()}
         mine: dict[str, int] = {}
-        for lease in await self.store.queries.leases(live_at=now_ms()):
+        for lease in await self.store.queries.leases(live_at=self.config.clock.now_ms()):
             if lease.host_id == self.host_id:
                 mine[lease.session_id] = lease.epoch
             elif lease.session_id in claimed:
@@ -504,9 +509,7 @@ class Runtime:
             # Another host's live lease ends with its terminal, or at its expiry
             # (a host that died): re-read at least every quarter ttl.
             while await self._owner(session_id) is not None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.config.lease_ttl_ms / 4000):
-                        await ended.wait()  # not wait_for: see _scan
+                await wait_event(self.config.clock, ended, self.config.lease_ttl_ms / 4000)
                 ended.clear()
         finally:
             unsubscribe()
@@ -564,7 +567,8 @@ class Runtime:
             default_model=config.default_model or SCRIPTED_MODEL,
         )
         sweeper = asyncio.get_running_loop().create_task(
-            run_sweeper(services.bounding, services.blocking), name="tool-output-sweeper"
+            run_sweeper(services.bounding, services.blocking, config.clock),
+            name="tool-output-sweeper",
         )
         stack.push_async_callback(_cancel, sweeper)
         # Closed after execution stops (pushed first): the steps use the watches.
@@ -629,12 +633,10 @@ class Runtime:
         # At most a second: a dead host's sessions move within expiry + 1 s.
         interval = min(self.config.lease_ttl_ms / 2 / 1000, 1.0)
         while True:
-            # asyncio.timeout, not wait_for: on 3.11, wait_for returns normally
-            # when the event and a cancellation land together, and the scan then
-            # ran on forever, holding a closing runtime open.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await self.services.rescan.wait()
+            # A timeout, not wait_for: on 3.11, wait_for returns normally when the
+            # event and a cancellation land together, and the scan then ran on
+            # forever, holding a closing runtime open.
+            await wait_event(self.config.clock, self.services.rescan, interval)
             self.services.rescan.clear()
             try:
                 await self.recover()
@@ -732,6 +734,7 @@ def _build_runner(
             enabled=config.project_instructions,
         ),
         mcp=services.mcp if services.mcp else None,
+        clock=config.clock,
     )
 
 

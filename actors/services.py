@@ -47,7 +47,8 @@ from actors.tools.builtin import BashTool
 from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
-from storage import RecordedEvent, Store, default_host_id, is_server_url, now_ms
+from storage import RecordedEvent, Store, default_host_id, is_server_url
+from storage.clock import SYSTEM, Clock
 from storage.follow import FollowDispatcher
 
 if TYPE_CHECKING:
@@ -67,9 +68,16 @@ class HostExecution:
     """
 
     def __init__(
-        self, store: Store, host_id: str, host_bus: HostBus, shells: Shells, envs: Environments
+        self,
+        store: Store,
+        host_id: str,
+        host_bus: HostBus,
+        shells: Shells,
+        envs: Environments,
+        clock: Clock = SYSTEM,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._host_id = host_id
         self._host_bus = host_bus
         self._shells = shells
@@ -138,10 +146,11 @@ class HostExecution:
 
         One read: a lease is taken with its claim and released with its end, so
         the claims (with their leases) say it all."""
+        now = self._clock.now_ms()
         for claim in await self._store.queries.claims():
             if claim.session_id == session_id:
                 lease = claim.lease
-                if claim.orphaned(now_ms()) or lease is None or lease.host_id == self._host_id:
+                if claim.orphaned(now) or lease is None or lease.host_id == self._host_id:
                     return UNHELD
                 return lease.host_id
         return None
@@ -357,6 +366,7 @@ def build_services(
         output_dir=config.tool_output_dir,
         max_lines=config.tool_output_max_lines,
         max_bytes=config.tool_output_max_bytes,
+        clock=config.clock,
     )
     adapters = build_providers(config.provider_configs)
     providers = ProviderRegistry(
@@ -396,7 +406,7 @@ def build_services(
         ),
         timeout_s=config.shell_timeout_s,
     )
-    execution = HostExecution(store, host_id, host_bus, shells, environments)
+    execution = HostExecution(store, host_id, host_bus, shells, environments, config.clock)
     snapshots = Snapshots(
         config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=blocking.run
     )
@@ -422,8 +432,10 @@ def build_services(
         agents=agents,
         waiters=waiters,
     )
-    remote_interrupts = RemoteInterrupts(host_id, host_bus, execution)
-    leases = LeaseKeeper(store, host_id, ttl_ms=config.lease_ttl_ms, on_lost=execution)
+    remote_interrupts = RemoteInterrupts(host_id, host_bus, execution, clock=config.clock)
+    leases = LeaseKeeper(
+        store, host_id, ttl_ms=config.lease_ttl_ms, on_lost=execution, clock=config.clock
+    )
     subagents = Subagents(
         sessions=sessions,
         agents=agents,

@@ -43,8 +43,9 @@ import functools
 import hashlib
 import logging
 import os
+import re
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -80,6 +81,8 @@ MAX_DIFF_FILES: Final = 1000
 MAX_CACHED_TREES: Final = 1024
 #: Work trees watched at once (each one inotify descriptor, up to ``MAX_WATCHES`` watches).
 MAX_WATCHED_TREES: Final = 16
+#: A tree id of the store (SHA-1 or SHA-256 object names).
+_TREE_ID: Final = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 #: Bumped when the store's configuration changes: older stores get the new one.
 _CONFIG_VERSION: Final = "3"
 _CONFIG: Final = (
@@ -268,6 +271,8 @@ class Snapshots:
         work = Path(directory)
         if not trees:
             return True
+        if not all(_TREE_ID.fullmatch(tree) for tree in trees):
+            return False  # never handed to git: it could read as an option
         if not await self._blocking((self._store(work) / "objects").is_dir):
             return False
         for tree in sorted(set(trees)):
@@ -292,10 +297,24 @@ class Snapshots:
         return out
 
     async def diff(
-        self, directory: str | Path, a: str, b: str, *, context: int = 3
+        self,
+        directory: str | Path,
+        a: str,
+        b: str,
+        *,
+        context: int = 3,
+        only: Collection[str] | None = None,
     ) -> list[FileDiff]:
-        """File diffs from tree ``a`` to tree ``b`` (at most ``MAX_DIFF_FILES`` files)."""
+        """File diffs from tree ``a`` to tree ``b`` (at most ``MAX_DIFF_FILES`` files).
+
+        Both are trees of the store (git reads its objects, never the files of
+        the directory), named by their ids: anything else is a
+        :class:`SnapshotError` before git runs. ``only``: just those paths.
+        """
         work = Path(directory)
+        for tree in (a, b):
+            if not _TREE_ID.fullmatch(tree):
+                raise SnapshotError(f"not a snapshot id: {tree[:80]!r}")
         out = await self._git(work, "diff", "--no-renames", "--numstat", "-z", a, b)
         result: list[FileDiff] = []
         status = await self._statuses(work, a, b)
@@ -303,6 +322,8 @@ class Snapshots:
             if not entry:
                 continue
             added, deleted, name = entry.split("\t", 2)
+            if only is not None and name not in only:
+                continue
             binary = added == "-"
             patch = b""
             if not binary:

@@ -81,15 +81,15 @@ from actors.llm import (
     ModelRequest,
     ProviderError,
     ProviderRegistry,
-    ReasoningDelta,
+    ReasoningChunk,
     ReasoningEnd,
     ReasoningStart,
     RetryPolicy,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
     Usage,
@@ -103,6 +103,7 @@ from protocol import events as ev
 from protocol import ids
 from protocol.shapes import Session
 from storage import Command, FencedError, RecordedEvent, StorageError, Store, now_ms
+from storage.clock import SYSTEM, Clock
 
 __all__ = [
     "CONTINUE_DESCRIPTION",
@@ -287,7 +288,10 @@ class StepRunner:
         waiters: PermissionWaiters | None = None,
         blocking: Blocking | None = None,
         nearby: NearbyInstructions | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
+        #: What the retry backoff waits on (and its ``at`` is read from).
+        self._clock = clock
         self._blocking = blocking
         self._nearby = nearby
         self._waiters = PermissionWaiters() if waiters is None else waiters
@@ -483,7 +487,7 @@ class StepRunner:
         Nothing else to settle then: a retry comes before any output (no
         record), a continuation after its message failed.
         """
-        at = now_ms() + delay_ms
+        at = self._clock.now_ms() + delay_ms
         event = ev.RetryScheduled(
             session_id=session_id,
             assistant_message_id=assistant_id,
@@ -492,7 +496,7 @@ class StepRunner:
             error=error,
         )
         await self._store.append(Command.of(event))
-        await asyncio.sleep(max(0, at - now_ms()) / 1000)
+        await self._clock.sleep(max(0, at - self._clock.now_ms()) / 1000)
 
     async def _stream(self, step: _Attempt, request: ModelRequest, limited: bool) -> Finish | None:
         provider = self._providers.resolve(request.model)
@@ -509,13 +513,13 @@ class StepRunner:
                             if text
                             else ev.ReasoningStarted(**on, ordinal=n)
                         )
-                    case TextDelta(ordinal=n, delta=d):
+                    case TextChunk(ordinal=n, delta=d):
                         step.blocks.setdefault(n, ("text", []))[1].append(d)
                         if step.journal.live.listening:
                             step.journal.live.publish(
                                 ev.TextDelta(**on, ordinal=n, delta=d), step.journal.gate()
                             )
-                    case ReasoningDelta(ordinal=n, delta=d):
+                    case ReasoningChunk(ordinal=n, delta=d):
                         step.blocks.setdefault(n, ("reasoning", []))[1].append(d)
                         if step.journal.live.listening:
                             step.journal.live.publish(
@@ -530,7 +534,7 @@ class StepRunner:
                         step.begin()
                         step.calls.input_started(call_id, name)
                         step.journal.emit(ev.ToolInputStarted(**on, id=call_id, name=name))
-                    case ToolInputDelta(id=call_id, delta=d):
+                    case ToolInputChunk(id=call_id, delta=d):
                         step.inputs.setdefault(call_id, []).append(d)
                         if step.journal.live.listening:
                             step.journal.live.publish(

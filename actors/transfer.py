@@ -293,7 +293,8 @@ class SessionTransfer:
         found = await self._store.queries.imports()
         if not found:
             return []
-        live = {lease.session_id for lease in await self._store.queries.leases(live_at=now_ms())}
+        now = now_ms() if self._leases is None else self._leases.clock.now_ms()
+        live = {lease.session_id for lease in await self._store.queries.leases(live_at=now)}
         gone = []
         for session_id, seq in found:
             if session_id in self._importing or session_id in live:

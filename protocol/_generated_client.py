@@ -13,6 +13,7 @@ from protocol._client_stream import EventStream
 from protocol.events import PermissionAsked
 from protocol.operations import (
     ActiveSession,
+    AgentInfo,
     AgentInput,
     DeliveryInput,
     DiffQuery,
@@ -26,6 +27,7 @@ from protocol.operations import (
     LogQuery,
     McpServerStatus,
     MessagesQuery,
+    ModelInfo,
     ModelInput,
     PermissionReplyInput,
     RevertStageInput,
@@ -78,6 +80,7 @@ _SESSION_MOVE: Final = by_id("session.move")
 _SESSION_INTERRUPT: Final = by_id("session.interrupt")
 _SESSION_RESUME: Final = by_id("session.resume")
 _SESSION_WAIT: Final = by_id("session.wait")
+_SESSION_AGENTS: Final = by_id("session.agents")
 _SESSION_SWITCH_AGENT: Final = by_id("session.switchAgent")
 _SESSION_SWITCH_MODEL: Final = by_id("session.switchModel")
 _SESSION_INBOX_LIST: Final = by_id("session.inbox.list")
@@ -101,6 +104,7 @@ _SESSION_INSTRUCTIONS_ENTRY_PUT: Final = by_id("session.instructions.entry.put")
 _SESSION_INSTRUCTIONS_ENTRY_REMOVE: Final = by_id("session.instructions.entry.remove")
 _EVENT_SUBSCRIBE: Final = by_id("event.subscribe")
 _SERVER_HEALTH: Final = by_id("server.health")
+_SERVER_MODELS: Final = by_id("server.models")
 _SERVER_MCP: Final = by_id("server.mcp")
 _SERVER_METRICS: Final = by_id("server.metrics")
 
@@ -498,6 +502,24 @@ class SessionsAPI(APIGroup):
             options=options,
         )
 
+    async def agents(
+        self,
+        session_id: str,
+        *,
+        options: CallOptions | None = None,
+    ) -> tuple[AgentInfo, ...]:
+        """The agents the session may select: built in, the operator's and its directory's, by name.
+
+        ``GET /api/session/{sessionID}/agent`` (session.agents). Errors: InvalidRequestError,
+        UnauthorizedError, SessionNotFoundError.
+        """
+        result: tuple[AgentInfo, ...] = await self._call(
+            _SESSION_AGENTS,
+            path_params={"sessionID": session_id},
+            options=options,
+        )
+        return result
+
     async def switch_agent(
         self,
         session_id: str,
@@ -828,10 +850,11 @@ class SessionsAPI(APIGroup):
         *,
         options: CallOptions | None = None,
     ) -> tuple[FileDiff, ...]:
-        """File diffs between the snapshots before two user messages.
+        """File diffs between the snapshots before two user messages, or of one step (messageID: an
+        assistant message).
 
         ``GET /api/session/{sessionID}/diff`` (session.diff). Errors: InvalidRequestError,
-        UnauthorizedError, SessionNotFoundError, MessageNotFoundError, UnknownError.
+        UnauthorizedError, SessionNotFoundError, MessageNotFoundError, ConflictError, UnknownError.
         """
         result: tuple[FileDiff, ...] = await self._call(
             _SESSION_DIFF,
@@ -963,6 +986,22 @@ class ServerAPI(APIGroup):
         """
         result: HealthStatus = await self._call(
             _SERVER_HEALTH,
+            options=options,
+        )
+        return result
+
+    async def models(
+        self,
+        *,
+        options: CallOptions | None = None,
+    ) -> tuple[ModelInfo, ...]:
+        """The models the configured providers name (and the scripted one); a provider configured
+        without a model list takes any model id.
+
+        ``GET /api/model`` (server.models). Errors: InvalidRequestError, UnauthorizedError.
+        """
+        result: tuple[ModelInfo, ...] = await self._call(
+            _SERVER_MODELS,
             options=options,
         )
         return result

@@ -41,6 +41,7 @@ __all__ = [
     "EnqueuedItem",
     "ErrorInfo",
     "Event",
+    "EventEnvelope",
     "ExecutionFailed",
     "ExecutionInterrupted",
     "ExecutionRecovering",
@@ -804,7 +805,12 @@ def decode_event(type_: str, data: bytes | str) -> Event | None:
     return codec.from_json(cls, orjson.loads(data))
 
 
-def envelope(*, id: str, created: int, event: Event, seq: int | None) -> dict[str, Any]:
+#: The public event envelope of ``reference/wire.md`` as JSON-ready values: what
+#: the instance feed publishes and the SSE layer sends.
+EventEnvelope = dict[str, Any]
+
+
+def envelope(*, id: str, created: int, event: Event, seq: int | None) -> EventEnvelope:
     """The public event envelope of ``reference/wire.md``."""
     out: dict[str, Any] = {"id": id, "created": created, "type": event.TYPE}
     metadata = event.envelope_metadata()

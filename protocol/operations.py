@@ -58,6 +58,7 @@ from protocol.shapes import (
 __all__ = [
     "OPERATIONS",
     "ActiveSession",
+    "AgentInfo",
     "AgentInput",
     "DeliveryInput",
     "DiffQuery",
@@ -72,6 +73,7 @@ __all__ = [
     "McpLocationStatus",
     "McpServerStatus",
     "MessagesQuery",
+    "ModelInfo",
     "ModelInput",
     "Operation",
     "OutputKind",
@@ -189,6 +191,15 @@ class DiffQuery:
     context: int | None = attrs.field(
         default=None, metadata={"schema": {"type": "integer", "minimum": 0}}
     )
+    #: An assistant message id (a step): the files that step changed, from its
+    #: own snapshots. Not with ``from``/``to``.
+    message_id: str | None = attrs.field(
+        default=None,
+        metadata={
+            "wire": "messageID",
+            "schema": {"type": "string", "pattern": ids.pattern("msg")},
+        },
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -234,6 +245,27 @@ class McpServerStatus:
     #: Its tools as the model sees them: ``<server>_<tool>``.
     tools: tuple[str, ...] = ()
     locations: tuple[McpLocationStatus, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class AgentInfo:
+    """An agent a session may select (its system prompt, script and permissions not shown)."""
+
+    name: str
+    #: ``primary`` (a session's agent), ``subagent`` (only through the
+    #: ``task`` tool) or ``all`` (either).
+    mode: Literal["primary", "subagent", "all"]
+    description: str = ""
+    #: The model it runs on; None: the session's selected model.
+    model: ModelRef | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ModelInfo:
+    """A model this server can be asked for: a configured provider's model, or scripted."""
+
+    provider_id: str
+    id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -519,6 +551,17 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         client=("sessions", "wait"),
     ),
     Operation(
+        id="session.agents",
+        method="GET",
+        path="/api/session/{sessionID}/agent",
+        summary="The agents the session may select: built in, the operator's and its"
+        " directory's, by name",
+        output_kind="items",
+        output=AgentInfo,
+        errors=_NF,
+        client=("sessions", "agents"),
+    ),
+    Operation(
         id="session.switchAgent",
         method="POST",
         path="/api/session/{sessionID}/agent",
@@ -681,11 +724,12 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         id="session.diff",
         method="GET",
         path="/api/session/{sessionID}/diff",
-        summary="File diffs between the snapshots before two user messages",
+        summary="File diffs between the snapshots before two user messages, or of one step"
+        " (messageID: an assistant message)",
         query=DiffQuery,
         output_kind="items",
         output=FileDiff,
-        errors=(*_NF, e.MessageNotFoundError, e.UnknownError),
+        errors=(*_NF, e.MessageNotFoundError, e.ConflictError, e.UnknownError),
         client=("sessions", "diff"),
     ),
     Operation(
@@ -744,6 +788,16 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         output=HealthStatus,
         errors=(e.ServiceUnavailableError, e.StorageUnavailableError),
         client=("server", "health"),
+    ),
+    Operation(
+        id="server.models",
+        method="GET",
+        path="/api/model",
+        summary="The models the configured providers name (and the scripted one); a"
+        " provider configured without a model list takes any model id",
+        output_kind="items",
+        output=ModelInfo,
+        client=("server", "models"),
     ),
     Operation(
         id="server.mcp",

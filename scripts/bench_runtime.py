@@ -95,7 +95,7 @@ from actors.llm import (
     ModelRequest,
     ScriptedProvider,
     StreamPart,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
 )
@@ -368,7 +368,7 @@ class BaselineSession:
                 case TextStart(ordinal=n):
                     texts[n] = []
                     submitted.append(store.submit(Command.of(ev.TextStarted(**on, ordinal=n))))
-                case TextDelta(ordinal=n, delta=d):
+                case TextChunk(ordinal=n, delta=d):
                     texts[n].append(d)
                 case TextEnd(ordinal=n):
                     text_ = "".join(texts.pop(n))

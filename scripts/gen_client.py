@@ -22,7 +22,6 @@ committed file equals a fresh rendering.
 
 from __future__ import annotations
 
-import argparse
 import collections.abc
 import re
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from _generated import write_or_check
 
 from protocol.operations import OPERATIONS, Operation
 
@@ -299,20 +299,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
-    ns = parser.parse_args(argv)
-    text = render()
-    current = TARGET.read_text() if TARGET.exists() else None
-    if ns.check:
-        if current != text:
-            print(f"{TARGET} is stale; run scripts/gen_client.py", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        TARGET.write_text(text)
-        print(f"wrote {TARGET}")
-    return 0
+    return write_or_check(TARGET, render, script="gen_client.py", doc=__doc__, argv=argv)
 
 
 if __name__ == "__main__":

@@ -18,16 +18,15 @@ fresh rendering and that the loader and the classes agree key for key.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import inspect
 import re
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import attrs
+from _generated import write_or_check
 
 from actors.llm import ModelLimits, ProviderConfig
 from actors.runtime import RuntimeConfig
@@ -262,21 +261,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
-    ns = parser.parse_args(argv)
-    text = render()
-    current = TARGET.read_text() if TARGET.exists() else None
-    if ns.check:
-        if current != text:
-            print(f"{TARGET} is stale; run scripts/gen_config_doc.py", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        TARGET.parent.mkdir(exist_ok=True)
-        TARGET.write_text(text)
-        print(f"wrote {TARGET}")
-    return 0
+    return write_or_check(TARGET, render, script="gen_config_doc.py", doc=__doc__, argv=argv)
 
 
 if __name__ == "__main__":

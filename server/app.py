@@ -430,6 +430,7 @@ def make_app(
         queue_bytes=settings.event_queue_bytes,
         write_timeout_s=settings.stream_write_timeout_s,
         close_grace_s=settings.shutdown_grace_s,
+        clock=_runtime_config(runtime, config).clock,
     )
     for op in OPERATIONS:
         if op.method == "GET":
@@ -462,6 +463,13 @@ def make_app(
 
     app.on_shutdown.append(on_shutdown)
     return app
+
+
+def _runtime_config(runtime: Runtime | None, config: RuntimeConfig | None) -> RuntimeConfig:
+    if config is not None:
+        return config
+    assert runtime is not None
+    return runtime.config
 
 
 async def _feed(app: web.Application, runtime: Runtime) -> AsyncIterator[None]:

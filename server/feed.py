@@ -54,7 +54,8 @@ from typing import Final, Literal
 import orjson
 from aiohttp import web
 
-from actors.bus import Envelope, EventBus
+from actors.bus import EventBus
+from protocol.events import EventEnvelope
 from server.sse import PING, Sender, StalledWriteError, StreamSettings, frame, open_stream
 from storage import now_ms
 
@@ -197,7 +198,7 @@ class EventFeed:
         self.dropped.set()
         log.warning("event subscriber dropped (%s): %s", reason, message)
 
-    def _publish(self, message: Envelope) -> None:
+    def _publish(self, message: EventEnvelope) -> None:
         if not self._connections:
             return
         durable = message.get("durable")
@@ -282,7 +283,7 @@ class EventFeed:
                 connection.idle = True
                 connection.wake.clear()
                 try:
-                    async with asyncio.timeout(heartbeat):
+                    async with self._settings.clock.timeout(heartbeat):
                         await connection.wake.wait()
                 except TimeoutError:
                     connection.idle = False

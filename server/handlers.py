@@ -17,6 +17,7 @@ from protocol.cursor import SessionQuery
 from protocol.errors import ServiceUnavailableError
 from protocol.operations import (
     ActiveSession,
+    AgentInfo,
     AgentInput,
     DeliveryInput,
     DiffQuery,
@@ -29,6 +30,7 @@ from protocol.operations import (
     McpLocationStatus,
     McpServerStatus,
     MessagesQuery,
+    ModelInfo,
     ModelInput,
     PermissionReplyInput,
     RevertStageInput,
@@ -144,6 +146,19 @@ async def session_wait(call: Call) -> Any:
 async def session_switch_agent(call: Call) -> Any:
     body: AgentInput = call.body
     await call.runtime.sessions.switch_agent(call.session_id, body.agent)
+
+
+async def session_agents(call: Call) -> Any:
+    session = await call.runtime.sessions.get(call.session_id)
+    catalog = await call.runtime.agents.load(session.location.directory)
+    return [
+        AgentInfo(name=a.name, mode=a.mode, description=a.description, model=a.model)
+        for a in (catalog.agents[name] for name in catalog.names())
+    ]
+
+
+async def server_models(call: Call) -> Any:
+    return [ModelInfo(provider_id=p, id=m) for p, m in call.runtime.providers.listed()]
 
 
 async def session_switch_model(call: Call) -> Any:
@@ -263,7 +278,11 @@ async def revert_commit(call: Call) -> Any:
 async def session_diff(call: Call) -> Any:
     q: DiffQuery = call.query or DiffQuery()
     return await call.runtime.reverts.diff(
-        call.session_id, q.from_, q.to, 3 if q.context is None else q.context
+        call.session_id,
+        q.from_,
+        q.to,
+        3 if q.context is None else q.context,
+        message_id=q.message_id,
     )
 
 
@@ -315,6 +334,7 @@ HANDLERS: dict[str, Handler] = {
     "session.interrupt": session_interrupt,
     "session.resume": session_resume,
     "session.wait": session_wait,
+    "session.agents": session_agents,
     "session.switchAgent": session_switch_agent,
     "session.switchModel": session_switch_model,
     "session.inbox.list": inbox_list,
@@ -335,5 +355,6 @@ HANDLERS: dict[str, Handler] = {
     "session.instructions.entry.list": instruction_entries,
     "session.instructions.entry.put": instruction_entry_put,
     "session.instructions.entry.remove": instruction_entry_remove,
+    "server.models": server_models,
     "server.mcp": server_mcp,
 }

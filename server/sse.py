@@ -31,6 +31,7 @@ from protocol.errors import InvalidRequestError
 from protocol.events import envelope
 from protocol.operations import LogQuery
 from storage import RecordedEvent, StorageError
+from storage.clock import SYSTEM, Clock
 
 __all__ = [
     "PING",
@@ -73,8 +74,11 @@ class StreamSettings:
         queue_bytes: int = 8 * 1024 * 1024,
         write_timeout_s: float = 10.0,
         close_grace_s: float = 0.5,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.heartbeat_s = heartbeat_s
+        #: What the heartbeat interval is measured on (the runtime's clock).
+        self.clock = clock
         self.queue_bytes = queue_bytes
         self.write_timeout_s = write_timeout_s
         self.close_grace_s = close_grace_s
@@ -230,7 +234,7 @@ async def session_log(
                 synced["seq"] = log.watermark
             await sender.write(frame(orjson.dumps(synced), event="log.synced"))
             if query.follow:
-                async for page in log.changes(settings.heartbeat_s):
+                async for page in log.changes(settings.heartbeat_s, settings.clock):
                     await sender.write(_records_chunk(page) if page else PING)
             return response
         except StalledWriteError as exc:

@@ -18,6 +18,7 @@ from typing import Final
 
 from storage._url import redact
 from storage._writer import Synchronous
+from storage.clock import SYSTEM, Clock
 from storage.errors import StorageError
 from storage.interfaces import HostChannel, Store
 from storage.queries import DECODE_CACHE_BYTES
@@ -46,10 +47,13 @@ def connect(
     synchronous: Synchronous = "FULL",
     read_only: bool = False,
     decode_cache_bytes: int = DECODE_CACHE_BYTES,
+    clock: Clock = SYSTEM,
 ) -> Store:
     """An unopened store for ``database`` (a path, or a ``postgresql://`` URL).
 
     ``synchronous`` is SQLite's durability level; a server backend ignores it.
+    ``clock``: what SQLite's lease expiry is measured on (a server backend
+    compares leases with the server's clock).
     Raises :class:`~storage.errors.StorageError` when the URL names a
     backend this build does not have.
     """
@@ -74,6 +78,7 @@ def connect(
         readers=SQLITE_READERS,
         read_only=read_only,
         decode_cache_bytes=decode_cache_bytes,
+        clock=clock,
     )
 
 

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Final, Self
 
+from storage.clock import SYSTEM, Clock
 from storage.recorder import RecordedEvent, Recorder
 
 __all__ = ["FollowDispatcher", "LogFollow"]
@@ -146,14 +147,17 @@ class LogFollow:
             yield page
         self.cursor = max(self.cursor, self.watermark)
 
-    async def changes(self, idle_s: float) -> AsyncIterator[list[RecordedEvent]]:
-        """Pages committed after the replay; an empty page after ``idle_s`` without one.
+    async def changes(
+        self, idle_s: float, clock: Clock = SYSTEM
+    ) -> AsyncIterator[list[RecordedEvent]]:
+        """Pages committed after the replay; an empty page after ``idle_s`` (on
+        ``clock``) without one.
 
         Ends after the aggregate's deletion, or at once after :meth:`close`.
         """
         while not self._ended():
             try:
-                async with asyncio.timeout(idle_s):
+                async with clock.timeout(idle_s):
                     await self._bell.wait()
             except TimeoutError:
                 yield []

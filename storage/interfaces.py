@@ -154,6 +154,12 @@ class SessionReads(Protocol):
         """(seq, before, after, files) of each writing step from ``from_seq`` on, in log order."""
         ...
 
+    async def step_snapshot(
+        self, session_id: str, message_id: str, seq: int
+    ) -> tuple[str, str, tuple[str, ...]] | None:
+        """(before, after, files) of the step of assistant message ``message_id`` at ``seq``."""
+        ...
+
     async def imports(self) -> list[tuple[str, int]]:
         """Sessions still being imported (hidden until finished), each with its head seq."""
         ...

@@ -711,6 +711,52 @@ class Queries:
                 )
         return out
 
+    async def step_snapshot(
+        self, session_id: str, message_id: str, seq: int
+    ) -> tuple[str, str, tuple[str, ...]] | None:
+        """(before, after, files) of the step of assistant message ``message_id``.
+
+        ``seq`` is the message's transcript position: the seq of its step's
+        first ``step.started``. None when that step recorded no snapshot (it
+        ran no writing tool, its directory is not in a git work tree, it has
+        not ended yet) or the message is no step of this session's log (copied
+        by a fork, imported). The step's events are the first step events
+        from ``seq`` on: a later physical attempt of the step (after a crash)
+        starts again under the same message id before any other step starts.
+        """
+        if seq <= 0:
+            return None
+        rows = await self._fetch(
+            "SELECT type, json_extract(data, '$.assistantMessageID'),"
+            " json_extract(data, '$.before'), json_extract(data, '$.snapshot'),"
+            " json_extract(data, '$.files')"
+            " FROM event WHERE aggregate_id = ? AND seq >= ?"
+            " AND type IN ('session.step.started.1', 'session.step.ended.1',"
+            " 'session.step.failed.1') ORDER BY seq LIMIT 16",
+            (session_id, seq),
+        )
+        before: str | None = None
+        after: str | None = None
+        started: str | None = None
+        files: set[str] = set()
+        for type_, owner, first, snapshot, changed in rows:
+            if owner != message_id:
+                break  # the next step: this one's events are all read
+            if type_ == "session.step.started.1":
+                started = None if snapshot is None else str(snapshot)
+                continue
+            if snapshot is None:
+                continue
+            base = first if first is not None else started
+            if base is None:
+                continue
+            before = str(base) if before is None else before
+            after = str(snapshot)
+            files.update(orjson.loads(changed) if changed else ())
+        if before is None or after is None:
+            return None
+        return before, after, tuple(sorted(files))
+
     # -- execution ------------------------------------------------------------------------------
 
     async def imports(self) -> list[tuple[str, int]]:

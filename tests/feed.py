@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from actors.bus import Envelope
+from protocol.events import EventEnvelope
 
 
 class Feed:
     """Records the instance feed and lets a test wait for a given event."""
 
     def __init__(self) -> None:
-        self.events: list[Envelope] = []
-        self._waiters: list[tuple[Any, asyncio.Future[Envelope]]] = []
+        self.events: list[EventEnvelope] = []
+        self._waiters: list[tuple[Any, asyncio.Future[EventEnvelope]]] = []
 
-    def __call__(self, message: Envelope) -> None:
+    def __call__(self, message: EventEnvelope) -> None:
         self.events.append(message)
         for entry in list(self._waiters):
             predicate, future = entry
@@ -25,16 +25,16 @@ class Feed:
 
     async def wait(
         self, type_: str, within: float = 10, *, after: int = 0, **data: Any
-    ) -> Envelope:
+    ) -> EventEnvelope:
         """The first matching event; ``after``: among those from ``events[after]`` on."""
 
-        def match(m: Envelope) -> bool:
+        def match(m: EventEnvelope) -> bool:
             return m["type"] == type_ and all(m["data"].get(k) == v for k, v in data.items())
 
         for message in self.events[after:]:
             if match(message):
                 return message
-        future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[EventEnvelope] = asyncio.get_running_loop().create_future()
         self._waiters.append((match, future))
         return await asyncio.wait_for(future, within)
 

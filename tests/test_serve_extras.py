@@ -2,35 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "serve_extras", ROOT / "scripts" / "_serve_extras.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_defaults_need_no_extra() -> None:
-    extras = load().extras
+    extras = load_script("_serve_extras").extras
 
     assert extras([]) == []
     assert extras(["--port", "4097", "--database", "/srv/db.sqlite"]) == []
 
 
 def test_a_postgresql_database_needs_the_driver_by_flag_or_file(tmp_path: Path) -> None:
-    extras = load().extras
+    extras = load_script("_serve_extras").extras
     config = tmp_path / "sessionrt.toml"
     config.write_text('[runtime]\ndatabase = "postgresql://sessionrt@db/sessionrt"\n')
 
@@ -53,10 +42,10 @@ def test_a_file_it_cannot_read_adds_nothing_and_serve_says_why(tmp_path: Path) -
     )
 
     assert done.stdout == "\n"
-    assert load().extras(["--config", str(tmp_path / "missing.toml")]) == []
+    assert load_script("_serve_extras").extras(["--config", str(tmp_path / "missing.toml")]) == []
 
 
 def test_mcp_servers_in_the_file_need_the_sdk(tmp_path: Path) -> None:
     config = tmp_path / "sessionrt.toml"
     config.write_text('[mcp.files]\ncommand = ["python", "-m", "x"]\n')
-    assert load().extras(["--config", str(config)]) == ["mcp"]
+    assert load_script("_serve_extras").extras(["--config", str(config)]) == ["mcp"]

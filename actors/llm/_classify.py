@@ -37,9 +37,9 @@ from actors.llm._errors import (
     ContentPolicyError,
     ContextOverflowError,
     ContinuationRejectedError,
-    InvalidRequestError,
     ProviderError,
     ProviderInternalError,
+    ProviderInvalidRequestError,
     QuotaExceededError,
     RateLimitError,
 )
@@ -112,5 +112,5 @@ def classify(
         "not_found_error",
         "request_too_large",
     ):
-        return InvalidRequestError(text, should_retry_override=override)
+        return ProviderInvalidRequestError(text, should_retry_override=override)
     return ProviderError(text, should_retry_override=override)

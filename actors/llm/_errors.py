@@ -17,7 +17,7 @@ whether retrying the *same* request can help::
         ├── AuthenticationError       provider.authentication     no
         ├── QuotaExceededError        provider.quota-exceeded     no
         ├── ContentPolicyError        provider.content-policy     no
-        ├── InvalidRequestError       provider.invalid-request    no
+        ├── ProviderInvalidRequestError provider.invalid-request  no
         ├── UnsupportedOperationError provider.unsupported-operation no
         └── NoRouteError              provider.no-route           no
 
@@ -43,27 +43,29 @@ from typing import ClassVar, Final, Literal
 from protocol.errors import SessionRtError
 
 __all__ = [
+    "SEND_STATES",
     "AuthenticationError",
     "ContentPolicyError",
     "ContextOverflowError",
     "ContinuationRejectedError",
-    "Delivery",
     "IncompleteStreamError",
-    "InvalidRequestError",
     "NoRouteError",
     "ProviderError",
     "ProviderInternalError",
+    "ProviderInvalidRequestError",
     "QuotaExceededError",
     "RateLimitError",
+    "SendState",
     "TransportError",
     "UnsupportedOperationError",
-    "classify",
+    "is_retryable",
 ]
 
-#: How far a request got before the transport failed: ``sent`` means the
-#: provider may have acted on it, so replaying it could duplicate work.
-Delivery = Literal["unknown", "not-sent", "sent"]
-_DELIVERIES: Final[tuple[Delivery, ...]] = ("unknown", "not-sent", "sent")
+#: How far a request got before the transport failed (``TransportError.delivery``;
+#: not an inbox item's steer/queue :data:`protocol.shapes.Delivery`): ``sent``
+#: means the provider may have acted on it, so replaying it could duplicate work.
+SendState = Literal["unknown", "not-sent", "sent"]
+SEND_STATES: Final[tuple[SendState, ...]] = ("unknown", "not-sent", "sent")
 
 
 class ProviderError(SessionRtError):
@@ -124,13 +126,13 @@ class TransportError(ProviderError):
         self,
         message: str,
         *,
-        delivery: Delivery = "unknown",
+        delivery: SendState = "unknown",
         should_retry_override: bool | None = None,
     ) -> None:
-        if delivery not in _DELIVERIES:
-            raise ValueError(f"delivery must be one of {_DELIVERIES}, not {delivery!r}")
+        if delivery not in SEND_STATES:
+            raise ValueError(f"delivery must be one of {SEND_STATES}, not {delivery!r}")
         super().__init__(message, should_retry_override=should_retry_override)
-        self.delivery: Delivery = delivery
+        self.delivery: SendState = delivery
 
     @property
     def retryable(self) -> bool:
@@ -174,7 +176,7 @@ class ContentPolicyError(ProviderError):
     _retryable = False
 
 
-class InvalidRequestError(ProviderError):
+class ProviderInvalidRequestError(ProviderError):
     """The provider (or the scripted provider's script parser) rejected the request."""
 
     type = "provider.invalid-request"
@@ -193,7 +195,7 @@ class NoRouteError(ProviderError):
     _retryable = False
 
 
-def classify(error: BaseException) -> bool:
+def is_retryable(error: BaseException) -> bool:
     """Whether the runner may retry after ``error`` (reference §4.6).
 
     A :class:`ProviderError` answers for itself (:attr:`ProviderError.retryable`).

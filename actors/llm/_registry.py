@@ -64,6 +64,17 @@ class ProviderRegistry:
             f"No provider is configured for {model.provider_id!r} (model {model.id!r})"
         )
 
+    def listed(self) -> list[tuple[str, str]]:
+        """(provider id, model id) of every model a catalog names, and the scripted one, sorted.
+
+        A provider with no catalog (handed in as an object) takes any model id:
+        it has nothing to list.
+        """
+        named = {(p, m) for p, models in self.models.items() for m in models}
+        if SCRIPTED_PROVIDER_ID not in self.providers:
+            named.add((SCRIPTED_PROVIDER_ID, SCRIPTED_MODEL.id))
+        return sorted(named)
+
     def check(self, model: ModelRef) -> None:
         """Refuse, as a 400 on ``model``, a model no provider here serves.
 

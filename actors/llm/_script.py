@@ -15,23 +15,24 @@ from typing import Any, Final, Literal
 import attrs
 
 from actors.llm._errors import (
+    SEND_STATES,
     AuthenticationError,
     ContentPolicyError,
     ContextOverflowError,
-    Delivery,
     IncompleteStreamError,
-    InvalidRequestError,
     NoRouteError,
     ProviderError,
     ProviderInternalError,
+    ProviderInvalidRequestError,
     QuotaExceededError,
     RateLimitError,
+    SendState,
     TransportError,
     UnsupportedOperationError,
 )
 from actors.llm._stream import FINISH_REASONS, FinishReason
 from protocol import codec
-from protocol.errors import InvalidRequestError as WireInvalidRequestError
+from protocol.errors import InvalidRequestError
 
 __all__ = [
     "DEFAULT_CHUNK",
@@ -62,7 +63,7 @@ FAILURE_KINDS: Final[Mapping[str, type[ProviderError]]] = {
     "auth": AuthenticationError,
     "quota": QuotaExceededError,
     "content-policy": ContentPolicyError,
-    "invalid-request": InvalidRequestError,
+    "invalid-request": ProviderInvalidRequestError,
     "unsupported": UnsupportedOperationError,
     "no-route": NoRouteError,
 }
@@ -96,7 +97,6 @@ _USAGE_KEYS: Final = {
     "cache-write": "cache_write",
     "cost": "cost",
 }
-_DELIVERIES: Final[tuple[Delivery, ...]] = ("unknown", "not-sent", "sent")
 
 
 class ScriptError(ValueError):
@@ -148,7 +148,7 @@ class Failure:
     attempts: int | None = None
     after_output: bool = False
     retry_after_ms: int | None = None
-    delivery: Delivery = "unknown"
+    delivery: SendState = "unknown"
     should_retry: bool | None = None
 
     def applies(self, attempt: int) -> bool:
@@ -344,7 +344,7 @@ class _StepBuilder:
         raw = raw.strip() or "{}"
         try:
             value = codec.loads(raw)
-        except WireInvalidRequestError:
+        except InvalidRequestError:
             raise ScriptError(line, f"#tool {name}: input is not JSON: {raw!r}") from None
         if not isinstance(value, dict):
             raise ScriptError(line, f"#tool {name}: input must be a JSON object")
@@ -359,7 +359,7 @@ class _StepBuilder:
             raw = raw[len("error") :].strip()
         try:
             value = codec.loads(raw or "{}")
-        except WireInvalidRequestError:
+        except InvalidRequestError:
             raise ScriptError(line, f"#hosted-result: content is not JSON: {raw!r}") from None
         if not isinstance(value, dict):
             raise ScriptError(line, "#hosted-result: content must be a JSON object")
@@ -406,9 +406,9 @@ class _StepBuilder:
             elif sep and key == "retry-after" and kind in ("rate-limit", "internal"):
                 fields["retry_after_ms"] = _int(line, "retry-after", value, minimum=0)
             elif sep and key == "delivery" and kind == "transport":
-                delivery = next((d for d in _DELIVERIES if d == value), None)
+                delivery = next((d for d in SEND_STATES if d == value), None)
                 if delivery is None:
-                    raise ScriptError(line, f"delivery expects {'|'.join(_DELIVERIES)}")
+                    raise ScriptError(line, f"delivery expects {'|'.join(SEND_STATES)}")
                 fields["delivery"] = delivery
             else:
                 raise ScriptError(line, f"#fail {kind}: unknown option {option!r}")

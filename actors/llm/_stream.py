@@ -4,17 +4,19 @@ A stream is a sequence of parts that ends with exactly one :class:`Finish`, or
 raises a :class:`~actors.llm.ProviderError` instead (never both, never a part
 after the finish)::
 
-    (TextStart TextDelta* TextEnd
-     | ReasoningStart ReasoningDelta* ReasoningEnd
-     | ToolInputStart ToolInputDelta* ToolInputEnd ToolCall
+    (TextStart TextChunk* TextEnd
+     | ReasoningStart ReasoningChunk* ReasoningEnd
+     | ToolInputStart ToolInputChunk* ToolInputEnd ToolCall
      | HostedResult)*
     Finish
 
 Text and reasoning blocks are numbered together by ``ordinal`` from 0 in
 stream order, so an ordinal names one block within a step. A tool call is
 named by its provider-assigned ``id``, unique within the step only. The
-concatenated ``ToolInputDelta.delta`` values are the raw JSON text of the
-input that the closing :class:`ToolCall` carries decoded.
+concatenated ``ToolInputChunk.delta`` values are the raw JSON text of the
+input that the closing :class:`ToolCall` carries decoded. The step publishes
+each chunk as the live event of the same meaning (:class:`TextChunk` as
+``protocol.events.TextDelta`` …).
 
 A *hosted* call (``ToolCall.hosted``) is one the provider executes itself
 (Anthropic's ``server_tool_use``, e.g. web search): the runtime records it
@@ -37,15 +39,15 @@ __all__ = [
     "Finish",
     "FinishReason",
     "HostedResult",
-    "ReasoningDelta",
+    "ReasoningChunk",
     "ReasoningEnd",
     "ReasoningStart",
     "StreamPart",
-    "TextDelta",
+    "TextChunk",
     "TextEnd",
     "TextStart",
     "ToolCall",
-    "ToolInputDelta",
+    "ToolInputChunk",
     "ToolInputEnd",
     "ToolInputStart",
     "Usage",
@@ -89,7 +91,7 @@ class TextStart:
 
 
 @attrs.frozen(kw_only=True)
-class TextDelta:
+class TextChunk:
     ordinal: int
     delta: str
 
@@ -105,7 +107,7 @@ class ReasoningStart:
 
 
 @attrs.frozen(kw_only=True)
-class ReasoningDelta:
+class ReasoningChunk:
     ordinal: int
     delta: str
 
@@ -125,7 +127,7 @@ class ToolInputStart:
 
 
 @attrs.frozen(kw_only=True)
-class ToolInputDelta:
+class ToolInputChunk:
     id: str
     delta: str
 
@@ -169,13 +171,13 @@ class Finish:
 
 StreamPart = (
     TextStart
-    | TextDelta
+    | TextChunk
     | TextEnd
     | ReasoningStart
-    | ReasoningDelta
+    | ReasoningChunk
     | ReasoningEnd
     | ToolInputStart
-    | ToolInputDelta
+    | ToolInputChunk
     | ToolInputEnd
     | ToolCall
     | HostedResult

@@ -40,15 +40,15 @@ from actors.llm._stream import (
     Finish,
     FinishReason,
     HostedResult,
-    ReasoningDelta,
+    ReasoningChunk,
     ReasoningEnd,
     ReasoningStart,
     StreamPart,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
     Usage,
@@ -229,16 +229,16 @@ class AnthropicStream:
                 and piece
             ):
                 block.args.append(piece)
-                out.append(ToolInputDelta(id=block.id, delta=piece))
+                out.append(ToolInputChunk(id=block.id, delta=piece))
 
     def _text(self, index: int, text: Any, out: list[StreamPart]) -> None:
         block = self._blocks.get(index)
         if block is None or not isinstance(text, str) or not text:
             return
         if block.kind == "text":
-            out.append(TextDelta(ordinal=block.ordinal, delta=text))
+            out.append(TextChunk(ordinal=block.ordinal, delta=text))
         elif block.kind == "thinking":
-            out.append(ReasoningDelta(ordinal=block.ordinal, delta=text))
+            out.append(ReasoningChunk(ordinal=block.ordinal, delta=text))
 
     def _stop(self, data: Mapping[str, Any], out: list[StreamPart]) -> None:
         index = data.get("index")

@@ -41,15 +41,15 @@ from actors.llm._sse import SSEEvent
 from actors.llm._stream import (
     Finish,
     FinishReason,
-    ReasoningDelta,
+    ReasoningChunk,
     ReasoningEnd,
     ReasoningStart,
     StreamPart,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
     Usage,
@@ -182,11 +182,11 @@ class OpenAIStream:
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
             self._block("reasoning", out)
-            out.append(ReasoningDelta(ordinal=self._ordinal - 1, delta=reasoning))
+            out.append(ReasoningChunk(ordinal=self._ordinal - 1, delta=reasoning))
         content = delta.get("content")
         if isinstance(content, str) and content:
             self._block("text", out)
-            out.append(TextDelta(ordinal=self._ordinal - 1, delta=content))
+            out.append(TextChunk(ordinal=self._ordinal - 1, delta=content))
         calls = delta.get("tool_calls")
         if isinstance(calls, list):
             for call in calls:
@@ -227,7 +227,7 @@ class OpenAIStream:
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             self._args.append(arguments)
-            out.append(ToolInputDelta(id=self._tool[1], delta=arguments))
+            out.append(ToolInputChunk(id=self._tool[1], delta=arguments))
 
     def _close_all(self, out: list[StreamPart]) -> None:
         if self._open is not None:

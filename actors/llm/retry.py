@@ -15,7 +15,7 @@ The schedule, for the attempt that just failed (1 = the first try)::
 
 and no retry once ``max_retries`` retries have been spent (by default the
 first try plus four retries: five attempts in all), nor for an error that
-:func:`~actors.llm.classify` calls permanent.
+:func:`~actors.llm.is_retryable` calls permanent.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import random
 
 import attrs
 
-from actors.llm._errors import ProviderError, ProviderInternalError, RateLimitError, classify
+from actors.llm._errors import ProviderError, ProviderInternalError, RateLimitError, is_retryable
 
 __all__ = ["RetryPolicy"]
 
@@ -55,7 +55,7 @@ class RetryPolicy:
         """
         if attempt < 1:
             raise ValueError(f"attempt counts from 1, not {attempt}")
-        if not classify(error) or attempt > self.max_retries:
+        if not is_retryable(error) or attempt > self.max_retries:
             return None
         delay = self.base_ms * self.factor ** (attempt - 1) * self.rng.uniform(*self.jitter)
         retry_after = (

@@ -76,7 +76,7 @@ A step holds at most one ``#fail`` and one ``#finish``. Empty steps before
 the first or after the last directive are dropped; an empty step between two
 separators is an error. A malformed script (or a non-string
 ``metadata["script"]``) makes the stream raise
-:class:`~actors.llm.InvalidRequestError` naming the line.
+:class:`~actors.llm.ProviderInvalidRequestError` naming the line.
 
 Step selection. The step run is number *k* (from 0), the count of assistant
 messages after the last user message, not counting the max-steps directive:
@@ -86,7 +86,7 @@ answer is :data:`SCRIPT_DONE_TEXT` with finish ``stop``.
 
 Streaming. A step streams its blocks in the order the directives are
 written. Text and reasoning blocks share ordinals 0, 1, ...; each tool call
-streams ``ToolInputStart``, ``ToolInputDelta`` pieces of its compact JSON
+streams ``ToolInputStart``, ``ToolInputChunk`` pieces of its compact JSON
 input, ``ToolInputEnd`` and ``ToolCall``, with id ``call_<k>_<n>`` (*n* from 0
 within the step). Then exactly one ``Finish``.
 
@@ -136,7 +136,7 @@ from typing import Any, Final
 
 import attrs
 
-from actors.llm._errors import InvalidRequestError, ProviderError
+from actors.llm._errors import ProviderError, ProviderInvalidRequestError
 from actors.llm._request import (
     ChatMessage,
     HostedContent,
@@ -164,15 +164,15 @@ from actors.llm._stream import (
     Finish,
     FinishReason,
     HostedResult,
-    ReasoningDelta,
+    ReasoningChunk,
     ReasoningEnd,
     ReasoningStart,
     StreamPart,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
     Usage,
@@ -253,7 +253,7 @@ class ScriptedProvider:
                         if found.text is not None or found.failure is not None:
                             break
         except ScriptError as exc:
-            raise InvalidRequestError(f"Invalid script: {exc}") from None
+            raise ProviderInvalidRequestError(f"Invalid script: {exc}") from None
         attempt = _attempt(request)
         failure = found.failure
         if failure is not None and failure.applies(attempt):
@@ -263,7 +263,7 @@ class ScriptedProvider:
         for piece in _chunks(text, DEFAULT_CHUNK):
             if found.delay_ms:
                 await self.sleep(found.delay_ms / 1000)
-            yield TextDelta(ordinal=0, delta=piece)
+            yield TextChunk(ordinal=0, delta=piece)
         yield TextEnd(ordinal=0)
         usage = _derived_usage(request, [TextBlock(kind="text", text=text)])
         yield Finish(reason="stop", usage=usage)
@@ -306,7 +306,9 @@ def step_index(messages: Sequence[ChatMessage]) -> int:
 def _attempt(request: ModelRequest) -> int:
     attempt = request.metadata.get("attempt", 1)
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-        raise InvalidRequestError(f"metadata 'attempt' must be an integer >= 1, not {attempt!r}")
+        raise ProviderInvalidRequestError(
+            f"metadata 'attempt' must be an integer >= 1, not {attempt!r}"
+        )
     return attempt
 
 
@@ -327,14 +329,14 @@ def _script(request: ModelRequest) -> Script | None:
     configured = request.metadata.get("script")
     try:
         if configured is not None and not isinstance(configured, str):
-            raise InvalidRequestError(
+            raise ProviderInvalidRequestError(
                 f"metadata 'script' must be a string, not {type(configured).__name__}"
             )
         if configured:
             return parse_script(configured)
         return find_script(_last_user_text(request.messages))
     except ScriptError as exc:
-        raise InvalidRequestError(f"Invalid script: {exc}") from None
+        raise ProviderInvalidRequestError(f"Invalid script: {exc}") from None
 
 
 def _last_user_text(messages: Sequence[ChatMessage]) -> str:
@@ -368,19 +370,19 @@ def _parts(blocks: Sequence[Block], k: int) -> Iterator[tuple[int, StreamPart]]:
                 hosted = call_id
             yield 0, ToolInputStart(id=call_id, name=block.name)
             for piece in _chunks(_json(block.input), block.chunk):
-                yield block.delay_ms, ToolInputDelta(id=call_id, delta=piece)
+                yield block.delay_ms, ToolInputChunk(id=call_id, delta=piece)
             yield 0, ToolInputEnd(id=call_id)
             yield 0, ToolCall(id=call_id, name=block.name, input=block.input, hosted=block.hosted)
         elif block.kind == "text":
             yield 0, TextStart(ordinal=ordinal)
             for piece in _chunks(block.text, block.chunk):
-                yield block.delay_ms, TextDelta(ordinal=ordinal, delta=piece)
+                yield block.delay_ms, TextChunk(ordinal=ordinal, delta=piece)
             yield 0, TextEnd(ordinal=ordinal)
             ordinal += 1
         else:
             yield 0, ReasoningStart(ordinal=ordinal)
             for piece in _chunks(block.text, block.chunk):
-                yield block.delay_ms, ReasoningDelta(ordinal=ordinal, delta=piece)
+                yield block.delay_ms, ReasoningChunk(ordinal=ordinal, delta=piece)
             yield 0, ReasoningEnd(ordinal=ordinal)
             ordinal += 1
 

@@ -42,15 +42,13 @@ through the :class:`~actors.BlockingExecutor`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import os
 import re
 import stat
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -60,6 +58,7 @@ from actors._blocking import BlockingExecutor
 from actors._exceptions import ActorDeadError
 from actors.tools._types import Content, ToolResult, text_item
 from protocol import ids
+from storage.clock import SYSTEM, Clock
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -100,8 +99,8 @@ def _amount(count: int, unit: str) -> str:
 class OutputBounding:
     """Bounds tool results and owns the managed tool-output directory.
 
-    ``clock`` returns epoch seconds and is only used by :meth:`sweep`; tests
-    inject one (or pass ``now``) instead of sleeping.
+    ``clock`` (:mod:`storage.clock`) says what "now" is to :meth:`sweep`;
+    tests inject one they set (or pass ``now``) instead of ageing files in real time.
     """
 
     def __init__(
@@ -111,7 +110,7 @@ class OutputBounding:
         max_lines: int = DEFAULT_MAX_LINES,
         max_bytes: int = DEFAULT_MAX_BYTES,
         retention_days: float = DEFAULT_RETENTION_DAYS,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM,
     ) -> None:
         if max_lines < 1 or max_bytes < 1:
             raise ValueError("max_lines and max_bytes must be positive")
@@ -289,7 +288,7 @@ class OutputBounding:
         Blocking. Errors on individual files are skipped (another sweeper, or
         the file vanished); a missing directory is an empty one.
         """
-        cutoff = (self._clock() if now is None else now) - self._retention_s
+        cutoff = (self._clock.now_ms() / 1000 if now is None else now) - self._retention_s
         removed = 0
         try:
             entries = os.scandir(self._output_dir)
@@ -350,15 +349,16 @@ def _cut(
 async def run_sweeper(
     bounding: OutputBounding,
     runner: BlockingExecutor,
+    clock: Clock = SYSTEM,
     interval_s: float = SWEEP_INTERVAL_S,
     *,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     on_sweep: Callable[[int], None] | None = None,
 ) -> None:
     """Sweep now and then every ``interval_s``, until cancelled or the runner closes.
 
     Meant to be owned by the runtime as a task in its task group; cancelling
-    it is the way to stop it. The file work runs on ``runner``'s threads.
+    it is the way to stop it. The file work runs on ``runner``'s threads; the
+    interval is waited on ``clock``.
     ``on_sweep`` receives each sweep's count (for diagnostics and tests).
     """
     while True:
@@ -368,4 +368,4 @@ async def run_sweeper(
             return  # the runner closed under us: the runtime is shutting down
         if on_sweep is not None:
             on_sweep(removed)
-        await sleep(interval_s)
+        await clock.sleep(interval_s)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from scripts_loader import load_script
 
 from protocol import _generated_client as generated
 from protocol.client import Client, EventStream
@@ -17,17 +16,8 @@ from protocol.operations import OPERATIONS, Operation
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_client", ROOT / "scripts" / "gen_client.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_committed_file_is_what_the_generator_writes() -> None:
-    gen = load_generator()
+    gen = load_script("gen_client")
 
     fresh = gen.render()
 

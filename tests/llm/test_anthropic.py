@@ -32,18 +32,18 @@ from actors.llm import (
     ProviderInternalError,
     QuotaExceededError,
     RateLimitError,
+    ReasoningChunk,
     ReasoningContent,
-    ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
     StreamPart,
+    TextChunk,
     TextContent,
-    TextDelta,
     TextEnd,
     TextStart,
     ToolCall,
     ToolCallContent,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
     ToolResultContent,
@@ -111,8 +111,8 @@ async def test_a_plain_answer_and_the_request_shape(
 
     assert parts == [
         TextStart(ordinal=0),
-        TextDelta(ordinal=0, delta="Hel"),
-        TextDelta(ordinal=0, delta="lo"),
+        TextChunk(ordinal=0, delta="Hel"),
+        TextChunk(ordinal=0, delta="lo"),
         TextEnd(ordinal=0),
         Finish(reason="stop", usage=Usage(input=25, output=15)),
     ]
@@ -144,8 +144,8 @@ async def test_tool_use_and_the_results_in_the_next_user_message(
     parts = await collect(provider, request("go", tools=tools))
     assert parts == [
         ToolInputStart(id="toolu_1", name="read"),
-        ToolInputDelta(id="toolu_1", delta='{"path":'),
-        ToolInputDelta(id="toolu_1", delta=' "x"}'),
+        ToolInputChunk(id="toolu_1", delta='{"path":'),
+        ToolInputChunk(id="toolu_1", delta=' "x"}'),
         ToolInputEnd(id="toolu_1"),
         ToolCall(id="toolu_1", name="read", input={"path": "x"}),
         ToolInputStart(id="toolu_2", name="ls"),
@@ -241,11 +241,11 @@ async def test_thinking_streams_as_reasoning_with_its_signature(
     parts = await collect(provider, request("q"))
     assert parts[:6] == [
         ReasoningStart(ordinal=0),
-        ReasoningDelta(ordinal=0, delta="let me "),
-        ReasoningDelta(ordinal=0, delta="think"),
+        ReasoningChunk(ordinal=0, delta="let me "),
+        ReasoningChunk(ordinal=0, delta="think"),
         ReasoningEnd(ordinal=0, signature="EqQBCgIYAh"),
         TextStart(ordinal=1),
-        TextDelta(ordinal=1, delta="42"),
+        TextChunk(ordinal=1, delta="42"),
     ]
 
 
@@ -332,7 +332,7 @@ async def test_an_in_stream_overloaded_error_after_output(
     )
     parts, error = await failure(provider, request("q"))
     assert isinstance(error, ProviderInternalError)
-    assert parts == [TextStart(ordinal=0), TextDelta(ordinal=0, delta="a")]
+    assert parts == [TextStart(ordinal=0), TextChunk(ordinal=0, delta="a")]
 
 
 async def test_a_stream_without_message_stop_is_incomplete(
@@ -386,13 +386,13 @@ async def test_a_json_answer_to_a_stream_request_is_read_as_the_message(
     assert fake.received[0].body["stream"] is True
     assert parts == [
         ReasoningStart(ordinal=0),
-        ReasoningDelta(ordinal=0, delta="hmm"),
+        ReasoningChunk(ordinal=0, delta="hmm"),
         ReasoningEnd(ordinal=0, signature="sig"),
         TextStart(ordinal=1),
-        TextDelta(ordinal=1, delta="Reading."),
+        TextChunk(ordinal=1, delta="Reading."),
         TextEnd(ordinal=1),
         ToolInputStart(id="toolu_1", name="read"),
-        ToolInputDelta(id="toolu_1", delta='{"path":"x"}'),
+        ToolInputChunk(id="toolu_1", delta='{"path":"x"}'),
         ToolInputEnd(id="toolu_1"),
         ToolCall(id="toolu_1", name="read", input={"path": "x"}),
         ToolInputStart(id="toolu_2", name="ls"),

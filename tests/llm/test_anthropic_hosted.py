@@ -19,7 +19,7 @@ from actors.llm import (
     StreamPart,
     TextContent,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputStart,
 )
 from protocol.shapes import ModelRef
@@ -63,7 +63,7 @@ async def test_server_tool_use_is_a_hosted_call_and_its_result_follows(
     fake.replies.append(Reply.stream(anthropic_hosted()))
     parts = await collect(provider, request())
     assert ToolInputStart(id="srvtoolu_1", name="web_search") in parts
-    assert ToolInputDelta(id="srvtoolu_1", delta='{"query": ') in parts
+    assert ToolInputChunk(id="srvtoolu_1", delta='{"query": ') in parts
     call = next(p for p in parts if isinstance(p, ToolCall))
     assert call == ToolCall(
         id="srvtoolu_1", name="web_search", input={"query": "sessionrt"}, hosted=True

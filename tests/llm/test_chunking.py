@@ -124,7 +124,7 @@ ANSWERS = {"openai": OPENAI_ANSWER, "anthropic": ANTHROPIC_ANSWER}
 def test_the_reference_answers_are_rich() -> None:
     for parts in EXPECTED.values():
         kinds = {type(p).__name__ for p in parts}
-        assert {"ReasoningDelta", "TextDelta", "ToolInputDelta", "ToolCall", "Finish"} <= kinds
+        assert {"ReasoningChunk", "TextChunk", "ToolInputChunk", "ToolCall", "Finish"} <= kinds
 
 
 @given(

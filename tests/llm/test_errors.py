@@ -11,15 +11,15 @@ from actors.llm import (
     ContentPolicyError,
     ContextOverflowError,
     IncompleteStreamError,
-    InvalidRequestError,
     NoRouteError,
     ProviderError,
     ProviderInternalError,
+    ProviderInvalidRequestError,
     QuotaExceededError,
     RateLimitError,
     TransportError,
     UnsupportedOperationError,
-    classify,
+    is_retryable,
 )
 from protocol.errors import SessionRtError
 
@@ -37,7 +37,7 @@ CLASSIFICATION: list[Case] = [
     (lambda: AuthenticationError("bad key"), "provider.authentication", False),
     (lambda: QuotaExceededError("no credit"), "provider.quota-exceeded", False),
     (lambda: ContentPolicyError("refused"), "provider.content-policy", False),
-    (lambda: InvalidRequestError("bad schema"), "provider.invalid-request", False),
+    (lambda: ProviderInvalidRequestError("bad schema"), "provider.invalid-request", False),
     (lambda: UnsupportedOperationError("no images"), "provider.unsupported-operation", False),
     (lambda: NoRouteError("nobody serves it"), "provider.no-route", False),
 ]
@@ -52,7 +52,7 @@ def test_classification_table(
 
     assert error.type == type_
     assert error.retryable is retryable
-    assert classify(error) is retryable
+    assert is_retryable(error) is retryable
     assert error.should_retry_override is None
 
 
@@ -66,7 +66,7 @@ def test_the_header_may_stop_a_retry(make: Callable[[], ProviderError]) -> None:
     error.should_retry_override = False
 
     assert error.retryable is False
-    assert classify(error) is False
+    assert is_retryable(error) is False
 
 
 @pytest.mark.parametrize(("make", "type_", "retryable"), CLASSIFICATION, ids=IDS)
@@ -77,19 +77,19 @@ def test_the_header_never_starts_a_retry(
     error.should_retry_override = True
 
     assert error.retryable is retryable
-    assert classify(error) is retryable
+    assert is_retryable(error) is retryable
 
 
 def test_context_overflow_is_never_retried_whatever_the_header_says() -> None:
     error = ContextOverflowError("too long", should_retry_override=True)
 
     assert error.should_retry_override is True
-    assert classify(error) is False
+    assert is_retryable(error) is False
 
 
 @pytest.mark.parametrize("error", [ValueError("bug"), KeyboardInterrupt(), SessionRtError("x")])
 def test_anything_but_a_provider_error_is_not_retried(error: BaseException) -> None:
-    assert classify(error) is False
+    assert is_retryable(error) is False
 
 
 def test_errors_carry_their_fields() -> None:

@@ -11,8 +11,8 @@ from actors.llm import (
     Finish,
     ModelRequest,
     StreamPart,
+    TextChunk,
     TextContent,
-    TextDelta,
     ToolCall,
     ToolSpec,
     is_max_steps_message,
@@ -65,7 +65,7 @@ async def test_the_scripted_provider_answers_the_same_step_without_tools(
     parts = await collect(with_max_steps(make_request(script, turn, tools=TOOLS)))
 
     # The directive is not an answer: this is still step 1, with its tool dropped.
-    assert "".join(p.delta for p in parts if isinstance(p, TextDelta)) == "Summary so far."
+    assert "".join(p.delta for p in parts if isinstance(p, TextChunk)) == "Summary so far."
     assert not any(isinstance(p, ToolCall) for p in parts)
     assert isinstance(parts[-1], Finish)
     assert parts[-1].reason == "stop"

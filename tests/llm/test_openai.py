@@ -18,27 +18,27 @@ from actors.llm import (
     ContextOverflowError,
     Finish,
     IncompleteStreamError,
-    InvalidRequestError,
     ModelLimits,
     ModelRequest,
     OpenAIProvider,
     ProviderConfig,
     ProviderError,
     ProviderInternalError,
+    ProviderInvalidRequestError,
     QuotaExceededError,
     RateLimitError,
+    ReasoningChunk,
     ReasoningContent,
-    ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
     StreamPart,
+    TextChunk,
     TextContent,
-    TextDelta,
     TextEnd,
     TextStart,
     ToolCall,
     ToolCallContent,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
     ToolResultContent,
@@ -116,8 +116,8 @@ async def test_a_plain_answer_streams_text_usage_and_the_request_is_well_formed(
 
     assert parts == [
         TextStart(ordinal=0),
-        TextDelta(ordinal=0, delta="Hel"),
-        TextDelta(ordinal=0, delta="lo"),
+        TextChunk(ordinal=0, delta="Hel"),
+        TextChunk(ordinal=0, delta="lo"),
         TextEnd(ordinal=0),
         Finish(reason="stop", usage=Usage(input=20, output=7, reasoning=2, cache_read=10)),
     ]
@@ -150,12 +150,12 @@ async def test_tool_calls_stream_by_index_and_history_goes_back_in_order(
 
     assert parts == [
         ToolInputStart(id="call_a", name="read"),
-        ToolInputDelta(id="call_a", delta='{"pa'),
-        ToolInputDelta(id="call_a", delta='th": "x"}'),
+        ToolInputChunk(id="call_a", delta='{"pa'),
+        ToolInputChunk(id="call_a", delta='th": "x"}'),
         ToolInputEnd(id="call_a"),
         ToolCall(id="call_a", name="read", input={"path": "x"}),
         ToolInputStart(id="call_b", name="ls"),
-        ToolInputDelta(id="call_b", delta="{}"),
+        ToolInputChunk(id="call_b", delta="{}"),
         ToolInputEnd(id="call_b"),
         ToolCall(id="call_b", name="ls", input={}),
         Finish(reason="tool-calls", usage=Usage(input=12, output=5)),
@@ -225,11 +225,11 @@ async def test_reasoning_deltas_become_a_reasoning_block_before_the_text(
     parts = await collect(provider, request("q"))
     assert parts[:6] == [
         ReasoningStart(ordinal=0),
-        ReasoningDelta(ordinal=0, delta="let me "),
-        ReasoningDelta(ordinal=0, delta="think"),
+        ReasoningChunk(ordinal=0, delta="let me "),
+        ReasoningChunk(ordinal=0, delta="think"),
         ReasoningEnd(ordinal=0),
         TextStart(ordinal=1),
-        TextDelta(ordinal=1, delta="42"),
+        TextChunk(ordinal=1, delta="42"),
     ]
 
 
@@ -293,7 +293,11 @@ async def test_server_errors_are_provider_internal(
             QuotaExceededError,
             False,
         ),
-        (openai_error(404, "no model", type="invalid_request_error"), InvalidRequestError, False),
+        (
+            openai_error(404, "no model", type="invalid_request_error"),
+            ProviderInvalidRequestError,
+            False,
+        ),
         (
             openai_error(400, "flagged", type="invalid_request_error", code="content_filter"),
             ContentPolicyError,
@@ -323,7 +327,7 @@ async def test_x_should_retry_stops_a_retry_but_never_starts_one(
         openai_error(400, "odd", type="invalid_request_error", **{"x-should-retry": "true"})
     )
     _, error = await failure(provider, request("q"))
-    assert isinstance(error, InvalidRequestError)
+    assert isinstance(error, ProviderInvalidRequestError)
     assert error.should_retry_override is True
     assert not error.retryable
 
@@ -347,8 +351,8 @@ async def test_a_stream_reset_after_output_is_incomplete_after_output(
     assert isinstance(error, IncompleteStreamError)
     assert parts == [
         TextStart(ordinal=0),
-        TextDelta(ordinal=0, delta="a"),
-        TextDelta(ordinal=0, delta="b"),
+        TextChunk(ordinal=0, delta="a"),
+        TextChunk(ordinal=0, delta="b"),
     ]
     assert "after output was produced" in error.message
 
@@ -367,7 +371,7 @@ async def test_a_stalled_stream_times_out_as_incomplete(
     fake.replies.append(Reply.stream(openai_text(["a"])[:2], hang=True))
     parts, error = await failure(provider, request("q"))
     assert isinstance(error, IncompleteStreamError)
-    assert parts[-1] == TextDelta(ordinal=0, delta="a")
+    assert parts[-1] == TextChunk(ordinal=0, delta="a")
 
 
 async def test_a_reset_before_the_answer_is_transport_with_unknown_delivery(
@@ -417,7 +421,7 @@ async def test_an_in_stream_error_object_is_classified(
     fake.replies.append(Reply.stream([*openai_text(["a"])[:2], error_frame]))
     parts, error = await failure(provider, request("q"))
     assert isinstance(error, ProviderInternalError)
-    assert parts == [TextStart(ordinal=0), TextDelta(ordinal=0, delta="a")]
+    assert parts == [TextStart(ordinal=0), TextChunk(ordinal=0, delta="a")]
     error_frame = b'data: {"error": {"message": "slow", "type": "server_error"}}\n\n'
     fake.replies.append(Reply.stream([error_frame]))
     _, error = await failure(provider, request("q"))
@@ -466,13 +470,13 @@ async def test_a_json_completion_to_a_stream_request_is_read_as_the_answer(
     assert fake.received[0].body["stream"] is True
     assert parts == [
         ReasoningStart(ordinal=0),
-        ReasoningDelta(ordinal=0, delta="hmm"),
+        ReasoningChunk(ordinal=0, delta="hmm"),
         ReasoningEnd(ordinal=0),
         TextStart(ordinal=1),
-        TextDelta(ordinal=1, delta="Reading."),
+        TextChunk(ordinal=1, delta="Reading."),
         TextEnd(ordinal=1),
         ToolInputStart(id="call_a", name="read"),
-        ToolInputDelta(id="call_a", delta='{"path": "x"}'),
+        ToolInputChunk(id="call_a", delta='{"path": "x"}'),
         ToolInputEnd(id="call_a"),
         ToolCall(id="call_a", name="read", input={"path": "x"}),
         Finish(reason="tool-calls", usage=Usage(input=12, output=5)),

@@ -12,20 +12,20 @@ import pytest
 from actors.llm import (
     ChatMessage,
     Finish,
-    InvalidRequestError,
     ModelRequest,
+    ProviderInvalidRequestError,
+    ReasoningChunk,
     ReasoningContent,
-    ReasoningDelta,
     ReasoningEnd,
     ReasoningStart,
     StreamPart,
+    TextChunk,
     TextContent,
-    TextDelta,
     TextEnd,
     TextStart,
     ToolCall,
     ToolCallContent,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
     ToolResultContent,
@@ -44,7 +44,7 @@ def texts(parts: list[StreamPart]) -> list[str]:
     for part in parts:
         if isinstance(part, TextStart):
             blocks[part.ordinal] = ""
-        elif isinstance(part, TextDelta):
+        elif isinstance(part, TextChunk):
             blocks[part.ordinal] += part.delta
     return list(blocks.values())
 
@@ -77,10 +77,10 @@ async def test_without_a_script_it_echoes_the_prompt_in_chunks(
 
     assert parts == [
         TextStart(ordinal=0),
-        TextDelta(ordinal=0, delta="Scripted"),
-        TextDelta(ordinal=0, delta=" reply: "),
-        TextDelta(ordinal=0, delta="Hello th"),
-        TextDelta(ordinal=0, delta="ere"),
+        TextChunk(ordinal=0, delta="Scripted"),
+        TextChunk(ordinal=0, delta=" reply: "),
+        TextChunk(ordinal=0, delta="Hello th"),
+        TextChunk(ordinal=0, delta="ere"),
         TextEnd(ordinal=0),
         Finish(reason="stop", usage=Usage(input=3, output=7)),
     ]
@@ -121,13 +121,13 @@ async def test_text_and_reasoning_blocks_share_ordinals_in_script_order(
 
     assert parts[:-1] == [
         ReasoningStart(ordinal=0),
-        ReasoningDelta(ordinal=0, delta="Think"),
+        ReasoningChunk(ordinal=0, delta="Think"),
         ReasoningEnd(ordinal=0),
         TextStart(ordinal=1),
-        TextDelta(ordinal=1, delta="Hi"),
+        TextChunk(ordinal=1, delta="Hi"),
         TextEnd(ordinal=1),
         ReasoningStart(ordinal=2),
-        ReasoningDelta(ordinal=2, delta="More"),
+        ReasoningChunk(ordinal=2, delta="More"),
         ReasoningEnd(ordinal=2),
     ]
     assert finish(parts) == Finish(reason="stop", usage=Usage(input=11, output=1, reasoning=3))
@@ -147,7 +147,7 @@ async def test_chunk_sets_the_piece_size_from_that_line_on(
 ) -> None:
     parts = await collect(make_request("#text abcdefghij\n#chunk 3\n#text abcdefg"))
 
-    deltas = [(p.ordinal, p.delta) for p in parts if isinstance(p, TextDelta)]
+    deltas = [(p.ordinal, p.delta) for p in parts if isinstance(p, TextChunk)]
     assert deltas == [(0, "abcdefgh"), (0, "ij"), (1, "abc"), (1, "def"), (1, "g")]
 
 
@@ -260,9 +260,9 @@ async def test_a_step_streams_text_then_each_tool_call_and_finishes_for_tools(
         own = [p for p in parts if getattr(p, "id", None) == call.id]
         assert isinstance(own[0], ToolInputStart)
         assert own[0].name == call.name
-        assert all(isinstance(p, ToolInputDelta) for p in own[1:-2])
+        assert all(isinstance(p, ToolInputChunk) for p in own[1:-2])
         assert own[-2:] == [ToolInputEnd(id=call.id), call]
-        raw = "".join(p.delta for p in own if isinstance(p, ToolInputDelta))
+        raw = "".join(p.delta for p in own if isinstance(p, ToolInputChunk))
         assert json.loads(raw) == call.input
         assert len(own) > 4  # the input really is streamed in several pieces
     first_tool = next(i for i, p in enumerate(parts) if isinstance(p, ToolInputStart))
@@ -277,7 +277,7 @@ async def test_a_tool_without_input_gets_an_empty_object(
 
     assert parts == [
         ToolInputStart(id="call_0_0", name="list"),
-        ToolInputDelta(id="call_0_0", delta="{}"),
+        ToolInputChunk(id="call_0_0", delta="{}"),
         ToolInputEnd(id="call_0_0"),
         ToolCall(id="call_0_0", name="list", input={}),
         Finish(reason="tool-calls", usage=Usage(input=3, output=1)),
@@ -364,12 +364,12 @@ async def test_a_script_of_comments_only_always_answers_the_final_text(
 async def test_a_bad_attempt_number_is_an_invalid_request(
     make_request: MakeRequest, collect: Collect, attempt: object
 ) -> None:
-    with pytest.raises(InvalidRequestError, match="attempt"):
+    with pytest.raises(ProviderInvalidRequestError, match="attempt"):
         await collect(make_request("hi", metadata={"attempt": attempt}))
 
 
 async def test_a_script_that_is_not_a_string_is_an_invalid_request(
     make_request: MakeRequest, collect: Collect
 ) -> None:
-    with pytest.raises(InvalidRequestError, match="must be a string"):
+    with pytest.raises(ProviderInvalidRequestError, match="must be a string"):
         await collect(make_request("hi", metadata={"script": ["#text a"]}))

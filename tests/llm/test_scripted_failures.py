@@ -13,16 +13,16 @@ from actors.llm import (
     ContextOverflowError,
     Finish,
     IncompleteStreamError,
-    InvalidRequestError,
     ModelRequest,
     NoRouteError,
     ProviderError,
     ProviderInternalError,
+    ProviderInvalidRequestError,
     QuotaExceededError,
     RateLimitError,
     StreamPart,
+    TextChunk,
     TextContent,
-    TextDelta,
     TextEnd,
     TextStart,
     ToolCall,
@@ -50,7 +50,7 @@ ASSISTANT_TURN = ChatMessage(role="assistant", parts=(TextContent(text="ok"),))
         ("auth", AuthenticationError, "provider.authentication", False),
         ("quota", QuotaExceededError, "provider.quota-exceeded", False),
         ("content-policy", ContentPolicyError, "provider.content-policy", False),
-        ("invalid-request", InvalidRequestError, "provider.invalid-request", False),
+        ("invalid-request", ProviderInvalidRequestError, "provider.invalid-request", False),
         ("unsupported", UnsupportedOperationError, "provider.unsupported-operation", False),
         ("no-route", NoRouteError, "provider.no-route", False),
     ],
@@ -135,7 +135,7 @@ async def test_attempts_one_fails_only_the_first_attempt(
     retried = await collect(make_request(script, metadata={"attempt": 2}))
 
     assert isinstance(error, RateLimitError)
-    assert [p.delta for p in retried if isinstance(p, TextDelta)] == ["recovere", "d"]
+    assert [p.delta for p in retried if isinstance(p, TextChunk)] == ["recovere", "d"]
     assert isinstance(retried[-1], Finish)
 
 
@@ -177,7 +177,7 @@ async def test_after_output_with_nothing_to_stream_streams_a_partial_text(
     parts, error = await collect_until_error(make_request("#fail transport after-output once"))
 
     assert isinstance(error, TransportError)
-    assert "".join(p.delta for p in parts if isinstance(p, TextDelta)) == PARTIAL_TEXT
+    assert "".join(p.delta for p in parts if isinstance(p, TextChunk)) == PARTIAL_TEXT
     assert parts[-1] == TextEnd(ordinal=0)
 
 
@@ -223,7 +223,7 @@ async def test_a_failure_belongs_to_its_step(
 async def test_a_malformed_prompt_script_is_an_invalid_request(
     make_request: MakeRequest, collect: Collect, script: str, message: str
 ) -> None:
-    with pytest.raises(InvalidRequestError) as caught:
+    with pytest.raises(ProviderInvalidRequestError) as caught:
         await collect(make_request("Some prose first.\n" + script))
 
     # The prose line shifts every line number by one.
@@ -243,5 +243,5 @@ async def test_a_malformed_prompt_script_is_an_invalid_request(
 async def test_a_configured_script_admits_only_directives_comments_and_blanks(
     make_request: MakeRequest, collect: Collect, script: str, message: str
 ) -> None:
-    with pytest.raises(InvalidRequestError, match=f"^Invalid script: {message}$"):
+    with pytest.raises(ProviderInvalidRequestError, match=f"^Invalid script: {message}$"):
         await collect(make_request("hi", metadata={"script": script}))

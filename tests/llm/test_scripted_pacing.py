@@ -14,12 +14,12 @@ from actors.llm import (
     ModelRequest,
     ScriptedProvider,
     StreamPart,
+    TextChunk,
     TextContent,
-    TextDelta,
     TextEnd,
     TextStart,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
 )
@@ -31,7 +31,7 @@ ASSISTANT_TURN = ChatMessage(role="assistant", parts=(TextContent(text="ok"),))
 
 
 def texts(parts: list[StreamPart]) -> list[str]:
-    return ["".join(p.delta for p in parts if isinstance(p, TextDelta))]
+    return ["".join(p.delta for p in parts if isinstance(p, TextChunk))]
 
 
 async def test_delay_streams_the_same_parts_in_the_same_order(
@@ -58,17 +58,17 @@ async def test_delay_waits_before_every_chunk_after_it(make_request: MakeRequest
 
     assert events[:-1] == [
         TextStart(ordinal=0),
-        TextDelta(ordinal=0, delta="abc"),
+        TextChunk(ordinal=0, delta="abc"),
         TextEnd(ordinal=0),
         TextStart(ordinal=1),
         0.005,
-        TextDelta(ordinal=1, delta="de"),
+        TextChunk(ordinal=1, delta="de"),
         0.005,
-        TextDelta(ordinal=1, delta="fg"),
+        TextChunk(ordinal=1, delta="fg"),
         TextEnd(ordinal=1),
         ToolInputStart(id="call_0_0", name="t"),
         0.005,
-        ToolInputDelta(id="call_0_0", delta="{}"),
+        ToolInputChunk(id="call_0_0", delta="{}"),
         ToolInputEnd(id="call_0_0"),
         ToolCall(id="call_0_0", name="t", input={}),
     ]
@@ -118,7 +118,7 @@ async def test_a_consumer_that_stops_reading_can_close_the_stream(
 
     async with contextlib.aclosing(stream):
         async for part in stream:
-            if isinstance(part, TextDelta):
+            if isinstance(part, TextChunk):
                 break
 
     assert isinstance(stream, types.AsyncGeneratorType)

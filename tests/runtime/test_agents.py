@@ -21,7 +21,7 @@ from actors.llm import (
     Finish,
     ModelRequest,
     StreamPart,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
     ToolCall,
@@ -303,7 +303,7 @@ class Recorder:
             yield Finish(reason="tool-calls")
             return
         yield TextStart(ordinal=0)
-        yield TextDelta(ordinal=0, delta="understood")
+        yield TextChunk(ordinal=0, delta="understood")
         yield TextEnd(ordinal=0)
         yield Finish(reason="stop")
 

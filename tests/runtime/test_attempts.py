@@ -3,7 +3,8 @@
 Every scenario runs a real runtime (temp-file SQLite) against
 ``llm.fake_providers.FakeProvider`` on loopback, speaking the OpenAI or the
 Anthropic wire format. Backoff delays are shortened through ``[runtime]``
-(``retry_base_delay_s``), never waited out by the test's own clock.
+(``retry_base_delay_s``), or waited on a clock the test advances
+(``RuntimeConfig.clock``), never waited out by the test's own clock.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from llm.fake_providers import (
     openai_error,
     openai_text,
 )
+from manual_clock import ManualClock
 from pgdb import stored_and_rebuilt
 
 from actors.llm import (
@@ -37,7 +39,7 @@ from actors.llm import (
     ProviderConfig,
     StreamPart,
     ToolCall,
-    ToolInputDelta,
+    ToolInputChunk,
     ToolInputEnd,
     ToolInputStart,
 )
@@ -356,6 +358,47 @@ async def test_an_interrupt_ends_the_backoff_at_once(tmp_path: Path, workdir: Pa
             await replay_matches(rt)
 
 
+async def test_a_retry_fires_once_its_backoff_has_passed_on_the_runtime_clock(
+    tmp_path: Path, workdir: Path
+) -> None:
+    """Not a millisecond before ``at``: the backoff is a wait on the runtime's clock."""
+    clock = ManualClock()
+    async with FakeProvider() as fake:
+        # A minute's backoff and a day's lease: nothing here moves unless the test says so.
+        config = runtime_config(
+            tmp_path, workdir, fake, retry_base_delay_s=60, lease_ttl_ms=86_400_000, clock=clock
+        )
+        async with Runtime(config) as rt:
+            feed = Feed()
+            rt.bus.subscribe(feed)
+            sid = (await rt.sessions.create(CreateSessionInput(model=OPENAI))).id
+            fake.replies.append(openai_error(503, "unavailable", type="server_error"))
+            fake.replies.append(Reply.stream(openai_text(["late"])))
+            await rt.sessions.prompt(sid, PromptInput(text="go"))
+            scheduled = await feed.wait("session.retry.scheduled", sessionID=sid)
+            at = scheduled["data"]["at"]
+            delay = at - clock.now_ms()
+            assert 48_000 <= delay <= 72_000  # the first backoff, jittered by 0.8-1.2
+            await clock.until_waiting(at)
+            clock.advance(delay - 1)
+            assert at in clock.waits()  # the backoff has not ended
+            # A round trip through the store (the loop ran): still waiting, nothing resent.
+            waiting = (await rt.sessions.get(sid)).retry
+            assert waiting is not None
+            assert waiting.at == at
+            assert len(fake.received) == 1
+            clock.advance(1)
+            assert at not in clock.waits()
+            await feed.wait("session.execution.succeeded", sessionID=sid)
+            assert len(fake.received) == 2
+            (reply,) = [
+                m
+                for m in (await rt.sessions.messages(sid, order="asc", limit=200)).data
+                if isinstance(m, AssistantMessage)
+            ]
+            assert reply.parts == (TextPart(ordinal=0, text="late"),)
+
+
 # -- native continuation state ----------------------------------------------------------------
 
 
@@ -460,7 +503,7 @@ class BrokenModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
         yield ToolInputStart(id="call_1", name="bash")
-        yield ToolInputDelta(id="call_1", delta='{"command": "sleep 30"}')
+        yield ToolInputChunk(id="call_1", delta='{"command": "sleep 30"}')
         yield ToolInputEnd(id="call_1")
         yield ToolCall(id="call_1", name="bash", input={"command": "sleep 30"})
         await self.go.wait()

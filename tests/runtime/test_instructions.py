@@ -34,7 +34,7 @@ from actors.llm import (
     ModelRequest,
     RateLimitError,
     StreamPart,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
 )
@@ -57,7 +57,7 @@ class Recorder:
     async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
         self.requests.append(request)
         yield TextStart(ordinal=0)
-        yield TextDelta(ordinal=0, delta="ok")
+        yield TextChunk(ordinal=0, delta="ok")
         yield TextEnd(ordinal=0)
         yield Finish(reason="stop")
 

@@ -12,7 +12,7 @@ from actors.llm import (
     Finish,
     ModelRequest,
     StreamPart,
-    TextDelta,
+    TextChunk,
     TextEnd,
     TextStart,
     ToolCall,
@@ -33,7 +33,7 @@ class Stubborn:
     async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamPart, None]:
         self.requests.append(request)
         yield TextStart(ordinal=0)
-        yield TextDelta(ordinal=0, delta="again")
+        yield TextChunk(ordinal=0, delta="again")
         yield TextEnd(ordinal=0)
         yield ToolCall(id=f"call_{len(self.requests)}", name="list", input={})
         yield Finish(reason="tool-calls")

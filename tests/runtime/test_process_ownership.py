@@ -18,12 +18,12 @@ import attrs
 import pytest
 from proc_groups import Spawn, alive, own_groups
 
-from actors.bus import Envelope
 from actors.runtime import Runtime, RuntimeConfig
 from actors.tools import ProcessGroup
 from actors.tools._process import group_alive, identify
 from protocol import ModelRef
 from protocol import events as ev
+from protocol.events import EventEnvelope
 from protocol.requests import CreateSessionInput, PromptInput
 from storage import Command
 
@@ -36,17 +36,17 @@ def tool_prompt(command: str) -> PromptInput:
     return PromptInput(text="#tool bash " + json.dumps({"command": command, "timeout_s": 60}))
 
 
-def expect(rt: Runtime, predicate: Callable[[Envelope], bool]) -> Awaitable[Envelope]:
+def expect(rt: Runtime, predicate: Callable[[EventEnvelope], bool]) -> Awaitable[EventEnvelope]:
     """Subscribes now; the result waits (guarded) for the first message that matches."""
-    future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
+    future: asyncio.Future[EventEnvelope] = asyncio.get_running_loop().create_future()
 
-    def on(message: Envelope) -> None:
+    def on(message: EventEnvelope) -> None:
         if not future.done() and predicate(message):
             future.set_result(message)
 
     unsubscribe = rt.bus.subscribe(on)
 
-    async def wait() -> Envelope:
+    async def wait() -> EventEnvelope:
         try:
             async with asyncio.timeout(GUARD):
                 return await future
@@ -73,7 +73,7 @@ async def running_family(rt: Runtime, session_id: str) -> tuple[int, int]:
     return pgid, int(output.split()[1])
 
 
-def _of(message: Envelope, session_id: str) -> bool:
+def _of(message: EventEnvelope, session_id: str) -> bool:
     return bool(message["data"].get("sessionID") == session_id)
 
 

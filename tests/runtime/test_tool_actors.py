@@ -17,10 +17,10 @@ import attrs
 import pykka
 from proc_groups import alive
 
-from actors.bus import Envelope
 from actors.runtime import Runtime, RuntimeConfig
 from actors.tools import ToolCallActor
 from protocol import events as ev
+from protocol.events import EventEnvelope
 from protocol.requests import PromptInput
 from server.config import load_config, runtime_config
 
@@ -36,7 +36,7 @@ async def started(rt: Runtime, session_id: str) -> None:
     """Prompt the sleeper and return once its child actor streams output."""
     up: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def on(message: Envelope) -> None:
+    def on(message: EventEnvelope) -> None:
         data = message["data"]
         if (
             message["type"] == "session.tool.progress"

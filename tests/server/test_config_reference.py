@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import attrs
+from scripts_loader import load_script
 
 from actors.runtime import RuntimeConfig
 from server.app import ServerSettings
@@ -15,18 +14,8 @@ from server.config import FILE_KEYS, load_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_generator() -> ModuleType:
-    path = ROOT / "scripts" / "gen_config_doc.py"
-    spec = importlib.util.spec_from_file_location("gen_config_doc", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_committed_reference_is_what_the_generator_writes() -> None:
-    gen = load_generator()
+    gen = load_script("gen_config_doc")
 
     fresh = gen.render()
 
@@ -37,7 +26,7 @@ def test_the_committed_reference_is_what_the_generator_writes() -> None:
 
 
 def test_every_key_a_file_may_set_fills_a_field_of_its_class() -> None:
-    gen = load_generator()
+    gen = load_script("gen_config_doc")
     server_fields = set(attrs.fields_dict(ServerSettings)) | set(gen.SERVE_KEYS)
 
     assert set(FILE_KEYS["server"]) == server_fields
@@ -45,7 +34,7 @@ def test_every_key_a_file_may_set_fills_a_field_of_its_class() -> None:
 
 
 def test_every_row_of_the_reference_says_what_its_key_means() -> None:
-    gen = load_generator()
+    gen = load_script("gen_config_doc")
     rows = [*gen.server_rows(), *gen.runtime_rows(), *gen.python_only_rows()]
 
     empty = [key for key, _type, _default, meaning in rows if not meaning.strip()]
@@ -55,7 +44,7 @@ def test_every_row_of_the_reference_says_what_its_key_means() -> None:
 
 
 def test_a_file_setting_every_documented_key_loads(tmp_path: Path) -> None:
-    gen = load_generator()
+    gen = load_script("gen_config_doc")
     sample = {
         "boolean": "true",
         "integer": "7",

@@ -289,3 +289,22 @@ async def test_a_server_starting_without_the_key_warns_naming_the_variable(
     client = await make_client()
     assert "LOCAL_API_KEY" in caplog.text
     assert runtime_of(client).adapters.keys() == {"local", "claude"}
+
+
+async def test_the_model_list_names_the_configured_models_and_no_key(client: Client) -> None:
+    response = await client.get("/api/model")
+    assert response.status == 200
+    text = await response.text()
+    assert (await response.json())["data"] == [
+        CLAUDE,
+        LOCAL,
+        {"providerID": "scripted", "id": "scripted"},
+    ]
+    # Nothing of the provider's configuration beyond the names: no key, no address.
+    for secret in (KEY, ANTHROPIC_KEY, "LOCAL_API_KEY", "127.0.0.1", "x-extra"):
+        assert secret not in text
+    # What it lists can be chosen.
+    sid = (await create_session(client))["id"]
+    for model in (await response.json())["data"]:
+        chosen = await client.post(f"/api/session/{sid}/model", json={"model": model})
+        assert chosen.status == 204, await chosen.text()

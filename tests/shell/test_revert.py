@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from pgdb import stored_and_rebuilt
 
+from actors.snapshots import SnapshotError
 from protocol.errors import MessageNotFoundError, SessionBusyError
 from protocol.operations import DiffQuery, RevertStageInput, ShellInput
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
@@ -401,3 +402,22 @@ async def test_a_prompt_reads_the_session_only_when_a_revert_is_staged(
     await host.sessions.prompt(sid, PromptInput(text="instead", resume=False))
     assert reads == [sid]
     assert (await host.sessions.get(sid)).revert is None
+
+
+async def test_a_diff_takes_only_tree_ids_never_options(
+    host: Embedded, repo: Path, tmp_path: Path
+) -> None:
+    """What a diff hands git are tree ids of the store: an option-like value is refused first."""
+    snapshots = host.runtime.snapshots
+    tree_id = await snapshots.track(repo)
+    assert tree_id is not None
+    out = tmp_path / "written-by-git"
+    for forged in (f"--output={out}", "HEAD", "a" * 39, tree_id.upper()):
+        with pytest.raises(SnapshotError):
+            await snapshots.diff(repo, forged, tree_id)
+        with pytest.raises(SnapshotError):
+            await snapshots.diff(repo, tree_id, forged)
+        assert not await snapshots.has_trees(repo, [forged])
+    assert not out.exists()
+    assert await snapshots.has_trees(repo, [tree_id])
+    assert await snapshots.diff(repo, tree_id, tree_id) == []

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+from manual_clock import ManualClock
 
 from actors import BlockingExecutor
 from actors.tools import OutputBounding, ToolResult, run_sweeper, text_item
@@ -20,6 +21,7 @@ from protocol import ids
 
 DAY = 86_400.0
 NOW = 2_000_000_000.0  # an injected "now", far from the real clock on purpose
+NOW_MS = int(NOW * 1000)
 
 
 def text(value: str) -> ToolResult:
@@ -228,7 +230,7 @@ def test_cleanup_uses_file_modification_time_when_ids_wrap(output_dir: Path) -> 
     # The old file's id sorts *after* the recent one's: only mtime may decide.
     old = _aged(output_dir / ("tool_ffffffffffff" + "Z" * 14), "old", 8 * DAY)
     recent = _aged(output_dir / ("tool_000000000000" + "A" * 14), "recent", 6 * DAY)
-    bounding = OutputBounding(output_dir=output_dir, clock=lambda: NOW)
+    bounding = OutputBounding(output_dir=output_dir, clock=ManualClock(NOW_MS))
     assert bounding.sweep() == 1
     assert not old.exists()
     assert recent.exists()
@@ -268,35 +270,38 @@ def test_limits_must_be_positive(output_dir: Path) -> None:
         OutputBounding(output_dir=output_dir, retention_days=0)
 
 
-async def test_the_sweeper_runs_at_start_and_after_each_interval(
+async def test_the_sweeper_runs_at_start_and_after_each_interval_of_its_clock(
     blocking: BlockingExecutor, output_dir: Path
 ) -> None:
+    """A file that is not old enough at the start sweep is gone at the next one, an
+    hour later on the sweeper's clock; not a millisecond earlier."""
     runner = blocking
 
-    def age_one(content: str, age_s: float) -> None:
+    def age_one(content: str, age_s: float) -> Path:
         output_dir.mkdir(exist_ok=True)
-        _aged(output_dir / ids.tool_output_id(), content, age_s)
+        return _aged(output_dir / ids.tool_output_id(), content, age_s)
 
     await runner.run(age_one, "old", 8 * DAY)
-    bounding = OutputBounding(output_dir=output_dir, clock=lambda: NOW)
+    young = await runner.run(age_one, "old within the hour", 7 * DAY - 1800)
+    clock = ManualClock(NOW_MS)
+    bounding = OutputBounding(output_dir=output_dir, clock=clock)
     counts: asyncio.Queue[int] = asyncio.Queue()
-    ticks: asyncio.Queue[None] = asyncio.Queue()
-    slept: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        await ticks.get()
-
     sweeper = asyncio.create_task(
-        run_sweeper(bounding, runner, interval_s=3600.0, sleep=sleep, on_sweep=counts.put_nowait)
+        run_sweeper(bounding, runner, clock, interval_s=3600.0, on_sweep=counts.put_nowait)
     )
     try:
         async with asyncio.timeout(10):
             assert await counts.get() == 1  # at start, before any interval
-            await runner.run(age_one, "old too", 9 * DAY)
-            ticks.put_nowait(None)
+            await clock.until_sleeping()  # the sweeper waits on its clock now
+            assert clock.next_due_ms == 3_600_000
+            assert clock.advance(3_599_999) == 0  # not yet: nothing woke, nothing swept
+            assert counts.empty()
+            assert await runner.run(young.exists)
+            assert clock.advance(1) == 1
             assert await counts.get() == 1
-            assert slept == [3600.0, 3600.0]
+            assert not await runner.run(young.exists)
+            await clock.until_sleeping()
+            assert clock.next_due_ms == 3_600_000
     finally:
         sweeper.cancel()
         with pytest.raises(asyncio.CancelledError):
