@@ -94,7 +94,9 @@ class SSEDecoder:
     """
 
     def __init__(self) -> None:
-        self._buffer = b""
+        #: The unfinished line, in the pieces it came in (joined once a line end
+        #: arrives: a long line is not copied again with every chunk).
+        self._parts: list[bytes] = []
         self._started = False
         self._data: list[bytes] = []
         self._event: str | None = None
@@ -116,7 +118,12 @@ class SSEDecoder:
 
     def feed_raw(self, chunk: bytes) -> list[RawFrame]:
         """The frames ``chunk`` completes, their data still bytes (see :func:`parse_raw`)."""
-        buffer = self._buffer + chunk
+        if b"\n" not in chunk and b"\r" not in chunk:
+            if chunk:
+                self._parts.append(chunk)
+            return []
+        parts = self._parts
+        buffer = b"".join((*parts, chunk)) if parts else chunk
         hold = b""
         if b"\r" in buffer:
             # CR and CRLF end lines too. A trailing CR may be the first half of
@@ -125,7 +132,8 @@ class SSEDecoder:
                 buffer, hold = buffer[:-1], b"\r"
             buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buffer.split(b"\n")
-        self._buffer = lines.pop() + hold
+        rest = lines.pop() + hold
+        self._parts = [rest] if rest else []
         if not lines:
             return []
         if not self._started:
@@ -174,9 +182,9 @@ class SSEDecoder:
     def end_raw(self) -> list[RawFrame]:
         """:meth:`end`, its frames as :meth:`feed_raw` gives them."""
         frames: list[RawFrame] = []
-        if self._buffer.endswith(b"\r"):
+        if self._parts and self._parts[-1].endswith(b"\r"):
             frames = self.feed_raw(b"\n")
-        self._buffer = b""
+        self._parts = []
         self._data, self._event, self._id = [], None, None
         return frames
 
