@@ -16,22 +16,15 @@ followed by ``POST .../wait``; the transcript is read once more at the end
 (``GET .../message`` and ``.../context``). RSS is read again, and its peak
 (``VmHWM``). Target (issue #8): RSS after 150 x 1 MB prompts <= 150 MiB.
 Linux only (``/proc``).
-
-``--tracemalloc`` runs the server under tracemalloc (``scripts/_traced_serve.py``)
-and, after the prompts, prints the largest live allocation sites by traceback:
-where the prompts' bytes are held, and how many times. Its RSS figures are not
-comparable with a plain run (tracemalloc's own bookkeeping is in them).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import re
-import signal
 import sqlite3
 import sys
 import tempfile
@@ -44,7 +37,6 @@ from _benchlib import report_main, target_lines
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 SESSIONRT: Final = ROOT / ".venv" / "bin" / "sessionrt"
-TRACED: Final = ROOT / "scripts" / "_traced_serve.py"
 TARGET_RSS_MIB: Final = 150.0
 MIB: Final = 1024 * 1024
 
@@ -79,14 +71,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         data = Path(tmp) / "data"
         work = Path(tmp) / "work"
         work.mkdir()
-        trace_out = str(Path(tmp) / "tracemalloc.json")
-        command = (
-            [str(ROOT / ".venv" / "bin" / "python"), str(TRACED), trace_out]
-            if args.tracemalloc
-            else [str(SESSIONRT)]
-        )
         proc = await asyncio.create_subprocess_exec(
-            *command,
+            str(SESSIONRT),
             "serve",
             "--port",
             "0",
@@ -96,31 +82,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             cwd=work,
         )
         try:
-            base = await asyncio.wait_for(_started(proc), 600 if args.tracemalloc else 60)
-            report = await _measure(args, proc.pid, base, str(work))
-            if args.tracemalloc:
-                report["tracemalloc"] = await _traced(proc.pid, trace_out)
-            return report
+            base = await asyncio.wait_for(_started(proc), 60)
+            return await _measure(args, proc.pid, base, str(work))
         finally:
             proc.terminate()
             await proc.wait()
-
-
-def _read_snapshot(out: str) -> dict[str, Any] | None:
-    if not Path(out + ".done").exists():
-        return None
-    return dict(json.loads(Path(out).read_text()))
-
-
-async def _traced(pid: int, out: str) -> dict[str, Any]:
-    """The server's largest live allocation sites (it writes them on SIGUSR1)."""
-    os.kill(pid, signal.SIGUSR1)
-    for _ in range(1200):
-        found = await asyncio.to_thread(_read_snapshot, out)
-        if found is not None:
-            return found
-        await asyncio.sleep(0.1)
-    raise RuntimeError("the traced server wrote no snapshot")
 
 
 async def _measure(args: argparse.Namespace, pid: int, base: str, work: str) -> dict[str, Any]:
@@ -213,16 +179,6 @@ def render(report: dict[str, Any]) -> str:
             f"  {f['name']}: {_num(f['value'], 'MiB')}"
             f" (baseline {_num(f['baseline'], 'MiB')}, {f['baseline_label']}; {f['ratio']:.2f}x)"
         )
-    traced = report.get("tracemalloc")
-    if traced is not None:
-        lines.append("")
-        lines.append(
-            f"  tracemalloc: {traced['traced_mib']:.1f} MiB live,"
-            f" peak {traced['peak_mib']:.1f} MiB; largest sites (innermost frame last):"
-        )
-        for site in traced["top"]:
-            lines.append(f"    {site['mib']:8.2f} MiB in {site['count']:,} blocks")
-            lines += [f"        {where}" for where in site["where"][-4:]]
     lines.append("")
     lines += target_lines(report["targets"], _num, heading="targets (informational):")
     return "\n".join(lines)
@@ -232,11 +188,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--prompts", type=int, default=150)
     parser.add_argument("--prompt-bytes", type=int, default=1_000_000)
-    parser.add_argument(
-        "--tracemalloc",
-        action="store_true",
-        help="run the server under tracemalloc and print its largest allocation sites",
-    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return parser.parse_args(argv)
