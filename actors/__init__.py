@@ -1,20 +1,18 @@
-"""The actor runtime's core: asyncio actors, and pykka threads for blocking work.
+"""The actor runtime: sessions, tools and models on asyncio actors.
 
-- :class:`Actor`, :class:`ActorRef`, :class:`ActorRegistry`: actors on the
-  event loop, each a mailbox drained by a task that exists only while there is
-  something to handle (``_actor``, ``_mailbox``, ``_ref``, ``_registry``).
-- :class:`BlockingExecutor`: short blocking helpers that are not tool calls
-  (catalogue reads, attachments, makedirs) on a bounded thread pool
-  (``_blocking``). Tool calls are pykka child actors: :mod:`actors.tools`.
-- :class:`ActorError`, :class:`ActorDeadError`: what the runtime raises on its
-  own behalf (``_exceptions``).
+The actor kit itself (:class:`Actor`, :class:`ActorRef`, :class:`ActorRegistry`,
+:class:`BlockingExecutor`, :class:`ActorError`, :class:`ActorDeadError`) lives
+in :mod:`actors.kit` and is re-exported here.
 """
 
-from actors._actor import Actor
-from actors._blocking import BlockingExecutor
-from actors._exceptions import ActorDeadError, ActorError
-from actors._ref import ActorRef
-from actors._registry import ActorRegistry
+from actors.kit import (
+    Actor,
+    ActorDeadError,
+    ActorError,
+    ActorRef,
+    ActorRegistry,
+    BlockingExecutor,
+)
 
 __all__ = [
     "Actor",

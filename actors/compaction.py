@@ -54,8 +54,8 @@ from typing import Final
 import attrs
 import orjson
 
-from actors._shield import finish
-from actors.bus import EventBus
+from actors.event_bus import EventBus
+from actors.kit import finish
 from actors.llm import (
     ChatMessage,
     Finish,

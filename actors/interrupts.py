@@ -1,6 +1,6 @@
 """An interrupt a host receives for a session another host runs: sent there, answered, retried.
 
-Host messages are at most once (:mod:`actors.hostbus`): a notice to a host
+Host messages are at most once (:mod:`actors.host_messages`): a notice to a host
 whose connection to the server is being re-made is lost. A lost wake costs
 nothing (the input stays admitted); a lost interrupt would leave the
 execution running while the user was told it stopped. So an interrupt
@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any, Final, Protocol
 
-from actors.hostbus import HostBus, HostMessage
+from actors.host_messages import HostBus, HostMessage
 from protocol.errors import ServiceUnavailableError
 from storage.clock import SYSTEM, Clock
 from storage.errors import StorageError

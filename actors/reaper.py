@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
-from actors._blocking import BlockingExecutor
+from actors.kit import BlockingExecutor
 from actors.tools._process import ProcessGroup, kill_stale
 from protocol import events as ev
 from storage import Command, ProjectionConflict, Store, ToolProcess

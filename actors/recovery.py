@@ -43,9 +43,9 @@ from typing import Final
 
 import attrs
 
-from actors._blocking import BlockingExecutor
 from actors.execution import Execution
-from actors.leases import LeaseKeeper
+from actors.kit import BlockingExecutor
+from actors.lease_keeper import LeaseKeeper
 from actors.reaper import reap_stale_tools
 from actors.sessions import Sessions
 from protocol import events as ev

@@ -59,8 +59,8 @@ from typing import Final, Protocol
 import orjson
 
 from actors._keyed_lock import KeyedLock
-from actors._shield import finish
 from actors.inbox import Doorbell
+from actors.kit import finish
 from actors.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
 from protocol import codec, ids
 from protocol import events as ev

@@ -30,13 +30,13 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from actors._blocking import BlockingExecutor
 from actors.agents import Agent, AgentCatalogs
-from actors.bus import EventBus
 from actors.compaction import CompactionSettings, Compactor
+from actors.event_bus import EventBus
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
 from actors.inbox import Promotion, Scope, Seen, control_head, due, select_promotable
 from actors.instructions.nearby import NearbyInstructions
+from actors.kit import BlockingExecutor
 from actors.llm import (
     SCRIPTED_MODEL,
     ModelLimits,

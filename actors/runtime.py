@@ -16,7 +16,7 @@ Several hosts may share one log (:mod:`storage.lease`): this runtime is one
 host, ``host_id``. An execution's start takes the session's lease, its drains
 append under its fence, the keeper renews it every ``lease_ttl_ms / 4`` and
 the terminal releases it. A wake for a session another host holds reaches
-that host over the :class:`~actors.hostbus.HostBus` (so do a resume and an
+that host over the :class:`~actors.host_messages.HostBus` (so do a resume and an
 interrupt); a periodic scan recovers claimed sessions whose lease expired;
 closing releases this host's leases (the shutdown terminal) and tells the
 other hosts, which take the sessions at once.
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import logging
 import os
@@ -49,11 +48,11 @@ import attrs
 from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
 from actors.execution import Execution, Terminal
 from actors.generate import Generator
-from actors.hostbus import HostBus, HostMessage
+from actors.host_messages import HostBus, HostMessage
 from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import Instructions, project_config_disabled
 from actors.instructions.nearby import NearbyInstructions
-from actors.leases import LeaseKeeper
+from actors.lease_keeper import LeaseKeeper
 from actors.llm import (
     SCRIPTED_MODEL,
     ModelLimits,
@@ -85,6 +84,7 @@ from actors.tools.builtin import (
 )
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
+from protocol.lifecycle import Lifecycle, LifecycleState
 from protocol.shapes import ModelRef
 from storage import (
     Command,
@@ -187,8 +187,10 @@ class RuntimeConfig:
     #: alongside the built-in ones under the same rules; a name taken twice
     #: or a bad schema fails the start.
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tool_tuple)
+    # metadata "file" False: a setting for embedding, not a key of a configuration
+    # file (server.config reads the keys a file may set from these fields).
     #: Offer the built-in tools (read, write, edit, list, glob, grep, bash, task).
-    builtin_tools: bool = True
+    builtin_tools: bool = attrs.field(default=True, metadata={"file": False})
     #: ``task`` subagents nest at most this deep (``[runtime] subagent_max_depth``).
     subagent_max_depth: int = DEFAULT_MAX_DEPTH
     #: Tasks one session runs at once (``[runtime] subagent_max_children``).
@@ -213,7 +215,7 @@ class RuntimeConfig:
     recover: bool = True
     #: Only read: the store opens read-only, no sweep, no execution (every
     #: operation that would write or run fails).
-    read_only: bool = False
+    read_only: bool = attrs.field(default=False, metadata={"file": False})
     #: Restarts of one claimed execution (counted durably) before recovery
     #: fails it instead of resuming it again.
     max_resume_attempts: int = DEFAULT_MAX_ATTEMPTS
@@ -278,12 +280,6 @@ class RuntimeConfig:
     @property
     def tool_output_dir(self) -> Path:
         return self.data_dir / "tool-output"
-
-
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSED = "closed"
 
 
 class _DurableHooks:
@@ -411,7 +407,7 @@ class Runtime:
         the caller; ``host_bus``: how this host reaches the others (a private
         in-process bus when None)."""
         self.config = config
-        self._state = _State.UNOPENED
+        self._lifecycle = Lifecycle("runtime")
         self._stack = contextlib.AsyncExitStack()
         self._own_store = store is None
         if store is None:
@@ -523,9 +519,7 @@ class Runtime:
         await self.services.execution.stop_child(session_id)
 
     async def __aenter__(self) -> Self:
-        if self._state is not _State.UNOPENED:
-            raise RuntimeError(f"runtime is {self._state.value}; a runtime opens once")
-        self._state = _State.OPEN
+        self._lifecycle.open()
         try:
             await self._open()
         except BaseException:
@@ -610,9 +604,8 @@ class Runtime:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._state is _State.CLOSED:
+        if self._lifecycle.close() is LifecycleState.CLOSED:
             return
-        self._state = _State.CLOSED
         await self._stack.aclose()
 
     async def recover(self) -> RecoveryReport:

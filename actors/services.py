@@ -4,7 +4,7 @@
 its store, in dependency order, and returns them as one :class:`Services`
 record. A part receives the services it uses, or a narrow Protocol one of
 them satisfies (a :class:`~actors.inbox.Doorbell`, a
-:class:`~actors.leases.LeaseLoss` …), at construction; nothing is wired
+:class:`~actors.lease_keeper.LeaseLoss` …), at construction; nothing is wired
 afterwards and no part holds a method of the :class:`~actors.runtime.Runtime`.
 
 :class:`HostExecution` is what those Protocols name where the runtime used to
@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from actors._blocking import BlockingExecutor
 from actors._keyed_lock import KeyedLock
 from actors.agents import AgentCatalogs
-from actors.bus import EventBus
+from actors.event_bus import EventBus
 from actors.execution import Execution, ExecutionHooks, Terminal, widest
-from actors.hostbus import HostBus, HostMessage, LocalHostBus, NotifyHostBus
+from actors.host_messages import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.inbox import AdmissionGate, Scope
 from actors.instructions import InstructionEntries
 from actors.interrupts import UNHELD, RemoteInterrupts
-from actors.leases import LeaseKeeper
+from actors.kit import BlockingExecutor
+from actors.lease_keeper import LeaseKeeper
 from actors.llm import HttpProvider, ProviderRegistry, build_providers
 from actors.locations import DirectoryRules
 from actors.mcp import McpServers
@@ -121,7 +121,7 @@ class HostExecution:
             self._execution.wake(session_id, scope)
 
     def lease_lost(self, session_id: str) -> None:
-        """The :class:`~actors.leases.LeaseLoss` of the lease keeper."""
+        """The :class:`~actors.lease_keeper.LeaseLoss` of the lease keeper."""
         if self._execution is not None:
             self._execution.lease_lost(session_id)
 
@@ -405,6 +405,7 @@ def build_services(
             config.shell_output_memory_bytes, 2 * config.tool_output_max_bytes + 2
         ),
         timeout_s=config.shell_timeout_s,
+        clock=config.clock,
     )
     execution = HostExecution(store, host_id, host_bus, shells, environments, config.clock)
     snapshots = Snapshots(

@@ -66,6 +66,7 @@ from protocol.errors import (
 )
 from protocol.shapes import Session, ShellInfo
 from storage import Command, ProjectionConflict, Store
+from storage.clock import SYSTEM, Clock
 
 __all__ = ["CANCELLED_TEXT", "Environments", "Shells", "notice_id"]
 
@@ -185,6 +186,7 @@ class Shells:
         shell: str = "/bin/bash",
         output_memory_bytes: int = MAX_OUTPUT_BYTES,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        clock: Clock = SYSTEM,
     ) -> None:
         if output_memory_bytes < 2:
             raise ValueError("output_memory_bytes must be at least 2")
@@ -198,6 +200,8 @@ class Shells:
         self._shell = shell
         self._memory = output_memory_bytes
         self._timeout_s = timeout_s
+        #: What ``timeout_s`` is measured on.
+        self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
         #: Session id -> shell id -> its run, while it runs.
         self._runs: dict[str, dict[str, _Run]] = {}
@@ -344,7 +348,7 @@ class Shells:
         code: int | None = None
         try:
             try:
-                async with asyncio.timeout(self._timeout_s) as deadline:
+                async with self._clock.timeout(self._timeout_s) as deadline:
                     run.deadline = deadline
                     if run.reason is not None:  # stopped while it was being spawned
                         deadline.reschedule(asyncio.get_running_loop().time())

@@ -68,10 +68,10 @@ from typing import Any, Final
 
 import attrs
 
-from actors._shield import finish
 from actors.agents import Agent
-from actors.bus import EventBus
+from actors.event_bus import EventBus
 from actors.instructions.nearby import NearbyInstructions
+from actors.kit import finish
 from actors.llm import (
     ContextOverflowError,
     ContinuationRejectedError,

@@ -62,9 +62,9 @@ from typing import Any, Final, Protocol
 
 import orjson
 
-from actors._shield import finish
 from actors.agents import Agent
-from actors.bus import EventBus
+from actors.event_bus import EventBus
+from actors.kit import finish
 from actors.llm import TOOLS_DISABLED_ERROR, HostedResult, ToolCall
 from actors.permissions import FILE_TOOLS, Check, PermissionWaiters, judge, summary
 from actors.tools import (

@@ -28,7 +28,7 @@ import attrs
 
 from actors.collector import collector_paused
 from actors.inbox import Blocking
-from actors.leases import LeaseKeeper
+from actors.lease_keeper import LeaseKeeper
 from actors.locations import DirectoryRules
 from actors.sessions import Sessions
 from protocol import codec, ids

@@ -28,8 +28,15 @@ from protocol._client_http import (
     read_failure,
     transport_error,
 )
-from protocol._client_sse import RawFrame, SSEDecodeError, SSEDecoder, SSEEvent, parse_raw
 from protocol.operations import Operation
+from protocol.sse import (
+    SSEDecodeError,
+    SSEDecoder,
+    SSEEvent,
+    SSEFrame,
+    SSELineTooLongError,
+    parse_frame,
+)
 
 __all__ = ["EventStream"]
 
@@ -64,7 +71,7 @@ class EventStream(AsyncIterator[SSEEvent]):
         self._state: _State = "new"
         self._response: aiohttp.ClientResponse | None = None
         self._decoder = SSEDecoder()
-        self._ready: collections.deque[RawFrame] = collections.deque()
+        self._ready: collections.deque[SSEFrame] = collections.deque()
         self._cut_by_client = False
 
     @property
@@ -123,7 +130,7 @@ class EventStream(AsyncIterator[SSEEvent]):
 
     def _deliver(self) -> SSEEvent:
         try:
-            return parse_raw(self._ready.popleft())
+            return parse_frame(self._ready.popleft())
         except SSEDecodeError as exc:
             self._ready.clear()
             self._finish(reuse=False)
@@ -139,6 +146,8 @@ class EventStream(AsyncIterator[SSEEvent]):
             return self._client_closed() if self._cut_by_client else StopAsyncIteration()
         if isinstance(exc, aiohttp.ClientError):
             return transport_error(op, exc)
+        if isinstance(exc, SSELineTooLongError):
+            return ClientError("malformed_response", f"{op.id}: {exc}", status=200, operation=op.id)
         return exc
 
     async def _open(self) -> None:
@@ -179,10 +188,10 @@ class EventStream(AsyncIterator[SSEEvent]):
         while not self._ready and response is not None and self._state == "open":
             chunk = await response.content.readany()
             if not chunk:
-                self._ready.extend(self._decoder.end_raw())
+                self._ready.extend(self._decoder.end())
                 self._finish(reuse=True)
                 return
-            self._ready.extend(self._decoder.feed_raw(chunk))
+            self._ready.extend(self._decoder.feed(chunk))
 
     def _finish(self, *, reuse: bool) -> None:
         self._state = "done"

@@ -50,7 +50,6 @@ from typing import Self
 import aiohttp
 
 from protocol._client_http import CallOptions, ClientError, ClientState, Connection, Reason
-from protocol._client_sse import SSEEvent
 from protocol._client_stream import EventStream
 from protocol._generated_client import (
     EventsAPI,
@@ -60,6 +59,7 @@ from protocol._generated_client import (
     SessionsAPI,
 )
 from protocol.operations import LogQuery
+from protocol.sse import SSEEvent
 
 __all__ = [
     "CallOptions",

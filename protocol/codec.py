@@ -92,39 +92,70 @@ def unknown_member(tp: Any, data: Any, path: str = "") -> str | None:
 
     Only walks what has a declared shape (attrs classes, tuples and unions of
     them); ``Mapping``/``Any`` members are free-form by design. Values of the
-    wrong type are left for the decoder to name.
+    wrong type are left for the decoder to name. What each type declares is
+    worked out once per type (:func:`_shape`), not at every request.
     """
-    if _is_union(tp):
-        options = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(options) == 1:
-            return unknown_member(options[0], data, path)
-        if isinstance(data, dict):
-            for option in options:
-                tag_type = typing.get_type_hints(option).get("type")
-                if data.get("type") in typing.get_args(tag_type):
-                    return unknown_member(option, data, path)
+    kind, arg = _shape(tp)
+    if kind == "one":
+        return unknown_member(arg, data, path)
+    if kind == "union":
+        tag = data.get("type") if isinstance(data, dict) else None
+        if isinstance(tag, str):  # tags are strings; a list there must not raise here
+            option = _tagged(tp).get(tag)
+            if option is not None:
+                return unknown_member(option, data, path)
         return None
-    if typing.get_origin(tp) is tuple and isinstance(data, list):
-        item = typing.get_args(tp)[0]
-        for i, value in enumerate(data):
-            found = unknown_member(item, value, f"{path}[{i}]")
-            if found is not None:
-                return found
+    if kind == "tuple":
+        if isinstance(data, list):
+            for i, value in enumerate(data):
+                found = unknown_member(arg, value, f"{path}[{i}]")
+                if found is not None:
+                    return found
         return None
-    if not (isinstance(tp, type) and attrs.has(tp)) or not isinstance(data, dict):
+    if kind != "attrs" or not isinstance(data, dict):
         return None
-    plan = _plan(tp)
-    by_wire = {f.wire: f for f in plan.fields}
-    hints = _hints(tp)
     for key, value in data.items():
         sub = f"{path}.{key}" if path else key
-        field = by_wire.get(key)
-        if field is None:
+        hint = arg.get(key, _UNDECLARED)
+        if hint is _UNDECLARED:
             return sub
-        found = unknown_member(hints[field.name], value, sub)
+        found = unknown_member(hint, value, sub)
         if found is not None:
             return found
     return None
+
+
+_UNDECLARED: Any = object()
+
+
+@functools.cache
+def _shape(tp: Any) -> tuple[str, Any]:
+    """What :func:`unknown_member` walks in ``tp``: ("one", the union's one option),
+    ("union", None), ("tuple", item type), ("attrs", wire name -> type) or ("free", None)."""
+    if _is_union(tp):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(options) == 1:
+            return "one", options[0]
+        return "union", None
+    if typing.get_origin(tp) is tuple:
+        return "tuple", typing.get_args(tp)[0]
+    if isinstance(tp, type) and attrs.has(tp):
+        hints = _hints(tp)
+        return "attrs", {f.wire: hints[f.name] for f in _plan(tp).fields}
+    return "free", None
+
+
+@functools.cache
+def _tagged(tp: Any) -> dict[Any, Any]:
+    """A union's options by their ``type`` tag (the first option naming a tag wins)."""
+    out: dict[Any, Any] = {}
+    for option in typing.get_args(tp):
+        if not (isinstance(option, type) and attrs.has(option)):
+            continue  # only an attrs class declares a tag (``list[str]`` has no hints at all)
+        tag_type = _hints(option).get("type")
+        for tag in typing.get_args(tag_type):
+            out.setdefault(tag, option)
+    return out
 
 
 @functools.cache

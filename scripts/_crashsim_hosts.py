@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from _children import die_with_parent
 
 START_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 5.0
@@ -67,6 +68,7 @@ class Host:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self.log,
+            preexec_fn=die_with_parent,  # a killed harness takes its servers
         )
         self.url: str | None = None
         self.stopped = False

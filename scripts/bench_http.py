@@ -564,6 +564,13 @@ async def _phases(
     session_ids: list[str] = await load.run("create_sessions", base=base, count=args.sessions)
     setup_s = (clock() - t) / 1e9
 
+    profiler = None
+    if args.profile:
+        # The server's loop thread, in CPU time, over both admission phases.
+        import cProfile
+
+        profiler = cProfile.Profile(time.thread_time)
+        profiler.enable()
     _log(args, f"admission, sequential: {args.requests} prompts + {args.requests} no-ops ...")
     seq = await load.run(
         "sequential", base=base, session_ids=session_ids, requests=args.requests, offset=0
@@ -578,6 +585,10 @@ async def _phases(
         concurrency=args.concurrency,
         offset=10 * args.requests,
     )
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.profile)
+        _log(args, f"profile of the admission phases (server loop, CPU) in {args.profile}")
 
     _log(args, f"commit -> SSE delivery: {args.deliveries} prompts + pokes ...")
     followed: str = (await load.run("create_sessions", base=base, count=1))[0]
@@ -889,6 +900,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--dir", default=None, help="where the temp data dir goes (default: the system temp dir)"
+    )
+    parser.add_argument(
+        "--profile",
+        default="",
+        metavar="PATH",
+        help="cProfile the server's loop (CPU time) over the admission phases; stats to PATH",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -229,7 +229,7 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
     raw_span = _Span()
     raw_s = raw_projected_s = 0.0
     forms_s = dict.fromkeys(EVENT_FORMS, 0.0)
-    commits = 0
+    commits = chained = 0
     async with database(args.server) as url:
         conn = await asyncpg.connect(url)
         # The projected context writes a copy of the session table (see
@@ -280,10 +280,12 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
                         await asyncio.gather(*(producer(s, -2, 0, tag) for s in sessions))
                         after = await conn.fetchval("SELECT coalesce(max(position), 0) FROM event")
                         batches_before = sum(store.batch_paths.values())
+                        chains_before = store.chains["taken"]
                         with store_spans[side].measure(timed):
                             await asyncio.gather(*(producer(s, 0, per, tag) for s in sessions))
                         if timed and side == "plain":
                             commits += sum(store.batch_paths.values()) - batches_before
+                            chained += store.chains["taken"] - chains_before
                     stored = await _same_rows(conn, producers * per, after)
                     await conn.execute("TRUNCATE raw_event")
                     started = time.perf_counter()
@@ -335,6 +337,7 @@ async def bench_appends(args: argparse.Namespace) -> dict[str, Any]:
         "raw_per_row_txn_events_per_s": round(producers * per / per_row_s, 1),
         "raw_per_row_pool": RAW_POOL,
         "store_transactions": commits,
+        "store_transactions_begun_by_the_one_before": chained,
         "events_per_transaction": round(events / commits, 1) if commits > 0 else None,
         "server_settings": settings,
         "store_cpu": {side: span.per_event_us(events) for side, span in store_spans.items()},
@@ -1055,7 +1058,8 @@ def render(report: dict[str, Any]) -> str:
     ap = report["appends"]
     lines.append(
         f"store appends: {ap['store_transactions']} transactions,"
-        f" {ap['events_per_transaction']} events per commit;"
+        f" {ap['events_per_transaction']} events per commit,"
+        f" {ap['store_transactions_begun_by_the_one_before']} begun in the COMMIT before;"
         f" server {ap['server_settings']}"
     )
     lines.append(

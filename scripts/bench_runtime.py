@@ -741,7 +741,14 @@ async def run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench_runtime-", dir=args.dir) as directory:
-        results = asyncio.run(run_all(args, Path(directory)))
+        if args.stalls:
+            from _stalls import StallWatch
+
+            with StallWatch(threshold_s=args.stalls / 1000) as watch:
+                results = asyncio.run(run_all(args, Path(directory)))
+            print("\n".join(watch.report()), file=sys.stderr, flush=True)
+        else:
+            results = asyncio.run(run_all(args, Path(directory)))
     full = next(r for r in results["steps"] if r["synchronous"] == "FULL")
     # Baseline phases are not the runtime; tracemalloc phases measure memory and
     # the tracer itself stalls the loop, so neither counts toward the lag target.
@@ -990,6 +997,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_false",
         help="skip gc.freeze() after start-up (sessionrt serve freezes; without it the"
         " loop lag includes the cyclic collector walking start-up objects)",
+    )
+    parser.add_argument(
+        "--stalls",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="report each callback that holds the loop MS ms or more, and where (stderr;"
+        " scripts/_stalls.py)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -142,6 +142,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from _children import die_with_parent
+
 from actors.recovery import DEFAULT_MAX_ATTEMPTS
 from actors.revert import PAUSE_ENV, PAUSE_POINTS
 from actors.tools._permission import matches
@@ -1122,6 +1124,7 @@ class Server:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._log,
+            preexec_fn=die_with_parent,  # a killed harness takes its servers
         )
         Server.live.add(self.proc)
         self.boot = Boot(index=index, pid=self.proc.pid, spawn_ms=spawn_ms)

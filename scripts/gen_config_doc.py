@@ -6,8 +6,8 @@ meaning: ``[server]`` from :class:`server.app.ServerSettings` (and ``host`` /
 :class:`actors.runtime.RuntimeConfig`, ``[providers.*]`` from
 :class:`actors.llm.ProviderConfig` and :class:`actors.llm.ModelLimits`. The
 meaning is the field's ``#:`` comment; the types are the ones the file loader
-(:mod:`server.config`) checks. ``RuntimeConfig`` fields the file cannot set
-are listed apart, for embedding.
+(:mod:`server.config`) reads from the fields and checks. ``RuntimeConfig``
+fields the file cannot set are listed apart, for embedding.
 
 ``tests/server/test_config_reference.py`` checks that the committed file is a
 fresh rendering and that the loader and the classes agree key for key.
@@ -93,20 +93,6 @@ def field_comments(cls: type) -> dict[str, str]:
     return found
 
 
-def toml_type(expected: type | tuple[type, ...]) -> str:
-    if expected is bool:
-        return "boolean"
-    if expected is int:
-        return "integer"
-    if expected == (int, float):
-        return "number"
-    if expected is str:
-        return "string"
-    if expected is list:
-        return "list of strings"
-    raise AssertionError(f"no TOML name for {expected!r}")
-
-
 def _size(value: int) -> str:
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if value >= factor and value % factor == 0:
@@ -131,6 +117,10 @@ def show_default(key: str, value: Any) -> str:
         return "`{}`"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    if type(value).__repr__ is object.__repr__:
+        # An object without a repr of its own (the system clock): its class,
+        # never its address, which changes with every run.
+        return f"`{type(value).__name__}()`"
     shown = f"`{value}`"
     if isinstance(value, int) and key.endswith("_bytes"):
         shown += _size(value)
@@ -160,15 +150,13 @@ def server_rows() -> list[tuple[str, str, str, str]]:
             rows.append(
                 (
                     key,
-                    toml_type(expected),
+                    expected.toml,
                     show_default(key, defaults[key].default),
                     SERVE_KEYS[key],
                 )
             )
         else:
-            rows.append(
-                (key, toml_type(expected), show_default(key, fields[key].default), comments[key])
-            )
+            rows.append((key, expected.toml, show_default(key, fields[key].default), comments[key]))
     return rows
 
 
@@ -180,12 +168,12 @@ def runtime_rows() -> list[tuple[str, str, str, str]]:
         default = fields[key].default
         if key == "data_dir":
             default = "$XDG_DATA_HOME/sessionrt"
-            rows.append((key, toml_type(expected), f"`{default}`", comments[key]))
+            rows.append((key, expected.toml, f"`{default}`", comments[key]))
             continue
         if key == "default_model":
-            rows.append((key, "string `PROVIDER/MODEL`", "the scripted model", comments[key]))
+            rows.append((key, expected.toml, "the scripted model", comments[key]))
             continue
-        rows.append((key, toml_type(expected), show_default(key, default), comments[key]))
+        rows.append((key, expected.toml, show_default(key, default), comments[key]))
     return rows
 
 

@@ -104,13 +104,15 @@ async def decode_body(
     """
     if op.body is None:
         return None
-    try:
-        async with asyncio.timeout(timeout_s):
-            raw = await _read(request, max_bytes)
-    except TimeoutError:
-        raise RequestTimeoutError(
-            f"The request body did not arrive within {timeout_s:g} s"
-        ) from None
+    raw = _buffered(request, max_bytes)
+    if raw is None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                raw = await _read(request, max_bytes)
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"The request body did not arrive within {timeout_s:g} s"
+            ) from None
     if op.large_body:
         return await blocking(loads_in_pieces, raw) if raw else {}
     # Only an empty body is no body; whitespace alone is not a JSON document.
@@ -121,6 +123,21 @@ async def decode_body(
     if op.id == "session.prompt" and isinstance(data, dict):
         data = _flatten_prompt(data)
     return codec.from_json(op.body, data, strict=True)
+
+
+def _buffered(request: web.Request, max_bytes: int) -> bytes | None:
+    """The whole body when it has all arrived already (a small body usually comes
+    with its headers), else None: no timeout to arm, no chunks to wait for."""
+    content = request.content
+    if not content.is_eof():
+        return None
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=declared)
+    raw = content.read_nowait()
+    if len(raw) > max_bytes:
+        raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=len(raw))
+    return raw
 
 
 async def _read(request: web.Request, max_bytes: int) -> bytes:

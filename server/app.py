@@ -273,6 +273,10 @@ _LITERAL: Final[dict[str, frozenset[str]]] = {
 
 
 def _endpoint(op: Operation) -> Endpoint:
+    respond = _RESPONDERS.get(op.id)
+    if op.streaming and respond is None:
+        raise RuntimeError(f"{op.id} streams (output_kind 'sse') but has no responder")
+
     async def endpoint(request: web.Request) -> web.StreamResponse:
         allowed = _LITERAL.get(request.path)
         if allowed is not None and op.path != request.path:
@@ -282,16 +286,8 @@ def _endpoint(op: Operation) -> Endpoint:
         query = decode_query(op, request)
         if op.streaming and request.method == "HEAD":
             return await _head_stream(runtime, path.get("sessionID"))
-        if op.id == "session.log":
-            return await sse.session_log(
-                runtime, request.app[STREAMS], request, path["sessionID"], query
-            )
-        if op.id == "event.subscribe":
-            return await request.app[FEED].stream(request)
-        if op.id == "server.metrics":
-            return await _metrics(request)
-        if op.id == "server.health":
-            return await _health(request)
+        if respond is not None:
+            return await respond(request, path, query)
         if op.large_body:
             # Parsed and handled with the cycle collector paused: see actors.collector.
             with collector_paused():
@@ -336,6 +332,24 @@ def _encode(op: Operation, result: Any) -> web.Response:
     return _json(200, codec.to_json(result))
 
 
+#: What answers an operation that writes its own response: (request, path
+#: parameters, query) -> response.
+Responder = Callable[[web.Request, dict[str, str], Any], Awaitable[web.StreamResponse]]
+
+
+async def _session_log(
+    request: web.Request, path: dict[str, str], query: Any
+) -> web.StreamResponse:
+    app = request.app
+    return await sse.session_log(app[RUNTIME], app[STREAMS], request, path["sessionID"], query)
+
+
+async def _event_subscribe(
+    request: web.Request, path: dict[str, str], query: Any
+) -> web.StreamResponse:
+    return await request.app[FEED].stream(request)
+
+
 async def _head_stream(runtime: Runtime, session_id: str | None) -> web.Response:
     """HEAD on a stream: the status and headers its GET would start with, and no stream."""
     if session_id is not None:
@@ -369,6 +383,18 @@ async def _health(request: web.Request) -> web.Response:
     except StorageError as exc:
         raise StorageUnavailableError(f"Storage unavailable: {exc}") from None
     return _json(200, {"healthy": True})
+
+
+#: The operations that write their own response instead of returning a value
+#: for :data:`~server.handlers.HANDLERS`: every streaming one (``output_kind``
+#: "sse" on the operation table: a route for one without a responder is not
+#: built) and the two probes.
+_RESPONDERS: Final[dict[str, Responder]] = {
+    "session.log": _session_log,
+    "event.subscribe": _event_subscribe,
+    "server.metrics": lambda request, path, query: _metrics(request),
+    "server.health": lambda request, path, query: _health(request),
+}
 
 
 async def _compat_event_log(request: web.Request) -> web.StreamResponse:

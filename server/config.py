@@ -16,9 +16,11 @@
     output = 4096
 
 Every key with its type, default and meaning is in ``docs/configuration.md``,
-generated from :data:`FILE_KEYS` and the attrs classes the keys fill
-(``ServerSettings``, ``RuntimeConfig``, ``ProviderConfig``) by
-``scripts/gen_config_doc.py``.
+generated from the attrs classes the keys fill (``ServerSettings``,
+``RuntimeConfig``, ``ProviderConfig``) by ``scripts/gen_config_doc.py``. The
+keys a file may set and their types are read from those classes' fields
+(:data:`FILE_KEYS`): a field of a TOML-shaped type is a key unless marked
+``metadata={"file": False}``; a ``Literal`` field takes only its values.
 
 ``[mcp.<name>]`` tables (MCP servers) are parsed by :func:`actors.mcp.parse_servers`.
 
@@ -33,65 +35,79 @@ defaults. Unknown keys and wrong types are errors, not silently ignored.
 from __future__ import annotations
 
 import tomllib
+import types
+import typing
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
+
+import attrs
 
 from actors.llm import SCRIPTED_PROVIDER_ID, parse_model_ref, parse_providers
 from actors.mcp import parse_servers
 from actors.runtime import RuntimeConfig
+from protocol.shapes import ModelRef
+from server.app import ServerSettings
+from server.serve import serve
 
-__all__ = ["FILE_KEYS", "ConfigError", "load_config", "runtime_config"]
+__all__ = ["FILE_KEYS", "ConfigError", "FileKey", "file_keys", "load_config", "runtime_config"]
 
-#: The keys a file may set, by section, with the types the loader accepts.
-FILE_KEYS: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
-    "server": {
-        "host": str,
-        "port": int,
-        "password": str,
-        "max_body_bytes": int,
-        "heartbeat_s": (int, float),
-        "cors_origins": list,
-        "allowed_hosts": list,
-        "event_queue_bytes": int,
-        "stream_write_timeout_s": (int, float),
-        "shutdown_grace_s": (int, float),
-        "header_timeout_s": (int, float),
-        "body_timeout_s": (int, float),
-    },
-    "runtime": {
-        "data_dir": str,
-        "synchronous": str,
-        "database": str,
-        "default_directory": str,
-        "allow_directories": list,
-        "secret_env": list,
-        "secret_env_patterns": list,
-        "max_tool_threads": int,
-        "max_blocking_threads": int,
-        "bash_timeout_s": (int, float),
-        "bash_max_timeout_s": (int, float),
-        "bash_output_memory_bytes": int,
-        "shell_output_memory_bytes": int,
-        "shell_timeout_s": (int, float),
-        "tool_output_max_lines": int,
-        "tool_output_max_bytes": int,
-        "recover": bool,
-        "max_resume_attempts": int,
-        "host_id": str,
-        "lease_ttl_ms": int,
-        "default_model": str,
-        "retry_base_delay_s": (int, float),
-        "retry_max_delay_s": (int, float),
-        "decode_cache_bytes": int,
-        "compaction": bool,
-        "compaction_buffer": int,
-        "compaction_tail_tokens": int,
-        "project_instructions": bool,
-        "import_scripts": bool,
-        "mcp_idle_s": (int, float),
-        "subagent_max_depth": int,
-        "subagent_max_children": int,
-    },
+
+@attrs.frozen
+class FileKey:
+    """What the file may hold for one key: the Python types a TOML value of it
+    decodes to, the TOML type's name (for the reference), and a Literal's values."""
+
+    types: tuple[type, ...]
+    toml: str
+    choices: tuple[str, ...] = ()
+
+
+def _file_key(annotation: Any) -> FileKey | None:
+    """The key a field of this annotation is in a file; None for a field no file sets."""
+    args = typing.get_args(annotation)
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        rest = [a for a in args if a is not type(None)]
+        return _file_key(rest[0]) if len(rest) == 1 else None
+    if annotation is bool:
+        return FileKey(types=(bool,), toml="boolean")
+    if annotation is int:
+        return FileKey(types=(int,), toml="integer")
+    if annotation is float:
+        return FileKey(types=(int, float), toml="number")
+    if annotation in (str, Path):
+        return FileKey(types=(str,), toml="string")
+    if annotation is ModelRef:
+        return FileKey(types=(str,), toml="string `PROVIDER/MODEL`")
+    if typing.get_origin(annotation) is Literal and all(isinstance(a, str) for a in args):
+        return FileKey(types=(str,), toml="string", choices=args)
+    if typing.get_origin(annotation) is tuple and args == (str, ...):
+        return FileKey(types=(list,), toml="list of strings")
+    return None
+
+
+def file_keys(cls: type) -> dict[str, FileKey]:
+    """The keys of ``cls``'s fields a file may set, in field order: every field of
+    a TOML-shaped type, but those marked ``metadata={"file": False}``."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, FileKey] = {}
+    for field in attrs.fields(cls):
+        key = _file_key(hints[field.name]) if field.metadata.get("file", True) else None
+        if key is not None:
+            out[field.name] = key
+    return out
+
+
+def _serve_keys() -> dict[str, FileKey]:
+    # host and port are arguments of serve(), not ServerSettings fields.
+    hints = typing.get_type_hints(serve)
+    return {name: key for name in ("host", "port") if (key := _file_key(hints[name])) is not None}
+
+
+#: The keys a file may set, by section: read from the attrs classes the
+#: sections fill (and ``serve()``'s ``host``/``port``), never typed twice.
+FILE_KEYS: Final[dict[str, dict[str, FileKey]]] = {
+    "server": {**_serve_keys(), **file_keys(ServerSettings)},
+    "runtime": file_keys(RuntimeConfig),
 }
 #: Sections with a nested shape of their own, parsed by their owner.
 _NESTED: Final = ("providers", "mcp")
@@ -119,15 +135,16 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
             expected = FILE_KEYS[section].get(key)
             if expected is None:
                 raise ConfigError(f"{path}: unknown key {section}.{key}")
-            wrong_bool = isinstance(value, bool) and expected is not bool
-            if wrong_bool or not isinstance(value, expected):
+            wrong_bool = isinstance(value, bool) and bool not in expected.types
+            if wrong_bool or not isinstance(value, expected.types):
                 raise ConfigError(f"{path}: {section}.{key} has the wrong type")
             if isinstance(value, list) and not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"{path}: {section}.{key} must be a list of strings")
+            if expected.choices and value not in expected.choices:
+                raise ConfigError(
+                    f"{path}: {section}.{key} must be {' or '.join(expected.choices)}"
+                )
         out[section] = dict(table)
-    synchronous = out.get("runtime", {}).get("synchronous")
-    if synchronous not in (None, "FULL", "NORMAL"):
-        raise ConfigError(f"{path}: runtime.synchronous must be FULL or NORMAL")
     providers = document.get("providers", {})
     if not isinstance(providers, dict):
         raise ConfigError(f"{path}: [providers] must be a table")

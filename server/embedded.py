@@ -19,7 +19,6 @@ Closing releases everything it started: client, HTTP server side, runtime
 from __future__ import annotations
 
 import contextlib
-import enum
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,6 +30,7 @@ import attrs
 from actors.runtime import Runtime, RuntimeConfig
 from actors.tools import Tool
 from protocol.client import Client, EventsAPI, InstructionsAPI, ServerAPI, SessionsAPI
+from protocol.lifecycle import Lifecycle, LifecycleState
 from server._inprocess import InProcessConnector
 from server._protocol import make_runner
 from server.app import ServerSettings, make_app, runner_options
@@ -39,12 +39,6 @@ __all__ = ["Embedded"]
 
 #: Requests never leave the process; the host part only names it.
 BASE_URL = "http://sessionrt.embedded"
-
-
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSED = "closed"
 
 
 class Embedded:
@@ -64,7 +58,7 @@ class Embedded:
         extra = tuple(tools)
         self.config = attrs.evolve(config, tools=config.tools + extra) if extra else config
         self._settings = settings or ServerSettings()
-        self._state = _State.UNOPENED
+        self._lifecycle = Lifecycle("embedded host")
         self._stack = contextlib.AsyncExitStack()
         self._runtime: Runtime | None = None
         self._client: Client | None = None
@@ -72,7 +66,7 @@ class Embedded:
     @property
     def runtime(self) -> Runtime:
         if self._runtime is None:
-            raise RuntimeError(f"embedded host is {self._state.value}")
+            raise RuntimeError(f"embedded host is {self._lifecycle.state.value}")
         return self._runtime
 
     @property
@@ -93,13 +87,11 @@ class Embedded:
 
     def _open_client(self) -> Client:
         if self._client is None:
-            raise RuntimeError(f"embedded host is {self._state.value}")
+            raise RuntimeError(f"embedded host is {self._lifecycle.state.value}")
         return self._client
 
     async def __aenter__(self) -> Self:
-        if self._state is not _State.UNOPENED:
-            raise RuntimeError(f"embedded host is {self._state.value}; it opens once")
-        self._state = _State.OPEN
+        self._lifecycle.open()
         try:
             runtime = await self._stack.enter_async_context(Runtime(self.config))
             self._runtime = runtime
@@ -126,9 +118,8 @@ class Embedded:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._state is _State.CLOSED:
+        if self._lifecycle.close() is LifecycleState.CLOSED:
             return
-        self._state = _State.CLOSED
         try:
             await self._stack.aclose()
         finally:

@@ -54,7 +54,7 @@ from typing import Final, Literal
 import orjson
 from aiohttp import web
 
-from actors.bus import EventBus
+from actors.event_bus import EventBus
 from protocol.events import EventEnvelope
 from server.sse import PING, Sender, StalledWriteError, StreamSettings, frame, open_stream
 from storage import now_ms

@@ -35,9 +35,12 @@ class Clock(Protocol):
         """Return once ``seconds`` have passed on this clock."""
         ...
 
-    def timeout(self, seconds: float | None) -> contextlib.AbstractAsyncContextManager[object]:
+    def timeout(
+        self, seconds: float | None
+    ) -> contextlib.AbstractAsyncContextManager[asyncio.Timeout]:
         """As :func:`asyncio.timeout`: the block is cancelled, and ``TimeoutError``
-        raised, once ``seconds`` have passed on this clock (never when None)."""
+        raised, once ``seconds`` have passed on this clock (never when None). What
+        it gives is an :class:`asyncio.Timeout`: ``reschedule`` may end it sooner."""
         ...
 
 

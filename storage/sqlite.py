@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import sqlite3
@@ -36,6 +35,7 @@ from typing import Any, Final, Self
 
 import aiosqlite
 
+from protocol.lifecycle import Lifecycle
 from storage._inline_reads import InlineReader
 from storage._subscribers import Subscribers
 from storage._writer import Synchronous, Writer, shared_lock
@@ -71,13 +71,6 @@ log = logging.getLogger(__name__)
 MAX_BATCH: Final = 1024
 
 
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
 class SQLiteStore(LogReads):
     def __init__(
         self,
@@ -96,7 +89,7 @@ class SQLiteStore(LogReads):
         self.read_only = read_only
         self._shared_lock: int | None = None
         self._reader_count = readers
-        self._state = _State.UNOPENED
+        self._lifecycle = Lifecycle("store", StoreClosedError)
         self._writer: Writer | None = None
         self._pending: list[tuple[Prepared, asyncio.Future[list[RecordedEvent]]]] = []
         self._inflight = False
@@ -132,9 +125,7 @@ class SQLiteStore(LogReads):
         await self.close()
 
     async def open(self) -> None:
-        if self._state is not _State.UNOPENED:
-            raise StoreClosedError(f"store is {self._state.value}; a store opens once")
-        self._state = _State.OPEN
+        self._lifecycle.open()
         try:
             if self.read_only:
                 self._shared_lock = await asyncio.to_thread(shared_lock, self.path)
@@ -179,9 +170,8 @@ class SQLiteStore(LogReads):
             raise
 
     async def close(self) -> None:
-        if self._state in (_State.CLOSING, _State.CLOSED):
+        if not self._lifecycle.begin_close():
             return
-        self._state = _State.CLOSING
         try:
             await self._drained.wait()
             if self._writer is not None:
@@ -196,15 +186,14 @@ class SQLiteStore(LogReads):
             if self._shared_lock is not None:
                 os.close(self._shared_lock)
                 self._shared_lock = None
-            self._state = _State.CLOSED
+            self._lifecycle.closed()
 
     @property
     def is_open(self) -> bool:
-        return self._state is _State.OPEN
+        return self._lifecycle.is_open
 
     def _check_open(self) -> None:
-        if self._state is not _State.OPEN:
-            raise StoreClosedError(f"store is {self._state.value}")
+        self._lifecycle.check_open()
 
     # -- appends --------------------------------------------------------------------------------
 

@@ -5,12 +5,14 @@ Each CLI subprocess paid for a fresh interpreter importing the whole package
 with its argv, environment, stdout and stderr, so most tests run that here.
 ``main`` runs its own event loop (``asyncio.run``), so it runs in a thread of
 its own while the test's loop waits for it; its output goes to buffers, its
-environment is the one given for the call. What only a real process has (a
-signal from outside, the working directory, the exit status as the shell sees
-it) keeps one end-to-end subprocess test per command.
+environment and working directory are the ones given for the call, its stdin is
+not a terminal. What only a real process has (a signal from outside, a terminal,
+the exit status as the shell sees it) keeps one end-to-end subprocess test per
+command.
 
 One call at a time per pytest process (xdist workers are processes): stdout,
-stderr and the environment are the process's own while ``main`` runs.
+stderr, stdin, the environment and the working directory are the process's own
+while ``main`` runs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import io
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -66,12 +69,40 @@ def _no_sigint(self: _cli_run.Sigint) -> Callable[[], None]:
     return lambda: None
 
 
-def _call(args: tuple[str, ...], env: dict[str, str] | None) -> Done:
+@contextlib.contextmanager
+def _directory(cwd: str | os.PathLike[str] | None) -> Iterator[None]:
+    if cwd is None:
+        yield
+        return
+    saved = os.getcwd()
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(saved)
+
+
+@contextlib.contextmanager
+def _stdin(text: str) -> Iterator[None]:
+    """stdin read from ``text``: not a terminal."""
+    saved = sys.stdin
+    sys.stdin = io.StringIO(text)
+    try:
+        yield
+    finally:
+        sys.stdin = saved
+
+
+def _call(
+    args: tuple[str, ...], env: dict[str, str] | None, cwd: str | os.PathLike[str] | None
+) -> Done:
     out, err = io.StringIO(), io.StringIO()
     install = _cli_run.Sigint.install
     with (
         _one_at_a_time,
         _environment(env),
+        _directory(cwd),
+        _stdin(""),
         contextlib.redirect_stdout(out),
         contextlib.redirect_stderr(err),
     ):
@@ -85,7 +116,10 @@ def _call(args: tuple[str, ...], env: dict[str, str] | None) -> Done:
     return Done(code, out.getvalue(), err.getvalue())
 
 
-async def sessionrt(*args: str, env: dict[str, str] | None = None) -> Done:
-    """``sessionrt ARGS`` with ``env`` (this process's environment when None), in-process."""
+async def sessionrt(
+    *args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
+) -> Done:
+    """``sessionrt ARGS`` with ``env`` (this process's environment when None), in-process,
+    in the working directory ``cwd`` (this process's when None), stdin not a terminal."""
     async with asyncio.timeout(TIMEOUT):
-        return await asyncio.to_thread(_call, args, env)
+        return await asyncio.to_thread(_call, args, env, cwd)

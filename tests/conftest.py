@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import gc
-from collections.abc import AsyncIterator
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pgdb
 import proc_groups
 import pytest
 from hypothesis import settings
+from loop_watch import SlowCallbacks
 
 from actors.inbox import Scope
 from actors.sessions import Sessions
@@ -26,6 +29,12 @@ from storage import SQLiteStore, is_server_url
 # scripts/; tests here assert behaviour, so no example has a deadline.
 settings.register_profile("sessionrt", deadline=None)
 settings.load_profile("sessionrt")
+
+# Bytecode is kept for what this process and every child it starts imports, also
+# when pytest is run directly: see scripts/test (a server start compiling ~600
+# modules again cost as much CPU as the rest of its start).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 class WakeRecorder:
@@ -95,10 +104,14 @@ def _postgres_backend(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
 
 def pytest_configure(config: pytest.Config) -> None:
     """In the process that runs tests (not xdist's controller, whose children are the
-    workers): note every child spawned, to kill what is left of them however the run ends."""
+    workers): note every child spawned, to kill what is left of them however the run ends.
+    Everywhere, a child started from the main thread dies with its parent."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         proc_groups.note_spawned()
         atexit.register(proc_groups.reap_all)
+        proc_groups.reap_on_termination()
+    else:  # the controller: its workers die with it, and theirs with them
+        proc_groups.note_spawned(record=False)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -114,7 +127,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On the PostgreSQL pass, leave out what would run exactly as it did on SQLite."""
+    """The tests marked ``slow`` first (in their order), so xdist starts them while the
+    quick ones fill the other workers, instead of one of them ending the run alone.
+    On the PostgreSQL pass, leave out what would run exactly as it did on SQLite."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
     if not pgdb.on_postgres():
         return
     same = [item for item in items if item.get_closest_marker("sqlite_only")]
@@ -137,6 +153,17 @@ def wakes() -> WakeRecorder:
 @pytest.fixture
 def sessions(store: SQLiteStore, wakes: WakeRecorder, tmp_path: Path) -> Sessions:
     return Sessions(store, wake=wakes, default_directory=str(tmp_path))
+
+
+@pytest.fixture
+def slow_callbacks() -> Iterator[SlowCallbacks]:
+    """The test fails if one callback of its loop used more than
+    ``loop_watch.THRESHOLD_S`` of CPU (see tests/loop_watch.py: the threshold,
+    why CPU time, and the allow-list)."""
+    with SlowCallbacks() as watch:
+        yield watch
+    offenders = watch.offenders()
+    assert not offenders, f"callbacks held the event loop: {offenders}"
 
 
 @pytest.fixture

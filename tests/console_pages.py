@@ -20,6 +20,7 @@ PASSWORD: Final = "console-pw"
 CONSOLE_MARKS: Final = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium"),
     pytest.mark.timeout(120),
+    pytest.mark.slow,  # a browser's pages: started first
 ]
 
 

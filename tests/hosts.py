@@ -7,8 +7,8 @@ from pathlib import Path
 
 from feed import Feed
 
-from actors.bus import EventBus
-from actors.hostbus import HostMessage, LocalHostBus
+from actors.event_bus import EventBus
+from actors.host_messages import HostMessage, LocalHostBus
 from actors.runtime import Runtime, RuntimeConfig
 from storage import SQLiteStore
 
@@ -31,7 +31,8 @@ class RecordingBus(LocalHostBus):
 class Hosts:
     """Runtimes sharing ``store`` and ``bus``, each with its own execution, leases,
     renewal and scan, as servers on one PostgreSQL database would; ``feed`` hears
-    every commit."""
+    every commit. Each runtime waits on the store's clock (a test's ManualClock
+    moves the leases' expiry and every host's waits together)."""
 
     def __init__(self, tmp_path: Path, store: SQLiteStore, bus: RecordingBus) -> None:
         self.tmp_path = tmp_path
@@ -49,6 +50,7 @@ class Hosts:
             default_directory=str(self.tmp_path),
             host_id=host_id,
             lease_ttl_ms=ttl_ms,
+            clock=self.store.clock,
         )
         return await self.stack.enter_async_context(
             Runtime(config, store=self.store, host_bus=self.bus)

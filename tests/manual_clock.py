@@ -56,7 +56,7 @@ class ManualClock:
             self._waits.remove(wait)
 
     @contextlib.asynccontextmanager
-    async def timeout(self, seconds: float | None) -> AsyncIterator[object]:
+    async def timeout(self, seconds: float | None) -> AsyncIterator[asyncio.Timeout]:
         async with asyncio.timeout(None) as deadline:
             if seconds is None:
                 yield deadline

@@ -7,9 +7,12 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from scripts_loader import load_script
 
 from actors.tools._process import group_alive
 
@@ -73,20 +76,45 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def note_spawned() -> None:
-    """Note every child ``subprocess.Popen`` starts from now on (asyncio's too)."""
+def note_spawned(*, record: bool = True) -> None:
+    """Note every child ``subprocess.Popen`` starts from now on (asyncio's too), unless
+    ``record`` is false (xdist's controller, whose children are the workers).
+
+    A child started from the main thread also dies with this process (``PR_SET_PDEATHSIG``,
+    scripts/_children.py): a test process killed outright, which runs no ``atexit``,
+    leaves no server behind. A thread's children are left alone: the thread may end
+    before them (the runtime's tool threads, in process).
+    """
     global _note_installed
     if _note_installed:
         return
     _note_installed = True
     init = subprocess.Popen.__init__
+    die_with_parent = load_script("_children").die_with_parent
 
     def noting(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+        if threading.current_thread() is threading.main_thread() and len(args) < 7:
+            kwargs.setdefault("preexec_fn", die_with_parent)  # 7th positional is preexec_fn
         init(self, *args, **kwargs)
+        if not record:
+            return
         leader = bool(kwargs.get("start_new_session")) or kwargs.get("process_group") == 0
         _spawned.append((self.pid, leader))
 
     subprocess.Popen.__init__ = noting  # type: ignore[method-assign]
+
+
+def reap_on_termination() -> None:
+    """SIGTERM or SIGHUP (a CI runner's cancel, a closed terminal) run no ``atexit``:
+    kill what this process started, then end by the signal as it would have."""
+
+    def terminated(signum: int, frame: object) -> None:
+        reap_all()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, terminated)
 
 
 def reap_all() -> list[int]:

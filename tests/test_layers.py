@@ -125,3 +125,23 @@ def test_actors_and_server_import_no_backend(package: str) -> None:
             if isinstance(node, ast.Attribute) and node.attr in names:
                 bad.append(f"{where}:{node.lineno} .{node.attr}")
     assert sorted(set(bad)) == []
+
+
+#: The actor kit: the floor of ``actors/``, which knows nothing about sessions.
+KIT = "actors.kit"
+
+
+def test_the_actor_kit_imports_nothing_above_protocol() -> None:
+    """``actors/kit/`` (actor, ref, mailbox, registry, exceptions, blocking, shield)
+    builds on the standard library and ``protocol`` alone; the rest of ``actors/``
+    builds on it."""
+    modules = _modules("actors")
+    assert KIT in modules
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} {imported}"
+        for module, path in modules.items()
+        if _within(module, {KIT})
+        for line, imported in _imports(path)
+        if imported.split(".")[0] in LAYERS[1:] and not _within(imported, {KIT})
+    ]
+    assert bad == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from actors._ref import ActorRef
 from actors.execution._messages import (
     Active,
     AwaitIdle,
@@ -18,6 +17,7 @@ from actors.execution._messages import (
 )
 from actors.execution._supervisor import Supervisor
 from actors.inbox import Scope
+from actors.kit import ActorRef
 from protocol.events import InterruptReason
 
 

@@ -8,7 +8,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from actors._actor import Actor
 from actors.execution._messages import (
     SUCCEEDED,
     ExecutionHooks,
@@ -22,6 +21,7 @@ from actors.execution._messages import (
     widest,
 )
 from actors.inbox import Scope
+from actors.kit import Actor
 from protocol.events import InterruptReason
 from storage import FencedError, LeaseHeldError, StorageBrokenError
 

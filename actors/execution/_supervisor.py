@@ -19,8 +19,6 @@ from typing import Any
 
 import attrs
 
-from actors._actor import Actor
-from actors._ref import ActorRef
 from actors.execution._messages import (
     Active,
     AwaitIdle,
@@ -35,6 +33,7 @@ from actors.execution._messages import (
     Wake,
 )
 from actors.execution._session import SessionActor
+from actors.kit import Actor, ActorRef
 
 
 @attrs.define

@@ -44,8 +44,8 @@ import orjson
 
 from actors.llm._config import ProviderConfig
 from actors.llm._errors import IncompleteStreamError, ProviderError, TransportError
-from actors.llm._sse import MAX_LINE_BYTES, SSEDecoder, SSEEvent, SSELineTooLongError
 from actors.llm._stream import StreamPart
+from protocol.sse import MAX_LINE_BYTES, SSEDecoder, SSEFrame, SSELineTooLongError
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -225,7 +225,7 @@ class HttpTransport:
         headers: Mapping[str, str],
         body: Mapping[str, Any],
         classify: ErrorClassifier,
-    ) -> AsyncGenerator[SSEEvent | JSONAnswer, None]:
+    ) -> AsyncGenerator[SSEFrame | JSONAnswer, None]:
         """POST ``body`` and yield the SSE events of a 2xx answer, or its one
         :class:`JSONAnswer` when it came as JSON (see the module doc)."""
         payload = orjson.dumps(body)
@@ -282,7 +282,7 @@ class HttpTransport:
                 raise StreamBrokenError(type(exc).__name__) from None
             except SSELineTooLongError as exc:
                 raise StreamBrokenError(str(exc)) from None
-            for event in decoder.close():
+            for event in decoder.end(dispatch_open=True):
                 seen = True
                 yield event
             if not seen and content_type != _EVENT_STREAM:
@@ -320,7 +320,7 @@ class StreamState(Protocol):
     @property
     def done(self) -> bool: ...
 
-    def event(self, event: SSEEvent) -> list[StreamPart]: ...
+    def event(self, event: SSEFrame) -> list[StreamPart]: ...
 
     def end(self) -> list[StreamPart]: ...
 

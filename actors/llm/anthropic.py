@@ -35,7 +35,6 @@ from actors.llm._config import ProviderConfig
 from actors.llm._errors import IncompleteStreamError, ProviderError
 from actors.llm._http import HttpTransport, JSONAnswer, error_body, normalized
 from actors.llm._request import ModelRequest
-from actors.llm._sse import SSEEvent
 from actors.llm._stream import (
     Finish,
     FinishReason,
@@ -54,6 +53,7 @@ from actors.llm._stream import (
     Usage,
 )
 from actors.llm.openai import decode_arguments
+from protocol.sse import SSEFrame
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider", "AnthropicStream"]
 
@@ -96,7 +96,7 @@ class AnthropicStream:
         self.done = False
         self.produced = False
 
-    def event(self, event: SSEEvent) -> list[StreamPart]:
+    def event(self, event: SSEFrame) -> list[StreamPart]:
         try:
             data = orjson.loads(event.data)
         except orjson.JSONDecodeError:

@@ -37,7 +37,6 @@ from actors.llm._errors import IncompleteStreamError, ProviderError
 from actors.llm._http import HttpTransport, JSONAnswer, error_body, normalized
 from actors.llm._openai_body import openai_body
 from actors.llm._request import ModelRequest
-from actors.llm._sse import SSEEvent
 from actors.llm._stream import (
     Finish,
     FinishReason,
@@ -54,6 +53,7 @@ from actors.llm._stream import (
     ToolInputStart,
     Usage,
 )
+from protocol.sse import SSEFrame
 
 __all__ = ["OpenAIProvider", "OpenAIStream"]
 
@@ -99,7 +99,7 @@ class OpenAIStream:
         self.done = False
         self.produced = False
 
-    def event(self, event: SSEEvent) -> list[StreamPart]:
+    def event(self, event: SSEFrame) -> list[StreamPart]:
         if event.data == "[DONE]":
             return self.end()
         try:

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -67,9 +66,9 @@ from typing import Any, Self
 import attrs
 import pykka
 
-from actors._blocking import BlockingExecutor, wait_all, wait_out
-from actors._exceptions import ActorDeadError
+from actors.kit import ActorDeadError, BlockingExecutor, wait_all, wait_out
 from actors.tools._types import CancelEvent, SucceededThenInterrupted, ToolOutcome
+from protocol.lifecycle import Lifecycle, LifecycleState
 
 __all__ = [
     "Cancel",
@@ -371,12 +370,6 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
         future.set_result(value)
 
 
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
 class ToolActors:
     """Starts tool-call child actors, at most ``limit`` at once; one per runtime.
 
@@ -392,14 +385,15 @@ class ToolActors:
         self._limit = limit
         self._blocking = blocking
         self._slots = asyncio.Semaphore(limit)
-        self._state = _State.UNOPENED
+        self._lifecycle = Lifecycle("ToolActors")
         self._spawner: pykka.ActorRef[_Spawner] | None = None
         #: The spawner's own thread, once it has stopped (it is joined last).
         self._spawner_stopped: asyncio.Future[threading.Thread] | None = None
         self._running: dict[ToolChild, None] = {}
 
     def __repr__(self) -> str:
-        return f"<ToolActors {self._state.value}, {len(self._running)}/{self._limit} running>"
+        state, running = self._lifecycle.state.value, len(self._running)
+        return f"<ToolActors {state}, {running}/{self._limit} running>"
 
     @property
     def limit(self) -> int:
@@ -412,14 +406,12 @@ class ToolActors:
         return len(self._running)
 
     async def __aenter__(self) -> Self:
-        if self._state is not _State.UNOPENED:
-            raise RuntimeError(f"ToolActors cannot be opened when {self._state.value}")
+        self._lifecycle.open()
         loop = asyncio.get_running_loop()
         self._spawner_stopped = loop.create_future()
         self._spawner = _Spawner.start(loop, self._spawner_stopped)
         # Private plumbing: only aclose() may stop it, after every child reported.
         pykka.ActorRegistry.unregister(self._spawner)
-        self._state = _State.OPEN
         return self
 
     async def __aexit__(
@@ -437,12 +429,8 @@ class ToolActors:
         (joined by the spawner, which hears their ``_Ended`` before its stop)
         and the spawner's own (joined on the blocking executor).
         """
-        if self._state is _State.UNOPENED:
-            self._state = _State.CLOSED
+        if self._lifecycle.close() is not LifecycleState.OPEN:
             return
-        if self._state is _State.CLOSED:
-            return
-        self._state = _State.CLOSED
         children = list(self._running)
         for child in children:
             child.request_cancel()
@@ -505,8 +493,8 @@ class ToolActors:
                     owner.release(child)
 
     def _check_open(self) -> pykka.ActorRef[_Spawner]:
-        if self._state is _State.UNOPENED:
+        if self._lifecycle.state is LifecycleState.UNOPENED:
             raise RuntimeError("ToolActors is not open; use 'async with ToolActors()'")
-        if self._spawner is None or self._state is _State.CLOSED:
+        if self._spawner is None or self._lifecycle.state is LifecycleState.CLOSED:
             raise ActorDeadError("ToolActors is closed")
         return self._spawner

@@ -54,8 +54,7 @@ from typing import Any, Final
 
 import attrs
 
-from actors._blocking import BlockingExecutor
-from actors._exceptions import ActorDeadError
+from actors.kit import ActorDeadError, BlockingExecutor
 from actors.tools._types import Content, ToolResult, text_item
 from protocol import ids
 from storage.clock import SYSTEM, Clock

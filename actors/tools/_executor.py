@@ -70,9 +70,7 @@ from typing import Any, Final, cast
 
 import attrs
 
-from actors._blocking import wait_out
-from actors._exceptions import ActorDeadError
-from actors._shield import finish
+from actors.kit import ActorDeadError, finish, wait_out
 from actors.tools._actors import ToolActors, ToolOwner
 from actors.tools._bounding import OutputBounding
 from actors.tools._process import ProcessGroup

@@ -63,8 +63,8 @@ _SCRIPT_TAG: Final = '<script type="module" src="/console/console.js"></script>'
 _IMPORTS: Final = {
     "console-sse.js": 'import { readFrames } from "/console/console-sse.js";\n',
     "console-markdown.js": 'import { renderMarkdown } from "/console/console-markdown.js";\n',
-    "console-work.js": "import { promptBar, renderDiff, revertText, sessionTree }"
-    ' from "/console/console-work.js";\n',
+    "console-work.js": "import { agentOptions, promptBar, renderDiff, revertText, sessionTree,"
+    ' stepChanges, wroteFiles } from "/console/console-work.js";\n',
 }
 _POLICY: Final = (
     "default-src 'none'; script-src 'self'{scripts}; worker-src 'self'; style-src 'self'{styles};"

@@ -1,6 +1,7 @@
 // The work of a session, as DOM: the sessions as a tree, a prompt's action
-// bar, a file's diff, a staged revert in words. Pure builders (text nodes
-// only, no innerHTML); console.js owns the calls and the state.
+// bar, a file's diff, a step's changed files, a staged revert in words, the
+// agent choices. Pure builders (text nodes only, no innerHTML); console.js
+// owns the calls and the state.
 
 const el = (tag, cls, text) => {
   const node = document.createElement(tag);
@@ -77,11 +78,59 @@ export function renderDiff(diff) {
   box.append(head);
   const pre = el("pre", "patch");
   if (diff.binary) pre.textContent = "(binary file)";
-  for (const line of diff.binary ? [] : diff.patch.split("\n")) {
+  for (const line of diff.binary ? [] : diff.patch.replace(/\n$/, "").split("\n")) {
     const meta = /^(diff |index |--- |\+\+\+ |new file|deleted file|similarity|rename )/.test(line);
     const cls = meta ? "meta" : line.startsWith("@@") ? "hunk" : line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : "";
     pre.append(el("span", cls, line + "\n"));
   }
   box.append(pre);
   return box;
+}
+
+// The tools whose call may change files: a step that ran one has snapshots
+// (in a git work tree), so GET …/diff?messageID= can say what it changed.
+const WRITING = new Set(["write", "edit", "bash"]);
+
+// Whether an assistant step ran a writing tool (a refused call did not run:
+// its diff is empty, and says so).
+export function wroteFiles(message) {
+  return (message.parts || []).some(
+    (part) => part.type === "tool" && WRITING.has(part.name) && (part.status === "completed" || part.status === "error"),
+  );
+}
+
+// A step's changed files: collapsed, its summary naming them (the first few),
+// each file's diff inside.
+export function stepChanges(diffs, open) {
+  const box = el("details", "step-changes");
+  box.open = open;
+  const names = diffs.map((diff) => diff.file);
+  const shown = names.slice(0, 5).join(", ") + (names.length > 5 ? `, … (${names.length - 5} more)` : "");
+  const count = `${names.length} file${names.length === 1 ? "" : "s"} changed: `;
+  box.append(el("summary", "", names.length ? "± " + count + shown : "± no files changed"));
+  for (const diff of diffs) box.append(renderDiff(diff));
+  return box;
+}
+
+// The agents a session may select (GET …/agent), as <option>s of a select:
+// the default first, then each primary agent (subagents run only through the
+// task tool); `value` kept even when the list does not have it.
+export function agentOptions(agents, value) {
+  const options = [el("option", "", "default (build)")];
+  options[0].value = "";
+  const names = new Set();
+  for (const agent of agents) {
+    if (agent.mode === "subagent") continue;
+    const option = el("option", "", agent.name);
+    option.value = agent.name;
+    if (agent.description) option.title = agent.description;
+    options.push(option);
+    names.add(agent.name);
+  }
+  if (value && !names.has(value)) {
+    const option = el("option", "", value);
+    option.value = value;
+    options.push(option);
+  }
+  return options;
 }

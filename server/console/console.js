@@ -35,21 +35,27 @@
 // from elsewhere); each prompt offers its changes (GET …/diff between it and
 // the next prompt: the files its steps changed, with their patches), a fork
 // from it, and a revert (stage, with or without its files; the staged revert
-// is shown above the prompt with clear and commit). The header shows the
-// session's agent and model (switchable) and its parent; the sessions list
+// is shown above the prompt with clear and commit). Each step that ran a
+// writing tool shows the files it changed (GET …/diff?messageID=<the step>,
+// read once the step has ended, kept for the view), collapsed, each file's
+// diff inside. The header shows the session's agent (chosen from GET
+// …/agent) and model (offered from GET /api/model, or typed: a provider
+// configured without a model list takes any id), both switchable, and its
+// parent; the sessions list
 // shows child sessions under their parent. The user shell runs a command in
 // the session's directory; its row shows the output.
 // Served inlined into the page, this import replaced by the module itself
 // (server/console/__init__.py); served alone, it imports it.
 import { readFrames } from "/console/console-sse.js";
 import { renderMarkdown } from "/console/console-markdown.js";
-import { promptBar, renderDiff, revertText, sessionTree } from "/console/console-work.js";
+import { agentOptions, promptBar, renderDiff, revertText, sessionTree, stepChanges, wroteFiles } from "/console/console-work.js";
 
 const BEYOND = 9007199254740991; // an `after` past any seq: the log answers with log.synced only
 const FIRST_PAGE = 30; // messages per page: a screenful and more
 const MAX_LOG_ROWS = 2000; // the log view keeps this many rows (older rows leave the page)
 const MAX_OUTPUT = 4000; // characters of a tool output shown
 const MAX_LIVE = 1 << 20; // characters of one streaming block kept before its durable end
+const MAX_STEP_DIFFS = 200; // steps whose changed files a view keeps (the oldest read leaves first)
 
 const $ = (id) => document.getElementById(id);
 const el = (tag, cls, text) => {
@@ -307,6 +313,10 @@ class SessionView {
     this.inboxRead = 0; // the same for the pending inbox
     this.compacting = null; // the id of the compaction row running, if known
     this.compactText = ""; // its summary so far, from the live deltas
+    this.stepDiffs = new Map(); // assistant message id -> its step's FileDiff[] (ended steps only)
+    this.stepReads = new Set(); // steps whose diff is being read
+    this.openSteps = new Set(); // steps whose changed files are expanded
+    this.agents = []; // GET …/agent: what the session may select
   }
 
   async start() {
@@ -319,6 +329,7 @@ class SessionView {
     // then the log from the watermark: nothing falls between the two reads.
     this.lastSeq = await this.watermark();
     this.showInfo(await session);
+    this.loadAgents();
     const page = await api("GET", `/api/session/${this.id}/message?limit=${FIRST_PAGE}&order=desc`);
     this.older = page.cursor.next || null;
     // One insertion and one layout for the whole page, not one per message.
@@ -493,16 +504,14 @@ class SessionView {
     this.session = session;
     $("session-title").textContent = session.title || "";
     const model = session.model ? `${session.model.providerID}/${session.model.id}` : "";
-    $("agent").value = session.agent || "";
+    this.renderAgents();
     $("model").value = model;
-    // The choices offered: the built-in ones, and whatever this session uses.
-    for (const [list, value] of [["agents", session.agent], ["models", model]]) {
-      const options = $(list);
-      if (value && ![...options.options].some((o) => o.value === value)) {
-        const option = el("option");
-        option.value = value;
-        options.append(option);
-      }
+    // The models offered: the configured ones (GET /api/model), and whatever this session uses.
+    const options = $("models");
+    if (model && ![...options.options].some((o) => o.value === model)) {
+      const option = el("option");
+      option.value = model;
+      options.append(option);
     }
     const parent = $("session-parent");
     parent.hidden = !session.parentID;
@@ -512,6 +521,26 @@ class SessionView {
       parent.dataset.id = session.parentID;
     }
     this.renderRevert();
+  }
+
+  // The agents the session may select (its directory's catalog).
+  async loadAgents() {
+    try {
+      const { data } = await api("GET", `/api/session/${this.id}/agent`);
+      if (current !== this) return;
+      this.agents = data;
+      this.renderAgents();
+    } catch (err) {
+      if (!this.control.signal.aborted) showError(err);
+    }
+  }
+
+  renderAgents() {
+    const value = (this.session && this.session.agent) || "";
+    const select = $("agent");
+    select.textContent = "";
+    select.append(...agentOptions(this.agents, value));
+    select.value = value;
   }
 
   // A staged revert hides its message and what follows (the server's listing
@@ -684,6 +713,8 @@ class SessionView {
       node.append(block);
     }
     if (message.error) node.append(el("div", "error-text", oneLine(message.error.message || message.error)));
+    // Copied by a fork (seq <= 0): its snapshots are in the parent's log, not this one's.
+    if (message.seq > 0 && wroteFiles(message)) node.append(this.stepFiles(message));
     if (message.tokens || message.cost) {
       const t = message.tokens || {};
       const cache = t.cache || {};
@@ -697,6 +728,48 @@ class SessionView {
       );
     }
     return node;
+  }
+
+  // The files a step changed: read once the step has ended (a running step's
+  // files are not known yet), then kept; shown collapsed.
+  stepFiles(message) {
+    const holder = el("div", "step-files");
+    holder.dataset.message = message.id;
+    const diffs = this.stepDiffs.get(message.id);
+    if (diffs) holder.append(this.stepBox(message.id, diffs));
+    else if (message.finish || message.error) {
+      holder.append(el("span", "muted", "reading the files this step changed…"));
+      this.loadStepFiles(message.id);
+    }
+    return holder;
+  }
+
+  stepBox(id, diffs) {
+    const box = stepChanges(diffs, this.openSteps.has(id));
+    box.addEventListener("toggle", () => {
+      if (box.open) this.openSteps.add(id);
+      else this.openSteps.delete(id);
+    });
+    return box;
+  }
+
+  async loadStepFiles(id) {
+    if (this.stepReads.has(id)) return;
+    this.stepReads.add(id);
+    let shown;
+    try {
+      const { data } = await api("GET", `/api/session/${this.id}/diff?messageID=${encodeURIComponent(id)}`);
+      if (this.stepDiffs.size >= MAX_STEP_DIFFS) this.stepDiffs.delete(this.stepDiffs.keys().next().value);
+      this.stepDiffs.set(id, data);
+      shown = this.stepBox(id, data);
+    } catch (err) {
+      shown = el("span", "error-text", String(err.message || err));
+    } finally {
+      this.stepReads.delete(id);
+    }
+    const node = current === this && this.nodes.get(id);
+    const holder = node && node.querySelector(".step-files");
+    if (holder) holder.replaceChildren(shown);
   }
 
   renderCompaction(message, node) {
@@ -1039,7 +1112,7 @@ function main() {
   $("older").addEventListener("click", () => current && current.loadOlder().catch(showError));
   $("agent-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    const agent = $("agent").value.trim();
+    const agent = $("agent").value;
     if (current && agent) api("POST", `/api/session/${current.id}/agent`, { agent }).catch(showError);
   });
   $("model-form").addEventListener("submit", (event) => {
@@ -1080,9 +1153,28 @@ function main() {
   // The session named in the URL and the list load first; the feed (a worker
   // and a stream) starts once the transcript is on screen, or after a second.
   loadSessions().catch(showError);
+  loadModels();
   const wanted = location.hash.slice(1);
   if (/^ses_\w+$/.test(wanted)) Promise.race([openSession(wanted), sleep(1000)]).then(startFeed);
   else startFeed();
+}
+
+// The models the configured providers name: offered in the model box (any id may still be typed).
+async function loadModels() {
+  try {
+    const { data } = await api("GET", "/api/model");
+    const options = $("models");
+    const known = new Set([...options.options].map((o) => o.value));
+    for (const model of data) {
+      const value = `${model.providerID}/${model.id}`;
+      if (known.has(value)) continue;
+      const option = el("option");
+      option.value = value;
+      options.append(option);
+    }
+  } catch (err) {
+    showError(err);
+  }
 }
 
 function startFeed() {

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -45,6 +44,7 @@ from typing import Any, Final, Self
 import asyncpg
 
 from protocol import ids
+from protocol.lifecycle import Lifecycle
 from storage._subscribers import Subscribers
 from storage._url import redact
 from storage.batch import Outcome, Prepared, prepare
@@ -70,15 +70,13 @@ log = logging.getLogger(__name__)
 
 #: A batch never holds more commands than this (as for SQLite).
 MAX_BATCH: Final = 1024
+#: A batch of at least this many commands ends with the next one's BEGIN and
+#: lock (:func:`.writer.commit_batch`'s ``chain``): that many appenders, each
+#: awaiting its append, are likely to append again at once (measured in
+#: ``scripts/bench_postgres.py``: one round trip fewer per batch).
+CHAIN_MIN: Final = 8
 #: The NOTIFY channel every store of one database shares.
 CHANNEL: Final = "sessionrt_log"
-
-
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
 
 
 class PostgresStore(LogReads):
@@ -98,7 +96,7 @@ class PostgresStore(LogReads):
         self.channel = channel
         #: Tells this store's NOTIFYs from other processes'.
         self.origin = ids.event_id().removeprefix("evt_")
-        self._state = _State.UNOPENED
+        self._lifecycle = Lifecycle("store", StoreClosedError)
         #: Opened at open (the migration runs on it); replaced when lost.
         self._writer: asyncpg.Connection | None = None
         self._readers = Readers(url, self.where, size=readers, read_only=read_only)
@@ -120,8 +118,13 @@ class PostgresStore(LogReads):
         self.queries = Queries(
             self.fetch, cache_bytes=decode_cache_bytes, fetch_many=self.fetch_many
         )
-        #: Batches committed whole, and redone with a SAVEPOINT per command.
+        #: Batches committed whole, and redone with a SAVEPOINT per command;
+        #: batches begun by the one before (chained), and chains given back unused.
         self.batch_paths = {"plain": 0, "isolated": 0}
+        self.chains = {"taken": 0, "released": 0}
+        #: The writer is in a transaction holding the lock, begun by the last
+        #: batch's COMMIT for the next one (given back if none comes at once).
+        self._held = False
 
     @property
     def path(self) -> str | None:
@@ -134,7 +137,7 @@ class PostgresStore(LogReads):
         return False
 
     def __repr__(self) -> str:
-        return f"PostgresStore({self.where!r}, {self._state.value})"
+        return f"PostgresStore({self.where!r}, {self._lifecycle.state.value})"
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -157,9 +160,7 @@ class PostgresStore(LogReads):
             raise StorageBrokenError(f"cannot connect to {self.where}: {_reason(exc)}") from None
 
     async def open(self) -> None:
-        if self._state is not _State.UNOPENED:
-            raise StoreClosedError(f"store is {self._state.value}; a store opens once")
-        self._state = _State.OPEN
+        self._lifecycle.open()
         try:
             if self.read_only:
                 conn = await self._connect()
@@ -202,9 +203,8 @@ class PostgresStore(LogReads):
             raise
 
     async def close(self) -> None:
-        if self._state in (_State.CLOSING, _State.CLOSED):
+        if not self._lifecycle.begin_close():
             return
-        self._state = _State.CLOSING
         try:
             await self._drained.wait()
         finally:
@@ -221,11 +221,11 @@ class PostgresStore(LogReads):
                 with contextlib.suppress(Exception):
                     await writer.close()
             await self._readers.close()
-            self._state = _State.CLOSED
+            self._lifecycle.closed()
 
     @property
     def is_open(self) -> bool:
-        return self._state is _State.OPEN
+        return self._lifecycle.is_open
 
     @property
     def listener(self) -> Listener:
@@ -234,8 +234,7 @@ class PostgresStore(LogReads):
         return self._listener
 
     def _check_open(self) -> None:
-        if self._state is not _State.OPEN:
-            raise StoreClosedError(f"store is {self._state.value}")
+        self._lifecycle.check_open()
 
     async def _list_listener(self, conn: asyncpg.Connection) -> None:
         """The listen connection is (again) in place: list it, so batches notify it."""
@@ -294,6 +293,14 @@ class PostgresStore(LogReads):
     async def _write_loop(self) -> None:
         """Take what is pending (at most :data:`MAX_BATCH`), commit it, repeat."""
         while True:
+            if not self._pending and self._held:
+                # The last batch began the next one under the lock: its
+                # appenders, woken by their outcomes, have one tick to append
+                # again; other hosts wait for the lock meanwhile, so no longer.
+                await asyncio.sleep(0)
+                if not self._pending:
+                    await self._release()
+                continue
             if not self._pending:
                 self._drained.set()
                 await self._wake.wait()
@@ -316,30 +323,53 @@ class PostgresStore(LogReads):
                 outcomes, published = [Outcome(error=broken) for _ in batch], []
             self._batch_done(batch, outcomes, published, time.perf_counter() - started)
 
+    async def _release(self) -> None:
+        """Give back the lock the last batch took for a next one that did not come."""
+        self._held = False
+        self.chains["released"] += 1
+        assert self._writer is not None
+        try:
+            await self._writer.execute("ROLLBACK")
+        except (*UNAVAILABLE, asyncpg.PostgresError):
+            self._drop_writer()  # the next batch makes a new one
+
     def _drop_writer(self) -> None:
         """Forget the writer connection (closing it at once); the next batch makes one."""
+        self._held = False
         writer, self._writer = self._writer, None
         if writer is not None and not writer.is_closed():
             writer.terminate()
 
     async def _commit(self, batch: list[Prepared]) -> tuple[list[Outcome], list[RecordedEvent]]:
         writer = self._writer
+        begun, self._held = self._held, False
         try:
             if writer is None or writer.is_closed():
+                begun = False
                 writer = self._writer = await self._connect()
             result = await commit_batch(
-                writer, batch, channel=self.channel, origin=self.origin, own=self._remote.own
+                writer,
+                batch,
+                channel=self.channel,
+                origin=self.origin,
+                own=self._remote.own,
+                begun=begun,
+                chain=len(batch) >= CHAIN_MIN and self._lifecycle.is_open,
             )
         except (*UNAVAILABLE, asyncpg.PostgresError, StorageBrokenError) as exc:
             # The outcome of a COMMIT cut off by a lost connection is unknown;
             # an exact replay of the command is idempotent, so retrying is safe.
             if writer is not None and (
-                writer.is_closed() or isinstance(exc, asyncpg.InternalClientError)
+                writer.is_closed()
+                or writer.is_in_transaction()
+                or isinstance(exc, asyncpg.InternalClientError)
             ):
                 self._drop_writer()  # the driver's own state is in doubt: a new one
             broken = StorageBrokenError(f"commit failed: {_reason(exc)}")
             return [Outcome(error=broken) for _ in batch], []
         self.batch_paths["isolated" if result.isolated else "plain"] += 1
+        self.chains["taken"] += begun
+        self._held = result.chained
         return result.outcomes, result.published
 
     def _batch_done(

@@ -17,6 +17,12 @@ is that several processes, on several hosts, may write one database:
 - The batch NOTIFYs its commit in the same transaction (delivered only if it
   commits), only while a process of another origin listens
   (:mod:`.listeners`, read under the lock): see :mod:`.notify`.
+- A writer that expects another batch right away (``chain``) ends the batch
+  with ``COMMIT; BEGIN`` and the lock in one round trip, so the next batch
+  starts under the lock without a round trip of its own (``begun``); the
+  store gives the lock back at once when nothing came (see
+  :meth:`~storage.postgres.store.PostgresStore._write_loop`). Every
+  statement of that next batch still runs after the lock was taken.
 
 A batch is plain statements, in this order:
 
@@ -70,6 +76,8 @@ LOG_LOCK: Final = 0x7365_7373_6C6F_6700
 
 #: One simple query, so no parameter: the key is this module's constant.
 _BEGIN: Final = f"BEGIN; SELECT pg_advisory_xact_lock({LOG_LOCK})"
+#: A batch's COMMIT and the next one's BEGIN with the lock, in one round trip.
+_COMMIT_BEGIN: Final = f"COMMIT; {_BEGIN}"
 _NOW: Final = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 #: $1 the aggregates the batch expects, $2 the sessions of its leases.
 _READ: Final = (
@@ -140,6 +148,8 @@ class BatchResult:
     #: Committed by the run with a SAVEPOINT per command (a command failed
     #: where only the server could see it).
     isolated: bool
+    #: The connection is left in a new transaction holding the lock (``chain``).
+    chained: bool = False
 
 
 async def commit_batch(
@@ -150,17 +160,25 @@ async def commit_batch(
     origin: str,
     own: Callable[[int, int], None],
     isolate: bool = False,
+    begun: bool = False,
+    chain: bool = False,
 ) -> BatchResult:
     """Commit ``batch`` in one transaction; raise only if the batch as a whole failed.
 
     The batch NOTIFYs ``channel`` with ``origin``'s payloads; ``own`` is told
     the positions it published before COMMIT (a catch-up racing the commit
     skips them too). ``isolate`` runs a command at a time from the start
-    (tests compare the two runs). Any exception is the connection's, whose
-    state is then unknown: the caller replaces it.
+    (tests compare the two runs). ``begun``: ``conn`` is already in a
+    transaction holding the lock (an earlier batch's ``chain``). ``chain``:
+    leave ``conn`` in a new transaction holding the lock
+    (:attr:`BatchResult.chained` says whether it is). Any exception is the
+    connection's, whose state is then unknown: the caller replaces it.
     """
     for one_at_a_time in (True,) if isolate else (False, True):
-        await conn.execute(_BEGIN)
+        if begun:
+            begun = False  # a redo begins again
+        else:
+            await conn.execute(_BEGIN)
         try:
             result = await _commit(conn, batch, channel, origin, own, isolate=one_at_a_time)
         except _Redo:
@@ -173,9 +191,26 @@ async def commit_batch(
             else:
                 conn.terminate()  # cut off mid-statement: its state is unknown
             raise
-        await conn.execute("COMMIT")
-        return result
+        if not chain:
+            await conn.execute("COMMIT")
+            return result
+        return attrs.evolve(result, chained=await _commit_begin(conn))
     raise AssertionError("the isolated run never asks to be redone")
+
+
+async def _commit_begin(conn: asyncpg.Connection) -> bool:
+    """COMMIT, then BEGIN and the lock; whether the new transaction holds it.
+    Raises only if the COMMIT failed."""
+    try:
+        await conn.execute(_COMMIT_BEGIN)
+    except Exception:
+        # A failed COMMIT ends the transaction; a failure after it leaves the
+        # new one open (aborted): the batch is in, the next begins afresh.
+        if conn.is_closed() or not conn.is_in_transaction():
+            raise
+        await conn.execute("ROLLBACK")
+        return False
+    return True
 
 
 async def _commit(

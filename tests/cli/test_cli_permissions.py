@@ -9,6 +9,8 @@ import pty
 import sys
 from pathlib import Path
 
+from cli_inprocess import sessionrt
+
 EXE = str(Path(sys.executable).with_name("sessionrt"))
 GUARD = 30.0
 AGENTS = '[agents.asker.permissions]\nbash = { "echo *" = "allow", "*" = "ask" }\n'
@@ -72,19 +74,13 @@ async def test_run_asks_on_the_terminal_and_applies_each_answer(tmp_path: Path) 
 
 
 async def test_run_without_a_terminal_says_how_to_answer_and_runs_nothing(tmp_path: Path) -> None:
+    """Through ``main`` in-process (stdin not a terminal, the project as working directory);
+    the terminal itself is the subprocess test above."""
     data, project = _setup(tmp_path)
-    proc = await asyncio.create_subprocess_exec(
-        EXE,
-        *("run", _script("touch marker"), "--agent", "asker", "--data-dir", str(data)),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=project,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), GUARD)
-    assert proc.returncode == 1, err.decode()
-    text = err.decode()
-    assert "Traceback" not in text
-    assert "/permission/per_" in text
-    assert '{"reply": "once" | "always" | "reject"}' in text
+    args = ("run", _script("touch marker"), "--agent", "asker", "--data-dir", str(data))
+    done = await sessionrt(*args, cwd=project)
+    assert done.code == 1, done.err
+    assert "Traceback" not in done.err
+    assert "/permission/per_" in done.err
+    assert '{"reply": "once" | "always" | "reject"}' in done.err
     assert not (project / "marker").exists()

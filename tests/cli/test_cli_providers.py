@@ -1,4 +1,5 @@
-"""``sessionrt run --config FILE --model PROVIDER/MODEL`` against a fake provider."""
+"""``sessionrt run --config FILE --model PROVIDER/MODEL`` against a fake provider (through
+``main`` in-process), and ``sessionrt serve --config FILE`` (a real process)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from cli_inprocess import sessionrt
 from llm.fake_providers import FakeProvider, Reply, anthropic_text, openai_text
 
 EXE = str(Path(sys.executable).with_name("sessionrt"))
@@ -22,14 +24,6 @@ KEY = "sk-cli-0123456789abcdefSECRET"
 async def fake() -> AsyncIterator[FakeProvider]:
     async with FakeProvider() as server:
         yield server
-
-
-async def sessionrt(*args: str, env: dict[str, str]) -> tuple[int | None, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        EXE, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_run_with_a_configured_model(tmp_path: Path, fake: FakeProvider) -> None:
@@ -43,17 +37,18 @@ async def test_run_with_a_configured_model(tmp_path: Path, fake: FakeProvider) -
     env = {**os.environ, "LOCAL_API_KEY": KEY}
     args = ("--config", str(config), "--data-dir", str(tmp_path / "data"))
 
-    code, out, err = await sessionrt("run", "hi", "--model", "local/fake-model", *args, env=env)
+    # Through main in-process (tests/cli_inprocess.py); serving, below, is a real process.
+    done = await sessionrt("run", "hi", "--model", "local/fake-model", *args, env=env)
 
-    assert code == 0, err
-    assert out == "Hello from the fake.\n"
+    assert done.code == 0, done.err
+    assert done.out == "Hello from the fake.\n"
     assert fake.received[0].headers["Authorization"] == f"Bearer {KEY}"
     assert fake.received[0].body["model"] == "fake-model"
-    assert KEY not in out + err
+    assert KEY not in done.out + done.err
 
-    code, out, err = await sessionrt("run", "hi", "--model", "local/other", *args, env=env)
-    assert code == 1
-    assert err == "sessionrt: InvalidRequestError: provider 'local' has no model 'other'\n"
+    done = await sessionrt("run", "hi", "--model", "local/other", *args, env=env)
+    assert done.code == 1
+    assert done.err == "sessionrt: InvalidRequestError: provider 'local' has no model 'other'\n"
 
 
 async def test_serve_with_providers_from_the_config(tmp_path: Path, fake: FakeProvider) -> None:

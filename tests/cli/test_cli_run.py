@@ -18,11 +18,13 @@ from typing import Any
 import attrs
 import pytest
 from cli_inprocess import Done, sessionrt
+from http_helpers import TestServer
 from proc_groups import kill_group
 
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
+from server.app import ServerSettings, make_app, runner_options
 from storage import Command
 
 EXE = str(Path(sys.executable).with_name("sessionrt"))
@@ -250,31 +252,20 @@ class Served:
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    data = ["--data-dir", str(tmp_path / "served")]
-    proc = await asyncio.create_subprocess_exec(
-        EXE,
-        "serve",
-        "--port",
-        "0",
-        "--password",
-        "s3cret",
-        *data,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
+    """What ``sessionrt serve --password s3cret`` serves (the app on serve's runner), in
+    this process on loopback: the CLI, whose ``main`` runs in a thread with its own
+    loop, talks to it over TCP. Serving as a real process is tests/cli/test_cli.py's."""
+    data = tmp_path / "served"
+    settings = ServerSettings(password="s3cret")
+    app = make_app(config=RuntimeConfig(data_dir=data), settings=settings)
+    options = runner_options(settings)
+    options.pop("handler_cancellation")  # TestServer always adds it itself
+    server = TestServer(app)
+    await server.start_server(**options)
     try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)).decode()
-        match = re.search(r"http://\S+", line)
-        assert match, line
-        yield Served(match.group(0), data)
-        proc.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(proc.communicate(), TIMEOUT)
+        yield Served(f"http://{server.host}:{server.port}", ["--data-dir", str(data)])
     finally:
-        if proc.returncode is None:
-            kill_group(proc)
-            await proc.communicate()
+        await server.close()
 
 
 async def test_run_sessions_and_log_over_the_network(served: Served) -> None:

@@ -6,14 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol._client_sse import (
-    SSEDecodeError,
-    SSEDecoder,
-    SSEFrame,
-    parse_frame,
-    parse_raw,
-)
 from protocol.client import SSEEvent
+from protocol.sse import SSEDecodeError, SSEDecoder, SSEFrame, parse_frame
 
 
 def frames(*chunks: bytes) -> list[SSEFrame]:
@@ -83,6 +77,16 @@ def test_an_unfinished_frame_is_dropped_at_the_end() -> None:
     assert frames(b"data: 1\n\ndata: 2\n") == [SSEFrame(data="1")]
 
 
+def test_an_open_frame_whose_lines_ended_is_dispatched_when_asked() -> None:
+    # A provider may omit the blank line after its last event; a cut line is still dropped.
+    decoder = SSEDecoder()
+    assert decoder.feed(b"event: e\ndata: 1\r") == []
+    assert decoder.end(dispatch_open=True) == [SSEFrame(event="e", data="1")]
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: 1\ndata: 2") == []
+    assert decoder.end(dispatch_open=True) == []
+
+
 def test_a_final_cr_ends_its_line() -> None:
     assert frames(b"data: 1\r\r") == [SSEFrame(data="1")]
 
@@ -117,26 +121,3 @@ def test_chunking_never_changes_the_frames(cuts: list[int]) -> None:
         SSEFrame(id=2, data="2"),
         SSEFrame(event="b", data="3"),
     ]
-
-
-def test_raw_frames_keep_data_bytes_and_parse_like_decoded_ones() -> None:
-    decoder = SSEDecoder()
-
-    raw = decoder.feed_raw(b'id: 5\nevent: e\ndata: {"k":\ndata: "\xc3\xa9"}\n\ndata: "\xff"\n\n')
-
-    assert raw == [(5, "e", b'{"k":\n"\xc3\xa9"}'), (None, None, b'"\xff"')]
-    # Valid UTF-8 goes to orjson as it came; invalid is decoded with replacement first.
-    assert [parse_raw(r) for r in raw] == [
-        SSEEvent(id=5, event="e", data={"k": "\u00e9"}),
-        SSEEvent(data="\ufffd"),
-    ]
-    with pytest.raises(SSEDecodeError, match="not JSON"):
-        parse_raw((None, None, b"{nope"))
-
-
-def test_event_names_are_remembered_per_line_not_mixed_up() -> None:
-    got = frames(
-        b"event: a\ndata: 1\n\nevent:a\ndata: 2\n\nevent: b\ndata: 3\n\nevent: a\ndata: 4\n\n"
-    )
-
-    assert [f.event for f in got] == ["a", "a", "b", "a"]

@@ -1,8 +1,9 @@
 """The console shows the work, in a real browser (Debian's Chromium, headless).
 
 Answers as Markdown (and nothing in an answer runs or loads from elsewhere),
-each prompt's changes with their diff, revert stage/clear/commit, fork, the
-user shell, the agent and model, child sessions under their parent. Every
+each prompt's changes and each step's changed files with their diff, revert
+stage/clear/commit, fork, the user shell, the agent (chosen from the
+session's agents) and model, child sessions under their parent. Every
 action is a click on the page; its effect is checked in the page, on disk
 where it touches files, and in the session's durable log (the Log tab).
 Screenshots go to ``$SESSIONRT_TEST_OUTPUT`` (default: the test's tmp
@@ -143,6 +144,72 @@ async def test_a_prompts_changes_show_their_diff(browser: Browser, url: str, sho
     await page.close()
 
 
+TWO_STEPS = "\n".join(
+    [
+        '#tool write {"path": "first.txt", "content": "from the first step\\n"}',
+        "#step",
+        '#tool write {"path": "second.txt", "content": "from the second step\\n"}',
+        '#tool write {"path": "README.md", "content": "a project, edited\\n"}',
+        "#step",
+        "#text both steps wrote",
+    ]
+)
+
+
+async def test_each_step_shows_only_the_files_it_changed(
+    browser: Browser, url: str, shots: Path
+) -> None:
+    page = await signed_in(browser, url)
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    await create(page, "steps")
+    await answered(page, TWO_STEPS, answer="both steps wrote", count=1)
+    steps = page.locator("#transcript .msg.assistant")
+    await expect(steps).to_have_count(3)
+    first, second, last = steps.nth(0), steps.nth(1), steps.nth(2)
+
+    await expect(first.locator(".step-changes > summary")).to_have_text(
+        "± 1 file changed: first.txt"
+    )
+    await expect(second.locator(".step-changes > summary")).to_have_text(
+        "± 2 files changed: README.md, second.txt"
+    )
+    # The answering step ran no writing tool: nothing to show.
+    assert await last.locator(".step-files").count() == 0
+    # Collapsed until asked; each step's diff holds only its own files.
+    await expect(first.locator(".file-diff").first).to_be_hidden()
+    await first.locator(".step-changes > summary").click()
+    await second.locator(".step-changes > summary").click()
+    one = first.locator(".file-diff")
+    await expect(one).to_have_count(1)
+    await expect(one).to_have_attribute("data-file", "first.txt")
+    await expect(one).to_have_class("file-diff added")
+    await expect(one.locator("pre.patch span.add")).to_have_text(["+from the first step\n"])
+    two = second.locator(".file-diff")
+    await expect(two).to_have_count(2)
+    await expect(second.locator('.file-diff[data-file="README.md"]')).to_have_class(
+        "file-diff modified"
+    )
+    readme = second.locator('.file-diff[data-file="README.md"] pre.patch')
+    await expect(readme.locator("span.del")).to_have_text(["-a project\n"])
+    await expect(readme.locator("span.add")).to_have_text(["+a project, edited\n"])
+    await expect(second.locator('.file-diff[data-file="second.txt"]')).to_be_visible()
+    await second.screenshot(path=shots / "step-diff.png")
+    await page.screenshot(path=shots / "steps-changes.png")
+    # One read per writing step, by its own message id.
+    reads = [r for r in requested if "/diff?" in r]
+    assert len(reads) == 2
+    assert all("messageID=msg_" in r for r in reads)
+    # Expanded stays expanded when the step is drawn again (a reload of its message).
+    await logged(page, "session.step.ended")
+    await expect(first.locator(".step-changes")).to_have_attribute("open", "")
+    # The prompt's changes still show both steps' files together.
+    await page.locator("#transcript .msg.user").first.locator("button.show-changes").click()
+    together = page.locator("#transcript .msg.user .changes .file-diff")
+    await expect(together).to_have_count(3)
+    await page.close()
+
+
 async def test_revert_stage_clear_and_commit_from_a_prompt(
     browser: Browser, url: str, work: Path, shots: Path
 ) -> None:
@@ -221,13 +288,33 @@ async def test_the_user_shell_runs_from_the_page_and_shows_its_output(
 
 
 async def test_the_agent_and_model_are_shown_and_switched(
-    browser: Browser, url: str, shots: Path
+    browser: Browser, url: str, work: Path, shots: Path
 ) -> None:
+    (work / ".sessionrt").mkdir()
+    (work / ".sessionrt" / "agents.toml").write_text(
+        '[agents.docs]\nmode = "primary"\ndescription = "Writes the docs"\n'
+    )
     page = await signed_in(browser, url)
     sid = await create(page, "settings")
     await expect(page.locator("#agent")).to_have_value("")
+    # The choices are the session's agents (GET …/agent): built in and its
+    # directory's, subagents left out; the models the server names.
+    choices = page.locator("#agent option")
+    await expect(choices).to_have_text(["default (build)", "build", "docs", "plan"])
+    await expect(page.locator("#agent option[value=docs]")).to_have_attribute(
+        "title", "Writes the docs"
+    )
+    models = await page.locator("#models option").evaluate_all("os => os.map(o => o.value)")
+    assert models == ["scripted/scripted"]
 
-    await page.fill("#agent", "plan")
+    # The choices drawn open (a closed select shows one) for the screenshot.
+    await page.locator("#agent").evaluate("s => { s.size = s.options.length; }")
+    await page.locator("#session-head").screenshot(path=shots / "agent-choices.png")
+    await page.locator("#agent").evaluate("s => s.removeAttribute('size')")
+    await page.select_option("#agent", "docs")
+    await page.click("#agent-set")
+    await logged(page, "session.agent.selected")
+    await page.select_option("#agent", "plan")
     await page.click("#agent-set")
     await logged(page, "session.agent.selected")
     await page.fill("#model", "scripted/scripted")
@@ -240,9 +327,14 @@ async def test_the_agent_and_model_are_shown_and_switched(
     await expect(page.locator("#agent")).to_have_value("plan")
     await expect(page.locator("#model")).to_have_value("scripted/scripted")
     await page.screenshot(path=shots / "agent-model.png")
-    await page.fill("#agent", "no-such-agent")
-    await page.click("#agent-set")
-    await expect(page.locator("#transcript .error-text")).to_contain_text("no-such-agent")
+    await page.click("#tab-log")
+    agent_events = page.locator("#log tbody tr", has_text="session.agent.selected")
+    await expect(agent_events).to_have_count(2)
+    await expect(agent_events.nth(0)).to_contain_text('"agent":"docs"')
+    await page.click("#tab-transcript")
+    await page.fill("#model", "nowhere/no-such-model")
+    await page.click("#model-set")
+    await expect(page.locator("#transcript .error-text")).to_contain_text("nowhere")
     await page.close()
 
 

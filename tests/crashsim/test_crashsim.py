@@ -63,6 +63,7 @@ def test_a_short_run_passes_with_kills_and_admissions(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("crashsim-*"))
 
 
+@pytest.mark.slow
 def test_a_short_run_of_mid_revert_kills_passes(tmp_path: Path) -> None:
     """Each boot is killed with a revert stopped at a hook point; the next checks the files."""
     python = VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable)

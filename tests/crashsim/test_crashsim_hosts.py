@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 from proc_groups import run_in_group
 
+#: Real servers started and killed: first, so they do not end the run alone.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "crashsim.py"
 SERVER = "postgresql://postgres@127.0.0.1:5432"

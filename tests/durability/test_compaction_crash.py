@@ -15,11 +15,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 from serve_proc import serving
 
 from protocol.client import Client
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import CompactionMessage, Location, SessionMessage
+
+#: Real servers started and killed: first, so they do not end the run alone.
+pytestmark = pytest.mark.slow
 
 T = TypeVar("T")
 GUARD = 30.0

@@ -25,6 +25,9 @@ from protocol.operations import LogQuery, PermissionReplyInput
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import Location
 
+#: Real servers started and killed: first, so they do not end the run alone.
+pytestmark = pytest.mark.slow
+
 T = TypeVar("T")
 GUARD = 30.0
 DEVNULL = asyncio.subprocess.DEVNULL

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -31,6 +32,9 @@ from protocol.operations import LogQuery, RevertStageInput
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import Location, SessionRevert
 from tests.shell.conftest import git, tool, tree
+
+#: Real servers started and killed: first, so they do not end the run alone.
+pytestmark = pytest.mark.slow
 
 GUARD = 60.0
 DEVNULL = asyncio.subprocess.DEVNULL
@@ -98,14 +102,17 @@ def _reverted(before: Tree, now: Tree) -> Tree:
 class Run:
     """One session's project, its trees at each prompt, and the server's data dir."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, fresh: bool = True) -> None:
+        self.home = tmp
         self.data, self.project = tmp / "data", tmp / "project"
-        self.data.mkdir(mode=0o700)
-        _project(self.project)
         self.marker = tmp / "paused"
         self.session = ""
         self.users: list[str] = []
-        self.trees: list[Tree] = [tree(self.project)]
+        self.trees: list[Tree] = []
+        if fresh:
+            self.data.mkdir(mode=0o700)
+            _project(self.project)
+            self.trees.append(tree(self.project))
 
     def env(self, point: str | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
@@ -134,6 +141,54 @@ async def _write_three_prompts(run: Run, client: Client) -> None:
     assert (t2["bin.dat"], t2["new/dir/c.txt"]) == (BINARY, b"charlie\n")
     assert (t3["a.txt"], "b.txt" in t3) == (b"ALPHA again\n", False)
     assert (t3["ignored.log"], t3["cache/state.bin"]) == (b"1\n2\n3\n", b"\x00\x01")
+
+
+# -- the three prompts, written once per worker ----------------------------------------------
+# Every case starts from the same history: a server that ran the three prompts (and,
+# for all but a killed stage, staged a revert at the second) and stopped cleanly.
+# That history is made once per test process and copied back before each case,
+# to the same paths (the log names the project's absolute path), instead of one
+# more server start and three prompts per case. The group keeps the cases on one
+# xdist worker.
+
+#: what a prepared history left: the copy, and the session, user messages and trees.
+_PREPARED: dict[bool, tuple[Path, str, list[str], list[Tree]]] = {}
+
+
+def _restore(home: Path, copy: Path) -> None:
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.copytree(copy, home, symlinks=True)
+
+
+async def _prepared(factory: pytest.TempPathFactory, *, staged: bool) -> Run:
+    """A run at ``<basetemp>/revert-crash`` after the three prompts (the second's
+    revert staged when ``staged``), the server stopped; made the first time only."""
+    home = factory.getbasetemp() / "revert-crash"
+    if staged not in _PREPARED:
+        if staged:
+            run = await _prepared(factory, staged=False)
+            async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
+                async with Client(served.url) as client:
+                    second = RevertStageInput(message_id=run.users[1], files=True)
+                    await client.sessions.revert_stage(run.session, second)
+                await _stop(served)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+            home.mkdir()
+            run = Run(home)
+            async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
+                async with Client(served.url) as client:
+                    await _write_three_prompts(run, client)
+                await _stop(served)
+        copy = factory.getbasetemp() / f"revert-crash-{'staged' if staged else 'written'}"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(home, copy, symlinks=True)
+        _PREPARED[staged] = (copy, run.session, list(run.users), list(run.trees))
+    copy, session, users, trees = _PREPARED[staged]
+    _restore(home, copy)
+    run = Run(home, fresh=False)
+    run.session, run.users, run.trees = session, list(users), list(trees)
+    return run
 
 
 async def _until_paused(run: Run, call: asyncio.Future[Any]) -> str:
@@ -196,21 +251,17 @@ CASES: dict[str, tuple[str, str, int | None]] = {
 }
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("revert-crash")
 @pytest.mark.parametrize("case", sorted(CASES))
 async def test_a_revert_killed_at_any_point_leaves_files_and_log_agreeing(
-    tmp_path: Path, case: str
+    tmp_path_factory: pytest.TempPathFactory, case: str
 ) -> None:
-    run = Run(tmp_path)
     op, outcome, staged_at = CASES[case]
     point = case.removeprefix("restage.")
-    # A server without the hook writes the files and stages what the killed call needs.
-    async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
-        async with Client(served.url) as client:
-            await _write_three_prompts(run, client)
-            second = RevertStageInput(message_id=run.users[1], files=True)
-            if op != "stage":
-                await client.sessions.revert_stage(run.session, second)
-        await _stop(served)
+    # A server without the hook wrote the files and staged what the killed call needs.
+    run = await _prepared(tmp_path_factory, staged=op != "stage")
+    second = RevertStageInput(message_id=run.users[1], files=True)
     _, t1, t2, t3 = run.trees
     # Back to before the second (third) prompt: the files prompts 2 and 3 (3) changed.
     staged2, staged3 = _reverted(t1, t3), _reverted(t2, t3)
@@ -321,8 +372,10 @@ async def test_an_intent_torn_by_a_kill_while_written_is_removed_at_start(tmp_pa
         await _stop(served)
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("revert-crash")
 async def test_a_client_gone_mid_restore_keeps_the_session_until_the_files_are_back(
-    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """The restore outlives a cancelled call, and so must the session's lock.
 
@@ -332,11 +385,7 @@ async def test_a_client_gone_mid_restore_keeps_the_session_until_the_files_are_b
     restart dropped the intent (no revert staged any more) and half the files
     stayed as they were.
     """
-    run = Run(tmp_path)
-    async with serving(run.data, env=run.env(None), stderr=DEVNULL) as served:
-        async with Client(served.url) as client:
-            await _write_three_prompts(run, client)
-        await _stop(served)
+    run = await _prepared(tmp_path_factory, staged=False)
     t3 = run.trees[3]
     second = RevertStageInput(message_id=run.users[1], files=True)
     text = _script(tool("write", path="after.txt", content="too early\n"))

@@ -14,6 +14,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from proc_groups import alive
 from serve_proc import serving
 
@@ -23,6 +24,9 @@ from protocol.client import Client
 from protocol.operations import ShellInput
 from protocol.requests import CreateSessionInput
 from protocol.shapes import Location, ShellMessage
+
+#: Real servers started and killed: first, so they do not end the run alone.
+pytestmark = pytest.mark.slow
 
 GUARD = 30.0
 DEVNULL = asyncio.subprocess.DEVNULL

@@ -10,10 +10,14 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from actors.sessions import Sessions
 from protocol import InboxItem, codec
 from storage import SQLiteStore, rebuild_projections
+
+#: Real processes started and killed: first, so they do not end the run alone.
+pytestmark = pytest.mark.slow
 
 CHILD = """
 import asyncio, os, sys

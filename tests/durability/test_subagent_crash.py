@@ -15,11 +15,15 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
 from serve_proc import serving
 
 from protocol.client import Client, follow_log
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import AssistantMessage, Location, ToolPart
+
+#: Real servers started and killed: first, so they do not end the run alone.
+pytestmark = pytest.mark.slow
 
 GUARD = 30.0
 DEVNULL = asyncio.subprocess.DEVNULL

@@ -18,12 +18,16 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from serve_proc import serving
 
 from actors.tools._process import group_alive
 from protocol.client import Client, follow_log
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import Location
+
+#: Real servers started and killed: first, so they do not end the run alone.
+pytestmark = pytest.mark.slow
 
 GUARD = 30.0
 DEVNULL = asyncio.subprocess.DEVNULL

@@ -28,10 +28,10 @@ from actors.llm import (
     ProviderConfig,
     StreamPart,
 )
-from actors.llm._sse import SSEDecoder, SSEEvent
 from actors.llm.anthropic import AnthropicStream
 from actors.llm.openai import OpenAIStream
 from protocol.shapes import ModelRef
+from protocol.sse import SSEDecoder, SSEFrame
 
 OPENAI_ANSWER = b"".join(
     openai_chunks(
@@ -85,7 +85,7 @@ def normalize(kind: str, chunks: Sequence[bytes]) -> list[StreamPart]:
     state = OpenAIStream("p") if kind == "openai" else AnthropicStream("p")
     out: list[StreamPart] = []
 
-    def take(events: list[SSEEvent]) -> bool:
+    def take(events: list[SSEFrame]) -> bool:
         for event in events:
             out.extend(state.event(event))
             if state.done:
@@ -95,7 +95,7 @@ def normalize(kind: str, chunks: Sequence[bytes]) -> list[StreamPart]:
     for chunk in chunks:
         if take(decoder.feed(chunk)):
             return out
-    if not take(decoder.close()):
+    if not take(decoder.end(dispatch_open=True)):
         out.extend(state.end())
     return out
 
@@ -156,7 +156,7 @@ def test_a_lone_cr_ends_lines_too() -> None:
 def test_multi_line_data_is_joined_with_a_newline() -> None:
     decoder = SSEDecoder()
     events = decoder.feed(b"event: x\ndata: a\ndata:b\nid: 1\nretry: 5\n\n")
-    assert events == [SSEEvent("x", "a\nb")]
+    assert events == [SSEFrame(id=1, event="x", data="a\nb")]
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from actors.llm import ProviderConfig
 from actors.llm._http import HttpTransport, retry_after_ms, should_retry
-from actors.llm._sse import MAX_LINE_BYTES, SSEDecoder, SSELineTooLongError
+from protocol.sse import MAX_LINE_BYTES, SSEDecoder, SSELineTooLongError
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from actors.mcp import McpServers, parse_servers
 from actors.mcp._connection import McpCallError
 
 
+@pytest.mark.slow  # four MCP server processes started in turn
 async def test_restarts_wait_out_a_doubling_backoff_and_a_success_resets_it(
     tmp_path: Path, marks: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -33,5 +33,5 @@ def feed(runtime: Runtime) -> Feed:
 
 
 @pytest.fixture(autouse=True)
-def _hygiene(loop_hygiene: None) -> None:
-    """Every test here runs under tests/conftest.py's loop_hygiene."""
+def _hygiene(loop_hygiene: None, slow_callbacks: None) -> None:
+    """Every test here runs under tests/conftest.py's loop_hygiene and slow_callbacks."""

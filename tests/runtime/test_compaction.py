@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import pytest
 from feed import Feed
+from manual_clock import ManualClock
 from pgdb import stored_and_rebuilt
 
 from actors.llm import ModelLimits, ModelRequest, ScriptedProvider, StreamPart
@@ -490,6 +491,39 @@ def test_runtime_config_knows_limits_of_configured_and_given_models(tmp_path: Pa
     )
     assert cfg.limits(ModelRef(id="other", provider_id="local")) is None
     assert attrs.asdict(cfg)["compaction"] is True
+
+
+async def test_a_summary_request_is_retried_once_its_backoff_has_passed_on_the_clock(
+    tmp_path: Path, workdir: Path, recorder: Recorder
+) -> None:
+    clock = ManualClock()
+    # A minute's backoff and a day's lease: nothing here moves unless the test says so.
+    settings = config(
+        tmp_path, workdir, recorder, retry_base_delay_s=60, lease_ttl_ms=86_400_000, clock=clock
+    )
+    async with Runtime(settings) as rt:
+        feed = Feed()
+        rt.bus.subscribe(feed)
+        s = await rt.sessions.create(CreateSessionInput(model=MODEL))
+        await ask(rt, s.id, "#summary-fail rate-limit once\n#summary ## Objective\nfirst")
+        await ask(rt, s.id, "second question")
+        await rt.sessions.compact(s.id)
+
+        def backoff() -> list[int]:
+            # The first backoff, jittered by 0.8-1.2: no other wait is that far off.
+            return [d for d in clock.waits() if 48_000 <= d - clock.now_ms() <= 72_000]
+
+        await clock.until(lambda: bool(backoff()))
+        (due,) = backoff()
+        clock.advance(due - 1 - clock.now_ms())
+        assert due in clock.waits()  # not yet
+        await rt.sessions.get(s.id)  # a round trip: the loop ran what the advance woke
+        assert [r.metadata["attempt"] for r in recorder.summaries()] == [1]
+        clock.advance(1)
+        ended = await feed.wait("session.compaction.ended", sessionID=s.id)
+        assert ended["data"]["text"] == "## Objective"
+        assert [r.metadata["attempt"] for r in recorder.summaries()] == [1, 2]
+        await rt.execution.wait_idle(s.id)
 
 
 async def test_a_compactions_requests_share_one_retry_allowance(

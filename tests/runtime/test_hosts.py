@@ -1,7 +1,7 @@
 """Several hosts on one log: placement, forwarding over the host bus, fencing, handover.
 
 Two runtimes (hosts ``host-a`` and ``host-b``) share one real SQLite store and
-one in-process :class:`~actors.hostbus.LocalHostBus`; each has its own
+one in-process :class:`~actors.host_messages.LocalHostBus`; each has its own
 execution, leases, renewal and scan, exactly as two servers on one PostgreSQL
 database would.
 """

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from feed import Feed
 
-from actors.bus import EventBus
-from actors.hostbus import HostMessage, NotifyHostBus
+from actors.event_bus import EventBus
+from actors.host_messages import HostMessage, NotifyHostBus
 from actors.runtime import Runtime, RuntimeConfig
 from protocol.requests import PromptInput
 from storage import SQLiteStore

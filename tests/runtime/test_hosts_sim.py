@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from actors.hostbus import LocalHostBus
+from actors.host_messages import LocalHostBus
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import ids
 from protocol.requests import PromptInput

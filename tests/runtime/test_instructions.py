@@ -578,7 +578,7 @@ async def test_a_failed_observation_leaves_no_read_running_and_raises_itself(
             async def slow_inputs(session_id: str) -> Any:
                 reading.set()
                 try:
-                    await asyncio.sleep(30)
+                    await asyncio.Event().wait()  # hangs until it is cancelled
                 except asyncio.CancelledError:
                     cancelled.append(True)
                     raise

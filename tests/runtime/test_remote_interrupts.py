@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 from hosts import Hosts, RecordingBus
+from manual_clock import ManualClock
 
-from actors.hostbus import HostMessage, LocalHostBus
+from actors.host_messages import HostMessage, LocalHostBus
+from actors.interrupts import WAIT_S
 from actors.runtime import Runtime
 from protocol.errors import ServiceUnavailableError
 from protocol.requests import CreateSessionInput, PromptInput
@@ -53,8 +55,12 @@ class LossyBus(RecordingBus):
 
     async def until_sent(self, kind: str) -> None:
         """Return once a message of ``kind`` has been published (lost or not)."""
+        await self.until_sent_count(kind, 1)
+
+    async def until_sent_count(self, kind: str, count: int) -> None:
+        """Return once ``count`` messages of ``kind`` have been published (lost or not)."""
         async with asyncio.timeout(10):
-            while not self.kinds(kind):
+            while len(self.kinds(kind)) < count:
                 self.published.clear()
                 await self.published.wait()
 
@@ -70,6 +76,30 @@ async def two(tmp_path: Path) -> AsyncIterator[Two]:
         async with t.stack:
             yield t
         t.events.close()
+
+
+@pytest.fixture
+async def clocked(tmp_path: Path) -> AsyncIterator[tuple[Two, ManualClock]]:
+    """Two hosts whose waits (and leases) are on a clock only the test moves."""
+    clock = ManualClock()
+    async with SQLiteStore(tmp_path / "shared.sqlite", clock=clock) as store:
+        t = Two(tmp_path, store, LossyBus())
+        async with t.stack:
+            yield t, clock
+        t.events.close()
+
+
+async def _resent_after(two: Two, clock: ManualClock, sent: int, due: int) -> None:
+    """``sent`` interrupts went out and the next waits for ``due``: not a millisecond
+    before it does another go out, and at it one does."""
+    await clock.until_waiting(due)
+    assert len(two.bus.kinds("interrupt")) == sent
+    clock.advance(due - 1 - clock.now_ms())
+    assert due in clock.waits()  # the pause has not ended
+    await two.store.queries.claims()  # a round trip: the loop ran what the advance woke
+    assert len(two.bus.kinds("interrupt")) == sent  # and no resend went out
+    clock.advance(1)
+    await two.bus.until_sent_count("interrupt", sent + 1)
 
 
 def _to_a(kind: str) -> Rule:
@@ -88,10 +118,19 @@ async def _running_on_a(two: Two) -> tuple[Runtime, Runtime, str]:
     return a, b, s.id
 
 
-async def test_a_lost_interrupt_is_sent_again_until_the_owner_answers(two: Two) -> None:
+async def test_a_lost_interrupt_is_sent_again_until_the_owner_answers(
+    clocked: tuple[Two, ManualClock],
+) -> None:
+    """Resent after 250 ms, then 500 ms more, on the hosts' clock: never earlier."""
+    two, clock = clocked
     a, b, sid = await _running_on_a(two)
     two.bus.drop += [_to_a("interrupt"), _to_a("interrupt")]  # the first two are lost
-    assert await b.interrupt(sid) is True
+    asking = asyncio.create_task(b.interrupt(sid))
+    await two.bus.until_sent("interrupt")
+    start = clock.now_ms()
+    await _resent_after(two, clock, 1, start + 250)
+    await _resent_after(two, clock, 2, start + 750)
+    assert await asking is True
     done = await two.feed.wait("session.execution.interrupted", sessionID=sid)
     assert done["data"]["reason"] == "user"
     requests = two.bus.kinds("interrupt")
@@ -134,13 +173,29 @@ async def test_a_request_seen_again_gets_the_same_answer_and_stops_nothing_new(t
     assert await a.interrupt(sid) is True
 
 
-async def test_an_owner_that_never_answers_is_a_503_not_a_yes(two: Two) -> None:
+async def test_an_owner_that_never_answers_is_a_503_not_a_yes(
+    clocked: tuple[Two, ManualClock],
+) -> None:
+    """Resent at 0.25, 0.75, then every second, and given up at WAIT_S on the clock."""
+    two, clock = clocked
     a, b, sid = await _running_on_a(two)
-    b.remote_interrupts.wait_s = 0.6
     two.bus.drop += [_to_a("interrupt")] * 50
+    asking = asyncio.create_task(b.interrupt(sid))
+    await two.bus.until_sent("interrupt")
+    start = clock.now_ms()
+    deadline = start + int(WAIT_S * 1000)
+    await clock.until_waiting(deadline)
+    resends = [250, 750, *range(1750, int(WAIT_S * 1000), 1000)]
+    for sent, at in enumerate(resends, 1):
+        await _resent_after(two, clock, sent, start + at)
+    await clock.until_waiting(start + resends[-1] + 1000)  # the next pause, past the deadline
+    clock.advance(deadline - 1 - clock.now_ms())
+    assert deadline in clock.waits()
+    assert not asking.done()
+    clock.advance(1)
     with pytest.raises(ServiceUnavailableError, match=r"host-a.*did not answer"):
-        await b.interrupt(sid)
-    assert len(two.bus.kinds("interrupt")) >= 2  # it tried again before giving up
+        await asking
+    assert len(two.bus.kinds("interrupt")) == len(resends) + 1  # tried again until the end
     assert sid in await a.execution.active()
     assert b.remote_interrupts.waiting == 0
     assert await a.interrupt(sid) is True

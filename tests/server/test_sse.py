@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from http_helpers import Client, collect_until_synced, create_session, frames, runtime_of
+from manual_clock import ManualClock
 
 from protocol import events as ev
 from protocol.requests import PromptInput, UpdateSessionInput
@@ -106,15 +107,31 @@ async def test_unknown_session_log_is_404(client: Client) -> None:
     assert response.status == 404
 
 
-async def test_heartbeats_keep_idle_streams_alive(make_client: Any) -> None:
-    client = await make_client(heartbeat_s=0.05)
+async def test_heartbeats_keep_idle_streams_alive_on_the_runtime_clock(make_client: Any) -> None:
+    """An idle stream's ping goes out once ``heartbeat_s`` has passed on the runtime's
+    clock, and not a millisecond before."""
+    clock = ManualClock()
+    client = await make_client(heartbeat_s=30, clock=clock)
     sid = (await create_session(client))["id"]
-    for path in (f"/api/experimental/session/{sid}/log?follow=true", "/api/event"):
+    for path, first in (
+        (f"/api/experimental/session/{sid}/log?follow=true", "log.synced"),
+        ("/api/event", "server.connected"),
+    ):
         response = await client.get(path)
-        async for f in frames(response):
-            if f.get("comment") == "ping":
+        stream = frames(response)
+        async for f in stream:
+            if f.get("event") == first:
                 break
+        due = clock.now_ms() + 30_000
+        await clock.until_waiting(due)  # the idle stream waits for its heartbeat
+        clock.advance(29_999)
+        assert due in clock.waits()  # not yet
+        clock.advance(1)
+        assert due not in clock.waits()
+        assert await anext(stream) == {"comment": "ping"}
         response.close()
+        # Off the closed stream's next heartbeat: the next stream's due differs from it.
+        clock.advance(10_000)
 
 
 async def test_event_feed_sends_connected_then_durable_and_live_events(client: Client) -> None:

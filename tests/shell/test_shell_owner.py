@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from manual_clock import ManualClock
 
 from actors.runtime import RuntimeConfig
 from actors.tools._process import group_alive
@@ -92,15 +93,26 @@ async def test_an_interrupt_ends_the_sessions_shells_and_says_so(
 
 
 async def test_a_shell_past_shell_timeout_s_is_ended(tmp_path: Path, repo: Path) -> None:
-    config = RuntimeConfig(data_dir=tmp_path / "data", shell_timeout_s=0.5)
+    """At ``shell_timeout_s`` on the runtime's clock, not a millisecond before."""
+    clock = ManualClock()
+    config = RuntimeConfig(
+        data_dir=tmp_path / "data", shell_timeout_s=60, lease_ttl_ms=86_400_000, clock=clock
+    )
     async with _reaped() as groups, Embedded(config=config) as oc:
+        due = clock.now_ms() + 60_000
         sid, pgid = await _start(oc, repo, "msg_timedout", groups)
+        await clock.until_waiting(due)
+        clock.advance(59_999)
+        assert due in clock.waits()  # not yet
+        assert (await _entry(oc, sid)).shell.state == "running"  # the loop ran meanwhile
+        assert group_alive(pgid)
+        clock.advance(1)
         (ended,) = await until(oc, sid, "session.shell.ended")
         await _gone(pgid)
     assert ended["shell"]["state"] == "failed"
     assert ended["shell"]["reason"] == "timeout"
     assert "exit" not in ended["shell"]
-    assert ended["output"].endswith("Command timed out after 0.5 s")
+    assert ended["output"].endswith("Command timed out after 60 s")
 
 
 def test_the_default_shell_timeout_is_ten_minutes(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import attrs
 import pytest
 from manual_clock import ManualClock
 
-from actors.leases import LeaseKeeper
+from actors.lease_keeper import LeaseKeeper
 from protocol import Location
 from protocol import events as ev
 from storage import (

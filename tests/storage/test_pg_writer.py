@@ -40,6 +40,7 @@ from storage.postgres import LOG_LOCK, PostgresStore
 from storage.postgres.rebuild import dump_projections, rebuild_projections
 from storage.postgres.remote import RemoteCommits
 from storage.postgres.runs import runs
+from storage.postgres.store import CHAIN_MIN
 from storage.postgres.writer import commit_batch
 from storage.projectors import project
 
@@ -447,6 +448,55 @@ async def test_commands_commit_in_submission_order_behind_the_batch_lock(pg_url:
     assert [r[0].seq for r in results] == list(range(2, 42))
     positions = [r[0].position for r in results]
     assert positions == sorted(positions)
+
+
+async def test_appenders_appending_again_find_the_next_batch_begun_and_an_idle_store_frees_the_lock(
+    pg_url: str,
+) -> None:
+    """A batch of :data:`CHAIN_MIN` commands or more ends with the next one's
+    BEGIN and lock; its appenders, appending again at once, commit in it, and
+    once they stop the store gives the lock back (another host gets it)."""
+    sessions = [f"ses_chain{i}" for i in range(CHAIN_MIN * 2)]
+    async with PostgresStore(pg_url) as store:
+        await asyncio.gather(*(store.append(Command.of(created(s))) for s in sessions))
+
+        async def appender(session_id: str) -> list[int]:
+            seqs = []
+            for i in range(5):
+                if session_id == sessions[0] and i == 3:
+                    # Only the server refuses it: its batch, begun by the one
+                    # before, is redone a command at a time, and it fails alone.
+                    with pytest.raises(StorageBrokenError):
+                        await store.append(Command.of(renamed(session_id, "a\x00b")))
+                seqs.append((await store.append(Command.of(renamed(session_id, str(i)))))[0].seq)
+            return seqs
+
+        seqs = await asyncio.gather(*(appender(s) for s in sessions))
+        assert store.chains["taken"] >= 4
+        assert store.batch_paths["isolated"] == 1
+        conn = await asyncpg.connect(pg_url)
+        try:
+            async with asyncio.timeout(10), conn.transaction():  # a guard, not the synchronisation
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", LOG_LOCK)
+        finally:
+            await conn.close()
+        assert store.chains["released"] >= 1
+        # The store still writes after giving the lock back.
+        [again] = await store.append(Command.of(renamed(sessions[0], "again")))
+    assert seqs == [[2, 3, 4, 5, 6]] * len(sessions)
+    assert again.seq == 7
+
+
+async def test_a_single_appender_never_holds_the_lock_between_its_appends(pg_url: str) -> None:
+    """Below :data:`CHAIN_MIN` commands a batch ends with a plain COMMIT: the
+    lock is free whenever the writer is idle."""
+    async with PostgresStore(pg_url) as store:
+        await store.append(Command.of(created("ses_one")))
+        for i in range(3):
+            await store.append(Command.of(renamed("ses_one", str(i))))
+            async with asyncio.timeout(10), lock_held(pg_url):  # waits if the store holds it
+                pass
+    assert store.chains == {"taken": 0, "released": 0}
 
 
 async def test_a_catch_up_skips_the_stores_own_batches() -> None:

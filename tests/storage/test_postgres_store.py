@@ -540,17 +540,18 @@ async def test_a_closing_store_hears_another_hosts_commit_without_a_warning(
 ) -> None:
     """A store that is closing (its last writes still committing) gets a notice
     from another host: nothing is handed out any more, and nothing is logged."""
-    from storage.postgres.store import _State
+    from protocol.lifecycle import LifecycleState
 
     caplog.set_level(logging.WARNING)
     async with PostgresStore(pg_url) as a:
         b = PostgresStore(pg_url)
         async with b:
-            b._state = _State.CLOSING  # as close() sets it while it waits for the writes
+            # As close() sets it while it waits for the writes.
+            b._lifecycle.state = LifecycleState.CLOSING
             await a.append(Command.of(created("ses_c")))
             async with asyncio.timeout(5):
                 await b._deliver_task
-            b._state = _State.OPEN  # let close() run as it would have
+            b._lifecycle.state = LifecycleState.OPEN  # let close() run as it would have
     assert "cannot read announced commits" not in caplog.text
 
 

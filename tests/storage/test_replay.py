@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pgdb
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -240,6 +241,7 @@ def check(path: Path) -> None:
         conn.close()
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations)
 def test_replay_equals_incremental_projection(ops: list[tuple[Any, ...]]) -> None:

@@ -243,7 +243,7 @@ async def test_lifecycle_errors(
     with pytest.raises(RuntimeError, match="not open"):
         await runner.run(lambda: None, call_id="c", cancel=CancelEvent())  # type: ignore[arg-type, return-value]
     async with runner:
-        with pytest.raises(RuntimeError, match="cannot be opened"):
+        with pytest.raises(RuntimeError, match="opens once"):
             await runner.__aenter__()
 
 

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import enum
 import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self, TypeVar, TypeVarTuple
 
-from actors._exceptions import ActorDeadError, ActorError
+from actors.kit.exceptions import ActorDeadError, ActorError
+from protocol.lifecycle import Lifecycle, LifecycleState
 
 __all__ = ["BlockingExecutor", "wait_all", "wait_out"]
 
@@ -57,7 +57,7 @@ async def wait_all(futures: list[asyncio.Future[Any]]) -> None:
     """Wait until every one of ``futures`` is done, then re-raise a cancellation that came.
 
     For owners that must not leave a child behind: a cancel of the caller
-    neither abandons a child nor is lost (like :func:`actors._shield.finish`).
+    neither abandons a child nor is lost (like :func:`actors.kit.shield.finish`).
     """
     cancelled = False
     for future in futures:
@@ -70,12 +70,6 @@ async def wait_all(futures: list[asyncio.Future[Any]]) -> None:
         raise asyncio.CancelledError
 
 
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
 class BlockingExecutor:
     """A bounded pool of ``limit`` threads for blocking helpers that are not tool calls."""
 
@@ -84,13 +78,13 @@ class BlockingExecutor:
             raise ValueError(f"limit must be at least 1, not {limit}")
         self._limit = limit
         self._name = name
-        self._state = _State.UNOPENED
+        self._lifecycle = Lifecycle("BlockingExecutor")
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         #: Jobs between submit and outcome, with their cancel events (for aclose).
         self._running: dict[asyncio.Future[Any], threading.Event | None] = {}
 
     def __repr__(self) -> str:
-        state, jobs = self._state.value, len(self._running)
+        state, jobs = self._lifecycle.state.value, len(self._running)
         return f"<BlockingExecutor {state}, {jobs} jobs, {self._limit} threads>"
 
     @property
@@ -99,14 +93,12 @@ class BlockingExecutor:
         return self._limit
 
     async def __aenter__(self) -> Self:
-        if self._state is not _State.UNOPENED:
-            raise RuntimeError(f"BlockingExecutor cannot be opened when {self._state.value}")
+        self._lifecycle.open()
         # Threads start lazily, one per submit while fewer than limit exist: the
         # start of one thread is the most a submit costs the loop.
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=self._limit, thread_name_prefix=self._name
         )
-        self._state = _State.OPEN
         return self
 
     async def __aexit__(
@@ -119,10 +111,8 @@ class BlockingExecutor:
 
     async def aclose(self) -> None:
         """Ask running jobs to stop, wait for them, and end the pool's threads. Idempotent."""
-        if self._state is not _State.OPEN:
-            self._state = _State.CLOSED
+        if self._lifecycle.close() is not LifecycleState.OPEN:
             return
-        self._state = _State.CLOSED
         for cancel in self._running.values():
             if cancel is not None:
                 cancel.set()
@@ -161,9 +151,9 @@ class BlockingExecutor:
             ActorDeadError: the executor is closed.
             RuntimeError: the executor was never opened.
         """
-        if self._state is _State.UNOPENED:
+        if self._lifecycle.state is LifecycleState.UNOPENED:
             raise RuntimeError("BlockingExecutor is not open; use 'async with BlockingExecutor()'")
-        if self._pool is None or self._state is _State.CLOSED:
+        if self._pool is None or self._lifecycle.state is LifecycleState.CLOSED:
             raise ActorDeadError("BlockingExecutor is closed")
 
         def call() -> T:

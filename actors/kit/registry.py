@@ -20,10 +20,10 @@ import asyncio
 import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from actors._ref import ActorRef
+from actors.kit.ref import ActorRef
 
 if TYPE_CHECKING:
-    from actors._actor import Actor
+    from actors.kit.actor import Actor
 
 __all__ = ["ActorRegistry", "register", "unregister"]
 

@@ -72,7 +72,7 @@ from typing import Any, Final, Protocol
 
 import attrs
 
-from actors._exceptions import ActorDeadError, ActorError
+from actors.kit.exceptions import ActorDeadError, ActorError
 
 __all__ = ["Envelope", "Hooks", "Mailbox"]
 

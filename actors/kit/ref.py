@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from actors._mailbox import Envelope, Mailbox
+from actors.kit.mailbox import Envelope, Mailbox
 
 if TYPE_CHECKING:
-    from actors._actor import Actor
+    from actors.kit.actor import Actor
 
 __all__ = ["ActorRef"]
 

@@ -31,7 +31,7 @@ failure is raised to the code that asked for the actor, not logged somewhere.
 Unlike pykka, ``__init__`` needs no ``super().__init__()`` call: the runtime
 attaches the ref after construction, so ``actor_ref`` is available from
 ``on_start`` on. The mailbox and the error policy are described in
-:mod:`actors._mailbox`.
+:mod:`actors.kit.mailbox`.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ import logging
 from collections.abc import Callable
 from typing import Any, ParamSpec, Self, TypeVar
 
-from actors import _registry
-from actors._mailbox import Mailbox
-from actors._ref import ActorRef
+from actors.kit import registry
+from actors.kit.mailbox import Mailbox
+from actors.kit.ref import ActorRef
 
 __all__ = ["Actor"]
 
@@ -83,8 +83,8 @@ class Actor:
         ref = ActorRef(mailbox, actor_class, urn)
         actor._actor_ref = ref
         await mailbox.start(
-            register=lambda: _registry.register(ref),
-            unregister=lambda: _registry.unregister(ref),
+            register=lambda: registry.register(ref),
+            unregister=lambda: registry.unregister(ref),
         )
         return ref
 
