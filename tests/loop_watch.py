@@ -63,6 +63,9 @@ ALLOWED: Final[dict[str, str]] = {
 
 
 _TESTS: Final = str(Path(__file__).resolve().parent) + os.sep
+#: pytest-asyncio runs an async fixture's set-up and teardown in a task of its own
+#: wrapper, whose code is not in tests/: the fixture's work all the same.
+_FIXTURE_WRAPPERS: Final = f"{os.sep}pytest_asyncio{os.sep}"
 
 
 def describe(handle: asyncio.Handle) -> tuple[str, bool]:
@@ -77,7 +80,9 @@ def describe(handle: asyncio.Handle) -> tuple[str, bool]:
     else:
         code = getattr(getattr(callback, "__func__", callback), "__code__", None)
         name = str(getattr(callback, "__qualname__", repr(callback)))
-    ours = code is not None and code.co_filename.startswith(_TESTS)
+    ours = code is not None and (
+        code.co_filename.startswith(_TESTS) or _FIXTURE_WRAPPERS in code.co_filename
+    )
     return name, ours
 
 
