@@ -30,12 +30,12 @@ from protocol._client_http import (
 )
 from protocol.operations import Operation
 from protocol.sse import (
+    RawFrame,
     SSEDecodeError,
     SSEDecoder,
     SSEEvent,
-    SSEFrame,
     SSELineTooLongError,
-    parse_frame,
+    parse_raw,
 )
 
 __all__ = ["EventStream"]
@@ -71,7 +71,7 @@ class EventStream(AsyncIterator[SSEEvent]):
         self._state: _State = "new"
         self._response: aiohttp.ClientResponse | None = None
         self._decoder = SSEDecoder()
-        self._ready: collections.deque[SSEFrame] = collections.deque()
+        self._ready: collections.deque[RawFrame] = collections.deque()
         self._cut_by_client = False
 
     @property
@@ -130,7 +130,7 @@ class EventStream(AsyncIterator[SSEEvent]):
 
     def _deliver(self) -> SSEEvent:
         try:
-            return parse_frame(self._ready.popleft())
+            return parse_raw(self._ready.popleft())
         except SSEDecodeError as exc:
             self._ready.clear()
             self._finish(reuse=False)
@@ -188,10 +188,10 @@ class EventStream(AsyncIterator[SSEEvent]):
         while not self._ready and response is not None and self._state == "open":
             chunk = await response.content.readany()
             if not chunk:
-                self._ready.extend(self._decoder.end())
+                self._ready.extend(self._decoder.end_raw())
                 self._finish(reuse=True)
                 return
-            self._ready.extend(self._decoder.feed(chunk))
+            self._ready.extend(self._decoder.feed_raw(chunk))
 
     def _finish(self, *, reuse: bool) -> None:
         self._state = "done"

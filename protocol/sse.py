@@ -34,12 +34,14 @@ import orjson
 
 __all__ = [
     "MAX_LINE_BYTES",
+    "RawFrame",
     "SSEDecodeError",
     "SSEDecoder",
     "SSEEvent",
     "SSEFrame",
     "SSELineTooLongError",
     "parse_frame",
+    "parse_raw",
 ]
 
 #: A line longer than this is not an event but a broken or hostile stream;
@@ -84,20 +86,63 @@ def parse_frame(frame: SSEFrame) -> SSEEvent:
     return SSEEvent(id=frame.id, event=frame.event, data=value)
 
 
-class SSEDecoder:
-    """Feed it chunks as they arrive; it returns the frames they complete."""
+def parse_raw(raw: RawFrame) -> SSEEvent:
+    """A frame as :meth:`SSEDecoder.feed_raw` gives it, its data parsed as JSON.
 
-    __slots__ = ("_buffer", "_data", "_event", "_id", "_started", "last_event_id")
+    orjson reads the bytes as they came; only data that is not valid UTF-8 is
+    decoded with replacement first (the spec's decoding), then parsed.
+    """
+    frame_id, event, data = raw
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return parse_frame(SSEFrame(id=frame_id, event=event, data=data.decode("utf-8", "replace")))
+    return SSEEvent(id=frame_id, event=event, data=value)
+
+
+#: (id, event type, data bytes): a frame before its data is decoded.
+RawFrame = tuple[int | None, str | None, bytes]
+
+#: Event type names decoded once each (by their whole line); a stream names a few dozen.
+_NAMES_MAX: Final = 256
+
+
+def _text(raw: RawFrame) -> SSEFrame:
+    frame_id, event, data = raw
+    return SSEFrame(id=frame_id, event=event, data=data.decode("utf-8", "replace"))
+
+
+class SSEDecoder:
+    """Feed it chunks as they arrive; it returns the frames they complete.
+
+    :meth:`feed_raw` keeps a frame's data as bytes (joined, for several lines,
+    with ``b"\\n"``) for :func:`parse_raw` to hand to orjson as they are; an
+    event type is decoded once per name; the server's own field lines are told
+    by one prefix test each.
+    """
+
+    __slots__ = ("_buffer", "_data", "_event", "_id", "_last_id", "_names", "_started")
 
     def __init__(self) -> None:
         self._buffer = b""
         self._started = False
-        self._data: list[str] = []
+        self._data: list[bytes] = []
         self._event: str | None = None
         self._id: int | None = None
-        self.last_event_id: str | None = None
+        self._last_id: bytes | None = None
+        self._names: dict[bytes, str] = {}
+
+    @property
+    def last_event_id(self) -> str | None:
+        """The spec's sticky last event id: the latest ``id`` field, whatever frame it was in."""
+        last = self._last_id
+        return None if last is None else last.decode("utf-8", "replace")
 
     def feed(self, chunk: bytes) -> list[SSEFrame]:
+        return [_text(raw) for raw in self.feed_raw(chunk)]
+
+    def feed_raw(self, chunk: bytes) -> list[RawFrame]:
+        """The frames ``chunk`` completes, their data still bytes (see :func:`parse_raw`)."""
         buffer = self._buffer + chunk if self._buffer else chunk
         if b"\r" in buffer:
             # A trailing CR may be the first half of a CRLF: keep it for later.
@@ -114,51 +159,65 @@ class SSEDecoder:
         if len(rest) > MAX_LINE_BYTES:
             raise SSELineTooLongError(f"an SSE line is longer than {MAX_LINE_BYTES} bytes")
         self._buffer = rest
-        frames: list[SSEFrame] = []
-        for line in lines:
-            self._line(line, frames)
-        return frames
+        if not lines:
+            return []
+        if not self._started:
+            self._started = True
+            lines[0] = lines[0].removeprefix(_BOM)
+        return self._lines(lines)
 
     def end(self, *, dispatch_open: bool = False) -> list[SSEFrame]:
         """The stream ended: complete a line cut by a final CR, drop an unfinished
         one, and drop the open frame (or, with ``dispatch_open``, dispatch it)."""
-        frames: list[SSEFrame] = []
+        return [_text(raw) for raw in self.end_raw(dispatch_open=dispatch_open)]
+
+    def end_raw(self, *, dispatch_open: bool = False) -> list[RawFrame]:
+        """:meth:`end`, its frames as :meth:`feed_raw` gives them."""
+        frames: list[RawFrame] = []
         if self._buffer.endswith(b"\r"):
-            frames = self.feed(b"\n")
+            frames = self.feed_raw(b"\n")
         if dispatch_open and not self._buffer:
-            self._line(b"", frames)
+            frames += self._lines([b""])
         self._buffer = b""
         self._data, self._event, self._id = [], None, None
         return frames
 
-    def _line(self, raw: bytes, frames: list[SSEFrame]) -> None:
-        if not self._started:
-            self._started = True
-            raw = raw.removeprefix(_BOM)
-        if not raw:
-            if self._data:
-                frames.append(
-                    SSEFrame(id=self._id, event=self._event or None, data="\n".join(self._data))
-                )
-                self._data = []
-            self._event = None
-            self._id = None
-            return
-        if raw[0] == 0x3A:  # ":" starts a comment
-            return
-        name, colon, value = raw.partition(b":")
-        if colon and value[:1] == b" ":
-            value = value[1:]
-        # The spec decodes with replacement: a bad byte spoils a value, not the stream.
-        if name == b"data":
-            self._data.append(value.decode("utf-8", "replace"))
-        elif name == b"event":
-            self._event = value.decode("utf-8", "replace")
-        elif name == b"id" and b"\0" not in value:
-            text = value.decode("utf-8", "replace")
-            self.last_event_id = text
-            self._id = _seq(text)
-        # "retry" and unknown fields are ignored: no reader here reconnects on its own.
+    def _lines(self, lines: list[bytes]) -> list[RawFrame]:
+        frames: list[RawFrame] = []
+        names = self._names
+        data, event, frame_id = self._data, self._event, self._id
+        for line in lines:
+            if not line:
+                if data:
+                    frames.append(
+                        (frame_id, event, data[0] if len(data) == 1 else b"\n".join(data))
+                    )
+                    data = []
+                event = frame_id = None
+            elif line.startswith(b"data: "):
+                data.append(line[6:])
+            elif line.startswith(b"id: ") and line[4:].isdigit():
+                self._last_id = line[4:]
+                frame_id = int(self._last_id)
+            elif line.startswith(b"event: ") and (known := names.get(line)) is not None:
+                event = known
+            elif line[0] != 0x3A:  # ":" starts a comment
+                name, colon, value = line.partition(b":")
+                if colon and value[:1] == b" ":
+                    value = value[1:]
+                # The spec decodes with replacement: a bad byte spoils a value, not the stream.
+                if name == b"data":
+                    data.append(value)
+                elif name == b"event":
+                    event = value.decode("utf-8", "replace") or None
+                    if event is not None and len(names) < _NAMES_MAX:
+                        names[line] = event
+                elif name == b"id" and b"\0" not in value:
+                    self._last_id = value
+                    frame_id = _seq(value.decode("utf-8", "replace"))
+                # "retry" and unknown fields are ignored: no reader here reconnects on its own.
+        self._data, self._event, self._id = data, event, frame_id
+        return frames
 
 
 def _seq(value: str) -> int | None:

@@ -33,6 +33,13 @@ prepared requests on keep-alive raw connections.
    ``server.instance.disposed`` / the end of their stream. Baseline: a second
    server with nothing attached, SIGINT -> exit.
 
+During the load phase the server's RSS (``VmRSS``) is sampled every
+``--rss-every`` seconds (10); ``--load-seconds`` makes that phase longer than
+the others (``--load-seconds 600`` is the 10-minute run of issue #42). Reported:
+the samples, and the drift from the first sample to the last, as a percentage
+of the first (target: flat, within +-10 %), with the server's RSS before the
+phase as its baseline.
+
 For each phase: the admission round trip (prompt sent -> 200 received), how
 far the generator fell behind its own schedule, and CPU over the phase as %
 of one core (/proc): the server (all its threads), the client processes, the
@@ -71,6 +78,28 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 SESSIONRT: Final = ROOT / ".venv" / "bin" / "sessionrt"
 TARGET_P99_MS: Final = 50.0
 TARGET_SIGINT_S: Final = 1.0
+#: RSS over the load phase: last sample within this fraction of the first.
+TARGET_RSS_DRIFT: Final = 0.10
+
+
+def _rss_mib(pid: int) -> float:
+    """``VmRSS`` of ``pid`` in MiB (/proc); NaN once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            found = re.search(r"^VmRSS:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return math.nan
+    return math.nan if found is None else int(found.group(1)) / 1024
+
+
+async def _sample_rss(pid: int, every: float, into: list[tuple[float, float]]) -> None:
+    """Append (seconds since start, RSS MiB) every ``every`` seconds until cancelled."""
+    start = clock()
+    while True:
+        await asyncio.sleep(every)
+        into.append((round(clock() - start, 1), round(_rss_mib(pid), 1)))
+
+
 SESSIONS: Final = 8
 JSON: Final = {"Content-Type": "application/json"}
 
@@ -523,7 +552,16 @@ async def _phase(
     server0 = cpu.process(server.proc.pid)
     clients0 = sum(cpu.process(p) for p in pids)
     me0 = time.process_time()
-    sent = await admissions.run(args.rate, args.seconds)
+    rss_before = _rss_mib(server.proc.pid)
+    samples: list[tuple[float, float]] = []
+    sampler = asyncio.ensure_future(_sample_rss(server.proc.pid, args.rss_every, samples))
+    seconds = args.load_seconds if phase == "load" else args.seconds
+    try:
+        sent = await admissions.run(args.rate, seconds)
+    finally:
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+    samples.append((round(clock() - t0, 1), round(_rss_mib(server.proc.pid), 1)))
     wall = clock() - t0
     busy1, softirq1, steal1 = cpu.machine()
     server1 = cpu.process(server.proc.pid)
@@ -532,6 +570,8 @@ async def _phase(
     return {
         "sent": sent,
         "wall_s": round(wall, 3),
+        "rss_before_mib": round(rss_before, 1),
+        "rss_mib": samples,
         "ack_p50_ms": round(_pct(admissions.acks, 0.5), 3),
         "ack_p99_ms": round(_pct(admissions.acks, 0.99), 3),
         "generator_late_ms": round(admissions.late_ms, 3),
@@ -680,6 +720,9 @@ def _report(args: argparse.Namespace, r: dict[str, Any]) -> dict[str, Any]:
     p99_ok = load["p99_ms"] <= TARGET_P99_MS
     none_dropped = r["dropped_reading"] == 0 and load["missing"] == 0
     sigint_ok = r["sigint_s"] < TARGET_SIGINT_S
+    rss = load["rss_mib"]
+    first, last = rss[0][1], rss[-1][1]
+    drift = (last - first) / first if first else math.nan
     label = f"1 subscriber, {args.rate:g}/s"
     figures = [
         _figure(f"delivery p50, {n} subscribers", load["p50_ms"], "ms", base["p50_ms"], label),
@@ -701,6 +744,23 @@ def _report(args: argparse.Namespace, r: dict[str, Any]) -> dict[str, Any]:
             "-",
             "0",
             none_dropped,
+        ),
+        _figure(
+            f"server RSS at the end of the load phase ({len(rss)} samples,"
+            f" every {args.rss_every:g} s, first {first:g} MiB)",
+            last,
+            "MiB",
+            load["rss_before_mib"],
+            "RSS before the load phase",
+        ),
+        _figure(
+            f"RSS drift over {args.load_seconds:g} s of load, last sample vs first",
+            round(100 * drift, 1),
+            "%",
+            None,
+            "-",
+            f"within +-{100 * TARGET_RSS_DRIFT:g} %",
+            abs(drift) <= TARGET_RSS_DRIFT,
         ),
         _figure(
             f"SIGINT -> exit, {n} subscribers + 1 log follower attached",
@@ -742,6 +802,8 @@ def _num(value: Any, unit: str) -> str:
         return "-"
     if unit == "ms":
         return f"{value:,.3f} ms"
+    if unit in ("MiB", "%"):
+        return f"{value:,.1f} {unit}"
     return f"{value:,.0f} {unit}".strip()
 
 
@@ -776,6 +838,10 @@ def render(report: dict[str, Any]) -> str:
             f" {p['cpu_machine_pct']} of {100 * (report['cpus'] or 1)}, stolen by the"
             f" hypervisor {p['cpu_steal_pct']}"
         )
+    lines.append(
+        "  load-phase RSS (s, MiB): "
+        + ", ".join(f"{t:g}:{m:g}" for t, m in report["load"]["rss_mib"])
+    )
     lines += [
         "",
         f"  the stuck subscriber (never reads) was told: {report['stuck_told']}",
@@ -794,6 +860,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=200.0, help="admissions per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="per phase")
     parser.add_argument(
+        "--load-seconds",
+        type=float,
+        default=None,
+        help="the load phase alone (default: --seconds; 600 for the 10-minute run)",
+    )
+    parser.add_argument(
+        "--rss-every", type=float, default=10.0, help="server RSS sampled every (s), load phase"
+    )
+    parser.add_argument(
         "--write-timeout", type=float, default=2.0, help="[server] stream_write_timeout_s"
     )
     parser.add_argument(
@@ -801,12 +876,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.load_seconds is None:
+        args.load_seconds = args.seconds
+    if args.load_seconds <= 0 or args.rss_every <= 0:
+        parser.error("--load-seconds and --rss-every must be positive")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return report_main(lambda: asyncio.run(run(args)), render, as_json=args.json, hard_limit_s=900)
+    limit = 900 + args.load_seconds - args.seconds
+    return report_main(
+        lambda: asyncio.run(run(args)), render, as_json=args.json, hard_limit_s=limit
+    )
 
 
 if __name__ == "__main__":

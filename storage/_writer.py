@@ -26,6 +26,17 @@ lease row changes only through it), so a fenced append checks its lease
 without a SELECT. Every change to that state is recorded in an undo list, so
 a rolled-back command (or batch) restores exactly those entries, whatever the
 number of sessions; a failed COMMIT drops both caches, which reload lazily.
+
+Statements are grouped in the first (savepoint-free) run of a batch: the
+batch's event rows go in one ``executemany`` (nothing a projector reads or
+writes refers to the ``event`` table; they are written before anything that
+reads it), and consecutive projection ops of the same statement text go in
+one ``executemany`` too (:class:`_Grouped`), in their order. An op whose row
+count is checked joins a group only when its statement cannot touch more than
+one row (:func:`_one_row`), so "the group touched as many rows as it has ops"
+means each touched its one; when a group falls short, the batch runs again
+with savepoints, statement by statement, and the op at fault fails its own
+command as before.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import fcntl
 import itertools
 import os
 import queue
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -43,6 +55,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from storage._ops import Op
 from storage._replay import mismatched, refusal, stored_replay
 from storage.batch import Outcome, Prepared
 from storage.clock import SYSTEM, Clock
@@ -103,6 +116,8 @@ class Writer:
         self._seqs: dict[str, int] = {}
         self._leases: dict[str, LeaseRow] = {}
         self._position = 0
+        #: Statements held back to run grouped; None while a batch runs with savepoints.
+        self._grouped: _Grouped | None = None
 
     # -- loop side ------------------------------------------------------------------------------
 
@@ -217,9 +232,11 @@ class Writer:
         undo: Undo = []
         outcomes = []
         fences: list[Fence] = []
+        self._grouped = grouped = _Grouped()
         try:
             for prepared in batch:
                 outcomes.append(self._perform(conn, prepared, undo, fences))
+            grouped.run(conn)
             _insert_fences(conn, fences)
         except sqlite3.IntegrityError:
             pass
@@ -229,6 +246,8 @@ class Writer:
             pass  # the savepoint run below reports it on its own command
         else:
             return outcomes
+        finally:
+            self._grouped = None
         self._restore(undo, position_before)
         return None
 
@@ -278,12 +297,17 @@ class Writer:
         replay = self._check_expected(conn, prepared)
         if replay is not None:
             return Outcome(records=replay, publish=False)
+        if command.checks and self._grouped is not None:
+            self._grouped.run(conn)  # a check reads what the ops before it wrote
         for check in command.checks:
             cursor = conn.execute(check.sql, check.params)
             if check.expect is not None and cursor.rowcount != check.expect:
                 raise check.conflict()
         records = self._insert(conn, command.events, prepared.encoded, undo, fence, fences)
-        _write_side(conn, command)
+        if command.blobs or command.entries:
+            if self._grouped is not None:
+                self._grouped.run(conn)
+            _write_side(conn, command)
         return Outcome(records=records)
 
     def _undo(self, conn: sqlite3.Connection, undo: Undo, position: int) -> None:
@@ -308,6 +332,8 @@ class Writer:
         mismatches = mismatched(prepared, lambda agg: self._seq(conn, agg))
         if not mismatches:
             return None
+        if self._grouped is not None:
+            self._grouped.run(conn)  # the event rows held back, for the lookup by id
         stored = stored_replay(prepared, lambda id_: conn.execute(_STORED, (id_,)).fetchone())
         if stored is not None:
             return stored
@@ -329,6 +355,7 @@ class Writer:
             (None, "", None) if fence is None else (fence[0].session_id, fence[0].host_id, fence[1])
         )
         seqs = self._seqs
+        grouped = self._grouped
         records = []
         for new, (type_, data) in zip(events, encoded, strict=True):
             agg = new.aggregate_id
@@ -348,13 +375,18 @@ class Writer:
                 epoch=epoch if agg == fenced else None,
             )
             records.append(record)
-            conn.execute(
-                _INSERT_EVENT, (self._position, new.id, agg, seq, type_, new.created, data)
-            )
+            row = (self._position, new.id, agg, seq, type_, new.created, data)
+            if grouped is None:
+                conn.execute(_INSERT_EVENT, row)
+            else:
+                grouped.events.append(row)
             if agg == fenced and epoch is not None:
                 fences.append((self._position, agg, host, epoch))
         for record in records:
             for op in project(record):
+                if grouped is not None:
+                    grouped.add(conn, op)
+                    continue
                 cursor = conn.execute(op.sql, op.params)
                 if op.expect is not None and cursor.rowcount != op.expect:
                     raise op.conflict()
@@ -402,6 +434,82 @@ _REMOVE_ENTRY: Final = (
     "UPDATE instruction_entry SET value = NULL, removed = 1, time_updated = ?"
     " WHERE session_id = ? AND key = ? AND removed = 0"
 )
+
+
+class _Grouped:
+    """Event rows and a run of same-text projection ops, held back to run grouped.
+
+    The event rows go in one ``executemany`` at :meth:`run`; the ops run in
+    order, a run of consecutive ops with one statement text (and one row-count
+    expectation) as one ``executemany``.
+    """
+
+    __slots__ = ("events", "expect", "ops", "params", "sql")
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, str, str, int, str, int, str]] = []
+        self.sql: str | None = None
+        self.expect: int | None = None
+        self.params: list[tuple[Any, ...]] = []
+        self.ops: list[Op] = []
+
+    def add(self, conn: sqlite3.Connection, op: Op) -> None:
+        if op.sql != self.sql or op.expect != self.expect or not _groupable(op):
+            self._run_ops(conn)
+            self.sql, self.expect = op.sql, op.expect
+        self.params.append(op.params)
+        self.ops.append(op)
+
+    def run(self, conn: sqlite3.Connection) -> None:
+        """Run everything held back."""
+        if self.events:
+            conn.executemany(_INSERT_EVENT, self.events)
+            self.events.clear()
+        self._run_ops(conn)
+
+    def _run_ops(self, conn: sqlite3.Connection) -> None:
+        ops = self.ops
+        if not ops:
+            return
+        first = ops[0]
+        if len(ops) == 1:
+            rowcount = conn.execute(first.sql, first.params).rowcount
+        else:
+            rowcount = conn.executemany(first.sql, self.params).rowcount
+        if first.expect is not None and rowcount != first.expect * len(ops):
+            # Which op fell short is for the savepoint run to tell.
+            raise first.conflict()
+        self.sql, self.expect = None, None
+        self.params = []
+        self.ops = []
+
+
+#: Statements that touch at most one row: by the primary key ``id`` of a table
+#: keyed by it, or an INSERT of one VALUES row.
+_ONE_ROW: Final = re.compile(
+    r"(?:UPDATE (?:session|session_message|session_inbox|session_permission) SET .+"
+    r"|DELETE FROM (?:session|session_message|session_inbox|session_permission))"
+    r" WHERE id = \?(?: AND .*)?"
+    r"|INSERT (?:OR IGNORE )?INTO \w+ \([^()]*\) VALUES \([?, ]*\)(?: ON CONFLICT .*)?",
+    re.DOTALL,
+)
+#: Each statement seen: whether it touches at most one row. Bounded by the
+#: projectors' statement texts, which are constants (capped all the same).
+_ONE_ROW_SEEN: Final[dict[str, bool]] = {}
+
+
+def _one_row(sql: str) -> bool:
+    seen = _ONE_ROW_SEEN.get(sql)
+    if seen is None:
+        seen = _ONE_ROW.fullmatch(sql) is not None and "SELECT" not in sql
+        if len(_ONE_ROW_SEEN) < 1024:
+            _ONE_ROW_SEEN[sql] = seen
+    return seen
+
+
+def _groupable(op: Op) -> bool:
+    """Whether ``op`` may join others of its text: unchecked, or one row at most."""
+    return op.expect is None or (op.expect == 1 and _one_row(op.sql))
 
 
 def _write_side(conn: sqlite3.Connection, command: Command) -> None:

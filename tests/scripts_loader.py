@@ -16,11 +16,12 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def load_script(name: str) -> ModuleType:
-    """The module of ``scripts/<name>.py``, freshly executed."""
+    """The module of ``scripts/<name>.py``, freshly executed (and in ``sys.modules``)."""
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up there
     sys.path.insert(0, str(SCRIPTS))
     try:
         spec.loader.exec_module(module)

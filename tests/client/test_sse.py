@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol.client import SSEEvent
-from protocol.sse import SSEDecodeError, SSEDecoder, SSEFrame, parse_frame
+from protocol.sse import SSEDecodeError, SSEDecoder, SSEFrame, parse_frame, parse_raw
 
 
 def frames(*chunks: bytes) -> list[SSEFrame]:
@@ -121,3 +121,27 @@ def test_chunking_never_changes_the_frames(cuts: list[int]) -> None:
         SSEFrame(id=2, data="2"),
         SSEFrame(event="b", data="3"),
     ]
+
+
+def test_raw_frames_keep_data_bytes_and_parse_like_decoded_ones() -> None:
+    decoder = SSEDecoder()
+
+    raw = decoder.feed_raw(b'id: 5\nevent: e\ndata: {"k":\ndata: "\xc3\xa9"}\n\ndata: "\xff"\n\n')
+
+    assert raw == [(5, "e", b'{"k":\n"\xc3\xa9"}'), (None, None, b'"\xff"')]
+    # Valid UTF-8 goes to orjson as it came; invalid is decoded with replacement first.
+    assert [parse_raw(r) for r in raw] == [
+        SSEEvent(id=5, event="e", data={"k": "\u00e9"}),
+        SSEEvent(data="\ufffd"),
+    ]
+    with pytest.raises(SSEDecodeError, match="not JSON"):
+        parse_raw((None, None, b"{nope"))
+
+
+def test_event_names_are_remembered_per_line_not_mixed_up() -> None:
+    decoder = SSEDecoder()
+    got = decoder.feed(
+        b"event: a\ndata: 1\n\nevent:a\ndata: 2\n\nevent: b\ndata: 3\n\nevent: a\ndata: 4\n\n"
+    )
+
+    assert [f.event for f in got] == ["a", "a", "b", "a"]

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.util
 import itertools
 import json
 import os
 import sqlite3
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from proc_groups import run_in_group
+from scripts_loader import load_script
 
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import ModelRef
@@ -29,17 +28,7 @@ SCRIPT = ROOT / "scripts" / "crashsim.py"
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("crashsim", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["crashsim"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-crashsim = _load()
+crashsim = load_script("crashsim")
 
 
 @pytest.mark.slow

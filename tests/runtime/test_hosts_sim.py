@@ -13,12 +13,12 @@ older than one already written (:func:`crashsim.check_fences`).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import random
 import sqlite3
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from scripts_loader import load_script
 
 from actors.host_messages import LocalHostBus
 from actors.runtime import Runtime, RuntimeConfig
@@ -26,18 +26,11 @@ from protocol import ids
 from protocol.requests import PromptInput
 from storage import SQLiteStore
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "crashsim.py"
 TTL_MS = 300
 
 
 def _crashsim() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("crashsim_hosts", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["crashsim_hosts"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("crashsim")
 
 
 async def test_three_hosts_keep_the_invariants(tmp_path: Path) -> None:

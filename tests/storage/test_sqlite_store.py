@@ -15,6 +15,7 @@ from storage import (
     SCHEMA_VERSION,
     SESSION_BUCKET_MS,
     Command,
+    ProjectionConflict,
     RecordedEvent,
     SQLiteStore,
     StorageBrokenError,
@@ -295,3 +296,31 @@ async def test_the_session_list_is_read_in_its_index_order(db_path: Path) -> Non
     assert any("session_updated" in d for d in details)
     assert not any("TEMP B-TREE" in d for d in details)
     assert bucket == updated // SESSION_BUCKET_MS
+
+
+async def test_a_grouped_projection_falling_short_fails_only_its_command(
+    store: SQLiteStore,
+) -> None:
+    # Renames of several sessions in one batch run as one executemany; the one
+    # whose session is missing fails alone, with its own reason, and the
+    # others commit with their projections.
+    await asyncio.gather(*(store.append(Command.of(created(f"ses_{i}"))) for i in range(4)))
+    renames = [f"ses_{i}" for i in (0, 1, 9, 2, 3)]
+    results = await asyncio.gather(
+        *(
+            store.append(Command.of(ev.SessionRenamed(session_id=s, title=f"new {s}")))
+            for s in renames
+        ),
+        return_exceptions=True,
+    )
+
+    failed = [s for s, r in zip(renames, results, strict=True) if isinstance(r, BaseException)]
+    assert failed == ["ses_9"]
+    assert isinstance(results[2], ProjectionConflict)
+    assert results[2].reason == "session.missing"
+    assert await store.last_seq("ses_9") == 0
+    for i in range(4):
+        session = await store.queries.session(f"ses_{i}")
+        assert session is not None
+        assert session.title == f"new ses_{i}"
+        assert await store.last_seq(f"ses_{i}") == 2
