@@ -151,12 +151,8 @@ def wakes() -> WakeRecorder:
 
 
 @pytest.fixture
-async def sessions(
-    store: SQLiteStore, wakes: WakeRecorder, tmp_path: Path
-) -> AsyncIterator[Sessions]:
-    facade = Sessions(store, wake=wakes, default_directory=str(tmp_path))
-    yield facade
-    await facade.aclose()
+def sessions(store: SQLiteStore, wakes: WakeRecorder, tmp_path: Path) -> Sessions:
+    return Sessions(store, wake=wakes, default_directory=str(tmp_path))
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The drain: one session's steps, one after another, from projected history.
+"""The runner: one drain of one session, step after step, from projected history.
 
 A drain (called by the session's busy period) works like this:
 
@@ -33,9 +33,8 @@ from typing import Any, Final, Protocol
 from actors.agents import Agent, AgentCatalogs
 from actors.compaction import CompactionSettings, Compactor
 from actors.event_bus import EventBus
-from actors.execution._messages import Own
 from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
-from actors.inbox import Scope, control_head, select_promotable
+from actors.inbox import Promotion, Scope, Seen, control_head, due, select_promotable
 from actors.instructions.nearby import NearbyInstructions
 from actors.kit import BlockingExecutor
 from actors.llm import (
@@ -71,17 +70,16 @@ __all__ = [
     "AgentUnavailableError",
     "ControlHandler",
     "ControlUnsupportedError",
-    "Drain",
     "InstructionSource",
     "McpTools",
     "NoInstructions",
+    "Runner",
     "StepFailedError",
 ]
 
 
-#: Handles one control item at the head of the inbox (delivers it through the
-#: session's actor, does its work).
-ControlHandler = Callable[[Session, InboxItem, Own], Awaitable[None]]
+#: Handles one control item at the head of the inbox (delivers it, does its work).
+ControlHandler = Callable[[Session, InboxItem], Awaitable[None]]
 
 
 class StepFailedError(Exception):
@@ -136,7 +134,7 @@ class NoInstructions:
         return await self.prepare(session, agent)
 
 
-class Drain:
+class Runner:
     def __init__(
         self,
         *,
@@ -186,7 +184,7 @@ class Drain:
             settings=compaction,
             clock=clock,
         )
-        #: What the drain does with a control item at the head of the inbox,
+        #: What the runner does with a control item at the head of the inbox,
         #: by its type. A handler delivers the item (``Inbox.control``, with
         #: its own facts in the same command) and does its work.
         self.controls: dict[str, ControlHandler] = {
@@ -219,17 +217,13 @@ class Drain:
     def chat_cache(self) -> ChatCache:
         return self._chat
 
-    async def drain(self, session_id: str, scope: Scope, force: bool, own: Own) -> None:
-        """``own``: the session's actor, which this drain runs under and asks at
-        each boundary for the read and the promotion (it is the session's only
-        writer, so what it read is what it promotes from unless a command ran)."""
+    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
         # Everything the drain needs before its first boundary, in one read:
         # the session, anything a crash left open, the pending input, the
         # instruction inputs.
         inbox = self._sessions.inbox
-        start = await own.command(
-            functools.partial(inbox.drain_start, session_id), keeps_inbox=True
-        )
+        generation = inbox.generation(session_id)
+        start = await self._store.queries.drain_start(session_id)
         if start.session is None:
             return  # deleted meanwhile: nothing to run
         session = start.session
@@ -243,16 +237,15 @@ class Drain:
             promote_scope: Scope = "steer" if continuing else scope
             # One read at this boundary serves every question asked here (a
             # control item due, something promotable, the instruction state
-            # admission compares with). The actor promotes from it only while
-            # no other command of the session ran since (else it reads again),
-            # so nothing decided here is stale there.
+            # admission compares with). Promotion uses it only while no inbox
+            # mutation on this host has happened since (else it reads again,
+            # under the inbox lock), so nothing decided here is stale there.
             if pending is None:
-                pending = await own.command(
-                    functools.partial(inbox.boundary, session_id), keeps_inbox=True
-                )
+                generation = inbox.generation(session_id)
+                pending = await self._store.queries.boundary(session_id)
             boundary, pending = pending, None
             held = await self._held(session)
-            if await self._control(session, promote_scope, boundary.inbox, held, own):
+            if await self._control(session, promote_scope, boundary.inbox, held):
                 first = False  # handled: the loop goes on from what follows it
                 session = await self._sessions.get(session_id)
                 continue
@@ -270,9 +263,11 @@ class Drain:
             system = await self._instructions.prepare(
                 session, await self._agent(session), boundary.instructions
             )
-            promotion = await own.command(
-                functools.partial(inbox.promote, session_id, promote_scope, held),
-                keeps_inbox=True,
+            promotion = await self._sessions.inbox.promote(
+                session_id,
+                promote_scope,
+                Seen(generation=generation, items=boundary.inbox),
+                held,
             )
             if promotion.delivered:
                 step = 0  # new input resets the allowance, once per batch
@@ -318,10 +313,26 @@ class Drain:
             if outcome.error is not None:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
-            if not continuing and await own.command(
-                functools.partial(inbox.nothing_due, scope, held), keeps_inbox=True
-            ):
+            if not continuing and self._nothing_due(session_id, scope, promotion, held):
                 return
+
+    def _nothing_due(
+        self, session_id: str, scope: Scope, promotion: Promotion, held: Collection[str]
+    ) -> bool:
+        """Whether the idle boundary after a turn has nothing to deliver or handle,
+        known without reading the inbox again.
+
+        Only where this process alone writes the log (``Store.exclusive``), and
+        only while no inbox mutation here has let go of the session's lock
+        since the promotion: the inbox is then what that promotion left. With
+        other hosts on the log, input they admitted meanwhile is found by the
+        read (their wake would bring it too, one drain later).
+        """
+        if not self._store.exclusive:
+            return False
+        if self._sessions.inbox.generation(session_id) != promotion.generation:
+            return False
+        return not due(promotion.left, scope, held)
 
     async def _held(self, session: Session) -> frozenset[str]:
         """Synthetic input held behind the session's staged revert: no boundary
@@ -332,12 +343,7 @@ class Drain:
         return frozenset(await self._store.queries.held_synthetic(session.id))
 
     async def _control(
-        self,
-        session: Session,
-        scope: Scope,
-        pending: list[InboxItem],
-        held: Collection[str],
-        own: Own,
+        self, session: Session, scope: Scope, pending: list[InboxItem], held: Collection[str]
     ) -> bool:
         """Handle the control item due at this boundary, if any; True when one was.
 
@@ -351,15 +357,14 @@ class Drain:
         handler = self.controls.get(item.type)
         if handler is None:
             raise ControlUnsupportedError(f"control item {item.type!r} is not supported")
-        await handler(session, item, own)
+        await handler(session, item)
         return True
 
-    async def _manual_compaction(self, session: Session, item: InboxItem, own: Own) -> None:
+    async def _manual_compaction(self, session: Session, item: InboxItem) -> None:
         started = ev.CompactionStarted(
             session_id=session.id, reason="manual", recent="", input_id=item.id
         )
-        inbox = self._sessions.inbox
-        if not await own.command(functools.partial(inbox.control, session.id, item, (started,))):
+        if not await self._sessions.inbox.control(session.id, item, started):
             return  # cancelled meanwhile
         await self._compact_manually(session, item.id)
 
@@ -377,7 +382,7 @@ class Drain:
             input_id=input_id,
         )
 
-    async def _move(self, session: Session, item: InboxItem, own: Own) -> None:
+    async def _move(self, session: Session, item: InboxItem) -> None:
         """Deliver a move with ``session.moved`` in the same command.
 
         The drain then reads the session again before anything else, so the
@@ -388,8 +393,7 @@ class Drain:
         """
         location = Location(directory=str(item.payload["location"]["directory"]))
         moved = ev.SessionMoved(session_id=session.id, location=location)
-        inbox = self._sessions.inbox
-        await own.command(functools.partial(inbox.control, session.id, item, (moved,)))
+        await self._sessions.inbox.control(session.id, item, moved)
 
     async def _overflow(self, session: Session, agent: Agent, model: ModelRef) -> bool:
         """The one overflow-triggered compaction of a step."""
