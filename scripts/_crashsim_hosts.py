@@ -62,13 +62,14 @@ class Host:
         env = {k: v for k, v in os.environ.items() if k != "SESSIONRT_SERVER_PASSWORD"}
         self.log = (root / f"{self.host_id}.log").open("ab")
         self.proc = subprocess.Popen(
-            [str(exe), "serve", "--port", "0", "--data-dir", str(data), "--config", str(config)],
+            die_with_parent(  # a killed harness takes its servers
+                [str(exe), "serve", "--port", "0", "--data-dir", str(data), "--config", str(config)]
+            ),
             cwd=root,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self.log,
-            preexec_fn=die_with_parent,  # a killed harness takes its servers
         )
         self.url: str | None = None
         self.stopped = False

@@ -1118,13 +1118,12 @@ class Server:
         spawn_ms = int(time.time() * 1000)
         self._t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            [str(exe), "serve", "--port", "0", "--data-dir", str(data_dir)],
+            die_with_parent([str(exe), "serve", "--port", "0", "--data-dir", str(data_dir)]),
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._log,
-            preexec_fn=die_with_parent,  # a killed harness takes its servers
         )
         Server.live.add(self.proc)
         self.boot = Boot(index=index, pid=self.proc.pid, spawn_ms=spawn_ms)

@@ -93,8 +93,15 @@ def note_spawned(*, record: bool = True) -> None:
     die_with_parent = load_script("_children").die_with_parent
 
     def noting(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
-        if threading.current_thread() is threading.main_thread() and len(args) < 7:
-            kwargs.setdefault("preexec_fn", die_with_parent)  # 7th positional is preexec_fn
+        command = args[0] if args else kwargs.get("args")
+        if (
+            threading.current_thread() is threading.main_thread()
+            and isinstance(command, list | tuple)
+            and not kwargs.get("shell")
+            and "executable" not in kwargs
+        ):
+            args = (die_with_parent([os.fspath(a) for a in command]), *args[1:])
+            kwargs.pop("args", None)
         init(self, *args, **kwargs)
         if not record:
             return
