@@ -665,6 +665,9 @@ async def test_a_changed_source_never_wakes_an_idle_session(
     assert "Rule two." in updates(feed, other.id)[-1]["data"]["text"]
     assert len(recorder.requests) == sent + 1
     assert feed.types(idle.id) == before  # nothing ran, nothing was admitted
+    # The terminal event is published before the supervisor hears the busy period
+    # end: wait for the other session's end, then nothing may be active.
+    await rt.execution.wait_idle(other.id)
     assert await rt.execution.active() == []
     assert len(updates(feed, idle.id)) == 1
 
