@@ -101,3 +101,21 @@ async def collect_until_synced(response: ClientResponse) -> list[dict[str, Any]]
         if f.get("event") == "log.synced":
             break
     return out
+
+
+async def tagged(response: ClientResponse) -> tuple[int, str]:
+    """A JSON error answer's status and ``_tag``."""
+    return response.status, (await response.json())["_tag"]
+
+
+async def assert_guarded(client: Client, url: str, auth: dict[str, str]) -> None:
+    """``GET url`` is refused without the password, from a foreign Origin and for a
+    foreign Host, each with its tagged error."""
+    assert await tagged(await client.get(url)) == (401, "UnauthorizedError")
+    evil_origin = {**auth, "Origin": "http://evil.example"}
+    assert await tagged(await client.get(url, headers=evil_origin)) == (403, "ForbiddenError")
+    evil_host = {**auth, "Host": "evil.example"}
+    assert await tagged(await client.get(url, headers=evil_host)) == (
+        421,
+        "MisdirectedRequestError",
+    )

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
-from http_helpers import Client
+from http_helpers import Client, assert_guarded, tagged
 
 MakeClient = Callable[..., Awaitable[Client]]
 AUTH = {"Authorization": "Bearer hunter2"}
@@ -33,10 +32,6 @@ bash = "deny"
 """
 
 
-async def _tag(response: Any) -> tuple[int, str]:
-    return response.status, (await response.json())["_tag"]
-
-
 async def test_a_session_lists_its_agents_behind_the_guards(
     make_client: MakeClient, tmp_path: Path
 ) -> None:
@@ -53,15 +48,7 @@ async def test_a_session_lists_its_agents_behind_the_guards(
     )
     sid = (await created.json())["data"]["id"]
     url = f"/api/session/{sid}/agent"
-    assert await _tag(await client.get(url)) == (401, "UnauthorizedError")
-    assert await _tag(await client.get(url, headers={**AUTH, "Origin": "http://evil.example"})) == (
-        403,
-        "ForbiddenError",
-    )
-    assert await _tag(await client.get(url, headers={**AUTH, "Host": "evil.example"})) == (
-        421,
-        "MisdirectedRequestError",
-    )
+    await assert_guarded(client, url, AUTH)
     response = await client.get(url, headers=AUTH)
     assert response.status == 200
     text = await response.text()
@@ -98,11 +85,11 @@ async def test_a_session_lists_its_agents_behind_the_guards(
         "plan",
         "reviewer",
     ]
-    assert await _tag(await client.get("/api/session/ses_none/agent", headers=AUTH)) == (
+    assert await tagged(await client.get("/api/session/ses_none/agent", headers=AUTH)) == (
         404,
         "SessionNotFoundError",
     )
-    assert await _tag(await client.get("/api/session/nope/agent", headers=AUTH)) == (
+    assert await tagged(await client.get("/api/session/nope/agent", headers=AUTH)) == (
         400,
         "InvalidRequestError",
     )

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from http_helpers import Client
+from http_helpers import Client, assert_guarded, tagged
 
 from tests.shell.conftest import tool
 
@@ -33,10 +33,6 @@ def make_repo(path: Path) -> Path:
     git(path, "add", "-A")
     git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
     return path
-
-
-async def _tag(response: Any) -> tuple[int, str]:
-    return response.status, (await response.json())["_tag"]
 
 
 async def _session(client: Client, directory: Path) -> str:
@@ -130,20 +126,20 @@ async def test_a_step_is_asked_by_its_assistant_message_in_its_own_session_only(
     status, body = await _diff(client, mine, f"messageID={user}")
     assert (status, body["_tag"], body["field"]) == (400, "InvalidRequestError", "messageID")
     # Unknown, forged, huge ids; with from/to; an unknown session.
-    assert await _tag(
+    assert await tagged(
         await client.get(f"/api/session/{mine}/diff?messageID=msg_nope", headers=AUTH)
     ) == (404, "MessageNotFoundError")
     for forged in ("nope", "ses_abc", "msg_../../etc/passwd", "msg_" + "a" * 4000, "-msg_x", ""):
         response = await client.get(
             f"/api/session/{mine}/diff", params={"messageID": forged}, headers=AUTH
         )
-        assert await _tag(response) == (400, "InvalidRequestError"), forged
+        assert await tagged(response) == (400, "InvalidRequestError"), forged
     response = await client.get(
         f"/api/session/{mine}/diff", params={"messageID": step, "from": user}, headers=AUTH
     )
-    status, tag = await _tag(response)
+    status, tag = await tagged(response)
     assert (status, tag) == (400, "InvalidRequestError")
-    assert await _tag(
+    assert await tagged(
         await client.get(f"/api/session/ses_none/diff?messageID={step}", headers=AUTH)
     ) == (404, "SessionNotFoundError")
 
@@ -196,15 +192,7 @@ async def test_the_step_diff_is_behind_the_guards(make_client: MakeClient, tmp_p
     messages = await _run(client, sid, TWO_STEPS)
     step = next(m["id"] for m in messages if m["type"] == "assistant")
     url = f"/api/session/{sid}/diff?messageID={step}"
-    assert await _tag(await client.get(url)) == (401, "UnauthorizedError")
-    assert await _tag(await client.get(url, headers={**AUTH, "Origin": "http://evil.example"})) == (
-        403,
-        "ForbiddenError",
-    )
-    assert await _tag(await client.get(url, headers={**AUTH, "Host": "evil.example"})) == (
-        421,
-        "MisdirectedRequestError",
-    )
+    await assert_guarded(client, url, AUTH)
     response = await client.get(url, headers=AUTH)
     assert response.status == 200
     assert [d["file"] for d in (await response.json())["data"]] == ["a.txt"]
