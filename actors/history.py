@@ -1,6 +1,6 @@
 """From projected Session History to the model's view of it.
 
-The runner never keeps a conversation in memory between steps: before each
+The drain never keeps a conversation in memory between steps: before each
 step it reloads the projected transcript and turns it into the normalized
 request messages here. Tool parts become an assistant tool call plus a tool
 result message; a call that never settled (it cannot, by the time a step is

@@ -9,7 +9,7 @@ afterwards and no part holds a method of the :class:`~actors.runtime.Runtime`.
 
 :class:`HostExecution` is what those Protocols name where the runtime used to
 lend its own methods: this host's execution while the runtime runs (the
-doorbell, interrupts, lease losses, busy checks, the stops of deleted
+doorbell, interrupts, lease losses, the stops of deleted
 sessions, the tasks the runtime owns, and the wakes refused while closing).
 """
 
@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from actors._keyed_lock import KeyedLock
 from actors.agents import AgentCatalogs
 from actors.event_bus import EventBus
 from actors.execution import Execution, ExecutionHooks, Terminal, widest
@@ -74,10 +73,13 @@ class HostExecution:
         host_bus: HostBus,
         shells: Shells,
         envs: Environments,
+        actors: Execution,
         clock: Clock = SYSTEM,
     ) -> None:
         self._store = store
         self._clock = clock
+        #: The session actors (opened by :meth:`start`); ``_execution`` once open.
+        self._actors = actors
         self._host_id = host_id
         self._host_bus = host_bus
         self._shells = shells
@@ -106,7 +108,8 @@ class HostExecution:
     async def start(self, hooks: ExecutionHooks, handed_over: list[str]) -> None:
         """Start the supervisor; ``handed_over`` is filled by ``hooks`` as they settle."""
         self._handed_over_ids = handed_over
-        self._execution = await Execution.start(hooks)
+        await self._actors.open(hooks)
+        self._execution = self._actors
 
     # -- what the other parts call ----------------------------------------------------------------
 
@@ -124,11 +127,6 @@ class HostExecution:
         """The :class:`~actors.lease_keeper.LeaseLoss` of the lease keeper."""
         if self._execution is not None:
             self._execution.lease_lost(session_id)
-
-    async def busy(self, session_id: str) -> bool:
-        """The :class:`~actors.revert.BusyCheck` of the reverts."""
-        execution = self._execution
-        return execution is not None and session_id in await execution.active()
 
     async def interrupt_here(self, session_id: str) -> bool:
         execution = self._execution
@@ -393,11 +391,11 @@ def build_services(
         | {c.api_key_env for c in config.provider_configs.values() if c.api_key_env}
     )
     environments = Environments(secret_env)
-    #: The per-session inbox lock; revert mutations and shell notices take it too.
-    locks = KeyedLock()
+    #: The session actors: every write to a session is a command one of them runs.
+    actors = Execution()
     shells = Shells(
         store,
-        locks,
+        actors,
         environments,
         bounding,
         blocking.run,
@@ -407,15 +405,14 @@ def build_services(
         timeout_s=config.shell_timeout_s,
         clock=config.clock,
     )
-    execution = HostExecution(store, host_id, host_bus, shells, environments, config.clock)
+    execution = HostExecution(store, host_id, host_bus, shells, environments, actors, config.clock)
     snapshots = Snapshots(
         config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=blocking.run
     )
     reverts = Reverts(
         store,
-        locks,
+        actors,
         snapshots,
-        busy=execution,
         wake=execution,
         intents=config.data_dir / "revert",
         blocking=blocking.run,
@@ -424,7 +421,7 @@ def build_services(
         store,
         wake=execution,
         stop=execution,
-        locks=locks,
+        owners=actors,
         revert=reverts,
         default_directory=config.default_directory,
         blocking=blocking.run,

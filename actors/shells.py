@@ -52,7 +52,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
-from actors._keyed_lock import KeyedLock
+from actors.inbox import Owners, Writer
 from actors.tools import OutputBounding, ToolResult, text_item, tool_environment
 from actors.tools._process import GATE, GATE_OPEN, ProcessGroup, identify, kill_stale
 from actors.tools._spill import SpillingOutput
@@ -178,7 +178,7 @@ class Shells:
     def __init__(
         self,
         store: Store,
-        locks: KeyedLock,
+        owners: Owners,
         environments: Environments,
         bounding: OutputBounding,
         bound_on: Blocking,
@@ -193,7 +193,7 @@ class Shells:
         if timeout_s <= 0:
             raise ValueError("shell_timeout_s must be positive")
         self._store = store
-        self._locks = locks
+        self._owners = owners
         self._env = environments
         self._bounding = bounding
         self._bound_on = bound_on
@@ -467,13 +467,17 @@ class Shells:
             ),
         )
         ended = ev.ShellEnded(session_id=session_id, shell=info, output=output)
-        async with self._locks.hold(session_id):
+
+        async def end(_: Writer) -> bool:
             try:
                 await self._store.append(Command.of(ended, notice))
             except ProjectionConflict:
                 # Already ended (a concurrent recovery), or the session is gone.
                 return False
-        return True
+            return True
+
+        done: bool = await self._owners.command(session_id, end)
+        return done
 
 
 def _kill_group(pgid: int) -> None:

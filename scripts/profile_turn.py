@@ -34,14 +34,14 @@ from bench_runtime import RecordingProvider, open_runtime, runtime_step
 #: (phase, (file suffix, function name)...): the entry points whose cumulative time is a phase.
 PHASES: Final = (
     ("admission (sessions.prompt)", (("actors/sessions.py", "prompt"),)),
-    ("drain (the session's busy period)", (("actors/runner.py", "drain"),)),
+    ("drain (the session's busy period)", (("actors/execution/drain.py", "drain"),)),
     ("  promotion (inbox.promote)", (("actors/inbox.py", "promote"),)),
     ("  drain start read", (("storage/queries.py", "drain_start"),)),
-    ("  agent load", (("actors/runner.py", "_agent"),)),
+    ("  agent load", (("actors/execution/drain.py", "_agent"),)),
     ("  step (step.run)", (("actors/step.py", "run"),)),
     ("    step inputs (session + history read)", (("storage/queries.py", "step_inputs"),)),
     ("    instruction admission (prepare)", (("actors/instructions/_admission.py", "prepare"),)),
-    ("    request build", (("actors/runner.py", "_request"),)),
+    ("    request build", (("actors/execution/drain.py", "_request"),)),
     ("    model stream", (("actors/step.py", "_stream"),)),
     ("    step events (emit/flushed)", (("actors/step.py", "emit"), ("actors/step.py", "flushed"))),
     ("    step end", (("actors/step.py", "_end"),)),

@@ -151,8 +151,12 @@ def wakes() -> WakeRecorder:
 
 
 @pytest.fixture
-def sessions(store: SQLiteStore, wakes: WakeRecorder, tmp_path: Path) -> Sessions:
-    return Sessions(store, wake=wakes, default_directory=str(tmp_path))
+async def sessions(
+    store: SQLiteStore, wakes: WakeRecorder, tmp_path: Path
+) -> AsyncIterator[Sessions]:
+    facade = Sessions(store, wake=wakes, default_directory=str(tmp_path))
+    yield facade
+    await facade.aclose()
 
 
 @pytest.fixture

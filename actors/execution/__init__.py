@@ -38,19 +38,37 @@ work to the owner. When this host loses the lease while it works (a
 renewal) the drains are cancelled and the busy period ends as ``fenced``:
 the terminal belongs to whoever holds the lease now, so none is written.
 
+The session actor is also the only writer of its session: every write
+(admission, cancel, delivery change, promotion, control delivery, revert,
+shell notice, permission reply, agent/model/title change, deletion) is a
+:class:`SessionCommand` it runs between two other messages, and its drain
+(:mod:`.drain`, the busy period's child task) asks it for each boundary's
+read and promotion. An actor lives while it has a command or a busy period.
+
 Modules: :mod:`._messages` (terminals, hooks, messages), :mod:`._session`
-(the session actor), :mod:`._supervisor`, :mod:`._facade` (:class:`Execution`).
+(the session actor), :mod:`._supervisor`, :mod:`._facade` (:class:`Execution`,
+:class:`Standalone`), :mod:`.drain` (what a busy period runs).
 """
 
-from actors.execution._facade import Execution
-from actors.execution._messages import ExecutionHooks, Terminal, error_info, widest
+from actors.execution._facade import Execution, Standalone
+from actors.execution._messages import (
+    ExecutionHooks,
+    Own,
+    SessionCommand,
+    Terminal,
+    error_info,
+    widest,
+)
 from actors.execution._session import SessionActor
 from actors.execution._supervisor import Supervisor
 
 __all__ = [
     "Execution",
     "ExecutionHooks",
+    "Own",
     "SessionActor",
+    "SessionCommand",
+    "Standalone",
     "Supervisor",
     "Terminal",
     "error_info",

@@ -28,6 +28,7 @@ from actors.execution._messages import (
     LeaseLost,
     Resume,
     Retire,
+    SessionCommand,
     Shutdown,
     Terminal,
     Wake,
@@ -71,6 +72,10 @@ class Supervisor(Actor):
 
     async def on_receive(self, message: object) -> Any:
         match message:
+            case SessionCommand(session_id=sid):
+                # A command may start a busy period (an admission's wake): it
+                # counts as a kick until the actor says it is idle after it.
+                self._kick(await self._child(sid), message)
             case Wake(session_id=sid) if not self._closed:
                 self._kick(await self._child(sid), message)
             case Resume(session_id=sid, reply=reply):
@@ -117,16 +122,16 @@ class Supervisor(Actor):
         if child is None:
             me = self.actor_ref
 
-            def idle(sid: str, received: int) -> None:
+            def idle(sid: str, handled: int) -> None:
                 if me.is_alive():
-                    me.tell(Idle(session_id=sid, received=received))
+                    me.tell(Idle(session_id=sid, received=handled))
 
             ref = await SessionActor.start(session_id, self._hooks, idle)
             child = self._children[session_id] = _Child(ref)
         return child
 
     @staticmethod
-    def _kick(child: _Child, message: Wake | Resume) -> None:
+    def _kick(child: _Child, message: Wake | Resume | SessionCommand) -> None:
         child.send(message)
         child.kicked = child.sent
 

@@ -36,6 +36,13 @@ Error policy
   reached it is skipped. Once a handler has started it runs to completion and
   its result is dropped: cancelling an asker never cancels the actor.
 
+Context
+-------
+The drain task runs in a context of its own (empty), never a copy of the
+sender's: a handler must not see the context variables of whichever caller
+happened to wake the actor (a drain's lease fence would otherwise mark the
+writes of every message the task handles after it).
+
 Stopping
 --------
 ``stop()`` closes the mailbox at once (``tell``/``ask`` raise
@@ -64,6 +71,7 @@ new task is created that could outlive the loop. Stop actors (for instance with
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
 from collections import deque
@@ -178,7 +186,7 @@ class Mailbox:
         self._queue.append(envelope)
         if self._state is _State.RUNNING and self._drain is None:
             self._drain = self._owner = self._loop.create_task(
-                self._drain_queue(), name=f"drain {self._name}"
+                self._drain_queue(), name=f"drain {self._name}", context=contextvars.Context()
             )
 
     async def start(self, *, register: Callable[[], None], unregister: Callable[[], None]) -> None:
@@ -202,7 +210,7 @@ class Mailbox:
         self._state = _State.RUNNING
         if self._queue:
             self._drain = self._owner = self._loop.create_task(
-                self._drain_queue(), name=f"drain {self._name}"
+                self._drain_queue(), name=f"drain {self._name}", context=contextvars.Context()
             )
 
     async def stop(self) -> None:
