@@ -8,6 +8,7 @@ from typing import Any
 from actors.execution._messages import (
     Active,
     AwaitIdle,
+    Children,
     ExecutionHooks,
     Interrupt,
     LeaseLost,
@@ -18,7 +19,7 @@ from actors.execution._messages import (
     Terminal,
     Wake,
 )
-from actors.execution._supervisor import Supervisor
+from actors.execution._supervisor import SessionActors, Supervisor
 from actors.inbox import Run, Scope
 from actors.kit import ActorDeadError, ActorRef
 from protocol.errors import ServiceUnavailableError
@@ -31,12 +32,14 @@ class Execution:
     A request travels with its own reply future. The ``ask`` only confirms the
     supervisor took the message (and raises ``ActorDeadError`` if it is gone);
     the answer arrives in the message's future, from the supervisor's books or
-    from the session actor it forwarded the request to.
+    from the session actor it forwarded the request to. A command goes to the
+    session actor directly, through the supervisor's directory of them.
     """
 
     def __init__(self) -> None:
         #: The supervisor while open (:meth:`open` to :meth:`shutdown`).
         self._ref: ActorRef[Supervisor] | None = None
+        self._children: SessionActors | None = None
 
     @classmethod
     async def start(cls, hooks: ExecutionHooks) -> Execution:
@@ -49,6 +52,7 @@ class Execution:
         if self._ref is not None:
             raise RuntimeError("execution opens once")
         self._ref = await Supervisor.start(hooks)
+        self._children = await self._ref.ask(Children())
 
     @property
     def _supervisor(self) -> ActorRef[Supervisor]:
@@ -59,16 +63,18 @@ class Execution:
     async def command(self, session_id: str, run: Run, *, keeps_inbox: bool = False) -> Any:
         """Have the session's actor run ``run`` as its only writer; its result or exception.
 
-        One message to the supervisor, forwarded (not awaited) to the session
-        actor, which answers in the message's own future. A caller that gives
-        up before the actor reaches it withdraws the command.
+        One message to the session actor (made now if the session has none),
+        which answers in the message's own future. A caller that gives up
+        before the actor reaches it withdraws the command.
         """
+        if self._children is None or self._ref is None or not self._ref.is_alive():
+            raise ServiceUnavailableError("the runtime is not running", service="execution")
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         message = SessionCommand(
             session_id=session_id, run=run, keeps_inbox=keeps_inbox, reply=reply
         )
         try:
-            self._supervisor.tell(message)
+            self._children.ensure(session_id).tell(message)
         except ActorDeadError:
             raise ServiceUnavailableError(
                 "the runtime is not running", service="execution"

@@ -145,16 +145,22 @@ class Active:
 
 @attrs.frozen(kw_only=True)
 class Idle:
-    """A session actor is idle, having handled ``received`` messages; the
-    supervisor may retire it (told after every message it handles while idle)."""
+    """A session actor is idle after the ``kicks`` wakes and resumes it handled."""
 
     session_id: str
-    received: int = 0
+    #: Which actor: a report from one that has since retired is stale.
+    ref: Any = attrs.field(eq=False, repr=False)
+    kicks: int = 0
 
 
 @attrs.frozen(kw_only=True)
-class Retire:
-    """From the supervisor: you are idle and nothing more is on its way; stop."""
+class Settled:
+    """A session actor to itself: its busy period ended (an empty mailbox retires it)."""
+
+
+@attrs.frozen(kw_only=True)
+class Children:
+    """Asked of the supervisor once, by its facade: the directory of its session actors."""
 
 
 @attrs.frozen(kw_only=True)

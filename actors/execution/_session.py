@@ -15,8 +15,8 @@ from actors.execution._messages import (
     Interrupt,
     LeaseLost,
     Resume,
-    Retire,
     SessionCommand,
+    Settled,
     Terminal,
     Wake,
     error_info,
@@ -44,13 +44,20 @@ class SessionActor(Actor):
     """
 
     def __init__(
-        self, session_id: str, hooks: ExecutionHooks, on_idle: Callable[[str, int], None]
+        self,
+        session_id: str,
+        hooks: ExecutionHooks,
+        on_idle: Callable[[str, ActorRef[SessionActor], int], None],
+        on_retire: Callable[[str, ActorRef[SessionActor]], None],
     ) -> None:
         self.session_id = session_id
         self._hooks = hooks
         self._on_idle = on_idle
-        #: Messages from the supervisor handled so far (it compares it with what it sent).
-        self._handled = 0
+        self._on_retire = on_retire
+        #: Wakes and resumes handled (each may start a busy period), and how many
+        #: of them the supervisor was last told this actor is idle after.
+        self._kicks = 0
+        self._reported = 0
         #: The session's pending input as the last read or promotion left it;
         #: None once any other command ran (nothing but commands writes it here).
         self.inbox: list[InboxItem] | None = None
@@ -76,27 +83,27 @@ class SessionActor(Actor):
     async def on_receive(self, message: object) -> Any:
         match message:
             case SessionCommand(run=run, keeps_inbox=keeps, own=own, reply=reply):
-                if own is not None:
-                    # The drain's command, in the drain's context (its lease fence).
-                    tokens = [var.set(value) for var, value in own.items()]
-                    try:
-                        if not reply.done():
-                            await self._command(run, keeps, reply)
-                    finally:
-                        for token in reversed(tokens):
-                            token.var.reset(token)
+                if reply.done():
+                    return None  # its asker gave up meanwhile
+                if own is None:
+                    await self._command(run, keeps, reply)
                     return None
+                # The drain's command, in the drain's context (its lease fence).
+                tokens = [var.set(value) for var, value in own.items()]
                 try:
-                    if not reply.done():  # its asker may have given up meanwhile
-                        await self._command(run, keeps, reply)
+                    await self._command(run, keeps, reply)
                 finally:
-                    self._handled += 1
+                    for token in reversed(tokens):
+                        token.var.reset(token)
+                return None
             case Wake(scope=scope):
+                self._kicks += 1
                 if self._busy is None:
                     _ = self._start(scope, force=False)
                 else:
                     self._pending = widest(self._pending, scope)
             case Resume(reply=reply):
+                self._kicks += 1
                 self._resume().add_done_callback(lambda terminal: _answer(reply, terminal))
             case Interrupt(reason=reason, reply=answer):
                 interrupted = self._interrupt(reason)
@@ -104,16 +111,25 @@ class SessionActor(Actor):
                     answer.set_result(interrupted)
             case LeaseLost():
                 self._lease_lost()
-            case Retire():
-                # Idle, and the supervisor sends nothing more: the last thing this does.
-                await self.actor_ref.stop()
+            case Settled():
+                pass  # the busy period ended: the mailbox may be drained now
             case _:
                 return await super().on_receive(message)
-        if not isinstance(message, SessionCommand):
-            self._handled += 1
-        if self._busy is None:
-            self._on_idle(self.session_id, self._handled)
+        self._report_idle()
         return None
+
+    def on_drained(self) -> bool:
+        """Retire once idle: an idle session costs no actor (a message makes a new one)."""
+        if self._busy is not None:
+            return False
+        self._on_retire(self.session_id, self.actor_ref)
+        return True
+
+    def _report_idle(self) -> None:
+        """Tell the supervisor this actor is idle, once per wake or resume it handled."""
+        if self._busy is None and self._kicks > self._reported:
+            self._reported = self._kicks
+            self._on_idle(self.session_id, self.actor_ref, self._kicks)
 
     async def _command(self, run: Run, keeps_inbox: bool, reply: asyncio.Future[Any]) -> None:
         if not keeps_inbox:
@@ -268,7 +284,9 @@ class SessionActor(Actor):
             self._pending, self._pending_force, self._successor = None, False, None
             _ = self._start(scope, force=force, terminal=successor)
             return
-        self._on_idle(self.session_id, self._handled)
+        self._report_idle()
+        if self.actor_ref.is_alive():
+            self.actor_ref.tell(Settled())  # so that an empty mailbox retires this actor
 
 
 class OwnActor:

@@ -1,15 +1,21 @@
-"""The supervisor: routes execution requests to session actors, retires idle ones.
+"""The supervisor: owns the session actors, keeps the books on busy periods.
+
+A session actor is made when a message for its session arrives and retires
+itself when it is idle with an empty mailbox (:meth:`SessionActor.on_drained`),
+so an idle session costs no actor. :class:`SessionActors` is the supervisor's
+directory of the live ones: commands reach a session actor through it
+directly (one hop, as a lock acquire would cost), while everything that
+starts, joins or stops a busy period goes through the supervisor's mailbox.
 
 It answers from its own books and never waits for a child inside a handler.
-For each live session actor it counts the messages it has sent it, notes the
-count at the last ``Wake`` or ``Resume`` (each starts or joins a busy period)
-and the count the actor last reported with ``Idle``. A session is *active*
-while a kick is newer than its last idle report: from the moment its wake is
-sent until it says it is idle after handling it, successors included. So
-``Active``, ``AwaitIdle``, an ``Interrupt`` of an idle session and
-``Shutdown`` are answered here, and a request only a session can answer
-(``Resume``, an ``Interrupt`` of an active one) is forwarded with its own
-reply future, which the session actor resolves.
+For each session with a busy period it counts the wakes and resumes it sent
+(each starts or joins one) and the count its actor last reported idle after
+(:class:`Idle`). A session is *active* while a kick is newer than its last
+idle report: from the moment its wake is sent until its actor says it is idle
+after handling it, successors included. So ``Active``, ``AwaitIdle``, an
+``Interrupt`` of an idle session and ``Shutdown`` are answered here, and a
+request only a session can answer (``Resume``, an ``Interrupt`` of an active
+one) is forwarded with its own reply future, which the session actor resolves.
 """
 
 from __future__ import annotations
@@ -22,31 +28,76 @@ import attrs
 from actors.execution._messages import (
     Active,
     AwaitIdle,
+    Children,
     ExecutionHooks,
     Idle,
     Interrupt,
     LeaseLost,
     Resume,
-    Retire,
-    SessionCommand,
     Shutdown,
     Terminal,
     Wake,
 )
 from actors.execution._session import SessionActor
 from actors.kit import Actor, ActorRef
+from protocol.errors import ServiceUnavailableError
+
+
+class SessionActors:
+    """The live session actors, at most one per session (bounded by the sessions
+    with a message on its way or a busy period: idle ones have retired).
+
+    Owned by the supervisor, which stops them all when it stops; its facade
+    sends commands through :meth:`ensure`. Everything here is synchronous and
+    runs on the loop, so a lookup and the message put after it cannot be
+    separated by a retirement.
+    """
+
+    def __init__(self, hooks: ExecutionHooks, supervisor: ActorRef[Supervisor]) -> None:
+        self._hooks = hooks
+        self._supervisor = supervisor
+        self._live: dict[str, ActorRef[SessionActor]] = {}
+        self._closed = False
+
+    def get(self, session_id: str) -> ActorRef[SessionActor] | None:
+        return self._live.get(session_id)
+
+    def ensure(self, session_id: str) -> ActorRef[SessionActor]:
+        """The session's live actor, made now if it has none."""
+        ref = self._live.get(session_id)
+        if ref is None or not ref.is_alive():  # (one stopped by a broken handler)
+            if self._closed:
+                raise ServiceUnavailableError("the runtime is not running", service="execution")
+            ref = self._live[session_id] = SessionActor.spawn(
+                session_id, self._hooks, self._idle, self._retired
+            )
+        return ref
+
+    def _idle(self, session_id: str, ref: ActorRef[SessionActor], kicks: int) -> None:
+        if self._supervisor.is_alive():
+            self._supervisor.tell(Idle(session_id=session_id, ref=ref, kicks=kicks))
+
+    def _retired(self, session_id: str, ref: ActorRef[SessionActor]) -> None:
+        if self._live.get(session_id) is ref:
+            del self._live[session_id]
+
+    async def close(self) -> None:
+        """Stop every live session actor (their busy periods are cancelled); no new ones."""
+        self._closed = True
+        while self._live:
+            _, ref = self._live.popitem()
+            await ref.stop()
 
 
 @attrs.define
-class _Child:
-    """The supervisor's books on one live session actor."""
+class _Books:
+    """The supervisor's books on one session with a busy period (or one on its way)."""
 
+    #: The actor the last kick went to; reports from any other are stale.
     ref: ActorRef[SessionActor]
-    #: Messages sent to it.
-    sent: int = 0
-    #: ``sent`` just after the last Wake or Resume: it is busy until it reports past it.
+    #: Wakes and resumes sent to ``ref``: it is busy until it reports past them.
     kicked: int = 0
-    #: ``received`` of its last Idle report.
+    #: ``kicks`` of its last Idle report.
     idle_at: int = 0
     #: AwaitIdle replies, answered when it is no longer active.
     idle_waiters: list[asyncio.Future[None]] = attrs.field(factory=list)
@@ -55,61 +106,64 @@ class _Child:
     def active(self) -> bool:
         return self.kicked > self.idle_at
 
-    def send(self, message: object) -> None:
-        self.sent += 1
-        self.ref.tell(message)
-
 
 class Supervisor(Actor):
-    """Routes execution requests to session actors; retires idle ones."""
+    """Owns the session actors; starts, joins and stops their busy periods."""
 
     def __init__(self, hooks: ExecutionHooks) -> None:
         self._hooks = hooks
-        self._children: dict[str, _Child] = {}
+        self._books: dict[str, _Books] = {}
         self._closed = False
         #: Shutdown replies, answered once no session is active.
         self._shutdowns: list[asyncio.Future[None]] = []
+        self._children: SessionActors | None = None
+
+    async def on_start(self) -> None:
+        self._children = SessionActors(self._hooks, self.actor_ref)
+
+    @property
+    def children(self) -> SessionActors:
+        assert self._children is not None, "made in on_start"
+        return self._children
 
     async def on_receive(self, message: object) -> Any:
         match message:
-            case SessionCommand(session_id=sid):
-                # A command may start a busy period (an admission's wake): it
-                # counts as a kick until the actor says it is idle after it.
-                self._kick(await self._child(sid), message)
             case Wake(session_id=sid) if not self._closed:
-                self._kick(await self._child(sid), message)
+                self._kick(sid, message)
             case Resume(session_id=sid, reply=reply):
                 if self._closed:
                     _resolve(reply, Terminal(kind="interrupted", reason="shutdown"))
                 else:
-                    self._kick(await self._child(sid), message)
+                    self._kick(sid, message)
             case Interrupt(session_id=sid, reply=reply):
-                child = self._children.get(sid)
-                if child is not None and child.active:
-                    child.send(message)
+                books = self._books.get(sid)
+                if books is not None and books.active and books.ref.is_alive():
+                    books.ref.tell(message)
                 elif reply is not None:
                     _resolve(reply, False)  # idle: nothing to interrupt
             case LeaseLost(session_id=sid):
-                child = self._children.get(sid)
-                if child is not None and child.active:
-                    child.send(message)
+                books = self._books.get(sid)
+                if books is not None and books.active and books.ref.is_alive():
+                    books.ref.tell(message)
             case AwaitIdle(session_id=sid, reply=reply):
-                child = self._children.get(sid)
-                if child is None or not child.active:
+                books = self._books.get(sid)
+                if books is None or not books.active:
                     _resolve(reply, None)
                 else:
-                    child.idle_waiters = [w for w in child.idle_waiters if not w.done()]
-                    child.idle_waiters.append(reply)
+                    books.idle_waiters = [w for w in books.idle_waiters if not w.done()]
+                    books.idle_waiters.append(reply)
             case Active():
-                return [sid for sid, child in self._children.items() if child.active]
-            case Idle(session_id=sid, received=received):
-                self._idle(sid, received)
+                return [sid for sid, books in self._books.items() if books.active]
+            case Idle(session_id=sid, ref=ref, kicks=kicks):
+                self._idle(sid, ref, kicks)
+            case Children():
+                return self.children
             case Shutdown(reply=reply):
                 self._closed = True
                 self._shutdowns.append(reply)
-                for sid, child in self._children.items():
-                    if child.active:
-                        child.send(Interrupt(session_id=sid, reason="shutdown"))
+                for sid, books in self._books.items():
+                    if books.active and books.ref.is_alive():
+                        books.ref.tell(Interrupt(session_id=sid, reason="shutdown"))
                 self._answer_shutdowns()
             case Wake():
                 pass  # closed: nothing new starts
@@ -117,57 +171,43 @@ class Supervisor(Actor):
                 return await super().on_receive(message)
         return None
 
-    async def _child(self, session_id: str) -> _Child:
-        child = self._children.get(session_id)
-        if child is None:
-            me = self.actor_ref
+    def _kick(self, session_id: str, message: Wake | Resume) -> None:
+        ref = self.children.ensure(session_id)
+        books = self._books.get(session_id)
+        if books is None:
+            books = self._books[session_id] = _Books(ref)
+        elif books.ref is not ref:
+            # Its actor retired (its idle report is still on its way): the new
+            # one inherits the waiters, which wait for this busy period too.
+            books.ref, books.kicked, books.idle_at = ref, 0, 0
+        books.kicked += 1
+        ref.tell(message)
 
-            def idle(sid: str, handled: int) -> None:
-                if me.is_alive():
-                    me.tell(Idle(session_id=sid, received=handled))
-
-            ref = await SessionActor.start(session_id, self._hooks, idle)
-            child = self._children[session_id] = _Child(ref)
-        return child
-
-    @staticmethod
-    def _kick(child: _Child, message: Wake | Resume | SessionCommand) -> None:
-        child.send(message)
-        child.kicked = child.sent
-
-    def _idle(self, session_id: str, received: int) -> None:
-        """A session said it is idle: answer its waiters, retire it if nothing is on its way.
-
-        Every message a session actor gets comes from here, so when it has
-        handled as many as were sent to it, nothing is in flight and it stays
-        idle; otherwise it reports again after handling the rest.
-        """
-        child = self._children.get(session_id)
-        if child is None:
-            return
-        child.idle_at = max(child.idle_at, received)
-        if child.active:
+    def _idle(self, session_id: str, ref: ActorRef[SessionActor], kicks: int) -> None:
+        """A session actor said it is idle: answer the waiters, close the books."""
+        books = self._books.get(session_id)
+        if books is None or books.ref is not ref:
+            return  # stale: from an actor that has retired since
+        books.idle_at = max(books.idle_at, kicks)
+        if books.active:
             return  # woken again since it said so
-        waiters, child.idle_waiters = child.idle_waiters, []
-        for waiter in waiters:
+        del self._books[session_id]
+        for waiter in books.idle_waiters:
             _resolve(waiter, None)
-        if child.sent == received:
-            del self._children[session_id]
-            child.ref.tell(Retire())
         self._answer_shutdowns()
 
     def _answer_shutdowns(self) -> None:
-        if self._shutdowns and not any(child.active for child in self._children.values()):
+        if self._shutdowns and not any(books.active for books in self._books.values()):
             replies, self._shutdowns = self._shutdowns, []
             for reply in replies:
                 _resolve(reply, None)
 
     async def on_stop(self) -> None:
         # Stopping is the owner's duty to its children, not a handler: wait for each.
-        children, self._children = list(self._children.values()), {}
-        for child in children:
-            await child.ref.stop()
-            for waiter in child.idle_waiters:
+        await self.children.close()
+        books, self._books = list(self._books.values()), {}
+        for entry in books:
+            for waiter in entry.idle_waiters:
                 _resolve(waiter, None)
         replies, self._shutdowns = self._shutdowns, []
         for reply in replies:

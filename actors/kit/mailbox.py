@@ -54,6 +54,12 @@ dedicated stop task which every ``stop()`` caller awaits through
 a handler that stops its own actor must not wait for itself (it is cancelled
 at that ``await`` instead, like any other handler in flight).
 
+An actor whose ``on_drained`` answers True stops itself as soon as its queue runs
+dry, in its drain task and without an ``await`` before the mailbox closes, so
+nothing put afterwards can be lost: it raises ``ActorDeadError`` and the sender
+makes a new actor (actors made on demand, one per session, which
+:meth:`Actor.spawn` starts without an ``await``).
+
 Cancellation subtleties
 -----------------------
 A ``CancelledError`` out of ``on_receive`` means two different things. If the
@@ -96,6 +102,8 @@ class Hooks(Protocol):
 
     async def on_failure(self, exc: Exception) -> None: ...
 
+    def on_drained(self) -> bool: ...
+
     async def on_receive(self, message: object) -> Any: ...
 
 
@@ -135,6 +143,9 @@ class _Stopped:
 
     async def on_failure(self, exc: Exception) -> None:
         raise RuntimeError("the actor has stopped")
+
+    def on_drained(self) -> bool:
+        return False
 
     async def on_receive(self, message: object) -> Any:
         raise RuntimeError("the actor has stopped")
@@ -213,6 +224,12 @@ class Mailbox:
                 self._drain_queue(), name=f"drain {self._name}", context=contextvars.Context()
             )
 
+    def open(self, *, register: Callable[[], None], unregister: Callable[[], None]) -> None:
+        """:meth:`start` for an actor without ``on_start``: accept messages at once."""
+        self._unregister = unregister
+        register()
+        self._state = _State.RUNNING
+
     async def stop(self) -> None:
         """Stop the actor (see the module docstring); idempotent, concurrent-safe."""
         self._check_loop()
@@ -243,6 +260,11 @@ class Mailbox:
                 if envelope.reply is not None and envelope.reply.done():
                     continue  # the asker timed out or was cancelled before we got here
                 await self._handle(envelope)
+            if self._state is _State.RUNNING and self._actor.on_drained():
+                # Stopping itself, empty: closed before anything else can be put.
+                self._begin_stop()
+                self._closer = self._drain  # a stop() meanwhile waits for this task
+                await self._finish()
         except asyncio.CancelledError:
             if self._state is _State.RUNNING:
                 # stop() flips the state before cancelling, so this is the loop shutting down
