@@ -483,7 +483,7 @@ def build_services(
             allow_scripts=config.import_scripts,
             leases=leases,
         ),
-        instructions=InstructionEntries(store),
+        instructions=InstructionEntries(store, actors),
         mcp=McpServers(
             config.mcp,
             secret_env=secret_env,

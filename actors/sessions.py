@@ -121,7 +121,7 @@ class Sessions:
         self._standalone: Standalone | None = None
         if owners is None:
             owners = self._standalone = Standalone()
-        self._owners = owners
+        self._owners = self.owners = owners
         self._blocking = blocking
         self._directories = directories or DirectoryRules()
         data_dir = self._directories.data_dir
@@ -170,8 +170,12 @@ class Sessions:
             location=Location(directory=directory),
             metadata=request.metadata,
         )
-        try:
+
+        async def create(_: Writer) -> None:
             await self._store.append(Command.of(event, expected={session_id: 0}))
+
+        try:
+            await self._owners.command(session_id, create)
         except AppendConflictError:
             # A concurrent create of the same id won: adopt it. If no session
             # is projected the id belonged to a deleted session and is spent.
@@ -299,8 +303,12 @@ class Sessions:
             Command.of(forked, title, expected={child: 0}),
             entries=tuple(EntryWrite(session_id=child, key=k, value=v) for k, v in entries),
         )
-        try:
+
+        async def fork(_: Writer) -> None:
             await self._store.append(command)
+
+        try:
+            await self._owners.command(child, fork)  # the new session's first event
         except ProjectionConflict as exc:
             if exc.reason == "fork.source-missing":
                 # The parent (or the boundary message) went between the read and the append.

@@ -224,8 +224,13 @@ class Shells:
                 return shell_id  # an exact retry: the first start stands
         sid = shell_id or ids.message_id()
         info = ShellInfo(id=sid, command=command, time_started=_now())
+        started = ev.ShellStarted(session_id=session.id, shell=info)
+
+        async def start(_: Writer) -> None:
+            await self._store.append(Command.of(started))
+
         try:
-            await self._store.append(Command.of(ev.ShellStarted(session_id=session.id, shell=info)))
+            await self._owners.command(session.id, start)
         except ProjectionConflict as exc:
             if exc.reason == "session.missing":
                 raise SessionNotFoundError(session.id) from None
@@ -407,17 +412,18 @@ class Shells:
         assert proc.stdin is not None
         group = await self._bound_on(identify, proc.pid)
         if group is not None:  # None: no /proc to name it by (not Linux)
-            await self._store.append(
-                Command.of(
-                    ev.ShellSpawned(
-                        session_id=session_id,
-                        shell_id=shell_id,
-                        pgid=group.pgid,
-                        start_ticks=group.start_ticks,
-                        boot_id=group.boot_id,
-                    )
-                )
+            spawned = ev.ShellSpawned(
+                session_id=session_id,
+                shell_id=shell_id,
+                pgid=group.pgid,
+                start_ticks=group.start_ticks,
+                boot_id=group.boot_id,
             )
+
+            async def spawn(_: Writer) -> None:
+                await self._store.append(Command.of(spawned))
+
+            await self._owners.command(session_id, spawn)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             proc.stdin.write(GATE_OPEN)
             await proc.stdin.drain()
