@@ -45,12 +45,8 @@ from typing import Self
 
 import attrs
 
-from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
-from actors.execution import Execution, Own, Terminal
-from actors.execution.drain import Drain, InstructionSource
 from actors.generate import Generator
 from actors.host_messages import HostBus, HostMessage
-from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import Instructions, project_config_disabled
 from actors.instructions.nearby import NearbyInstructions
 from actors.lease_keeper import LeaseKeeper
@@ -63,9 +59,14 @@ from actors.llm import (
 from actors.mcp import McpServerConfig
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
 from actors.services import Services, build_services, terminal_of
-from actors.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
-from actors.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
+from actors.session import Own, Terminal
+from actors.session.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
+from actors.session.drain import Drain, InstructionSource
+from actors.session.inbox import Scope, control_head, select_promotable
+from actors.session.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
+from actors.session.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
 from actors.subagents import DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH
+from actors.supervisor import Execution
 from actors.tools import (
     DEFAULT_BASH_TIMEOUT_S,
     DEFAULT_MAX_BYTES,
@@ -644,7 +645,7 @@ class Runtime:
 
     async def interrupt(self, session_id: str, *, resume: bool = False) -> bool:
         """Interrupt the session's execution as the user, on whichever host runs it
-        (:mod:`actors.interrupts`); never deletes input. True when one stopped.
+        (:mod:`actors.session.interrupts`); never deletes input. True when one stopped.
 
         With ``resume``, the session is woken again at steer scope when its next
         promotable input is a steer or a control item (queued prompts stay parked).

@@ -3,7 +3,7 @@
 :func:`build_services` makes every service of a runtime from its config and
 its store, in dependency order, and returns them as one :class:`Services`
 record. A part receives the services it uses, or a narrow Protocol one of
-them satisfies (a :class:`~actors.inbox.Doorbell`, a
+them satisfies (a :class:`~actors.session.inbox.Doorbell`, a
 :class:`~actors.lease_keeper.LeaseLoss` …), at construction; nothing is wired
 afterwards and no part holds a method of the :class:`~actors.runtime.Runtime`.
 
@@ -25,22 +25,23 @@ import attrs
 
 from actors.agents import AgentCatalogs
 from actors.event_bus import EventBus
-from actors.execution import Execution, ExecutionHooks, Terminal, widest
 from actors.host_messages import HostBus, HostMessage, LocalHostBus, NotifyHostBus
-from actors.inbox import AdmissionGate, Scope
 from actors.instructions import InstructionEntries
-from actors.interrupts import UNHELD, RemoteInterrupts
 from actors.kit import BlockingExecutor
 from actors.lease_keeper import LeaseKeeper
 from actors.llm import HttpProvider, ProviderRegistry, build_providers
 from actors.locations import DirectoryRules
 from actors.mcp import McpServers
 from actors.permissions import PermissionWaiters
-from actors.revert import Reverts
+from actors.session import ExecutionHooks, Terminal, widest
+from actors.session.inbox import AdmissionGate, Scope
+from actors.session.interrupts import UNHELD, RemoteInterrupts
+from actors.session.revert import Reverts
+from actors.session.shells import Environments, Shells
 from actors.sessions import Sessions
-from actors.shells import Environments, Shells
 from actors.snapshots import Snapshots
 from actors.subagents import Subagents
+from actors.supervisor import Execution
 from actors.tools import OutputBounding, ToolActors, ToolRegistry, builtin_tools
 from actors.tools.builtin import BashTool
 from actors.transfer import SessionTransfer
@@ -114,7 +115,7 @@ class HostExecution:
     # -- what the other parts call ----------------------------------------------------------------
 
     def wake(self, session_id: str, scope: Scope) -> None:
-        """The :class:`~actors.inbox.Doorbell` of the sessions."""
+        """The :class:`~actors.session.inbox.Doorbell` of the sessions."""
         if self._closing:
             # Nothing new starts here any more: another host gets it at the end.
             self._refused[session_id] = widest(self._refused.get(session_id), scope)
@@ -139,7 +140,7 @@ class HostExecution:
         task.add_done_callback(self._tasks.discard)
 
     async def locate(self, session_id: str) -> str | None:
-        """Where a session runs, for :mod:`actors.interrupts`: another host's id,
+        """Where a session runs, for :mod:`actors.session.interrupts`: another host's id,
         UNHELD (claimed, no other host's live lease), or None (not claimed).
 
         One read: a lease is taken with its claim and released with its end, so

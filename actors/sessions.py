@@ -1,7 +1,7 @@
 """The in-process session facade: every session operation, keyed by id.
 
 This is what the HTTP server and an embedding program call. It owns the
-admission policy (through :class:`~actors.inbox.Inbox`), the session
+admission policy (through :class:`~actors.session.inbox.Inbox`), the session
 lifecycle events and the projection reads; it does not run anything itself:
 scheduling is the ``wake`` hook's job (the execution supervisor provides it).
 
@@ -26,10 +26,10 @@ import orjson
 
 from actors.agents import AgentCatalogs
 from actors.attachments import Withheld
-from actors.execution import Standalone
-from actors.inbox import Blocking, Doorbell, Inbox, Owners, RevertCommits, Scope, Writer
 from actors.locations import DirectoryRules
 from actors.permissions import PermissionWaiters
+from actors.session.inbox import Blocking, Doorbell, Inbox, Owners, RevertCommits, Scope, Writer
+from actors.supervisor import Standalone
 from protocol import events as ev
 from protocol import ids
 from protocol.cursor import (

@@ -27,9 +27,9 @@ from typing import Any, Final
 import attrs
 
 from actors.collector import collector_paused
-from actors.inbox import Blocking, Writer
 from actors.lease_keeper import LeaseKeeper
 from actors.locations import DirectoryRules
+from actors.session.inbox import Blocking, Writer
 from actors.sessions import Sessions
 from protocol import codec, ids
 from protocol import events as ev

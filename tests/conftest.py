@@ -19,7 +19,7 @@ import pytest
 from hypothesis import settings
 from loop_watch import SlowCallbacks
 
-from actors.inbox import Scope
+from actors.session.inbox import Scope
 from actors.sessions import Sessions
 from storage import SQLiteStore, is_server_url
 

@@ -32,7 +32,7 @@ from protocol.shapes import InstructionEntry
 from storage import Command, EntryWrite, Store
 
 if TYPE_CHECKING:
-    from actors.inbox import Owners, Writer
+    from actors.session.inbox import Owners, Writer
 
 __all__ = ["MAX_ENTRIES", "MAX_TOTAL_BYTES", "InstructionEntries"]
 

@@ -15,8 +15,9 @@ import pytest
 from loop_turns import quiesce
 
 from actors import ActorRegistry
-from actors.execution import Execution, Own, SessionActor, Terminal
-from actors.inbox import Scope
+from actors.session import Own, SessionActor, Terminal
+from actors.session.inbox import Scope
+from actors.supervisor import Execution
 
 
 @attrs.define

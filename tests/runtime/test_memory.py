@@ -8,8 +8,8 @@ from pathlib import Path
 
 import attrs
 
-from actors.history import ChatCache, to_chat
 from actors.runtime import Runtime, RuntimeConfig
+from actors.session.history import ChatCache, to_chat
 from protocol.lru import ENTRY_OVERHEAD, PREFIX_TRIES, ByteLRU, reused_prefix
 from protocol.requests import PromptInput
 from protocol.shapes import AssistantMessage, MessageTime, TextPart, UserMessage

@@ -12,9 +12,10 @@ import pytest
 from loop_turns import quiesce
 
 from actors import ActorRegistry
-from actors.execution import SessionActor, Standalone
-from actors.inbox import AdmissionGate, Writer
+from actors.session import SessionActor
+from actors.session.inbox import AdmissionGate, Writer
 from actors.sessions import Sessions
+from actors.supervisor import Standalone
 from protocol import events as ev
 from protocol.errors import ConflictError, ServiceUnavailableError
 from protocol.requests import PromptInput

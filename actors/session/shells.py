@@ -52,7 +52,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
-from actors.inbox import Owners, Writer
+from actors.session.inbox import Owners, Writer
 from actors.tools import OutputBounding, ToolResult, text_item, tool_environment
 from actors.tools._process import GATE, GATE_OPEN, ProcessGroup, identify, kill_stale
 from actors.tools._spill import SpillingOutput

@@ -9,7 +9,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from actors.execution._messages import (
+from actors.kit import Actor, ActorDeadError, ActorRef
+from actors.session.inbox import Run, Scope
+from actors.session.messages import (
     SUCCEEDED,
     ExecutionHooks,
     Interrupt,
@@ -22,14 +24,12 @@ from actors.execution._messages import (
     error_info,
     widest,
 )
-from actors.inbox import Run, Scope
-from actors.kit import Actor, ActorDeadError, ActorRef
 from protocol.errors import ServiceUnavailableError
 from protocol.events import InterruptReason
 from protocol.shapes import InboxItem
 from storage import FencedError, LeaseHeldError, StorageBrokenError
 
-log = logging.getLogger("actors.execution")
+log = logging.getLogger("actors.session")
 
 
 class SessionActor(Actor):

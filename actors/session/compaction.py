@@ -68,7 +68,7 @@ from actors.llm import (
     TextContent,
     Usage,
 )
-from actors.step import step_tokens
+from actors.session.step import step_tokens
 from protocol import events as ev
 from protocol.shapes import (
     AssistantMessage,

@@ -14,7 +14,7 @@ A drain (called by the session's busy period) works like this:
    input pending. Then read the session's agent and model (a switch applies
    from the next step on) and reload the projected history. Promotion that
    delivers input resets the step allowance.
-3. Run the step (:mod:`actors.step`). If it needs a continuation (the model
+3. Run the step (:mod:`actors.session.step`). If it needs a continuation (the model
    called tools), loop: the continuation is a new step built from history,
    never an in-memory tool loop. Otherwise go back to the idle boundary, where
    the next queued item (if the drain's scope allows) starts a new turn.
@@ -31,11 +31,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from actors.agents import Agent, AgentCatalogs
-from actors.compaction import CompactionSettings, Compactor
 from actors.event_bus import EventBus
-from actors.execution._messages import Own
-from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
-from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions.nearby import NearbyInstructions
 from actors.kit import BlockingExecutor
 from actors.llm import (
@@ -47,10 +43,14 @@ from actors.llm import (
 )
 from actors.permissions import PermissionWaiters
 from actors.reaper import kill_recorded, stale_failure
+from actors.session.compaction import CompactionSettings, Compactor
+from actors.session.history import CHAT_CACHE_BYTES, ChatCache, to_chat
+from actors.session.inbox import Scope, control_head, select_promotable
+from actors.session.messages import Own
+from actors.session.shells import Environments
+from actors.session.step import StepRunner, retry_policy
 from actors.sessions import Sessions
-from actors.shells import Environments
 from actors.snapshots import Snapshots
-from actors.step import StepRunner, retry_policy
 from actors.tools import ToolExecutor, ToolRegistry, ToolSpec
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, SessionNotFoundError

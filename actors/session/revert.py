@@ -60,8 +60,8 @@ from typing import Final
 
 import orjson
 
-from actors.inbox import Doorbell, Owners, Writer
 from actors.kit import finish
+from actors.session.inbox import Doorbell, Owners, Writer
 from actors.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
 from protocol import codec, ids
 from protocol import events as ev

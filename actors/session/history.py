@@ -21,7 +21,6 @@ from typing import Final
 import attrs
 import orjson
 
-from actors.compaction import render
 from actors.llm import (
     ChatMessage,
     ContentPart,
@@ -32,7 +31,8 @@ from actors.llm import (
     ToolCallContent,
     ToolResultContent,
 )
-from actors.tool_calls import HOSTED
+from actors.session.compaction import render
+from actors.session.tool_calls import HOSTED
 from protocol.lru import ByteLRU, reused_prefix
 from protocol.shapes import (
     AssistantMessage,

@@ -1,4 +1,4 @@
-"""Execution: who runs a session's drains, when, and how a busy period ends.
+"""The session actor: who runs a session's drains, when, and how a busy period ends.
 
 A **busy period** is one execution of a session: it starts (``started``: the
 durable ``session.execution.started`` with its write-ahead claim), runs one or
@@ -45,13 +45,16 @@ shell notice, permission reply, agent/model/title change, deletion) is a
 (:mod:`.drain`, the busy period's child task) asks it for each boundary's
 read and promotion. An actor lives while it has a command or a busy period.
 
-Modules: :mod:`._messages` (terminals, hooks, messages), :mod:`._session`
-(the session actor), :mod:`._supervisor`, :mod:`._facade` (:class:`Execution`,
-:class:`Standalone`), :mod:`.drain` (what a busy period runs).
+Modules: :mod:`.messages` (terminals, hooks, messages), :mod:`.actor` (the
+session actor), :mod:`.drain` (what a busy period runs) and what only the
+session actor and its drain call: :mod:`.inbox` (admission and the delivery
+rules), :mod:`.step`, :mod:`.tool_calls`, :mod:`.compaction`, :mod:`.history`,
+:mod:`.revert`, :mod:`.shells`, :mod:`.interrupts`. The supervisor and the
+facade (:class:`~actors.supervisor.Execution`) are :mod:`actors.supervisor`.
 """
 
-from actors.execution._facade import Execution, Standalone
-from actors.execution._messages import (
+from actors.session.actor import SessionActor
+from actors.session.messages import (
     ExecutionHooks,
     Own,
     SessionCommand,
@@ -59,17 +62,12 @@ from actors.execution._messages import (
     error_info,
     widest,
 )
-from actors.execution._session import SessionActor
-from actors.execution._supervisor import Supervisor
 
 __all__ = [
-    "Execution",
     "ExecutionHooks",
     "Own",
     "SessionActor",
     "SessionCommand",
-    "Standalone",
-    "Supervisor",
     "Terminal",
     "error_info",
     "widest",

@@ -8,7 +8,7 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from actors.inbox import Run, Scope
+from actors.session.inbox import Run, Scope
 from protocol.events import ErrorInfo, InterruptReason
 
 
