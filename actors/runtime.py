@@ -146,7 +146,7 @@ class RuntimeConfig:
     #: Where sessions created without a location live (default: the cwd).
     default_directory: str | None = attrs.field(default=None, converter=_absolute_or_none)
     #: Directories a session may live in although the rules refuse them
-    #: (``/``, the data directory): see :mod:`actors.locations`.
+    #: (``/``, the data directory): see :mod:`actors.files.locations`.
     allow_directories: tuple[str, ...] = attrs.field(default=(), converter=_absolute_all)
     #: Environment variables no tool subprocess inherits, besides the built-in
     #: rule (password, ``*_API_KEY``, ``*TOKEN*`` …): see ``actors.tools.tool_environment``.

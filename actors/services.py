@@ -25,12 +25,13 @@ import attrs
 
 from actors.agents import AgentCatalogs
 from actors.event_bus import EventBus
+from actors.files.locations import DirectoryRules
+from actors.files.snapshots import Snapshots
 from actors.host_messages import HostBus, HostMessage, LocalHostBus, NotifyHostBus
 from actors.instructions import InstructionEntries
 from actors.kit import BlockingExecutor
 from actors.lease_keeper import LeaseKeeper
 from actors.llm import HttpProvider, ProviderRegistry, build_providers
-from actors.locations import DirectoryRules
 from actors.mcp import McpServers
 from actors.permissions import PermissionWaiters
 from actors.session import ExecutionHooks, Terminal, widest
@@ -39,7 +40,6 @@ from actors.session.interrupts import UNHELD, RemoteInterrupts
 from actors.session.revert import Reverts
 from actors.session.shells import Environments, Shells
 from actors.sessions import Sessions
-from actors.snapshots import Snapshots
 from actors.subagents import Subagents
 from actors.supervisor import Execution
 from actors.tools import OutputBounding, ToolActors, ToolRegistry, builtin_tools

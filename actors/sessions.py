@@ -26,7 +26,7 @@ import orjson
 
 from actors.agents import AgentCatalogs
 from actors.attachments import Withheld
-from actors.locations import DirectoryRules
+from actors.files.locations import DirectoryRules
 from actors.permissions import PermissionWaiters
 from actors.session.inbox import Blocking, Doorbell, Inbox, Owners, RevertCommits, Scope, Writer
 from actors.supervisor import Standalone

@@ -27,8 +27,8 @@ from typing import Any, Final
 import attrs
 
 from actors.collector import collector_paused
+from actors.files.locations import DirectoryRules
 from actors.lease_keeper import LeaseKeeper
-from actors.locations import DirectoryRules
 from actors.session.inbox import Blocking, Writer
 from actors.sessions import Sessions
 from protocol import codec, ids

@@ -32,6 +32,7 @@ from typing import Any, Final, Protocol
 
 from actors.agents import Agent, AgentCatalogs
 from actors.event_bus import EventBus
+from actors.files.snapshots import Snapshots
 from actors.instructions.nearby import NearbyInstructions
 from actors.kit import BlockingExecutor
 from actors.llm import (
@@ -50,7 +51,6 @@ from actors.session.messages import Own
 from actors.session.shells import Environments
 from actors.session.step import StepRunner, retry_policy
 from actors.sessions import Sessions
-from actors.snapshots import Snapshots
 from actors.tools import ToolExecutor, ToolRegistry, ToolSpec
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, SessionNotFoundError

@@ -25,14 +25,14 @@ or clear touches a file, an intent (the revert, the restores it makes, and
 the tree the files are in just before: the undo) is written durably to
 ``<data>/revert/<session>.json``; then the files are restored; only then is
 the event recorded, and last the intent is removed. A restore that is
-refused (:class:`~actors.snapshots.RestoreRefused`: a path would lead outside
+refused (:class:`~actors.files.snapshots.RestoreRefused`: a path would lead outside
 the directory, a directory holds files no step wrote) leaves the files as
 they were, answers a 409 and records nothing. :meth:`Reverts.recover` (at
 start) finishes every intent it finds whose event is in the log (restoring
 is idempotent: the same trees, the same paths) and puts the files of the
 others back to their undo tree. Staging over a staged revert first clears
 it, as its own durable step. The restore itself is confined path by path
-(:mod:`actors.confined`).
+(:mod:`actors.files.confined`).
 
 A test hook stops a revert at a chosen point so a test can SIGKILL the real
 server there (tests/durability/test_revert_crash.py). It is inert unless the
@@ -60,9 +60,9 @@ from typing import Final
 
 import orjson
 
+from actors.files.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
 from actors.kit import finish
 from actors.session.inbox import Doorbell, Owners, Writer
-from actors.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
 from protocol import codec, ids
 from protocol import events as ev
 from protocol.cursor import MessageAnchor

@@ -70,6 +70,7 @@ import attrs
 
 from actors.agents import Agent
 from actors.event_bus import EventBus
+from actors.files.snapshots import WRITING_TOOLS, Recorded, Snapshots, StepWrites
 from actors.instructions.nearby import NearbyInstructions
 from actors.kit import finish
 from actors.llm import (
@@ -97,7 +98,6 @@ from actors.llm import (
 from actors.permissions import PermissionWaiters
 from actors.session.shells import Environments
 from actors.session.tool_calls import Blocking, ToolCalls
-from actors.snapshots import WRITING_TOOLS, Recorded, Snapshots, StepWrites
 from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids

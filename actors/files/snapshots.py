@@ -11,7 +11,7 @@ data, so a snapshot after a step that changed a few files re-hashes only
 those; ``scripts/bench_snapshot.py`` measures it.
 
 A full ``git add --all`` still stats every file (about a ``git status``), and
-a bash step would need two. So each tree also has a :class:`~actors.watch.TreeWatch`
+a bash step would need two. So each tree also has a :class:`~actors.files.watch.TreeWatch`
 (inotify) that lists the paths changed since the index was last brought up to
 date; git is then told only those (``git add --all -- <paths>``), and a step
 that changed nothing runs no git at all. The watch is a shortcut, never the
@@ -51,9 +51,9 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from actors.confined import ConfinedDir, Entry, Kind, Refused, apply_entries, check_entries
-from actors.snapshot_blobs import BlobError, BlobReader
-from actors.watch import MAX_DIRTY, MAX_WATCHES, TreeWatch, collapse, open_watch
+from actors.files.confined import ConfinedDir, Entry, Kind, Refused, apply_entries, check_entries
+from actors.files.snapshot_blobs import BlobError, BlobReader
+from actors.files.watch import MAX_DIRTY, MAX_WATCHES, TreeWatch, collapse, open_watch
 from protocol.shapes import FileDiff
 
 __all__ = [
@@ -259,7 +259,7 @@ class Snapshots:
         """Make each path of ``restores`` (tree, paths) what it is in its tree, bytes and mode.
 
         A path its tree does not have is deleted. Every file operation is
-        confined to ``directory`` when it is made (:mod:`actors.confined`):
+        confined to ``directory`` when it is made (:mod:`actors.files.confined`):
         nothing is followed through a symlink, the data dir is never touched,
         symlinks are made last. A plan that cannot be carried out whole is
         refused (:class:`RestoreRefused`) before anything changes; one refused
