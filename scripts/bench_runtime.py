@@ -88,7 +88,6 @@ import attrs
 from _benchlib import report_main, target_lines
 
 from actors import ActorRegistry
-from actors.execution import SessionActor
 from actors.llm import (
     SCRIPTED_PROVIDER_ID,
     Finish,
@@ -100,6 +99,7 @@ from actors.llm import (
     TextStart,
 )
 from actors.runtime import Runtime, RuntimeConfig
+from actors.session import SessionActor
 from protocol import events as ev
 from protocol import ids
 from protocol.requests import PromptInput

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from actors.inbox import control_head
+from actors.session.inbox import control_head
 from actors.sessions import Sessions
 from protocol import DomainError, Location, ModelRef, SessionQuery
 from protocol import events as ev
