@@ -75,8 +75,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         or metafunc.definition.get_closest_marker("postgresql")
     ):
         return
-    parts = metafunc.definition.path.resolve().relative_to(TESTS).parts
-    if parts[0] not in BOTH_BACKENDS:
+    path = metafunc.definition.path.resolve()
+    if not path.is_relative_to(TESTS) or path.relative_to(TESTS).parts[0] not in BOTH_BACKENDS:
         return
     metafunc.parametrize(
         "backend",
