@@ -21,6 +21,8 @@ CONSOLE_MARKS: Final = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium"),
     pytest.mark.timeout(120),
     pytest.mark.slow,  # a browser's pages: started first
+    # On the loop of the process's one browser (tests/console/conftest.py).
+    pytest.mark.asyncio(loop_scope="session"),
 ]
 
 

@@ -14,8 +14,16 @@ changed any of that leaves it to be dropped. Every database the process made
 is dropped at the end of the session (:func:`drop_all`). An unreachable server
 skips the test with the reason; CI machines have one, so there it runs.
 
-``SESSIONRT_TEST_DATABASE=postgresql`` makes the shared ``store`` fixture (and
-everything built on it) use PostgreSQL instead of a SQLite file.
+Every database made here commits without waiting for its WAL flush
+(``synchronous_commit = off``, a setting of the database): a commit still
+happens whole and in order, and is seen by every later statement and
+connection; only a crash of the PostgreSQL server itself could lose the last
+ones, which no test does. A flushed commit cost 3 to 6 ms on CI, 0.5 ms so.
+
+Which backend a test's log is on (:func:`on_postgres`): the ``backend``
+fixture's (tests/conftest.py: the runtime, sessions and shell tests run once
+per backend), else ``SESSIONRT_TEST_DATABASE=postgresql`` puts the shared
+``store`` fixture (and everything built on it) on PostgreSQL for the whole run.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
 import pytest
@@ -37,6 +45,8 @@ _template_catalog: str | None = None
 _free: list[str] = []
 #: Every database this process made and has not dropped yet.
 _made: list[str] = []
+#: The backend of the test running in this process, set by the ``backend`` fixture.
+_current: str | None = None
 
 #: What a test could change beyond rows: relations and their columns, functions,
 #: extensions, schemas, per-database settings and the schema version.
@@ -69,9 +79,27 @@ SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
 """
 
 
-def on_postgres() -> bool:
-    """True when the suite's second pass runs the log on PostgreSQL."""
+def everything_on_postgres() -> bool:
+    """True when ``SESSIONRT_TEST_DATABASE=postgresql`` puts the whole run's log on PostgreSQL."""
     return os.environ.get("SESSIONRT_TEST_DATABASE", "").startswith("postgres")
+
+
+def on_postgres() -> bool:
+    """True when the running test's log is on PostgreSQL (see :func:`using`)."""
+    if _current is not None:
+        return _current == "postgresql"
+    return everything_on_postgres()
+
+
+@contextlib.contextmanager
+def using(backend: str) -> Iterator[None]:
+    """The running test's backend (``"sqlite"`` or ``"postgresql"``) while inside."""
+    global _current
+    previous, _current = _current, backend
+    try:
+        yield
+    finally:
+        _current = previous
 
 
 def _worker() -> str:
@@ -102,6 +130,7 @@ async def _ensure_template() -> str:
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
         await admin.execute(f'CREATE DATABASE "{name}"')
+        await admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
     finally:
         await admin.close()
     _made.append(name)  # dropped at the end even if migrating it fails
@@ -147,6 +176,8 @@ async def new_database(*, migrated: bool = True) -> str:
     admin = await _admin()
     try:
         await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        # A database's settings are not copied with it: the same as the template's.
+        await admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
     finally:
         await admin.close()
     _made.append(name)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from serve_proc import serving
 
 pytest.importorskip("playwright")
@@ -26,7 +27,7 @@ SLOW_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
 SLOW = f"#reasoning thinking first\n#delay 60\n#chunk 2\n#text {SLOW_TEXT.strip()}"
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="session")  # the browser's loop
 async def url(tmp_path: Path) -> AsyncIterator[str]:
     env = {**os.environ, "SESSIONRT_SERVER_PASSWORD": PASSWORD}
     async with serving(tmp_path / "data", env=env, cwd=tmp_path) as served:
@@ -268,7 +269,7 @@ async def test_a_long_session_opens_at_its_end_and_loads_earlier_messages(
 ASKER = '[agents.asker.permissions]\nbash = "ask"\n'
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="session")  # the browser's loop
 async def asker_url(tmp_path: Path) -> AsyncIterator[str]:
     data = tmp_path / "data"
     data.mkdir(mode=0o700)

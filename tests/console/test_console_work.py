@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from serve_proc import serving
 
 pytest.importorskip("playwright")
@@ -37,7 +38,7 @@ def work(tmp_path: Path) -> Path:
     return work
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="session")  # the browser's loop
 async def url(tmp_path: Path, work: Path) -> AsyncIterator[str]:
     env = {**os.environ, "SESSIONRT_SERVER_PASSWORD": PASSWORD}
     async with serving(tmp_path / "data", env=env, cwd=work) as served:

@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from pgdb import on_postgres, stored_and_rebuilt
+from pgdb import stored_and_rebuilt
 
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import DomainError
@@ -289,12 +289,24 @@ class DeliveryMachine(RuleBasedStateMachine):
         assert stored == rebuilt
 
 
-DeliveryMachine.TestCase.settings = settings(
-    # The rules are the runtime's; the backend only stores them. The PostgreSQL pass
-    # runs fewer sequences (each takes longer there) to check the log replays the same.
-    max_examples=6 if on_postgres() else 12,
-    stateful_step_count=12,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+def _settings(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        stateful_step_count=12,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+class DeliveryMachineOnPostgresql(DeliveryMachine):
+    """The same machine with the log on PostgreSQL (the ``postgresql`` mark)."""
+
+
+DeliveryMachine.TestCase.settings = _settings(12)
+# The rules are the runtime's; the backend only stores them. PostgreSQL runs fewer
+# sequences (each takes longer there) to check the log replays the same.
+DeliveryMachineOnPostgresql.TestCase.settings = _settings(6)
 TestDeliveryRules = pytest.mark.slow(DeliveryMachine.TestCase)
+TestDeliveryRulesOnPostgresql = pytest.mark.postgresql(
+    pytest.mark.slow(DeliveryMachineOnPostgresql.TestCase)
+)

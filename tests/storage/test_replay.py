@@ -46,8 +46,10 @@ from storage.postgres.rebuild import rebuild_projections as rebuild_projections_
 pick = st.integers(min_value=0, max_value=50)
 # PostgreSQL refuses NUL in text (tests/storage/test_pg_writer.py shows the
 # command refused alone); the replay property is about everything else, so its
-# PostgreSQL run draws text without it.
-_NO_NUL = st.characters(blacklist_characters="\x00")
+# PostgreSQL run draws text without it. And, like st.text()'s default for the
+# SQLite run, only what UTF-8 can encode: no lone surrogate (no JSON request
+# carries one; the codec refuses it, which failed an example here at random).
+_NO_NUL = st.characters(codec="utf-8", exclude_characters="\x00")
 delivery = st.sampled_from(["steer", "queue"])
 fixed_ids = st.sampled_from(["msg_a", "msg_b", "msg_c", None, None])
 
