@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import tracemalloc
 from pathlib import Path
 
 import attrs
@@ -187,3 +188,23 @@ async def test_a_history_heavier_than_its_cache_is_kept_and_then_read_only_where
         first = [h.order[0] for h in kept]  # type: ignore[attr-defined]
         assert all(m is first[0] for m in first)
         assert await rt.sessions.context(session.id) == await queries.full_context(session.id)
+
+
+async def test_a_prompts_text_is_held_once_after_its_step(tmp_path: Path, workdir: Path) -> None:
+    """Decoded, projected, cached, converted for the model: after the steps, each
+    prompt's megabyte is one block in memory (the caches share the decoded text)."""
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(workdir))
+    async with Runtime(config) as rt:
+        session = await rt.sessions.create()
+        await rt.sessions.prompt(session.id, PromptInput(text="warm-up"))
+        await rt.execution.wait_idle(session.id)
+        tracemalloc.start()
+        try:
+            for i in range(4):
+                await rt.sessions.prompt(session.id, PromptInput(text=f"{i:04d}" + "x" * PROMPT))
+                await rt.execution.wait_idle(session.id)
+            gc.collect()
+            large = [t for t in tracemalloc.take_snapshot().traces if t.size >= PROMPT // 2]
+        finally:
+            tracemalloc.stop()
+        assert len(large) == 4, [str(t.traceback) for t in large]
