@@ -22,11 +22,16 @@ class _Node:
 @pytest.fixture(autouse=True)
 def _nothing_frozen() -> Iterator[None]:
     """Each test starts with nothing frozen (the suite freezes what collection made:
-    tests/conftest.py) and leaves the suite's state as it found it."""
+    tests/conftest.py) and leaves the suite's state as it found it. Only the
+    tests' own ``gc.collect()`` calls run passes, so each pass is one they chose."""
     gc.unfreeze()
-    yield
-    gc.collect()
-    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
+        gc.freeze()
 
 
 def test_what_survives_a_full_pass_is_frozen_and_the_next_pass_walks_only_what_came_since() -> None:
