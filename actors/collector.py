@@ -28,8 +28,9 @@ everything is given back to the collector (``gc.unfreeze()``) for its next
 full pass, which walks it all once and frees any such cycle. That long pass is
 what every full pass used to be; it now comes once per million objects frozen
 or so (with 100 sessions stepping a full pass keeps 5,000 to 25,000: one long
-pass in 40 to 200), not every time the oldest generation grew by a quarter. The runtime makes no cycles per turn
-(``tests/runtime/test_memory.py``), so what it frees is little.
+pass in 40 to 200), not every time the oldest generation grew by a quarter.
+The runtime makes no cycles per turn (``tests/runtime/test_memory.py``), so
+what it frees is little.
 """
 
 from __future__ import annotations
