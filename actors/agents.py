@@ -64,7 +64,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from actors.confine import PROJECT_CONFIG_DIR
+from actors.files.confine import PROJECT_CONFIG_DIR
 from actors.tools._permission import Rule, narrow, validate_rule
 from protocol import codec
 from protocol.errors import InvalidRequestError

@@ -5,7 +5,7 @@ An attachment is inline base64 (``data`` or a ``data:…;base64,`` URL) or a
 see even if the file changes later.
 
 A ``file:`` URL may only name a regular file inside the session's directory,
-by the same rule as the file tools (:mod:`actors.confine`: ``..`` and
+by the same rule as the file tools (:mod:`actors.files.confine`: ``..`` and
 symlinks are judged by where they really lead), from any client, local or
 remote. The server's own files (the data directory, the database and its
 companions) are :class:`Withheld` even when they lie inside that directory.
@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import attrs
 
-from actors.confine import PathRefused, confined, inside
+from actors.files.confine import PathRefused, confined, inside
 from protocol.errors import InvalidRequestError
 from protocol.requests import FileInput
 

@@ -12,7 +12,6 @@ import contextlib
 from typing import Final
 
 from actors.agents import AgentCatalogs
-from actors.history import ChatCache, to_chat
 from actors.llm import (
     ChatMessage,
     ModelRequest,
@@ -21,6 +20,7 @@ from actors.llm import (
     TextChunk,
     TextContent,
 )
+from actors.session.history import ChatCache, to_chat
 from actors.sessions import Sessions
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.shapes import ModelRef

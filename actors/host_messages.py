@@ -9,7 +9,7 @@ Delivery is at most once and carries no reply: a message to a host that is
 gone (or whose connection to the server is being re-made) is lost, and the
 periodic recovery scan picks its sessions up once its leases expire; a wake
 is advisory, so a lost one leaves its input admitted, run at the next wake.
-An interrupt is the one message that must arrive: :mod:`actors.interrupts`
+An interrupt is the one message that must arrive: :mod:`actors.session.interrupts`
 has it answered and resends it until it is.
 :class:`LocalHostBus` connects hosts of one process (SQLite, and tests);
 :class:`NotifyHostBus` connects processes that share a database server,
@@ -45,7 +45,7 @@ class HostMessage:
     #: The wake's scope (``wake`` only).
     scope: Literal["input", "steer"] = "input"
     #: An ``interrupt``'s request id, which its ``answer`` repeats
-    #: (:mod:`actors.interrupts`); empty: no answer wanted.
+    #: (:mod:`actors.session.interrupts`); empty: no answer wanted.
     request: str = ""
     #: The ``answer``: True when the owner's interrupt stopped an execution.
     answer: bool = False

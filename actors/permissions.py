@@ -42,7 +42,7 @@ from typing import Any, Final
 import attrs
 import orjson
 
-from actors.confine import PathRefused, resolve
+from actors.files.confine import PathRefused, resolve
 from actors.tools._permission import (
     EXTERNAL_DIRECTORY,
     Decision,

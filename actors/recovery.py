@@ -43,11 +43,11 @@ from typing import Final
 
 import attrs
 
-from actors.execution import Execution
 from actors.kit import BlockingExecutor
 from actors.lease_keeper import LeaseKeeper
 from actors.reaper import reap_stale_tools
 from actors.sessions import Sessions
+from actors.supervisor import Execution
 from protocol import events as ev
 from protocol.errors import DomainError
 from protocol.requests import SyntheticInput

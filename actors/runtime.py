@@ -45,11 +45,8 @@ from typing import Self
 
 import attrs
 
-from actors.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
-from actors.execution import Execution, Terminal
 from actors.generate import Generator
 from actors.host_messages import HostBus, HostMessage
-from actors.inbox import Scope, control_head, select_promotable
 from actors.instructions import Instructions, project_config_disabled
 from actors.instructions.nearby import NearbyInstructions
 from actors.lease_keeper import LeaseKeeper
@@ -61,11 +58,15 @@ from actors.llm import (
 )
 from actors.mcp import McpServerConfig
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
-from actors.runner import InstructionSource, Runner
 from actors.services import Services, build_services, terminal_of
-from actors.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
-from actors.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
+from actors.session import Own, Terminal
+from actors.session.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
+from actors.session.drain import Drain, InstructionSource
+from actors.session.inbox import Scope, control_head, select_promotable
+from actors.session.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
+from actors.session.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
 from actors.subagents import DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH
+from actors.supervisor import Execution
 from actors.tools import (
     DEFAULT_BASH_TIMEOUT_S,
     DEFAULT_MAX_BYTES,
@@ -145,7 +146,7 @@ class RuntimeConfig:
     #: Where sessions created without a location live (default: the cwd).
     default_directory: str | None = attrs.field(default=None, converter=_absolute_or_none)
     #: Directories a session may live in although the rules refuse them
-    #: (``/``, the data directory): see :mod:`actors.locations`.
+    #: (``/``, the data directory): see :mod:`actors.files.locations`.
     allow_directories: tuple[str, ...] = attrs.field(default=(), converter=_absolute_all)
     #: Environment variables no tool subprocess inherits, besides the built-in
     #: rule (password, ``*_API_KEY``, ``*TOKEN*`` …): see ``actors.tools.tool_environment``.
@@ -230,7 +231,7 @@ class RuntimeConfig:
     #: The longest a provider's retry-after may make a retry wait.
     retry_max_delay_s: float = 15 * 60.0
     #: Bytes each decode cache may hold (the store's decoded messages, the
-    #: runner's converted chat history): least recently used evicted first.
+    #: drain's converted chat history): least recently used evicted first.
     decode_cache_bytes: int = 32 * 1024 * 1024
     #: The event log's database (``[runtime] database``): a SQLite file path, or a
     #: ``postgresql://`` URL; None is ``sessionrt.sqlite`` in the data dir.
@@ -283,11 +284,11 @@ class RuntimeConfig:
 
 
 class _DurableHooks:
-    """Execution hooks that publish the execution facts under the lease and run the runner."""
+    """Execution hooks that publish the execution facts under the lease and run the drain."""
 
-    def __init__(self, store: Store, runner: Runner, keeper: LeaseKeeper, bus: HostBus) -> None:
+    def __init__(self, store: Store, drain: Drain, keeper: LeaseKeeper, bus: HostBus) -> None:
         self._store = store
-        self._runner = runner
+        self._drain = drain
         self._keeper = keeper
         self._bus = bus
         #: Sessions whose lease a shutdown terminal released (claims kept).
@@ -303,9 +304,9 @@ class _DurableHooks:
         assert record.epoch is not None
         self._keeper.hold(session_id, record.epoch)
 
-    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
+    async def drain(self, session_id: str, scope: Scope, force: bool, own: Own) -> None:
         with fenced(self._keeper.fence(session_id)):
-            await self._runner.drain(session_id, scope, force)
+            await self._drain.drain(session_id, scope, force, own)
 
     async def settled(self, session_id: str, terminal: Terminal) -> None:
         if terminal.kind == "elsewhere":
@@ -547,7 +548,7 @@ class Runtime:
         stack.callback(services.bus.close)
         if config.read_only:
             return
-        self.runner = runner = _build_runner(
+        self.drain = drain = _build_drain(
             config, services, config.instructions or self._builtin_instructions()
         )
         # Ended after execution stops (pushed before it): no call is running then.
@@ -557,7 +558,7 @@ class Runtime:
             sessions=self.sessions,
             providers=self.providers,
             agents=self.agents,
-            chat=runner.chat_cache,
+            chat=drain.chat_cache,
             default_model=config.default_model or SCRIPTED_MODEL,
         )
         sweeper = asyncio.get_running_loop().create_task(
@@ -577,7 +578,7 @@ class Runtime:
         # Renewal ends after execution stops (the terminals release the leases).
         await services.leases.start()
         stack.push_async_callback(services.leases.aclose)
-        hooks = _DurableHooks(self.store, runner, services.leases, services.host_bus)
+        hooks = _DurableHooks(self.store, drain, services.leases, services.host_bus)
         await services.execution.start(hooks, hooks.handed_over)
         stack.push_async_callback(services.execution.stop)
         stack.callback(await services.host_bus.subscribe(self.host_id, services.host_messages))
@@ -644,7 +645,7 @@ class Runtime:
 
     async def interrupt(self, session_id: str, *, resume: bool = False) -> bool:
         """Interrupt the session's execution as the user, on whichever host runs it
-        (:mod:`actors.interrupts`); never deletes input. True when one stopped.
+        (:mod:`actors.session.interrupts`); never deletes input. True when one stopped.
 
         With ``resume``, the session is woken again at steer scope when its next
         promotable input is a steer or a control item (queued prompts stay parked).
@@ -685,11 +686,11 @@ class Runtime:
         return stopped
 
 
-def _build_runner(
+def _build_drain(
     config: RuntimeConfig, services: Services, instructions: InstructionSource
-) -> Runner:
-    """The drains' runner over the services (made at open: the instructions need the loop)."""
-    return Runner(
+) -> Drain:
+    """The drain over the services (made at open: the instructions need the loop)."""
+    return Drain(
         store=services.store,
         sessions=services.sessions,
         providers=services.providers,

@@ -3,13 +3,13 @@
 :func:`build_services` makes every service of a runtime from its config and
 its store, in dependency order, and returns them as one :class:`Services`
 record. A part receives the services it uses, or a narrow Protocol one of
-them satisfies (a :class:`~actors.inbox.Doorbell`, a
+them satisfies (a :class:`~actors.session.inbox.Doorbell`, a
 :class:`~actors.lease_keeper.LeaseLoss` …), at construction; nothing is wired
 afterwards and no part holds a method of the :class:`~actors.runtime.Runtime`.
 
 :class:`HostExecution` is what those Protocols name where the runtime used to
 lend its own methods: this host's execution while the runtime runs (the
-doorbell, interrupts, lease losses, busy checks, the stops of deleted
+doorbell, interrupts, lease losses, the stops of deleted
 sessions, the tasks the runtime owns, and the wakes refused while closing).
 """
 
@@ -23,25 +23,25 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from actors._keyed_lock import KeyedLock
 from actors.agents import AgentCatalogs
 from actors.event_bus import EventBus
-from actors.execution import Execution, ExecutionHooks, Terminal, widest
+from actors.files.locations import DirectoryRules
+from actors.files.snapshots import Snapshots
 from actors.host_messages import HostBus, HostMessage, LocalHostBus, NotifyHostBus
-from actors.inbox import AdmissionGate, Scope
 from actors.instructions import InstructionEntries
-from actors.interrupts import UNHELD, RemoteInterrupts
 from actors.kit import BlockingExecutor
 from actors.lease_keeper import LeaseKeeper
 from actors.llm import HttpProvider, ProviderRegistry, build_providers
-from actors.locations import DirectoryRules
 from actors.mcp import McpServers
 from actors.permissions import PermissionWaiters
-from actors.revert import Reverts
+from actors.session import ExecutionHooks, Terminal, widest
+from actors.session.inbox import AdmissionGate, Scope
+from actors.session.interrupts import UNHELD, RemoteInterrupts
+from actors.session.revert import Reverts
+from actors.session.shells import Environments, Shells
 from actors.sessions import Sessions
-from actors.shells import Environments, Shells
-from actors.snapshots import Snapshots
 from actors.subagents import Subagents
+from actors.supervisor import Execution
 from actors.tools import OutputBounding, ToolActors, ToolRegistry, builtin_tools
 from actors.tools.builtin import BashTool
 from actors.transfer import SessionTransfer
@@ -74,10 +74,13 @@ class HostExecution:
         host_bus: HostBus,
         shells: Shells,
         envs: Environments,
+        actors: Execution,
         clock: Clock = SYSTEM,
     ) -> None:
         self._store = store
         self._clock = clock
+        #: The session actors (opened by :meth:`start`); ``_execution`` once open.
+        self._actors = actors
         self._host_id = host_id
         self._host_bus = host_bus
         self._shells = shells
@@ -106,12 +109,13 @@ class HostExecution:
     async def start(self, hooks: ExecutionHooks, handed_over: list[str]) -> None:
         """Start the supervisor; ``handed_over`` is filled by ``hooks`` as they settle."""
         self._handed_over_ids = handed_over
-        self._execution = await Execution.start(hooks)
+        await self._actors.open(hooks)
+        self._execution = self._actors
 
     # -- what the other parts call ----------------------------------------------------------------
 
     def wake(self, session_id: str, scope: Scope) -> None:
-        """The :class:`~actors.inbox.Doorbell` of the sessions."""
+        """The :class:`~actors.session.inbox.Doorbell` of the sessions."""
         if self._closing:
             # Nothing new starts here any more: another host gets it at the end.
             self._refused[session_id] = widest(self._refused.get(session_id), scope)
@@ -125,11 +129,6 @@ class HostExecution:
         if self._execution is not None:
             self._execution.lease_lost(session_id)
 
-    async def busy(self, session_id: str) -> bool:
-        """The :class:`~actors.revert.BusyCheck` of the reverts."""
-        execution = self._execution
-        return execution is not None and session_id in await execution.active()
-
     async def interrupt_here(self, session_id: str) -> bool:
         execution = self._execution
         return execution is not None and await execution.interrupt(session_id, "user")
@@ -141,7 +140,7 @@ class HostExecution:
         task.add_done_callback(self._tasks.discard)
 
     async def locate(self, session_id: str) -> str | None:
-        """Where a session runs, for :mod:`actors.interrupts`: another host's id,
+        """Where a session runs, for :mod:`actors.session.interrupts`: another host's id,
         UNHELD (claimed, no other host's live lease), or None (not claimed).
 
         One read: a lease is taken with its claim and released with its end, so
@@ -393,11 +392,11 @@ def build_services(
         | {c.api_key_env for c in config.provider_configs.values() if c.api_key_env}
     )
     environments = Environments(secret_env)
-    #: The per-session inbox lock; revert mutations and shell notices take it too.
-    locks = KeyedLock()
+    #: The session actors: every write to a session is a command one of them runs.
+    actors = Execution()
     shells = Shells(
         store,
-        locks,
+        actors,
         environments,
         bounding,
         blocking.run,
@@ -407,15 +406,14 @@ def build_services(
         timeout_s=config.shell_timeout_s,
         clock=config.clock,
     )
-    execution = HostExecution(store, host_id, host_bus, shells, environments, config.clock)
+    execution = HostExecution(store, host_id, host_bus, shells, environments, actors, config.clock)
     snapshots = Snapshots(
         config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=blocking.run
     )
     reverts = Reverts(
         store,
-        locks,
+        actors,
         snapshots,
-        busy=execution,
         wake=execution,
         intents=config.data_dir / "revert",
         blocking=blocking.run,
@@ -424,7 +422,7 @@ def build_services(
         store,
         wake=execution,
         stop=execution,
-        locks=locks,
+        owners=actors,
         revert=reverts,
         default_directory=config.default_directory,
         blocking=blocking.run,
@@ -486,7 +484,7 @@ def build_services(
             allow_scripts=config.import_scripts,
             leases=leases,
         ),
-        instructions=InstructionEntries(store),
+        instructions=InstructionEntries(store, actors),
         mcp=McpServers(
             config.mcp,
             secret_env=secret_env,

@@ -1,7 +1,7 @@
 """The in-process session facade: every session operation, keyed by id.
 
 This is what the HTTP server and an embedding program call. It owns the
-admission policy (through :class:`~actors.inbox.Inbox`), the session
+admission policy (through :class:`~actors.session.inbox.Inbox`), the session
 lifecycle events and the projection reads; it does not run anything itself:
 scheduling is the ``wake`` hook's job (the execution supervisor provides it).
 
@@ -24,12 +24,12 @@ from typing import Any, Final, Protocol
 import attrs
 import orjson
 
-from actors._keyed_lock import KeyedLock
 from actors.agents import AgentCatalogs
 from actors.attachments import Withheld
-from actors.inbox import Blocking, Doorbell, Inbox, RevertCommits, Scope, Seen
-from actors.locations import DirectoryRules
+from actors.files.locations import DirectoryRules
 from actors.permissions import PermissionWaiters
+from actors.session.inbox import Blocking, Doorbell, Inbox, Owners, RevertCommits, Scope, Writer
+from actors.supervisor import Standalone
 from protocol import events as ev
 from protocol import ids
 from protocol.cursor import (
@@ -103,7 +103,7 @@ class Sessions:
         *,
         wake: Doorbell = NOTHING_RUNS,
         stop: Stops = NOTHING_RUNS,
-        locks: KeyedLock | None = None,
+        owners: Owners | None = None,
         revert: RevertCommits | None = None,
         default_directory: str | None = None,
         blocking: Blocking = asyncio.to_thread,
@@ -116,9 +116,12 @@ class Sessions:
         #: The tool calls of this process waiting for a permission reply.
         self._waiters = PermissionWaiters() if waiters is None else waiters
         self._stop = stop.stop_sessions
-        self._locks = KeyedLock() if locks is None else locks
-        #: The per-session inbox lock; revert mutations and shell notices take it too.
-        self.locks = self._locks
+        #: The session actors every write to a session goes through (a facade
+        #: without a runtime starts its own, which only serialise).
+        self._standalone: Standalone | None = None
+        if owners is None:
+            owners = self._standalone = Standalone()
+        self._owners = self.owners = owners
         self._blocking = blocking
         self._directories = directories or DirectoryRules()
         data_dir = self._directories.data_dir
@@ -126,7 +129,7 @@ class Sessions:
             directories=() if data_dir is None else (data_dir,),
             files=() if store.path is None else (Path(store.path),),
         )
-        self.inbox = Inbox(store, wake, self._locks, blocking, withheld, revert)
+        self.inbox = Inbox(store, wake, self._owners, blocking, withheld, revert)
         self._default_directory = default_directory or os.getcwd()
         #: Raises InvalidRequestError for a model no provider serves (the
         #: runtime passes its registry's check); None accepts any model.
@@ -134,6 +137,11 @@ class Sessions:
         #: The agents each Location knows; an agent name outside them is a 400
         #: (field ``agent``). None accepts any name (a runtime that runs nothing).
         self._agents = agents
+
+    async def aclose(self) -> None:
+        """Stop the session actors this facade started itself (none with a runtime's)."""
+        if self._standalone is not None:
+            await self._standalone.aclose()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -162,8 +170,12 @@ class Sessions:
             location=Location(directory=directory),
             metadata=request.metadata,
         )
-        try:
+
+        async def create(_: Writer) -> None:
             await self._store.append(Command.of(event, expected={session_id: 0}))
+
+        try:
+            await self._owners.command(session_id, create)
         except AppendConflictError:
             # A concurrent create of the same id won: adopt it. If no session
             # is projected the id belonged to a deleted session and is spent.
@@ -291,8 +303,12 @@ class Sessions:
             Command.of(forked, title, expected={child: 0}),
             entries=tuple(EntryWrite(session_id=child, key=k, value=v) for k, v in entries),
         )
-        try:
+
+        async def fork(_: Writer) -> None:
             await self._store.append(command)
+
+        try:
+            await self._owners.command(child, fork)  # the new session's first event
         except ProjectionConflict as exc:
             if exc.reason == "fork.source-missing":
                 # The parent (or the boundary message) went between the read and the append.
@@ -349,8 +365,14 @@ class Sessions:
         )
         return await self.inbox.move(session_id, Location(directory=directory), delivery)
 
-    async def promote(self, session_id: str, scope: Scope, seen: Seen | None = None) -> int:
-        return len((await self.inbox.promote(session_id, scope, seen)).delivered)
+    async def promote(self, session_id: str, scope: Scope) -> int:
+        """Deliver what a boundary at ``scope`` delivers, as a drain would (its actor runs it)."""
+        promotion = await self._owners.command(
+            session_id,
+            functools.partial(self.inbox.promote, session_id, scope, ()),
+            keeps_inbox=True,
+        )
+        return len(promotion.delivered)
 
     # -- permissions ----------------------------------------------------------------------------
 
@@ -373,7 +395,8 @@ class Sessions:
         await self.get(session_id)
         if not ids.is_valid("per", permission_id):
             raise PermissionNotFoundError(session_id, permission_id)
-        async with self._locks.hold(session_id):
+
+        async def answer(_: Writer) -> None:
             status = await self._store.queries.permission_status(session_id, permission_id)
             if status is None:
                 raise PermissionNotFoundError(session_id, permission_id)
@@ -390,6 +413,8 @@ class Sessions:
                     raise SessionNotFoundError(session_id) from None
                 # The call settled (or another reply won) between the read and the write.
                 raise _answered(permission_id, "answered") from None
+
+        await self._owners.command(session_id, answer)
         self._waiters.resolve(permission_id, reply)
 
     # -- transcript -----------------------------------------------------------------------------
@@ -459,14 +484,19 @@ class Sessions:
         return await self._store.queries.session(session_id) is not None
 
     async def _apply(self, session_id: str, *events: ev.Event) -> None:
+        """Append ``events`` of ``session_id`` as a command of its actor."""
         if not events:
             return
-        try:
-            await self._store.append(Command.of(*events))
-        except ProjectionConflict as exc:
-            if exc.reason == "session.missing":
-                raise SessionNotFoundError(session_id) from None
-            raise ConflictError(str(exc), resource="session") from None
+
+        async def apply(_: Writer) -> None:
+            try:
+                await self._store.append(Command.of(*events))
+            except ProjectionConflict as exc:
+                if exc.reason == "session.missing":
+                    raise SessionNotFoundError(session_id) from None
+                raise ConflictError(str(exc), resource="session") from None
+
+        await self._owners.command(session_id, apply)
 
 
 def _answered(permission_id: str, status: str) -> ConflictError:

@@ -44,8 +44,8 @@ from typing import Annotated, Any, Final, Protocol
 import attrs
 
 from actors.agents import Agent, AgentCatalogs
-from actors.execution import Terminal
 from actors.kit import finish
+from actors.session import Terminal
 from actors.sessions import Sessions
 from actors.tools import CallContext, FunctionTool, ToolError, ToolResult
 from protocol.errors import InvalidRequestError

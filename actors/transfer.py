@@ -27,9 +27,9 @@ from typing import Any, Final
 import attrs
 
 from actors.collector import collector_paused
-from actors.inbox import Blocking
+from actors.files.locations import DirectoryRules
 from actors.lease_keeper import LeaseKeeper
-from actors.locations import DirectoryRules
+from actors.session.inbox import Blocking, Writer
 from actors.sessions import Sessions
 from protocol import codec, ids
 from protocol import events as ev
@@ -85,6 +85,8 @@ class SessionTransfer:
         #: ``[runtime] import_scripts``: keep an imported session's ``metadata.script``.
         self._allow_scripts = allow_scripts
         self._sessions = sessions
+        #: Each command of an import is one of the new session's actor.
+        self._owners = sessions.owners
         self._directories = directories
         self._blocking = blocking
 
@@ -259,7 +261,11 @@ class SessionTransfer:
                 *events,
             )
             held.append(command)
-            held.append(await self._store.append(command))
+
+            async def append(_: Writer) -> None:
+                held.append(await self._store.append(command))
+
+            await self._owners.command(session_id, append)
         except (AppendConflictError, LeaseHeldError) as exc:
             raise ConflictError(
                 f"session {session_id} cannot be imported: {exc}", resource="session"
@@ -280,8 +286,12 @@ class SessionTransfer:
             expected=None if seq is None else {session_id: seq},
             lease=self._lease(session_id, 0),
         )
-        try:
+
+        async def discard(_: Writer) -> None:
             await self._store.append(command)
+
+        try:
+            await self._owners.command(session_id, discard)
         except (AppendConflictError, LeaseHeldError):
             return False  # it moved on, or another host holds it: not abandoned
         return True

@@ -11,7 +11,7 @@ characters, half scripted-style assistant replies, each step's ``step.ended`` wi
 reported tokens) is written straight to the store in a few large commands. Figures,
 each next to a baseline measured in the same run:
 
-1. **Estimate per step, anchored.** :meth:`actors.compaction.Estimator.estimate` on
+1. **Estimate per step, anchored.** :meth:`actors.session.compaction.Estimator.estimate` on
    the session's active history and a request built from it, warm (what every step
    after the first pays: the newest assistant message reported its tokens, so only
    what follows it is counted). Baseline: a fresh estimator counting every message
@@ -40,10 +40,10 @@ from typing import Any
 
 from _benchlib import report_main, target_lines
 
-from actors.compaction import Estimator
-from actors.history import to_chat
 from actors.llm import SCRIPTED_MODEL, ModelRequest
 from actors.runtime import Runtime, RuntimeConfig
+from actors.session.compaction import Estimator
+from actors.session.history import to_chat
 from protocol import events as ev
 from protocol import ids
 from protocol.requests import CreateSessionInput
@@ -150,7 +150,7 @@ async def _measure(messages: int, calls: int) -> dict[str, Any]:
                 await rt.store.queries.context(anchored.id)
                 reads.append(time.perf_counter() - start)
             start = time.perf_counter()
-            failure = await rt.runner.compactor.run(anchored.id, SCRIPTED_MODEL, history, "auto")
+            failure = await rt.drain.compactor.run(anchored.id, SCRIPTED_MODEL, history, "auto")
             compact_s = time.perf_counter() - start
             assert failure is None, f"the compaction did not complete: {failure}"
             read_s = statistics.median(reads)

@@ -32,7 +32,7 @@ from typing import Any
 from _benchlib import report_main
 
 from actors import BlockingExecutor
-from actors.locations import DirectoryRules
+from actors.files.locations import DirectoryRules
 from actors.sessions import Sessions
 from protocol.requests import CreateSessionInput, FileInput, PromptInput
 from protocol.shapes import Location

@@ -52,8 +52,8 @@ from typing import Any, Final
 from _benchlib import report_main, target_lines
 from bench_runtime import PROMPT, BaselineSession, RecordingProvider, open_runtime, runtime_step
 
-from actors.history import ChatCache, to_chat
 from actors.runtime import Runtime
+from actors.session.history import ChatCache, to_chat
 from storage import SQLiteStore
 
 CHECKPOINTS: Final = (100, 500, 1000, 2000, 4000)

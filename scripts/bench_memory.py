@@ -11,7 +11,7 @@ and reads the server's RSS (``VmRSS`` in ``/proc/<pid>/status``): that is the
 **baseline**, the idle server in the same run. Then one session gets ``--prompts``
 prompts of ``--prompt-bytes`` of text each (``resume`` on, so every prompt runs a
 step: the runner reloads the whole history, which goes through the decode caches
-of ``storage/queries.py`` and the chat cache of ``actors/history.py``), each
+of ``storage/queries.py`` and the chat cache of ``actors/session/history.py``), each
 followed by ``POST .../wait``; the transcript is read once more at the end
 (``GET .../message`` and ``.../context``). RSS is read again, and its peak
 (``VmHWM``), both before the transcript is read (the prompts' peak) and after.

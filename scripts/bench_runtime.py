@@ -91,7 +91,6 @@ from _benchlib import report_main, target_lines
 
 from actors import ActorRegistry
 from actors.collector import collector_paced
-from actors.execution import SessionActor
 from actors.llm import (
     SCRIPTED_PROVIDER_ID,
     Finish,
@@ -103,6 +102,7 @@ from actors.llm import (
     TextStart,
 )
 from actors.runtime import Runtime, RuntimeConfig
+from actors.session import SessionActor
 from protocol import events as ev
 from protocol import ids
 from protocol.requests import PromptInput

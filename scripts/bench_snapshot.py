@@ -9,9 +9,9 @@ One tree (``--files`` files in 1,100 directories, committed, with a
 ``.gitignore``), real git processes, three things measured in the same run
 and alternated run by run so they see the same machine and load:
 
-- **new**: :class:`~actors.snapshots.StepWrites` as a step runs it (a
+- **new**: :class:`~actors.files.snapshots.StepWrites` as a step runs it (a
   ``prepare`` just before each writing call, ``record`` at the end) on a
-  :class:`~actors.snapshots.Snapshots` with its inotify watch: git is told
+  :class:`~actors.files.snapshots.Snapshots` with its inotify watch: git is told
   only the paths the watch saw change;
 - **previous** (the baseline): the same ``StepWrites`` on a store with the
   watch off (``watch=False``), which is what a step paid before change
@@ -50,7 +50,7 @@ from typing import Any
 
 from _benchlib import report_main, target_lines
 
-from actors.snapshots import Snapshots, StepWrites
+from actors.files.snapshots import Snapshots, StepWrites
 
 TARGET_STEP_MS = 50.0
 

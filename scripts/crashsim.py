@@ -30,7 +30,7 @@ The run, on a fresh temporary directory (``--keep`` keeps it and prints its path
      is killed while a call waits for its answer: at once, or 0-50 ms after an answer
      was sent (so before, while or after the reply commits);
    * ``mid-revert``: the server is spawned with the revert test hook
-     (``actors.revert.PAUSE_ENV``) set at a point chosen at random (an intent durable
+     (``actors.session.revert.PAUSE_ENV``) set at a point chosen at random (an intent durable
      before its event, an event committed before any file, one path restored of several,
      a commit's events committed), a stage, clear or commit of the git session's files
      revert is made to reach it, and the server is killed while it waits there. The next
@@ -145,7 +145,7 @@ from typing import Any, Final
 from _children import die_with_parent
 
 from actors.recovery import DEFAULT_MAX_ATTEMPTS
-from actors.revert import PAUSE_ENV, PAUSE_POINTS
+from actors.session.revert import PAUSE_ENV, PAUSE_POINTS
 from actors.tools._permission import matches
 from actors.tools._shell_grammar import bash_subjects
 from protocol.client import Client, ClientError
@@ -711,7 +711,7 @@ def check_shells(
 ) -> list[Violation]:
     """(f) user shells: ended at most once (once after the settle), one notice each.
 
-    The notice's id is the shell id plus ``n`` (``actors.shells.notice_id``); it is
+    The notice's id is the shell id plus ``n`` (``actors.session.shells.notice_id``); it is
     enqueued in the same transaction as the end, so an end without its notice, a
     notice without an end, or two of either is a violation; a ``cancelled`` end
     (recovery at start) never comes from the process that started the shell.

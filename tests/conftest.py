@@ -19,7 +19,7 @@ import pytest
 from hypothesis import settings
 from loop_watch import SlowCallbacks
 
-from actors.inbox import Scope
+from actors.session.inbox import Scope
 from actors.sessions import Sessions
 from storage import SQLiteStore, is_server_url
 
@@ -151,8 +151,12 @@ def wakes() -> WakeRecorder:
 
 
 @pytest.fixture
-def sessions(store: SQLiteStore, wakes: WakeRecorder, tmp_path: Path) -> Sessions:
-    return Sessions(store, wake=wakes, default_directory=str(tmp_path))
+async def sessions(
+    store: SQLiteStore, wakes: WakeRecorder, tmp_path: Path
+) -> AsyncIterator[Sessions]:
+    facade = Sessions(store, wake=wakes, default_directory=str(tmp_path))
+    yield facade
+    await facade.aclose()
 
 
 @pytest.fixture

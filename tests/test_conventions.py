@@ -138,3 +138,36 @@ def test_tests_wait_on_conditions_not_on_the_clock() -> None:
                     timed.append(f"{name}:{node.lineno}")
     assert sleeps == []
     assert timed == []
+
+
+def _store_writes(tree: ast.AST) -> list[tuple[int, str]]:
+    """The ``...store.append()``/``submit()`` calls and ``Command`` imports in ``tree``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("storage"):
+            found += [(node.lineno, "import Command") for a in node.names if a.name == "Command"]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "submit")
+            and ast.unparse(node.func.value).endswith("store")
+        ):
+            found.append((node.lineno, ast.unparse(node.func)))
+    return found
+
+
+def test_a_handler_never_appends_to_the_store() -> None:
+    """Commands in, queries out: the server turns a command into a call whose
+    write a session's actor makes (or the create/import path), never its own
+    append. Nothing under server/ imports ``Command`` or calls a store's
+    ``append``/``submit``."""
+    bad = []
+    for path in sorted((ROOT / "server").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        bad += [f"{path.relative_to(ROOT)}:{line} {what}" for line, what in _store_writes(tree)]
+    assert bad == []
+    # The check sees what it forbids.
+    handler = (
+        "from storage import Command\nasync def h(runtime):\n    await runtime.store.append(c)\n"
+    )
+    assert _store_writes(ast.parse(handler)) == [(1, "import Command"), (3, "runtime.store.append")]

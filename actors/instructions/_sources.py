@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import attrs
 
-from actors.confine import PROJECT_CONFIG_DIR
+from actors.files.confine import PROJECT_CONFIG_DIR
 
 __all__ = [
     "DISABLE_PROJECT_CONFIG_ENV",

@@ -30,7 +30,7 @@ moves the generation, and every entry observed before it is stale. A first
 observation registers what it needs and is stored untrusted: the next one
 (watches now in place) is trusted.
 
-Not seen, as for :mod:`actors.watch`: writes through a shared ``mmap``, through
+Not seen, as for :mod:`actors.files.watch`: writes through a shared ``mmap``, through
 a hard link from outside the watched directories, and on a network file
 system by another machine. Off Linux (or without inotify) nothing is cached.
 """
@@ -45,9 +45,8 @@ from typing import Final
 
 import attrs
 
-from actors.confine import PROJECT_CONFIG_DIR
-from actors.instructions._sources import FileSpec, Observation, project_walk
-from actors.watch import (
+from actors.files.confine import PROJECT_CONFIG_DIR
+from actors.files.watch import (
     IN_DELETE_SELF,
     IN_IGNORED,
     IN_ISDIR,
@@ -59,6 +58,7 @@ from actors.watch import (
     parse_events,
     read_queued,
 )
+from actors.instructions._sources import FileSpec, Observation, project_walk
 
 __all__ = ["MAX_ENTRIES", "MAX_WATCHES", "ObservationCache", "dependencies"]
 

@@ -88,6 +88,30 @@ class Actor:
         )
         return ref
 
+    @classmethod
+    def spawn(cls: Callable[P, A], *args: P.args, **kwargs: P.kwargs) -> ActorRef[A]:
+        """:meth:`start` without the await, for an actor with no ``on_start``.
+
+        For actors made on demand, many times a second (one per session, made
+        when a message arrives): the ref is ready when this returns.
+
+        Raises:
+            TypeError: the class overrides ``on_start`` (use :meth:`start`).
+        """
+        actor = cls(*args, **kwargs)
+        actor_class = type(actor)
+        if actor_class.on_start is not Actor.on_start:
+            raise TypeError(f"{actor_class.__name__} has an on_start; use start()")
+        urn = f"urn:sessionrt:actor:{next(_URNS)}"
+        mailbox = Mailbox(actor, name=f"{actor_class.__name__} ({urn})")
+        ref = ActorRef(mailbox, actor_class, urn)
+        actor._actor_ref = ref
+        mailbox.open(
+            register=lambda: registry.register(ref),
+            unregister=lambda: registry.unregister(ref),
+        )
+        return ref
+
     @property
     def actor_ref(self) -> ActorRef[Self]:
         """This actor's ref, for telling itself or handing itself to others."""
@@ -115,6 +139,16 @@ class Actor:
         """Release what the actor holds; runs once, after the last handler finished
         or was cancelled by ``stop``. Exceptions are logged and otherwise ignored.
         """
+
+    def on_drained(self) -> bool:
+        """Whether to stop now that the mailbox is empty; called after the last queued
+        message was handled, synchronously (nothing can arrive meanwhile).
+
+        The default keeps the actor. An actor made on demand (see :meth:`spawn`)
+        answers True when it holds nothing worth keeping: it stops there and
+        then (``on_stop`` runs), and a later message goes to a new one.
+        """
+        return False
 
     async def on_failure(self, exc: Exception) -> None:
         """Handle an exception raised by ``on_receive`` for a *told* message.

@@ -36,6 +36,13 @@ Error policy
   reached it is skipped. Once a handler has started it runs to completion and
   its result is dropped: cancelling an asker never cancels the actor.
 
+Context
+-------
+The drain task runs in a context of its own (empty), never a copy of the
+sender's: a handler must not see the context variables of whichever caller
+happened to wake the actor (a drain's lease fence would otherwise mark the
+writes of every message the task handles after it).
+
 Stopping
 --------
 ``stop()`` closes the mailbox at once (``tell``/``ask`` raise
@@ -46,6 +53,12 @@ dedicated stop task which every ``stop()`` caller awaits through
 :func:`asyncio.shield`: a cancelled caller must not cut ``on_stop`` short, and
 a handler that stops its own actor must not wait for itself (it is cancelled
 at that ``await`` instead, like any other handler in flight).
+
+An actor whose ``on_drained`` answers True stops itself as soon as its queue runs
+dry, in its drain task and without an ``await`` before the mailbox closes, so
+nothing put afterwards can be lost: it raises ``ActorDeadError`` and the sender
+makes a new actor (actors made on demand, one per session, which
+:meth:`Actor.spawn` starts without an ``await``).
 
 Cancellation subtleties
 -----------------------
@@ -64,6 +77,7 @@ new task is created that could outlive the loop. Stop actors (for instance with
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
 from collections import deque
@@ -87,6 +101,8 @@ class Hooks(Protocol):
     async def on_stop(self) -> None: ...
 
     async def on_failure(self, exc: Exception) -> None: ...
+
+    def on_drained(self) -> bool: ...
 
     async def on_receive(self, message: object) -> Any: ...
 
@@ -127,6 +143,9 @@ class _Stopped:
 
     async def on_failure(self, exc: Exception) -> None:
         raise RuntimeError("the actor has stopped")
+
+    def on_drained(self) -> bool:
+        return False
 
     async def on_receive(self, message: object) -> Any:
         raise RuntimeError("the actor has stopped")
@@ -178,7 +197,7 @@ class Mailbox:
         self._queue.append(envelope)
         if self._state is _State.RUNNING and self._drain is None:
             self._drain = self._owner = self._loop.create_task(
-                self._drain_queue(), name=f"drain {self._name}"
+                self._drain_queue(), name=f"drain {self._name}", context=contextvars.Context()
             )
 
     async def start(self, *, register: Callable[[], None], unregister: Callable[[], None]) -> None:
@@ -202,8 +221,14 @@ class Mailbox:
         self._state = _State.RUNNING
         if self._queue:
             self._drain = self._owner = self._loop.create_task(
-                self._drain_queue(), name=f"drain {self._name}"
+                self._drain_queue(), name=f"drain {self._name}", context=contextvars.Context()
             )
+
+    def open(self, *, register: Callable[[], None], unregister: Callable[[], None]) -> None:
+        """:meth:`start` for an actor without ``on_start``: accept messages at once."""
+        self._unregister = unregister
+        register()
+        self._state = _State.RUNNING
 
     async def stop(self) -> None:
         """Stop the actor (see the module docstring); idempotent, concurrent-safe."""
@@ -235,6 +260,11 @@ class Mailbox:
                 if envelope.reply is not None and envelope.reply.done():
                     continue  # the asker timed out or was cancelled before we got here
                 await self._handle(envelope)
+            if self._state is _State.RUNNING and self._actor.on_drained():
+                # Stopping itself, empty: closed before anything else can be put.
+                self._begin_stop()
+                self._closer = self._drain  # a stop() meanwhile waits for this task
+                await self._finish()
         except asyncio.CancelledError:
             if self._state is _State.RUNNING:
                 # stop() flips the state before cancelling, so this is the loop shutting down

@@ -30,7 +30,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from actors.confine import PROJECT_CONFIG_DIR
+from actors.files.confine import PROJECT_CONFIG_DIR
 from actors.mcp._config import McpServerConfig, narrow_servers
 from actors.mcp._tool import McpTool, tool_name
 from actors.tools._environment import tool_environment

@@ -1,6 +1,6 @@
 """Streamed command output bounded as it arrives, spilled whole to a managed file.
 
-Used by the bash tool and by user shell commands (:mod:`actors.shells`), so
+Used by the bash tool and by user shell commands (:mod:`actors.session.shells`), so
 a chatty command costs a file, never unbounded memory and never lost output.
 Everything here that touches the file system blocks: call it on a worker thread.
 """

@@ -7,7 +7,7 @@ target host (or none: every other host), and each host keeps only its own and
 the broadcasts. NOTIFY is transactional and at most once: a host that is not
 listening at that moment never sees the notice, which is why nothing depends
 on one arriving (an expired lease is recovered by the scan either way; an
-interrupt is answered and resent until it is, :mod:`actors.interrupts`).
+interrupt is answered and resent until it is, :mod:`actors.session.interrupts`).
 Payloads are bounded by the server (8000 bytes): :meth:`NotifyChannel.publish`
 refuses a larger one instead of letting the server fail it.
 

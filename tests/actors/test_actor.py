@@ -488,3 +488,84 @@ async def test_stop_all_stops_newest_first(journal: Journal) -> None:
 async def test_registry_is_not_instantiated() -> None:
     with pytest.raises(TypeError):
         ActorRegistry()
+
+
+# --- actors made on demand: spawn and on_drained ----------------------------------------------
+
+
+class Transient(Actor):
+    """Stops itself once its mailbox runs dry, unless told to hold on."""
+
+    def __init__(self, journal: Journal, stopped: asyncio.Event | None = None) -> None:
+        self.journal = journal
+        self.hold = False
+        self.stopped = stopped or asyncio.Event()
+
+    def on_drained(self) -> bool:
+        self.journal.calls.append("drained")
+        return not self.hold
+
+    async def on_stop(self) -> None:
+        self.journal.calls.append("stop")
+        self.stopped.set()
+
+    async def on_receive(self, message: object) -> Any:
+        match message:
+            case Record(value=value):
+                self.journal.seen.append(value)
+                return None
+            case Get():
+                self.hold = True
+                return list(self.journal.seen)
+            case Block(entered=entered, gate=gate):
+                entered.set()
+                await gate.wait()
+                return None
+        return await super().on_receive(message)
+
+
+async def test_a_spawned_actor_is_ready_without_an_await(journal: Journal) -> None:
+    ref = Transient.spawn(journal)
+    assert ref.is_alive()
+    assert ActorRegistry.get_by_urn(ref.actor_urn) is ref
+    ref.tell(Record(value=1))
+    assert journal.seen == []  # handled by its own task, not the caller's
+    await ref.stop()
+
+
+async def test_spawn_refuses_an_actor_with_on_start(journal: Journal) -> None:
+    with pytest.raises(TypeError, match="on_start"):
+        Probe.spawn(journal)
+    assert ActorRegistry.get_by_class(Probe) == []
+
+
+async def test_an_actor_stops_itself_once_its_queue_runs_dry_and_only_then(
+    journal: Journal,
+) -> None:
+    stopped = asyncio.Event()
+    ref = Transient.spawn(journal, stopped)
+    entered, gate = asyncio.Event(), asyncio.Event()
+    ref.tell(Block(entered=entered, gate=gate))
+    await entered.wait()
+    ref.tell(Record(value=1))
+    ref.tell(Record(value=2))  # queued behind the blocked handler: all are handled
+    gate.set()
+    await stopped.wait()  # nobody called stop(): it stopped itself
+    assert not ref.is_alive()
+    await ref.stop()  # and a stop() afterwards is a no-op
+    assert journal.seen == [1, 2]
+    assert journal.calls == ["drained", "stop"]  # asked once, when empty; stopped once
+    with pytest.raises(ActorDeadError):
+        ref.tell(Record(value=3))
+    assert ActorRegistry.get_by_class(Transient) == []
+
+
+async def test_a_drained_actor_that_holds_on_keeps_its_messages_coming(journal: Journal) -> None:
+    ref = Transient.spawn(journal)
+    assert await ref.ask(Get()) == []  # Get makes it hold on
+    ref.tell(Record(value=4))
+    assert await ref.ask(Get()) == [4]
+    assert ref.is_alive()
+    assert journal.calls.count("stop") == 0
+    await ref.stop()
+    assert journal.calls[-1] == "stop"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from actors.compaction import Estimator, select_tail, serialize
 from actors.llm import SCRIPTED_MODEL, ModelRequest
+from actors.session.compaction import Estimator, select_tail, serialize
 from protocol.shapes import (
     AssistantMessage,
     CacheTokens,
@@ -99,8 +99,8 @@ def test_serialized_tool_results_are_cut() -> None:
 
 
 def test_the_ceiling_reserves_output_and_buffer() -> None:
-    from actors.compaction import CompactionSettings, Compactor
     from actors.llm import ModelLimits
+    from actors.session.compaction import CompactionSettings, Compactor
 
     limits = {
         "big": ModelLimits(context=200_000, output=64_000),
@@ -129,7 +129,7 @@ def test_the_ceiling_reserves_output_and_buffer() -> None:
 
 
 def test_a_control_item_is_due_only_when_nothing_may_deliver_before_it() -> None:
-    from actors.inbox import control_head, select_promotable
+    from actors.session.inbox import control_head, select_promotable
     from protocol.shapes import InboxItem
 
     def item(n: int, type_: str, delivery: str) -> InboxItem:

@@ -3,7 +3,7 @@
 The server runs on SQLite over a real git project whose files the scripted
 model changed over three prompts (an edit, a deleted file, a new file in a
 new directory, a binary file, a .gitignored file). The revert test hook
-(``actors.revert.PAUSE_ENV``) stops the revert at an exact point: the intent
+(``actors.session.revert.PAUSE_ENV``) stops the revert at an exact point: the intent
 durable but its event not appended; the event committed but no file back; one
 path restored and the others not; a commit's events committed. There the
 process is killed. After a restart the files are byte for byte the state
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from serve_proc import serving
 
-from actors.revert import PAUSE_ENV
+from actors.session.revert import PAUSE_ENV
 from protocol.client import Client, ClientError
 from protocol.operations import LogQuery, RevertStageInput
 from protocol.requests import CreateSessionInput, PromptInput

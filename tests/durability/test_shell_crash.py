@@ -18,7 +18,7 @@ import pytest
 from proc_groups import alive
 from serve_proc import serving
 
-from actors.shells import CANCELLED_TEXT
+from actors.session.shells import CANCELLED_TEXT
 from actors.tools._process import group_alive
 from protocol.client import Client
 from protocol.operations import ShellInput

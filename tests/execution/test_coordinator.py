@@ -15,8 +15,9 @@ import pytest
 from loop_turns import quiesce
 
 from actors import ActorRegistry
-from actors.execution import Execution, SessionActor, Terminal
-from actors.inbox import Scope
+from actors.session import Own, SessionActor, Terminal
+from actors.session.inbox import Scope
+from actors.supervisor import Execution
 
 
 @attrs.define
@@ -42,7 +43,7 @@ class Hooks:
             await self.start_gate
         self.log.append(("started", session_id))
 
-    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
+    async def drain(self, session_id: str, scope: Scope, force: bool, own: Own) -> None:
         self.log.append(("drain", session_id, scope, force))
         call = DrainCall(session_id, scope, force, asyncio.get_running_loop().create_future())
         self.drains.put_nowait(call)
@@ -417,7 +418,7 @@ class SelfWaking:
     async def started(self, session_id: str) -> None:
         self.starts += 1
 
-    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
+    async def drain(self, session_id: str, scope: Scope, force: bool, own: Own) -> None:
         self.count += 1
         self.depths.add(stack_depth())
         if self.count < self.limit:

@@ -44,7 +44,7 @@ from actors.llm import (
     ToolInputStart,
 )
 from actors.runtime import Runtime, RuntimeConfig
-from actors.step import CONTINUE_TEXT
+from actors.session.step import CONTINUE_TEXT
 from protocol import AssistantMessage, SyntheticMessage
 from protocol.requests import CreateSessionInput, PromptInput
 from protocol.shapes import ModelRef, ReasoningPart, TextPart, ToolPart

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import attrs
 
-from actors.history import ChatCache, to_chat
 from actors.runtime import Runtime, RuntimeConfig
+from actors.session.history import ChatCache, to_chat
 from protocol.lru import ENTRY_OVERHEAD, PREFIX_TRIES, ByteLRU, reused_prefix
 from protocol.requests import PromptInput
 from protocol.shapes import AssistantMessage, MessageTime, TextPart, UserMessage
@@ -33,7 +33,7 @@ async def test_large_prompts_keep_both_caches_within_their_byte_bound(
             await rt.sessions.prompt(session.id, PromptInput(text=text))
             await rt.execution.wait_idle(session.id)
             queries = rt.store.queries.cache
-            chat = rt.runner.chat_cache
+            chat = rt.drain.chat_cache
             assert queries.bytes <= queries.max_bytes == BOUND
             assert chat.bytes <= chat.max_bytes == BOUND
             histories = rt.store.queries.histories

@@ -2,7 +2,7 @@
 
 Two runtimes on one real SQLite store and an in-process bus that loses or holds
 the messages a test names, as a connection being re-made would
-(:mod:`actors.interrupts`).
+(:mod:`actors.session.interrupts`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from hosts import Hosts, RecordingBus
 from manual_clock import ManualClock
 
 from actors.host_messages import HostMessage, LocalHostBus
-from actors.interrupts import WAIT_S
 from actors.runtime import Runtime
+from actors.session.interrupts import WAIT_S
 from protocol.errors import ServiceUnavailableError
 from protocol.requests import CreateSessionInput, PromptInput
 from storage import SQLiteStore

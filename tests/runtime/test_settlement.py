@@ -18,7 +18,7 @@ from feed import Feed
 from actors.agents import Agent
 from actors.llm import Finish, ModelRequest, StreamPart, ToolCall
 from actors.runtime import Runtime, RuntimeConfig
-from actors.tool_calls import ToolCalls
+from actors.session.tool_calls import ToolCalls
 from actors.tools import ToolContext, ToolExecutor, ToolResult
 from protocol import AssistantMessage, ids
 from protocol import events as ev

@@ -49,7 +49,7 @@ async def test_a_step_cut_off_by_the_database_logs_one_line(
     with _no_growth(tmp_path / "data" / "sessionrt.sqlite-wal"):
         with contextlib.suppress(Exception):
             await runtime.execution.wait_idle(s.id)
-        records = [r for r in caplog.records if r.name == "actors.step"]
+        records = [r for r in caplog.records if r.name == "actors.session.step"]
     assert [r.getMessage().split(":")[0] for r in records] == [f"step of {s.id} stopped"]
     assert records[0].levelno == logging.WARNING
     assert records[0].exc_info is None

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 from loop_turns import quiesce
 
-from actors._keyed_lock import KeyedLock
-from actors.inbox import AdmissionGate, Seen
+from actors import ActorRegistry
+from actors.session import SessionActor
+from actors.session.inbox import AdmissionGate, Writer
 from actors.sessions import Sessions
+from actors.supervisor import Standalone
 from protocol import events as ev
-from protocol.errors import ServiceUnavailableError
+from protocol.errors import ConflictError, ServiceUnavailableError
 from protocol.requests import PromptInput
 from protocol.shapes import InboxItem
-from storage import Command, SQLiteStore
+from storage import Boundary, Command, SQLiteStore
 
 
 async def test_concurrent_exact_retries_admit_once(sessions: Sessions, store: SQLiteStore) -> None:
@@ -90,65 +95,6 @@ async def test_different_sessions_admit_concurrently(
         assert await store.last_seq(m.id) == 6
 
 
-async def test_promotion_from_a_boundary_read_skips_a_second_read(
-    sessions: Sessions, store: SQLiteStore
-) -> None:
-    s = await sessions.create()
-    first = await sessions.prompt(s.id, PromptInput(text="one", resume=False))
-    generation = sessions.inbox.generation(s.id)
-    boundary = await store.queries.boundary(s.id)
-    assert [i.id for i in boundary.inbox] == [first.id]
-    reads = _count_inbox_reads(store)
-    assert await sessions.promote(s.id, "input", Seen(generation, boundary.inbox)) == 1
-    assert reads() == 0
-    assert await sessions.pending(s.id) == []
-
-
-async def test_an_inbox_change_here_after_the_boundary_read_is_seen_by_promotion(
-    sessions: Sessions, store: SQLiteStore
-) -> None:
-    s = await sessions.create()
-    await sessions.prompt(s.id, PromptInput(text="a", delivery="queue", resume=False))
-    b = await sessions.prompt(s.id, PromptInput(text="b", delivery="queue", resume=False))
-    generation = sessions.inbox.generation(s.id)
-    boundary = await store.queries.boundary(s.id)
-    # After the read, under the inbox lock: ``b`` becomes a steer, which the
-    # projection cannot tell a stale promotion (``a`` is still pending).
-    await sessions.change_delivery(s.id, b.id, "steer")
-    reads = _count_inbox_reads(store)
-    # The read said ``a`` (the oldest queued); promotion reads again and
-    # delivers the steer ``b`` alone.
-    assert await sessions.promote(s.id, "input", Seen(generation, boundary.inbox)) == 1
-    assert reads() == 1
-    delivered = [
-        r.event.inbox_id  # type: ignore[union-attr]
-        for r in await store.read(s.id)
-        if r.type == "session.inbox.delivered.1"
-    ]
-    assert delivered == [b.id]
-
-
-async def test_an_inbox_change_elsewhere_after_the_boundary_read_falls_back_to_a_read(
-    sessions: Sessions, store: SQLiteStore
-) -> None:
-    s = await sessions.create()
-    a = await sessions.prompt(s.id, PromptInput(text="a", delivery="queue", resume=False))
-    b = await sessions.prompt(s.id, PromptInput(text="b", delivery="queue", resume=False))
-    generation = sessions.inbox.generation(s.id)
-    boundary = await store.queries.boundary(s.id)
-    # Another host's cancellation: straight to the log, not through this inbox's lock.
-    await store.append(Command.of(ev.InboxCancelled(session_id=s.id, inbox_id=a.id)))
-    assert sessions.inbox.generation(s.id) == generation
-    assert await sessions.promote(s.id, "input", Seen(generation, boundary.inbox)) == 1
-    delivered = [
-        r.event.inbox_id  # type: ignore[union-attr]
-        for r in await store.read(s.id)
-        if r.type == "session.inbox.delivered.1"
-    ]
-    assert delivered == [b.id]
-    assert await sessions.pending(s.id) == []
-
-
 def _count_inbox_reads(store: SQLiteStore) -> Callable[[], int]:
     """How many plain inbox reads ``store.queries`` makes from now on."""
     seen = [0]
@@ -162,67 +108,175 @@ def _count_inbox_reads(store: SQLiteStore) -> Callable[[], int]:
     return lambda: seen[0]
 
 
-def test_a_lock_generation_grows_on_release_and_survives_forgetting() -> None:
-    locks = KeyedLock(max_generations=2)
-
-    async def hold(key: str) -> None:
-        async with locks.hold(key):
-            pass
-
-    async def scenario() -> None:
-        start = locks.generation("a")
-        await hold("b")
-        assert locks.generation("a") == start  # another key's release
-        await hold("a")
-        after_a = locks.generation("a")
-        assert after_a > start
-        await hold("c")
-        await hold("d")  # "a" is forgotten (two remembered)
-        assert locks.generation("a") >= after_a  # never smaller once forgotten
-
-    asyncio.run(scenario())
+@pytest.fixture
+async def owners() -> AsyncIterator[Standalone]:
+    standalone = Standalone()
+    yield standalone
+    await standalone.aclose()
 
 
-def test_a_key_is_held_by_one_at_a_time_and_forgotten_when_nobody_wants_it() -> None:
-    locks = KeyedLock()
-    inside: list[str] = []
-    log: list[str] = []
+def _own_sessions(owners: Standalone, store: SQLiteStore, tmp_path: Path) -> Sessions:
+    return Sessions(store, owners=owners, default_directory=str(tmp_path))
 
-    async def holder(name: str, gate: asyncio.Event | None = None) -> None:
-        async with locks.hold("k"):
-            inside.append(name)
-            assert len(inside) == 1
-            log.append(name)
-            if gate is not None:
-                await gate.wait()
-            inside.remove(name)
 
-    async def failing() -> None:
-        async with locks.hold("k"):
-            raise ValueError("in the block")
+async def _boundary(owners: Standalone, sessions: Sessions, session_id: str) -> Boundary:
+    """The boundary read a drain asks its session actor for."""
+    read = functools.partial(sessions.inbox.boundary, session_id)
+    boundary: Boundary = await owners.command(session_id, read, keeps_inbox=True)
+    return boundary
 
-    async def scenario() -> None:
-        gate = asyncio.Event()
-        first = asyncio.ensure_future(holder("first", gate))
-        await asyncio.sleep(0)
-        second = asyncio.ensure_future(holder("second"))
-        cancelled = asyncio.ensure_future(holder("cancelled"))
-        await asyncio.sleep(0)
-        cancelled.cancel()  # while waiting for the key
-        await asyncio.sleep(0)
-        gate.set()
-        await asyncio.gather(first, second)
-        assert cancelled.cancelled()
-        assert log == ["first", "second"]
-        before = locks.generation("k")
-        with pytest.raises(ValueError, match="in the block"):
-            await failing()
-        assert locks.generation("k") > before  # released all the same
-        assert len(locks) == 0  # no holder, no waiter: nothing kept
-        await holder("again")  # and usable
-        assert log[-1] == "again"
 
-    asyncio.run(scenario())
+async def _in_order(owners: Standalone, session_id: str, *calls: Awaitable[Any]) -> list[Any]:
+    """Queue ``calls`` to the session's actor one after the other, behind a parked
+    command, then let them run: one actor handles them all, as it does a drain's
+    asks during a busy period (an idle actor between two would be retired)."""
+    release = asyncio.Event()
+
+    async def park(_: Writer) -> None:
+        await release.wait()
+
+    queued = [asyncio.ensure_future(owners.command(session_id, park))]
+    for call in calls:
+        await quiesce()
+        queued.append(asyncio.ensure_future(call))
+    await quiesce()
+    release.set()
+    return (await asyncio.gather(*queued))[1:]
+
+
+async def test_promotion_after_the_actors_boundary_read_skips_a_second_read(
+    owners: Standalone, store: SQLiteStore, tmp_path: Path
+) -> None:
+    sessions = _own_sessions(owners, store, tmp_path)
+    s = await sessions.create()
+    first = await sessions.prompt(s.id, PromptInput(text="one", resume=False))
+    reads = _count_inbox_reads(store)
+    boundary, promoted = await _in_order(
+        owners, s.id, _boundary(owners, sessions, s.id), sessions.promote(s.id, "input")
+    )
+    assert [i.id for i in boundary.inbox] == [first.id]
+    assert promoted == 1
+    assert reads() == 0
+    assert await sessions.pending(s.id) == []
+
+
+async def test_a_command_after_the_boundary_read_makes_promotion_read_again(
+    owners: Standalone, store: SQLiteStore, tmp_path: Path
+) -> None:
+    sessions = _own_sessions(owners, store, tmp_path)
+    s = await sessions.create()
+    await sessions.prompt(s.id, PromptInput(text="a", delivery="queue", resume=False))
+    b = await sessions.prompt(s.id, PromptInput(text="b", delivery="queue", resume=False))
+    steer = ev.InboxDeliveryChanged(session_id=s.id, inbox_id=b.id, delivery="steer")
+
+    async def change(_: Writer) -> None:
+        await store.append(Command.of(steer))
+
+    reads = _count_inbox_reads(store)
+    # After the read, a command of the same actor: ``b`` becomes a steer,
+    # which the projection cannot tell a stale promotion (``a`` is still pending).
+    # The read said ``a`` (the oldest queued); promotion reads again and
+    # delivers the steer ``b`` alone.
+    _, _, promoted = await _in_order(
+        owners,
+        s.id,
+        _boundary(owners, sessions, s.id),
+        owners.command(s.id, change),
+        sessions.promote(s.id, "input"),
+    )
+    assert promoted == 1
+    assert reads() == 1
+    delivered = [
+        r.event.inbox_id  # type: ignore[union-attr]
+        for r in await store.read(s.id)
+        if r.type == "session.inbox.delivered.1"
+    ]
+    assert delivered == [b.id]
+
+
+async def test_an_inbox_change_elsewhere_after_the_boundary_read_falls_back_to_a_read(
+    owners: Standalone, store: SQLiteStore, tmp_path: Path
+) -> None:
+    sessions = _own_sessions(owners, store, tmp_path)
+    s = await sessions.create()
+    a = await sessions.prompt(s.id, PromptInput(text="a", delivery="queue", resume=False))
+    b = await sessions.prompt(s.id, PromptInput(text="b", delivery="queue", resume=False))
+    cancelled = ev.InboxCancelled(session_id=s.id, inbox_id=a.id)
+
+    async def elsewhere(_: Writer) -> None:
+        # Another host's cancellation: straight to the log, and the actor's
+        # knowledge of its inbox kept, as this host never hears of it.
+        await store.append(Command.of(cancelled))
+
+    reads = _count_inbox_reads(store)
+    _, _, promoted = await _in_order(
+        owners,
+        s.id,
+        _boundary(owners, sessions, s.id),
+        owners.command(s.id, elsewhere, keeps_inbox=True),
+        sessions.promote(s.id, "input"),
+    )
+    assert promoted == 1
+    assert reads() == 1  # the delivery of ``a`` was refused: read afresh
+    delivered = [
+        r.event.inbox_id  # type: ignore[union-attr]
+        for r in await store.read(s.id)
+        if r.type == "session.inbox.delivered.1"
+    ]
+    assert delivered == [b.id]
+    assert await sessions.pending(s.id) == []
+
+
+async def test_concurrent_commands_to_one_session_run_one_at_a_time_in_order(
+    owners: Standalone,
+) -> None:
+    """No lock: the session's actor runs its commands one by one, in arrival
+    order, while another session's commands run beside them; then it retires."""
+    inside: dict[str, int] = {"ses_a": 0, "ses_b": 0}
+    most = dict(inside)
+    order: list[int] = []
+    gate = asyncio.Event()
+
+    def command(session_id: str, n: int) -> Callable[[Writer], Awaitable[int]]:
+        async def run(writer: Writer) -> int:
+            inside[session_id] += 1
+            most[session_id] = max(most[session_id], inside[session_id])
+            if session_id == "ses_a":
+                order.append(n)
+                await gate.wait()  # every other command queues behind this one
+            await asyncio.sleep(0)
+            inside[session_id] -= 1
+            return n
+
+        return run
+
+    first = asyncio.ensure_future(owners.command("ses_a", command("ses_a", 0)))
+    rest = [
+        asyncio.ensure_future(owners.command("ses_a", command("ses_a", n))) for n in range(1, 20)
+    ]
+    # Another session is not held up by the first one's command.
+    assert await owners.command("ses_b", command("ses_b", 0)) == 0
+    assert order == [0]
+    gate.set()
+    assert await asyncio.gather(first, *rest) == list(range(20))
+    assert order == list(range(20))
+    assert most == {"ses_a": 1, "ses_b": 1}
+    await quiesce()
+    assert ActorRegistry.get_by_class(SessionActor) == []  # retired once idle
+
+
+async def test_a_failing_command_answers_its_caller_and_the_actor_goes_on(
+    owners: Standalone,
+) -> None:
+    async def fail(_: Writer) -> None:
+        raise ConflictError("no", resource="inbox")
+
+    async def fine(_: Writer) -> str:
+        return "ok"
+
+    with pytest.raises(ConflictError):
+        await owners.command("ses_a", fail)
+    assert await owners.command("ses_a", fine) == "ok"
 
 
 def test_a_closing_gate_waits_for_admissions_under_way_then_refuses() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.locations import DirectoryRules
+from actors.files.locations import DirectoryRules
 from actors.runtime import Runtime, RuntimeConfig
 from actors.sessions import Sessions
 from protocol.errors import InvalidRequestError

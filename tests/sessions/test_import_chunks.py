@@ -22,7 +22,7 @@ import orjson
 import pytest
 from proc_groups import run_in_group
 
-from actors.locations import DirectoryRules
+from actors.files.locations import DirectoryRules
 from actors.runtime import DB_NAME, Runtime, RuntimeConfig
 from actors.sessions import Sessions
 from actors.transfer import SessionTransfer
@@ -177,7 +177,7 @@ async def test_an_import_that_stops_midway_takes_back_what_it_wrote(
 _CHILD = """
 import asyncio, functools, os, signal, sys
 import orjson
-from actors.locations import DirectoryRules
+from actors.files.locations import DirectoryRules
 from actors.sessions import Sessions
 from actors.transfer import SessionTransfer
 from protocol import codec

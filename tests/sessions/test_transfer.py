@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.locations import DirectoryRules
+from actors.files.locations import DirectoryRules
 from actors.sessions import Sessions
 from actors.transfer import SessionTransfer
 from protocol import codec

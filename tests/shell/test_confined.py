@@ -1,4 +1,4 @@
-"""actors.confined: every operation below a directory made through descriptors."""
+"""actors.files.confined: every operation below a directory made through descriptors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import BinaryIO
 
 import pytest
 
-from actors.confined import ConfinedDir, Entry, Refused, apply_entries, check_entries
+from actors.files.confined import ConfinedDir, Entry, Refused, apply_entries, check_entries
 
 BLOBS = {"one": b"first\n", "two": b"second\n", "lnk": b"../outside"}
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pgdb import stored_and_rebuilt
 
-from actors.snapshots import SnapshotError
+from actors.files.snapshots import SnapshotError
 from protocol.errors import MessageNotFoundError, SessionBusyError
 from protocol.operations import DiffQuery, RevertStageInput, ShellInput
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
@@ -350,7 +350,7 @@ async def test_a_file_goes_back_to_how_it_was_just_before_the_agent_changed_it(
 async def test_step_writes_name_odd_paths_and_leave_ignored_and_outside_ones(
     tmp_path: Path, repo: Path
 ) -> None:
-    from actors.snapshots import Snapshots, StepWrites
+    from actors.files.snapshots import Snapshots, StepWrites
 
     store = Snapshots(tmp_path / "store")
     odd = ["it's.txt", "two\nlines.txt", "sp ace/é.txt"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from actors.runtime import Runtime, RuntimeConfig
-from actors.shells import CANCELLED_TEXT, notice_id
+from actors.session.shells import CANCELLED_TEXT, notice_id
 from protocol import SessionNotFoundError
 from protocol.errors import InvalidRequestError
 from protocol.operations import EnvironmentInput, ShellInput

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from actors.snapshots import Recorded, Snapshots, StepWrites
+from actors.files.snapshots import Recorded, Snapshots, StepWrites
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linux's")
 

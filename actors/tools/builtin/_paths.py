@@ -1,7 +1,7 @@
 """Location confinement for the file tools, and a confined directory walk.
 
 A session's file tools act inside its Location (``ctx.directory``) only, by
-the rule of :mod:`actors.confine` (``..`` and symlinks are judged by where
+the rule of :mod:`actors.files.confine` (``..`` and symlinks are judged by where
 they really lead), plus what the ``external_directory`` permission granted
 this call (``ctx.external``, resolved paths judged before the call ran, see
 :mod:`actors.permissions`). Exceptions:
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from actors.confine import PROJECT_CONFIG_DIR, PathRefused, inside, resolve
+from actors.files.confine import PROJECT_CONFIG_DIR, PathRefused, inside, resolve
 from actors.tools._types import ToolContext, ToolError
 
 __all__ = [

@@ -52,7 +52,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
-from actors._keyed_lock import KeyedLock
+from actors.session.inbox import Owners, Writer
 from actors.tools import OutputBounding, ToolResult, text_item, tool_environment
 from actors.tools._process import GATE, GATE_OPEN, ProcessGroup, identify, kill_stale
 from actors.tools._spill import SpillingOutput
@@ -178,7 +178,7 @@ class Shells:
     def __init__(
         self,
         store: Store,
-        locks: KeyedLock,
+        owners: Owners,
         environments: Environments,
         bounding: OutputBounding,
         bound_on: Blocking,
@@ -193,7 +193,7 @@ class Shells:
         if timeout_s <= 0:
             raise ValueError("shell_timeout_s must be positive")
         self._store = store
-        self._locks = locks
+        self._owners = owners
         self._env = environments
         self._bounding = bounding
         self._bound_on = bound_on
@@ -224,8 +224,13 @@ class Shells:
                 return shell_id  # an exact retry: the first start stands
         sid = shell_id or ids.message_id()
         info = ShellInfo(id=sid, command=command, time_started=_now())
+        started = ev.ShellStarted(session_id=session.id, shell=info)
+
+        async def start(_: Writer) -> None:
+            await self._store.append(Command.of(started))
+
         try:
-            await self._store.append(Command.of(ev.ShellStarted(session_id=session.id, shell=info)))
+            await self._owners.command(session.id, start)
         except ProjectionConflict as exc:
             if exc.reason == "session.missing":
                 raise SessionNotFoundError(session.id) from None
@@ -407,17 +412,18 @@ class Shells:
         assert proc.stdin is not None
         group = await self._bound_on(identify, proc.pid)
         if group is not None:  # None: no /proc to name it by (not Linux)
-            await self._store.append(
-                Command.of(
-                    ev.ShellSpawned(
-                        session_id=session_id,
-                        shell_id=shell_id,
-                        pgid=group.pgid,
-                        start_ticks=group.start_ticks,
-                        boot_id=group.boot_id,
-                    )
-                )
+            spawned = ev.ShellSpawned(
+                session_id=session_id,
+                shell_id=shell_id,
+                pgid=group.pgid,
+                start_ticks=group.start_ticks,
+                boot_id=group.boot_id,
             )
+
+            async def spawn(_: Writer) -> None:
+                await self._store.append(Command.of(spawned))
+
+            await self._owners.command(session_id, spawn)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             proc.stdin.write(GATE_OPEN)
             await proc.stdin.drain()
@@ -467,13 +473,17 @@ class Shells:
             ),
         )
         ended = ev.ShellEnded(session_id=session_id, shell=info, output=output)
-        async with self._locks.hold(session_id):
+
+        async def end(_: Writer) -> bool:
             try:
                 await self._store.append(Command.of(ended, notice))
             except ProjectionConflict:
                 # Already ended (a concurrent recovery), or the session is gone.
                 return False
-        return True
+            return True
+
+        done: bool = await self._owners.command(session_id, end)
+        return done
 
 
 def _kill_group(pgid: int) -> None:

@@ -4,46 +4,63 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from actors.execution._messages import (
+from actors.kit import Actor, ActorDeadError, ActorRef
+from actors.session.inbox import Run, Scope
+from actors.session.messages import (
     SUCCEEDED,
     ExecutionHooks,
     Interrupt,
     LeaseLost,
     Resume,
-    Retire,
+    SessionCommand,
+    Settled,
     Terminal,
     Wake,
     error_info,
     widest,
 )
-from actors.inbox import Scope
-from actors.kit import Actor
+from protocol.errors import ServiceUnavailableError
 from protocol.events import InterruptReason
+from protocol.shapes import InboxItem
 from storage import FencedError, LeaseHeldError, StorageBrokenError
 
-log = logging.getLogger("actors.execution")
+log = logging.getLogger("actors.session")
 
 
 class SessionActor(Actor):
-    """Owns one session's busy periods and its doorbell.
+    """The only writer of one session: its commands, its busy periods, its doorbell.
 
-    The busy-period task is this actor's child: it is created and cancelled
-    only by this actor's handlers, and it mutates this actor's state between
-    awaits on the same loop, never concurrently with a handler.
+    Every write to the session (:class:`SessionCommand`) runs in this actor's
+    handler, one at a time, so nothing else needs a lock. The busy-period
+    task is this actor's child: it is created and cancelled only by this
+    actor's handlers, mutates this actor's state between awaits on the same
+    loop, and asks this actor (:class:`OwnActor`) at each boundary what to
+    deliver, so a promotion is a command like any other.
     """
 
     def __init__(
-        self, session_id: str, hooks: ExecutionHooks, on_idle: Callable[[str, int], None]
+        self,
+        session_id: str,
+        hooks: ExecutionHooks,
+        on_idle: Callable[[str, ActorRef[SessionActor], int], None],
+        on_retire: Callable[[str, ActorRef[SessionActor]], None],
     ) -> None:
         self.session_id = session_id
         self._hooks = hooks
         self._on_idle = on_idle
-        #: Messages handled so far (the supervisor compares it with what it sent).
-        self._received = 0
+        self._on_retire = on_retire
+        #: Wakes and resumes handled (each may start a busy period), and how many
+        #: of them the supervisor was last told this actor is idle after.
+        self._kicks = 0
+        self._reported = 0
+        #: The session's pending input as the last read or promotion left it;
+        #: None once any other command ran (nothing but commands writes it here).
+        self.inbox: list[InboxItem] | None = None
         self._busy: asyncio.Task[None] | None = None
         #: While the busy task runs ``started`` or ``settled``, which must land
         #: whole, a cancellation waits (``_deferred``) until it returns.
@@ -58,15 +75,35 @@ class SessionActor(Actor):
         self._reason: InterruptReason | None = None
         self._fenced = False
 
+    @property
+    def busy(self) -> bool:
+        """Whether a busy period runs (or settles) now."""
+        return self._busy is not None
+
     async def on_receive(self, message: object) -> Any:
-        self._received += 1
         match message:
+            case SessionCommand(run=run, keeps_inbox=keeps, own=own, reply=reply):
+                if reply.done():
+                    return None  # its asker gave up meanwhile
+                if own is None:
+                    await self._command(run, keeps, reply)
+                    return None
+                # The drain's command, in the drain's context (its lease fence).
+                tokens = [var.set(value) for var, value in own.items()]
+                try:
+                    await self._command(run, keeps, reply)
+                finally:
+                    for token in reversed(tokens):
+                        token.var.reset(token)
+                return None
             case Wake(scope=scope):
+                self._kicks += 1
                 if self._busy is None:
                     _ = self._start(scope, force=False)
                 else:
                     self._pending = widest(self._pending, scope)
             case Resume(reply=reply):
+                self._kicks += 1
                 self._resume().add_done_callback(lambda terminal: _answer(reply, terminal))
             case Interrupt(reason=reason, reply=answer):
                 interrupted = self._interrupt(reason)
@@ -74,14 +111,44 @@ class SessionActor(Actor):
                     answer.set_result(interrupted)
             case LeaseLost():
                 self._lease_lost()
-            case Retire():
-                # Idle, and the supervisor sends nothing more: the last thing this does.
-                await self.actor_ref.stop()
+            case Settled():
+                pass  # the busy period ended: the mailbox may be drained now
             case _:
                 return await super().on_receive(message)
-        if self._busy is None:
-            self._on_idle(self.session_id, self._received)
+        self._report_idle()
         return None
+
+    def on_drained(self) -> bool:
+        """Retire once idle: an idle session costs no actor (a message makes a new one)."""
+        if self._busy is not None:
+            return False
+        self._on_retire(self.session_id, self.actor_ref)
+        return True
+
+    def _report_idle(self) -> None:
+        """Tell the supervisor this actor is idle, once per wake or resume it handled."""
+        if self._busy is None and self._kicks > self._reported:
+            self._reported = self._kicks
+            self._on_idle(self.session_id, self.actor_ref, self._kicks)
+
+    async def _command(self, run: Run, keeps_inbox: bool, reply: asyncio.Future[Any]) -> None:
+        if not keeps_inbox:
+            self.inbox = None
+        try:
+            result = await run(self)
+        except asyncio.CancelledError:
+            # This actor is stopping (the handler in flight is cancelled).
+            self.inbox = None
+            if not reply.done():
+                reply.set_exception(_gone())
+            raise
+        except Exception as exc:
+            self.inbox = None
+            if not reply.done():
+                reply.set_exception(exc)
+        else:
+            if not reply.done():
+                reply.set_result(result)
 
     async def on_stop(self) -> None:
         busy = self._busy
@@ -165,8 +232,9 @@ class SessionActor(Actor):
                 self._pending = None
                 outcome = Terminal(kind="elsewhere", owner=exc.owner, scope=wanted, force=force)
             else:
+                own = OwnActor(self.actor_ref, self.session_id)  # no cycle through the actor
                 while True:
-                    await self._hooks.drain(self.session_id, scope, force)
+                    await self._hooks.drain(self.session_id, scope, force, own)
                     if self._pending is None:
                         break
                     scope, self._pending, force = self._pending, None, False
@@ -216,7 +284,38 @@ class SessionActor(Actor):
             self._pending, self._pending_force, self._successor = None, False, None
             _ = self._start(scope, force=force, terminal=successor)
             return
-        self._on_idle(self.session_id, self._received)
+        self._report_idle()
+        if self.actor_ref.is_alive():
+            self.actor_ref.tell(Settled())  # so that an empty mailbox retires this actor
+
+
+class OwnActor:
+    """A drain's handle on its session actor: a command as a future and a mailbox put."""
+
+    __slots__ = ("_ref", "_session_id")
+
+    def __init__(self, ref: ActorRef[SessionActor], session_id: str) -> None:
+        self._ref = ref
+        self._session_id = session_id
+
+    async def command(self, run: Run, *, keeps_inbox: bool = False) -> Any:
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        message = SessionCommand(
+            session_id=self._session_id,
+            run=run,
+            keeps_inbox=keeps_inbox,
+            own=contextvars.copy_context(),
+            reply=reply,
+        )
+        try:
+            self._ref.tell(message)
+        except ActorDeadError:
+            raise _gone() from None
+        return await reply
+
+
+def _gone() -> ServiceUnavailableError:
+    return ServiceUnavailableError("the session's actor has stopped", service="execution")
 
 
 def _answer(reply: asyncio.Future[Terminal], terminal: asyncio.Future[Terminal]) -> None:

@@ -1,6 +1,6 @@
 """Compaction: the estimate before each step, the rolling summary, the recent tail.
 
-Before each step the runner asks :meth:`Compactor.due` whether the complete
+Before each step the drain asks :meth:`Compactor.due` whether the complete
 model-visible request fits the selected model's window (reference §4.8):
 
     output  = min(limits.output, 32000)
@@ -68,7 +68,7 @@ from actors.llm import (
     TextContent,
     Usage,
 )
-from actors.step import step_tokens
+from actors.session.step import step_tokens
 from protocol import events as ev
 from protocol.shapes import (
     AssistantMessage,

@@ -1,6 +1,6 @@
 """From projected Session History to the model's view of it.
 
-The runner never keeps a conversation in memory between steps: before each
+The drain never keeps a conversation in memory between steps: before each
 step it reloads the projected transcript and turns it into the normalized
 request messages here. Tool parts become an assistant tool call plus a tool
 result message; a call that never settled (it cannot, by the time a step is
@@ -21,7 +21,6 @@ from typing import Final
 import attrs
 import orjson
 
-from actors.compaction import render
 from actors.llm import (
     ChatMessage,
     ContentPart,
@@ -32,7 +31,8 @@ from actors.llm import (
     ToolCallContent,
     ToolResultContent,
 )
-from actors.tool_calls import HOSTED
+from actors.session.compaction import render
+from actors.session.tool_calls import HOSTED
 from protocol.lru import ByteLRU, reused_prefix
 from protocol.shapes import (
     AssistantMessage,

@@ -8,7 +8,7 @@ Order of facts for a step (all carry ``assistantMessageID``):
 (the provider runs it) is recorded the same way, settles when its
 ``HostedResult`` streams in, and fails with ``tool.result-missing`` if the
 stream finished without one; it never makes the step continue. Tool calls are
-owned by :class:`~actors.tool_calls.ToolCalls`, one per assistant message.
+owned by :class:`~actors.session.tool_calls.ToolCalls`, one per assistant message.
 
 The record starts at the first output (glossary: "A Step record covers only
 the model-visible span from first assistant output through tool settlement;
@@ -70,6 +70,7 @@ import attrs
 
 from actors.agents import Agent
 from actors.event_bus import EventBus
+from actors.files.snapshots import WRITING_TOOLS, Recorded, Snapshots, StepWrites
 from actors.instructions.nearby import NearbyInstructions
 from actors.kit import finish
 from actors.llm import (
@@ -95,9 +96,8 @@ from actors.llm import (
     Usage,
 )
 from actors.permissions import PermissionWaiters
-from actors.shells import Environments
-from actors.snapshots import WRITING_TOOLS, Recorded, Snapshots, StepWrites
-from actors.tool_calls import Blocking, ToolCalls
+from actors.session.shells import Environments
+from actors.session.tool_calls import Blocking, ToolCalls
 from actors.tools import ToolExecutor, ToolOutcome, ToolRegistry
 from protocol import events as ev
 from protocol import ids

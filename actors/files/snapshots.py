@@ -11,7 +11,7 @@ data, so a snapshot after a step that changed a few files re-hashes only
 those; ``scripts/bench_snapshot.py`` measures it.
 
 A full ``git add --all`` still stats every file (about a ``git status``), and
-a bash step would need two. So each tree also has a :class:`~actors.watch.TreeWatch`
+a bash step would need two. So each tree also has a :class:`~actors.files.watch.TreeWatch`
 (inotify) that lists the paths changed since the index was last brought up to
 date; git is then told only those (``git add --all -- <paths>``), and a step
 that changed nothing runs no git at all. The watch is a shortcut, never the
@@ -32,7 +32,7 @@ step records no snapshot, so an unbounded tree is never walked.
 
 Every call runs git as an asyncio subprocess (never blocking the loop) and
 holds the store's lock: one git index, one writer. The per-store locks live
-only while used (:class:`~actors._keyed_lock.KeyedLock`).
+only while used (:class:`_StoreLocks`).
 """
 
 from __future__ import annotations
@@ -45,16 +45,15 @@ import logging
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import attrs
 
-from actors._keyed_lock import KeyedLock
-from actors.confined import ConfinedDir, Entry, Kind, Refused, apply_entries, check_entries
-from actors.snapshot_blobs import BlobError, BlobReader
-from actors.watch import MAX_DIRTY, MAX_WATCHES, TreeWatch, collapse, open_watch
+from actors.files.confined import ConfinedDir, Entry, Kind, Refused, apply_entries, check_entries
+from actors.files.snapshot_blobs import BlobError, BlobReader
+from actors.files.watch import MAX_DIRTY, MAX_WATCHES, TreeWatch, collapse, open_watch
 from protocol.shapes import FileDiff
 
 __all__ = [
@@ -66,6 +65,28 @@ __all__ = [
     "Snapshots",
     "StepWrites",
 ]
+
+
+class _StoreLocks:
+    """One lock per snapshot store (one git index), kept only while held or awaited."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(name) or (asyncio.Lock(), 0)
+        self._locks[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[name]
+            if users == 1:
+                del self._locks[name]
+            else:
+                self._locks[name] = (lock, users - 1)
+
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +176,7 @@ class Snapshots:
         self._blocking = blocking
         #: Server directories never captured even if they lie inside a project.
         self._exclude = tuple(exclude)
-        self._locks = KeyedLock()
+        self._locks = _StoreLocks()
         #: Store name -> (the tree last written from its index, that index's stat).
         self._trees: OrderedDict[str, tuple[str, tuple[int, int, int]]] = OrderedDict()
         #: Whether change tracking (inotify) is tried at all; off, every bash step scans.
@@ -238,7 +259,7 @@ class Snapshots:
         """Make each path of ``restores`` (tree, paths) what it is in its tree, bytes and mode.
 
         A path its tree does not have is deleted. Every file operation is
-        confined to ``directory`` when it is made (:mod:`actors.confined`):
+        confined to ``directory`` when it is made (:mod:`actors.files.confined`):
         nothing is followed through a symlink, the data dir is never touched,
         symlinks are made last. A plan that cannot be carried out whole is
         refused (:class:`RestoreRefused`) before anything changes; one refused

@@ -1,4 +1,4 @@
-"""The runner: one drain of one session, step after step, from projected history.
+"""The drain: one session's steps, one after another, from projected history.
 
 A drain (called by the session's busy period) works like this:
 
@@ -14,7 +14,7 @@ A drain (called by the session's busy period) works like this:
    input pending. Then read the session's agent and model (a switch applies
    from the next step on) and reload the projected history. Promotion that
    delivers input resets the step allowance.
-3. Run the step (:mod:`actors.step`). If it needs a continuation (the model
+3. Run the step (:mod:`actors.session.step`). If it needs a continuation (the model
    called tools), loop: the continuation is a new step built from history,
    never an in-memory tool loop. Otherwise go back to the idle boundary, where
    the next queued item (if the drain's scope allows) starts a new turn.
@@ -31,10 +31,8 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from actors.agents import Agent, AgentCatalogs
-from actors.compaction import CompactionSettings, Compactor
 from actors.event_bus import EventBus
-from actors.history import CHAT_CACHE_BYTES, ChatCache, to_chat
-from actors.inbox import Promotion, Scope, Seen, control_head, due, select_promotable
+from actors.files.snapshots import Snapshots
 from actors.instructions.nearby import NearbyInstructions
 from actors.kit import BlockingExecutor
 from actors.llm import (
@@ -46,10 +44,13 @@ from actors.llm import (
 )
 from actors.permissions import PermissionWaiters
 from actors.reaper import kill_recorded, stale_failure
+from actors.session.compaction import CompactionSettings, Compactor
+from actors.session.history import CHAT_CACHE_BYTES, ChatCache, to_chat
+from actors.session.inbox import Scope, control_head, select_promotable
+from actors.session.messages import Own
+from actors.session.shells import Environments
+from actors.session.step import StepRunner, retry_policy
 from actors.sessions import Sessions
-from actors.shells import Environments
-from actors.snapshots import Snapshots
-from actors.step import StepRunner, retry_policy
 from actors.tools import ToolExecutor, ToolRegistry, ToolSpec
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, SessionNotFoundError
@@ -70,16 +71,17 @@ __all__ = [
     "AgentUnavailableError",
     "ControlHandler",
     "ControlUnsupportedError",
+    "Drain",
     "InstructionSource",
     "McpTools",
     "NoInstructions",
-    "Runner",
     "StepFailedError",
 ]
 
 
-#: Handles one control item at the head of the inbox (delivers it, does its work).
-ControlHandler = Callable[[Session, InboxItem], Awaitable[None]]
+#: Handles one control item at the head of the inbox (delivers it through the
+#: session's actor, does its work).
+ControlHandler = Callable[[Session, InboxItem, Own], Awaitable[None]]
 
 
 class StepFailedError(Exception):
@@ -134,7 +136,7 @@ class NoInstructions:
         return await self.prepare(session, agent)
 
 
-class Runner:
+class Drain:
     def __init__(
         self,
         *,
@@ -184,7 +186,7 @@ class Runner:
             settings=compaction,
             clock=clock,
         )
-        #: What the runner does with a control item at the head of the inbox,
+        #: What the drain does with a control item at the head of the inbox,
         #: by its type. A handler delivers the item (``Inbox.control``, with
         #: its own facts in the same command) and does its work.
         self.controls: dict[str, ControlHandler] = {
@@ -217,13 +219,17 @@ class Runner:
     def chat_cache(self) -> ChatCache:
         return self._chat
 
-    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
+    async def drain(self, session_id: str, scope: Scope, force: bool, own: Own) -> None:
+        """``own``: the session's actor, which this drain runs under and asks at
+        each boundary for the read and the promotion (it is the session's only
+        writer, so what it read is what it promotes from unless a command ran)."""
         # Everything the drain needs before its first boundary, in one read:
         # the session, anything a crash left open, the pending input, the
         # instruction inputs.
         inbox = self._sessions.inbox
-        generation = inbox.generation(session_id)
-        start = await self._store.queries.drain_start(session_id)
+        start = await own.command(
+            functools.partial(inbox.drain_start, session_id), keeps_inbox=True
+        )
         if start.session is None:
             return  # deleted meanwhile: nothing to run
         session = start.session
@@ -237,15 +243,16 @@ class Runner:
             promote_scope: Scope = "steer" if continuing else scope
             # One read at this boundary serves every question asked here (a
             # control item due, something promotable, the instruction state
-            # admission compares with). Promotion uses it only while no inbox
-            # mutation on this host has happened since (else it reads again,
-            # under the inbox lock), so nothing decided here is stale there.
+            # admission compares with). The actor promotes from it only while
+            # no other command of the session ran since (else it reads again),
+            # so nothing decided here is stale there.
             if pending is None:
-                generation = inbox.generation(session_id)
-                pending = await self._store.queries.boundary(session_id)
+                pending = await own.command(
+                    functools.partial(inbox.boundary, session_id), keeps_inbox=True
+                )
             boundary, pending = pending, None
             held = await self._held(session)
-            if await self._control(session, promote_scope, boundary.inbox, held):
+            if await self._control(session, promote_scope, boundary.inbox, held, own):
                 first = False  # handled: the loop goes on from what follows it
                 session = await self._sessions.get(session_id)
                 continue
@@ -263,11 +270,9 @@ class Runner:
             system = await self._instructions.prepare(
                 session, await self._agent(session), boundary.instructions
             )
-            promotion = await self._sessions.inbox.promote(
-                session_id,
-                promote_scope,
-                Seen(generation=generation, items=boundary.inbox),
-                held,
+            promotion = await own.command(
+                functools.partial(inbox.promote, session_id, promote_scope, held),
+                keeps_inbox=True,
             )
             if promotion.delivered:
                 step = 0  # new input resets the allowance, once per batch
@@ -313,26 +318,10 @@ class Runner:
             if outcome.error is not None:
                 raise StepFailedError(outcome.error)
             continuing = outcome.needs_continuation
-            if not continuing and self._nothing_due(session_id, scope, promotion, held):
+            if not continuing and await own.command(
+                functools.partial(inbox.nothing_due, scope, held), keeps_inbox=True
+            ):
                 return
-
-    def _nothing_due(
-        self, session_id: str, scope: Scope, promotion: Promotion, held: Collection[str]
-    ) -> bool:
-        """Whether the idle boundary after a turn has nothing to deliver or handle,
-        known without reading the inbox again.
-
-        Only where this process alone writes the log (``Store.exclusive``), and
-        only while no inbox mutation here has let go of the session's lock
-        since the promotion: the inbox is then what that promotion left. With
-        other hosts on the log, input they admitted meanwhile is found by the
-        read (their wake would bring it too, one drain later).
-        """
-        if not self._store.exclusive:
-            return False
-        if self._sessions.inbox.generation(session_id) != promotion.generation:
-            return False
-        return not due(promotion.left, scope, held)
 
     async def _held(self, session: Session) -> frozenset[str]:
         """Synthetic input held behind the session's staged revert: no boundary
@@ -343,7 +332,12 @@ class Runner:
         return frozenset(await self._store.queries.held_synthetic(session.id))
 
     async def _control(
-        self, session: Session, scope: Scope, pending: list[InboxItem], held: Collection[str]
+        self,
+        session: Session,
+        scope: Scope,
+        pending: list[InboxItem],
+        held: Collection[str],
+        own: Own,
     ) -> bool:
         """Handle the control item due at this boundary, if any; True when one was.
 
@@ -357,14 +351,15 @@ class Runner:
         handler = self.controls.get(item.type)
         if handler is None:
             raise ControlUnsupportedError(f"control item {item.type!r} is not supported")
-        await handler(session, item)
+        await handler(session, item, own)
         return True
 
-    async def _manual_compaction(self, session: Session, item: InboxItem) -> None:
+    async def _manual_compaction(self, session: Session, item: InboxItem, own: Own) -> None:
         started = ev.CompactionStarted(
             session_id=session.id, reason="manual", recent="", input_id=item.id
         )
-        if not await self._sessions.inbox.control(session.id, item, started):
+        inbox = self._sessions.inbox
+        if not await own.command(functools.partial(inbox.control, session.id, item, (started,))):
             return  # cancelled meanwhile
         await self._compact_manually(session, item.id)
 
@@ -382,7 +377,7 @@ class Runner:
             input_id=input_id,
         )
 
-    async def _move(self, session: Session, item: InboxItem) -> None:
+    async def _move(self, session: Session, item: InboxItem, own: Own) -> None:
         """Deliver a move with ``session.moved`` in the same command.
 
         The drain then reads the session again before anything else, so the
@@ -393,7 +388,8 @@ class Runner:
         """
         location = Location(directory=str(item.payload["location"]["directory"]))
         moved = ev.SessionMoved(session_id=session.id, location=location)
-        await self._sessions.inbox.control(session.id, item, moved)
+        inbox = self._sessions.inbox
+        await own.command(functools.partial(inbox.control, session.id, item, (moved,)))
 
     async def _overflow(self, session: Session, agent: Agent, model: ModelRef) -> bool:
         """The one overflow-triggered compaction of a step."""

@@ -3,10 +3,13 @@
 Admission is durable before anything runs: ``prompt``/``synthetic`` publish
 one ``session.inbox.enqueued`` and only then (``resume``) ring the wake hook.
 Every mutation of a session's inbox (admission, delivery, cancellation,
-delivery change) holds that session's inbox lock, so retries and promotions
-see each other's effects in order; the projectors enforce the same rules
-again inside the transaction (a second cancel or delivery deletes nothing and
-fails).
+delivery change) is a command its session actor runs (:class:`Owners`), one
+at a time, so retries and promotions see each other's effects in order; the
+projectors enforce the same rules again inside the transaction (a second
+cancel or delivery deletes nothing and fails). The drain asks its actor for
+each boundary's read and promotion (:meth:`Inbox.boundary`,
+:meth:`Inbox.promote`), which therefore know whether anything changed the
+inbox since (:attr:`Writer.inbox`).
 
 Id reconciliation comes first, before any preparation (attachment reading):
 an id already admitted in the same session with the same type returns the
@@ -16,7 +19,7 @@ An id used in another session or with another type is a conflict. A cancelled
 id is free again.
 
 Control items (manual compaction, move) share one admission: at most one of
-each type is pending per session, under the inbox lock; a second request gets
+each type is pending per session (checked by the session actor); a second request gets
 the pending one back (a move only when it goes to the same Location, else a
 conflict), and an id already delivered is a conflict.
 
@@ -35,14 +38,13 @@ from typing import Any, Final, Literal, Protocol
 
 import attrs
 
-from actors._keyed_lock import KeyedLock
 from actors.attachments import Blocking, Withheld, materialise
 from protocol import events as ev
 from protocol import ids
 from protocol.errors import ConflictError, ServiceUnavailableError, SessionNotFoundError
 from protocol.requests import PromptInput, SyntheticInput
 from protocol.shapes import Delivery, InboxItem, InboxItemType, Location, Session
-from storage import Command, Op, ProjectionConflict, Store, no_staged_revert
+from storage import Boundary, Command, DrainStart, Op, ProjectionConflict, Store, no_staged_revert
 
 __all__ = [
     "CONTROL_TYPES",
@@ -52,10 +54,12 @@ __all__ = [
     "Doorbell",
     "Due",
     "Inbox",
+    "Owners",
     "Promotion",
     "RevertCommits",
+    "Run",
     "Scope",
-    "Seen",
+    "Writer",
     "control_head",
     "due",
     "select_promotable",
@@ -73,6 +77,31 @@ class Doorbell(Protocol):
     def wake(self, session_id: str, scope: Scope) -> None: ...
 
 
+class Writer(Protocol):
+    """What a command sees of its session actor while it runs (alone)."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether the session has a busy period on this host."""
+        ...
+
+    #: The session's pending input as the actor's last read or promotion left
+    #: it; None when unknown (any other command ran since: read it).
+    inbox: list[InboxItem] | None
+
+
+#: A command's work, run by the session's actor as the session's only writer.
+Run = Callable[[Writer], Awaitable[Any]]
+
+
+class Owners(Protocol):
+    """Who runs a session's commands: its session actor, the only writer of its session."""
+
+    async def command(self, session_id: str, run: Run, *, keeps_inbox: bool = False) -> Any:
+        """Run ``run`` in the session's actor, between two other messages; its result."""
+        ...
+
+
 class RevertCommits(Protocol):
     """The events committing a session's staged revert (the runtime's reverts)."""
 
@@ -83,27 +112,12 @@ CONTROL_TYPES: Final[frozenset[str]] = frozenset({"compaction", "move"})
 
 
 @attrs.frozen
-class Seen:
-    """The pending input as read at a boundary, and the inbox generation before the read."""
-
-    generation: int
-    items: Sequence[InboxItem]
-
-
-@attrs.frozen
 class Promotion:
-    """What a promotion delivered, and the pending input it left behind.
-
-    ``left`` is the inbox as the promotion knew it under the lock, less what
-    it delivered; ``generation`` is the inbox generation once it let go of
-    the lock. While :meth:`Inbox.generation` still equals it, no mutation on
-    this host has touched the inbox since, so ``left`` is what a read would
-    give on a store only this process writes (``Store.exclusive``).
-    """
+    """What a promotion delivered, and the pending input it left behind (what
+    the session actor knows of its inbox until its next other command)."""
 
     delivered: list[InboxItem]
     left: list[InboxItem]
-    generation: int
 
 
 class AdmissionGate:
@@ -152,14 +166,14 @@ class Inbox:
         self,
         store: Store,
         wake: Doorbell,
-        locks: KeyedLock,
+        owners: Owners,
         blocking: Blocking = asyncio.to_thread,
         withheld: Withheld | None = None,
         revert: RevertCommits | None = None,
     ) -> None:
         self._store = store
         self._wake = wake.wake
-        self._locks = locks
+        self._owners = owners
         self._blocking = blocking
         self._withheld = withheld or Withheld(
             files=() if store.path is None else (Path(store.path),)
@@ -246,7 +260,7 @@ class Inbox:
         *,
         same: Mapping[str, Any] | None = None,
     ) -> InboxItem:
-        """One pending control item of ``type_`` per session, under the inbox lock.
+        """One pending control item of ``type_`` per session (the session actor checks).
 
         A pending one is returned to a second request when ``same`` is None or
         equals its payload, and is a conflict otherwise.
@@ -254,42 +268,48 @@ class Inbox:
         ids.validate("ses", session_id, field="sessionID")
         if item_id is not None:
             ids.validate("msg", item_id, field="id")
-        with self.gate.admitting():
-            async with self._locks.hold(session_id):
-                pending = next(
-                    (i for i in await self._store.queries.inbox(session_id) if i.type == type_),
-                    None,
+
+        async def admit(_: Writer) -> InboxItem:
+            pending = next(
+                (i for i in await self._store.queries.inbox(session_id) if i.type == type_),
+                None,
+            )
+            if pending is not None and same is not None and pending.payload != same:
+                raise ConflictError(
+                    f"{type_} {pending.id} is already pending; cancel it first",
+                    resource="inbox",
                 )
-                if pending is not None and same is not None and pending.payload != same:
+            if pending is None and item_id is not None:
+                found = await self._reconcile(session_id, type_, item_id)
+                if found is not None:
                     raise ConflictError(
-                        f"{type_} {pending.id} is already pending; cancel it first",
-                        resource="inbox",
+                        f"{type_} {item_id} was already delivered", resource="message"
                     )
-                if pending is None and item_id is not None:
-                    found = await self._reconcile(session_id, type_, item_id)
-                    if found is not None:
-                        raise ConflictError(
-                            f"{type_} {item_id} was already delivered", resource="message"
-                        )
-                receipt = pending or await self._enqueue_held(
-                    session_id, type_, item_id, delivery, payload
-                )
+            return pending or await self._enqueue_held(
+                session_id, type_, item_id, delivery, payload
+            )
+
+        with self.gate.admitting():
+            receipt: InboxItem = await self._owners.command(session_id, admit)
             if resume:
                 self._wake(session_id, "input")
             return receipt
 
-    async def control(self, session_id: str, item: InboxItem, *also: ev.Event) -> bool:
+    async def control(
+        self, session_id: str, item: InboxItem, also: Sequence[ev.Event], writer: Writer
+    ) -> bool:
         """Deliver control ``item`` with ``also`` in one command; False if it is gone.
 
-        The runner calls this when the item heads the inbox (:func:`control_head`);
-        a cancel that won the race leaves nothing to deliver.
+        The drain asks its actor to run this when the item is due
+        (:func:`control_head`); a cancel that won the race leaves nothing to deliver.
         """
-        async with self._locks.hold(session_id):
+        pending = writer.inbox
+        if pending is None:
             pending = await self._store.queries.inbox(session_id)
-            if not any(i.id == item.id for i in pending):
-                return False
-            await self._apply(ev.InboxDelivered(session_id=session_id, inbox_id=item.id), *also)
-            return True
+        if not any(i.id == item.id for i in pending):
+            return False
+        await self._apply(ev.InboxDelivered(session_id=session_id, inbox_id=item.id), *also)
+        return True
 
     async def _admit(
         self,
@@ -339,8 +359,11 @@ class Inbox:
         delivery: Delivery,
         payload: Mapping[str, Any],
     ) -> InboxItem:
-        async with self._locks.hold(session_id):
-            return await self._enqueue_held(session_id, type_, item_id, delivery, payload)
+        receipt: InboxItem = await self._owners.command(
+            session_id,
+            lambda _: self._enqueue_held(session_id, type_, item_id, delivery, payload),
+        )
+        return receipt
 
     async def _enqueue_held(
         self,
@@ -350,7 +373,7 @@ class Inbox:
         delivery: Delivery,
         payload: Mapping[str, Any],
     ) -> InboxItem:
-        """:meth:`_enqueue` with the session's inbox lock already held."""
+        """:meth:`_enqueue`, run by the session's actor."""
         inbox_id = item_id or ids.message_id()
         # A concurrent exact retry may have admitted the id while we prepared.
         if item_id is not None:
@@ -407,7 +430,8 @@ class Inbox:
     async def cancel(self, session_id: str, inbox_id: str) -> None:
         await self._require(session_id)
         ids.validate("msg", inbox_id, field="inboxID")
-        async with self._locks.hold(session_id):
+
+        async def cancel(_: Writer) -> None:
             pending = await self._store.queries.inbox(session_id)
             if not any(item.id == inbox_id for item in pending):
                 if await self._store.queries.was_cancelled(session_id, inbox_id):
@@ -415,67 +439,85 @@ class Inbox:
                 raise ConflictError(f"inbox item {inbox_id} is not pending", resource="inbox")
             await self._apply(ev.InboxCancelled(session_id=session_id, inbox_id=inbox_id))
 
+        await self._owners.command(session_id, cancel)
+
     async def change_delivery(self, session_id: str, inbox_id: str, delivery: Delivery) -> None:
         await self._require(session_id)
         ids.validate("msg", inbox_id, field="inboxID")
-        with self.gate.admitting():
-            async with self._locks.hold(session_id):
-                item = await self._pending_item(session_id, inbox_id)
-                if item.delivery == delivery:
-                    raise ConflictError(
-                        f"inbox item {inbox_id} is already delivered by {delivery}",
-                        resource="inbox",
-                    )
-                changed = ev.InboxDeliveryChanged(
-                    session_id=session_id, inbox_id=inbox_id, delivery=delivery
+
+        async def change(_: Writer) -> None:
+            item = await self._pending_item(session_id, inbox_id)
+            if item.delivery == delivery:
+                raise ConflictError(
+                    f"inbox item {inbox_id} is already delivered by {delivery}",
+                    resource="inbox",
                 )
-                await self._apply(changed)
+            changed = ev.InboxDeliveryChanged(
+                session_id=session_id, inbox_id=inbox_id, delivery=delivery
+            )
+            await self._apply(changed)
+
+        with self.gate.admitting():
+            await self._owners.command(session_id, change)
             # Steering asks for the next boundary; queueing and cancelling never wake.
             if delivery == "steer":
                 self._wake(session_id, "steer")
 
     # -- promotion ------------------------------------------------------------------------------
 
-    def generation(self, session_id: str) -> int:
-        """Read before reading the inbox, it tells :meth:`promote` whether that
-        read still holds: equal, no mutation of the session's inbox on this
-        host has let go of its lock since."""
-        return self._locks.generation(session_id)
+    async def drain_start(self, session_id: str, writer: Writer) -> DrainStart:
+        """A drain's first read (run by the session actor, which then knows its inbox)."""
+        start = await self._store.queries.drain_start(session_id)
+        writer.inbox = list(start.inbox)
+        return start
+
+    async def boundary(self, session_id: str, writer: Writer) -> Boundary:
+        """A boundary's read (run by the session actor, which then knows its inbox)."""
+        boundary = await self._store.queries.boundary(session_id)
+        writer.inbox = list(boundary.inbox)
+        return boundary
 
     async def promote(
-        self,
-        session_id: str,
-        scope: Scope,
-        seen: Seen | None = None,
-        held: Collection[str] = (),
+        self, session_id: str, scope: Scope, held: Collection[str], writer: Writer
     ) -> Promotion:
         """Deliver what ``scope`` allows, in one transaction; say what it delivered and left.
 
-        ``seen`` is the inbox as the caller read it at this boundary, with the
-        :meth:`generation` taken before that read: while no mutation here has
-        released the lock since, it is what a read under the lock would give,
-        and the read is skipped. Another host's cancellation still races it,
-        as it races a read under this host's lock; the delivery's projection
-        refuses an item no longer pending, and promotion then reads afresh.
+        Run by the session actor: the pending input it knows (the boundary's
+        read, or the last promotion's leftovers, with no other command since)
+        is what a read would give, and the read is skipped. Another host's
+        cancellation still races it; the delivery's projection refuses an
+        item no longer pending, and promotion then reads afresh.
         ``held``: synthetic input held behind a staged revert (never delivered).
         """
-        async with self._locks.hold(session_id):
-            pending: Sequence[InboxItem] | None = None
-            if seen is not None and seen.generation == self._locks.generation(session_id):
-                chosen = select_promotable(seen.items, scope, held)
-                try:
-                    await self._deliver(session_id, chosen)
-                except ConflictError:
-                    pass  # changed by another host since it was read: read it now
-                else:
-                    pending = seen.items
-            if pending is None:
-                pending = await self._store.queries.inbox(session_id)
-                chosen = select_promotable(pending, scope, held)
+        pending: Sequence[InboxItem] | None = writer.inbox
+        writer.inbox = None
+        if pending is not None:
+            chosen = select_promotable(pending, scope, held)
+            try:
                 await self._deliver(session_id, chosen)
+            except ConflictError:
+                pending = None  # changed by another host since it was read: read it now
+        if pending is None:
+            pending = await self._store.queries.inbox(session_id)
+            chosen = select_promotable(pending, scope, held)
+            await self._deliver(session_id, chosen)
         delivered = {item.id for item in chosen}
         left = [item for item in pending if item.id not in delivered]
-        return Promotion(chosen, left, self._locks.generation(session_id))
+        writer.inbox = left
+        return Promotion(chosen, left)
+
+    async def nothing_due(self, scope: Scope, held: Collection[str], writer: Writer) -> bool:
+        """Whether the idle boundary after a turn has nothing to deliver or handle,
+        known without reading the inbox again.
+
+        Only where this process alone writes the log (``Store.exclusive``), and
+        only while the session actor still knows its inbox (no command since
+        the promotion). With other hosts on the log, input they admitted
+        meanwhile is found by the read (their wake would bring it too, one
+        drain later).
+        """
+        known = writer.inbox
+        return self._store.exclusive and known is not None and not due(known, scope, held)
 
     async def _deliver(self, session_id: str, chosen: Sequence[InboxItem]) -> None:
         if chosen:

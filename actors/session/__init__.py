@@ -1,4 +1,4 @@
-"""Execution: who runs a session's drains, when, and how a busy period ends.
+"""The session actor: who runs a session's drains, when, and how a busy period ends.
 
 A **busy period** is one execution of a session: it starts (``started``: the
 durable ``session.execution.started`` with its write-ahead claim), runs one or
@@ -38,20 +38,36 @@ work to the owner. When this host loses the lease while it works (a
 renewal) the drains are cancelled and the busy period ends as ``fenced``:
 the terminal belongs to whoever holds the lease now, so none is written.
 
-Modules: :mod:`._messages` (terminals, hooks, messages), :mod:`._session`
-(the session actor), :mod:`._supervisor`, :mod:`._facade` (:class:`Execution`).
+The session actor is also the only writer of its session: every write
+(admission, cancel, delivery change, promotion, control delivery, revert,
+shell notice, permission reply, agent/model/title change, deletion) is a
+:class:`SessionCommand` it runs between two other messages, and its drain
+(:mod:`.drain`, the busy period's child task) asks it for each boundary's
+read and promotion. An actor lives while it has a command or a busy period.
+
+Modules: :mod:`.messages` (terminals, hooks, messages), :mod:`.actor` (the
+session actor), :mod:`.drain` (what a busy period runs) and what only the
+session actor and its drain call: :mod:`.inbox` (admission and the delivery
+rules), :mod:`.step`, :mod:`.tool_calls`, :mod:`.compaction`, :mod:`.history`,
+:mod:`.revert`, :mod:`.shells`, :mod:`.interrupts`. The supervisor and the
+facade (:class:`~actors.supervisor.Execution`) are :mod:`actors.supervisor`.
 """
 
-from actors.execution._facade import Execution
-from actors.execution._messages import ExecutionHooks, Terminal, error_info, widest
-from actors.execution._session import SessionActor
-from actors.execution._supervisor import Supervisor
+from actors.session.actor import SessionActor
+from actors.session.messages import (
+    ExecutionHooks,
+    Own,
+    SessionCommand,
+    Terminal,
+    error_info,
+    widest,
+)
 
 __all__ = [
-    "Execution",
     "ExecutionHooks",
+    "Own",
     "SessionActor",
-    "Supervisor",
+    "SessionCommand",
     "Terminal",
     "error_info",
     "widest",

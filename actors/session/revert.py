@@ -10,10 +10,11 @@ synthetic input admitted while it was staged is discarded, and instruction
 state is cleared (by the instruction projection, on
 ``session.revert.committed``).
 
-All three hold the session's inbox lock (admission, delivery and revert
-mutations are serialised) and refuse with ``SessionBusy`` while the session
-runs here. A new prompt commits a staged revert in the same transaction that
-admits it (:meth:`Reverts.commit_events`, called by the inbox under the lock).
+All three are commands of the session's actor (admission, delivery and
+revert mutations are serialised by it) and refuse with ``SessionBusy`` while
+the session runs here (the actor knows). A new prompt commits a staged revert
+in the same transaction that admits it (:meth:`Reverts.commit_events`, called
+by the inbox in the prompt's own command).
 
 Files are restored to the snapshot taken before the first step (after the
 message) that changed each of them, as OpenCode does; the tree the files are
@@ -24,20 +25,20 @@ or clear touches a file, an intent (the revert, the restores it makes, and
 the tree the files are in just before: the undo) is written durably to
 ``<data>/revert/<session>.json``; then the files are restored; only then is
 the event recorded, and last the intent is removed. A restore that is
-refused (:class:`~actors.snapshots.RestoreRefused`: a path would lead outside
+refused (:class:`~actors.files.snapshots.RestoreRefused`: a path would lead outside
 the directory, a directory holds files no step wrote) leaves the files as
 they were, answers a 409 and records nothing. :meth:`Reverts.recover` (at
 start) finishes every intent it finds whose event is in the log (restoring
 is idempotent: the same trees, the same paths) and puts the files of the
 others back to their undo tree. Staging over a staged revert first clears
 it, as its own durable step. The restore itself is confined path by path
-(:mod:`actors.confined`).
+(:mod:`actors.files.confined`).
 
 A test hook stops a revert at a chosen point so a test can SIGKILL the real
 server there (tests/durability/test_revert_crash.py). It is inert unless the
 server's own environment holds ``SESSIONRT_TEST_REVERT_PAUSE=<point>:<marker>``
 (nothing over HTTP sets it): at ``<point>`` the revert creates the file
-``<marker>`` and waits forever, holding the session's lock. Points: ``stage.intent``
+``<marker>`` and waits forever, holding the session's actor. Points: ``stage.intent``
 and ``clear.intent`` (the intent is durable, no file restored yet),
 ``stage.restore`` and ``clear.restore`` (one path restored, the others not),
 ``stage.event`` and ``clear.event`` (files restored, the event committed, the
@@ -51,17 +52,17 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import logging
 import os
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final
 
 import orjson
 
-from actors._keyed_lock import KeyedLock
-from actors.inbox import Doorbell
+from actors.files.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
 from actors.kit import finish
-from actors.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
+from actors.session.inbox import Doorbell, Owners, Writer
 from protocol import codec, ids
 from protocol import events as ev
 from protocol.cursor import MessageAnchor
@@ -90,40 +91,24 @@ PAUSE_POINTS: Final = frozenset(
 ) | {"commit"}
 
 
-class BusyCheck(Protocol):
-    """Whether a session has a busy period on this host (the runtime's execution)."""
-
-    async def busy(self, session_id: str) -> bool: ...
-
-
 #: The restores of one stage or clear: (tree, the paths made what they are in it).
 Restores = list[tuple[str, list[str]]]
-
-
-class _NeverBusy:
-    async def busy(self, session_id: str) -> bool:
-        return False
-
-
-_NEVER_BUSY: Final = _NeverBusy()
 
 
 class Reverts:
     def __init__(
         self,
         store: Store,
-        locks: KeyedLock,
+        owners: Owners,
         snapshots: Snapshots,
-        busy: BusyCheck = _NEVER_BUSY,
         *,
         wake: Doorbell,
         intents: Path,
         blocking: Blocking,
     ) -> None:
         self._store = store
-        self._locks = locks
+        self._owners = owners
         self._snapshots = snapshots
-        self.busy = busy.busy
         #: Rung when a clear releases synthetic input the revert held.
         self._wake = wake
         #: Where the intents of stages and clears in progress are kept.
@@ -133,9 +118,11 @@ class Reverts:
         self._pause = _pause_from(os.environ.get(PAUSE_ENV))
 
     async def stage(self, session_id: str, message_id: str, files: bool = False) -> SessionRevert:
+        ids.validate("ses", session_id, field="sessionID")
         ids.validate("msg", message_id, field="messageID")
-        async with self._locks.hold(session_id):
-            session = await self._idle(session_id)
+
+        async def stage(writer: Writer) -> SessionRevert:
+            session = await self._idle(session_id, writer)
             seq = await self._store.queries.message_seq(session_id, message_id)
             if seq is None:
                 raise MessageNotFoundError(session_id, message_id)
@@ -148,13 +135,21 @@ class Reverts:
             await self._durably(session, "stage", revert, restores, revert.snapshot, event)
             return revert
 
+        staged: SessionRevert = await self._owners.command(session_id, stage)
+        return staged
+
     async def clear(self, session_id: str) -> None:
-        held: builtins.list[str] = []
-        async with self._locks.hold(session_id):
-            session = await self._idle(session_id)
-            if session.revert is not None:
-                held = await self._store.queries.held_synthetic(session_id)
-                await self._clear(session, session.revert)
+        ids.validate("ses", session_id, field="sessionID")
+
+        async def clear(writer: Writer) -> builtins.list[str]:
+            session = await self._idle(session_id, writer)
+            if session.revert is None:
+                return []
+            held = await self._store.queries.held_synthetic(session_id)
+            await self._clear(session, session.revert)
+            return held
+
+        held: builtins.list[str] = await self._owners.command(session_id, clear)
         if held:
             # What the revert held is input like any other now: it delivers.
             self._wake.wake(session_id, "input")
@@ -173,38 +168,57 @@ class Reverts:
                 log.warning("dropping unreadable revert intent %s: %s", path.name, exc)
                 await self._blocking(_unlink, path)
                 continue
-            async with self._locks.hold(session_id):
-                session = await self._store.queries.session(session_id)
-                current = None if session is None else session.revert
-                # The files may be half restored. Its event committed: finish them;
-                # it did not: put them back as they were before (the undo tree).
-                done = current == revert if intent["op"] == "stage" else current != revert
-                if session is not None:
-                    try:
-                        if done:
-                            await self._apply(session, restores)
-                        elif undo is not None:
-                            await self._apply(session, [(undo, _paths(restores))])
-                    except DomainError as exc:
-                        log.warning("revert of %s not finished: %s", session_id, exc)
-                        continue  # the intent stays for the next start
-                    finished += 1
-                await self._blocking(_unlink, path)
+            finish_one = functools.partial(
+                self._recover_one, session_id, intent["op"], revert, restores, undo, path
+            )
+            finished += await self._owners.command(session_id, finish_one)
         return finished
 
+    async def _recover_one(
+        self,
+        session_id: str,
+        op: str,
+        revert: SessionRevert,
+        restores: Restores,
+        undo: str | None,
+        path: Path,
+        _: Writer,
+    ) -> bool:
+        """Finish (or undo) one interrupted stage or clear: a command of its session."""
+        session = await self._store.queries.session(session_id)
+        current = None if session is None else session.revert
+        # The files may be half restored. Its event committed: finish them;
+        # it did not: put them back as they were before (the undo tree).
+        done = current == revert if op == "stage" else current != revert
+        if session is not None:
+            try:
+                if done:
+                    await self._apply(session, restores)
+                elif undo is not None:
+                    await self._apply(session, [(undo, _paths(restores))])
+            except DomainError as exc:
+                log.warning("revert of %s not finished: %s", session_id, exc)
+                return False  # the intent stays for the next start
+        await self._blocking(_unlink, path)
+        return session is not None
+
     async def commit(self, session_id: str) -> None:
-        async with self._locks.hold(session_id):
-            session = await self._idle(session_id)
+        ids.validate("ses", session_id, field="sessionID")
+
+        async def commit(writer: Writer) -> None:
+            session = await self._idle(session_id, writer)
             events = await self.commit_events(session)
             if events:
                 await self._append(session_id, *events)
                 await self._paused("commit")
 
+        await self._owners.command(session_id, commit)
+
     async def commit_events(self, session: Session) -> builtins.list[ev.Event]:
         """The events that commit ``session``'s staged revert (none if none is staged).
 
-        The caller holds the session's inbox lock and appends them, alone or
-        with the admission they precede.
+        The caller is a command of the session's actor and appends them, alone
+        or with the admission they precede.
         """
         if session.revert is None:
             return []
@@ -490,9 +504,9 @@ class Reverts:
             raise SessionNotFoundError(session_id)
         return session
 
-    async def _idle(self, session_id: str) -> Session:
+    async def _idle(self, session_id: str, writer: Writer) -> Session:
         session = await self._session(session_id)
-        if await self.busy(session_id):
+        if writer.busy:
             raise SessionBusyError(session_id)
         return session
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Literal, Protocol
+import contextvars
+from typing import Any, Literal, Protocol
 
 import attrs
 
-from actors.inbox import Scope
+from actors.session.inbox import Run, Scope
 from protocol.events import ErrorInfo, InterruptReason
 
 
@@ -32,14 +33,34 @@ class Terminal:
 SUCCEEDED = Terminal(kind="succeeded")
 
 
+class Own(Protocol):
+    """A drain's way to its own session actor (it runs ``run`` between two messages)."""
+
+    async def command(self, run: Run, *, keeps_inbox: bool = False) -> Any: ...
+
+
+class NoHooks:
+    """The hooks of a supervisor that only serialises commands (a facade that runs nothing)."""
+
+    async def started(self, session_id: str) -> None:
+        pass
+
+    async def drain(self, session_id: str, scope: Scope, force: bool, own: Own) -> None:
+        pass
+
+    async def settled(self, session_id: str, terminal: Terminal) -> None:
+        pass
+
+
 class ExecutionHooks(Protocol):
     """What a busy period does; the runtime supplies the durable versions."""
 
     async def started(self, session_id: str) -> None:
         """Publish ``execution.started`` (and the claim). Runs once, uncancelled."""
 
-    async def drain(self, session_id: str, scope: Scope, force: bool) -> None:
-        """Run one drain; cancelled by ``interrupt``."""
+    async def drain(self, session_id: str, scope: Scope, force: bool, own: Own) -> None:
+        """Run one drain; cancelled by ``interrupt``. ``own``: its session actor, asked
+        at each boundary (the drain is that actor's child task)."""
 
     async def settled(self, session_id: str, terminal: Terminal) -> None:
         """Publish the single terminal event. Runs once, uncancelled."""
@@ -67,6 +88,27 @@ def widest(a: Scope | None, b: Scope) -> Scope:
 class Wake:
     session_id: str
     scope: Scope = "input"
+
+
+@attrs.frozen(kw_only=True)
+class SessionCommand:
+    """A write to one session: its actor runs ``run`` alone, between two other messages.
+
+    The one message every command of a session travels as (admission, cancel,
+    delivery change, promotion, control delivery, revert, shell notice,
+    permission reply, agent/model/title change, deletion): no lock beside the
+    actor, because nothing else writes the session's inbox.
+    """
+
+    session_id: str
+    run: Run = attrs.field(eq=False, repr=False)
+    #: Whether the pending input the actor knows (:attr:`Writer.inbox`) survives
+    #: ``run``: a read or a promotion, which keeps it up to date itself.
+    keeps_inbox: bool = False
+    #: From the session's own drain (not counted in the supervisor's books), with
+    #: the drain's context, which ``run`` sees (its lease fence marks the writes).
+    own: contextvars.Context | None = attrs.field(default=None, eq=False, repr=False)
+    reply: asyncio.Future[Any] = attrs.field(eq=False, repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -103,16 +145,22 @@ class Active:
 
 @attrs.frozen(kw_only=True)
 class Idle:
-    """A session actor is idle, having handled ``received`` messages; the
-    supervisor may retire it (told after every message it handles while idle)."""
+    """A session actor is idle after the ``kicks`` wakes and resumes it handled."""
 
     session_id: str
-    received: int = 0
+    #: Which actor: a report from one that has since retired is stale.
+    ref: Any = attrs.field(eq=False, repr=False)
+    kicks: int = 0
 
 
 @attrs.frozen(kw_only=True)
-class Retire:
-    """From the supervisor: you are idle and nothing more is on its way; stop."""
+class Settled:
+    """A session actor to itself: its busy period ended (an empty mailbox retires it)."""
+
+
+@attrs.frozen(kw_only=True)
+class Children:
+    """Asked of the supervisor once, by its facade: the directory of its session actors."""
 
 
 @attrs.frozen(kw_only=True)
