@@ -52,11 +52,9 @@ figure is measured next to a baseline from the same run:
    lateness (gap minus 1 ms) is attributed to the phase it started in (phase 1's
    rows include its interleaved baseline steps). Ticks that span this script's own
    synchronous measurement work between phases are dropped. The cyclic GC's pauses
-   are timed per phase too (``gc.callbacks``); by default the collector is paced as
-   ``sessionrt serve`` paces it (``actors.collector.collector_paced``: everything
-   imported before the phases is frozen out of the collector's reach, and so is what
-   survives each full pass); ``--no-gc-freeze`` shows how much of the lag is full
-   collections without it. Phase 3 runs with tracemalloc on, which slows
+   are timed per phase too (``gc.callbacks``); ``gc.freeze()`` (default) moves everything
+   imported before the phases out of the collector's reach, to show how much of the
+   lag is full collections. Phase 3 runs with tracemalloc on, which slows
    allocation-heavy code: its lag is an upper bound.
 
 Targets (informational; 2 cores): overhead <= 2 ms per step (FULL), concurrent steps/s
@@ -90,7 +88,6 @@ import attrs
 from _benchlib import report_main, target_lines
 
 from actors import ActorRegistry
-from actors.collector import collector_paced
 from actors.llm import (
     SCRIPTED_PROVIDER_ID,
     Finish,
@@ -709,16 +706,9 @@ def _short(filename: str) -> str:
 
 
 async def run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    if not args.gc_freeze:
-        return await _run_all(args, root)
-    gc.collect()
-    # As ``sessionrt serve`` once started: everything imported so far leaves the
-    # collector's generations, and so does what survives each full pass after.
-    with collector_paced():
-        return await _run_all(args, root)
-
-
-async def _run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()  # everything imported so far leaves the collector's generations
     lag = LagMonitor()
     lag.start()
     try:
@@ -828,7 +818,7 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         f"sessionrt runtime benchmark: scripted model, zero delay, Python {report['python']}, "
         f"SQLite {report['sqlite_version']}, {report['cpus']} CPUs"
-        + (", collector paced as serve paces it" if report["gc_freeze"] else ""),
+        + (", gc.freeze() after imports" if report["gc_freeze"] else ""),
         "",
         "1. one session, one step per prompt (prompt resume=False + execution.resume), "
         f"after {report['warmup_steps']} warm-up steps",
@@ -1005,9 +995,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--no-gc-freeze",
         dest="gc_freeze",
         action="store_false",
-        help="do not pace the collector as sessionrt serve does (collector_paced: freeze"
-        " after start-up and after each full pass); the loop lag then includes full"
-        " passes over start-up objects and the caches",
+        help="skip gc.freeze() after start-up (sessionrt serve freezes; without it the"
+        " loop lag includes the cyclic collector walking start-up objects)",
     )
     parser.add_argument(
         "--stalls",

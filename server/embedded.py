@@ -27,7 +27,6 @@ from typing import Self
 
 import attrs
 
-from actors.collector import collector_paced
 from actors.runtime import Runtime, RuntimeConfig
 from actors.tools import Tool
 from protocol.client import Client, EventsAPI, InstructionsAPI, ServerAPI, SessionsAPI
@@ -105,10 +104,6 @@ class Embedded:
             self._stack.push_async_callback(connector.close)
             client = Client(BASE_URL, connector=connector, timeout=None)
             self._client = await self._stack.enter_async_context(client)
-            # As ``sessionrt serve`` does once started: what start-up made lives
-            # as long as the host, and full collections walk only what arrived
-            # since the last one (actors/collector.py; undone when it closes).
-            self._stack.enter_context(collector_paced())
         except BaseException:
             await self.aclose()
             raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import ipaddress
 import logging
 import os
@@ -24,7 +25,6 @@ from typing import Final, TextIO
 import attrs
 from aiohttp import web
 
-from actors.collector import collector_paced
 from actors.runtime import RuntimeConfig
 from server._protocol import make_runner
 from server.app import RUNTIME, ServerSettings, make_app, runner_options
@@ -139,13 +139,11 @@ async def serve(
         _log_start(app, f"http://{shown}:{bound[1]}", config, settings)
         # Everything allocated so far lives as long as the server: keep it out of
         # the collector's generations so full collections stay short (a full
-        # pass over start-up objects was the largest event-loop stall measured);
-        # from here on, what survives each full pass (the caches) is kept out
-        # the same way (actors/collector.py).
-        with collector_paced():
-            if ready is not None:
-                ready.set()
-            await stop.wait()
+        # pass over start-up objects was the largest event-loop stall measured).
+        gc.freeze()
+        if ready is not None:
+            ready.set()
+        await stop.wait()
         print("sessionrt: shutting down", file=out, flush=True)
         log.info("server stopping", extra={"fields": {"phase": "stop"}})
     finally:
