@@ -155,7 +155,10 @@ class PostgresStore(LogReads):
 
     async def _connect(self) -> asyncpg.Connection:
         try:
-            return await asyncpg.connect(self._url)
+            # The writer's and the listener's statements are few and run for
+            # the store's life: kept prepared (asyncpg's cache of 100, least
+            # recently used closed first), not prepared again every 300 s.
+            return await asyncpg.connect(self._url, max_cached_statement_lifetime=0)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StorageBrokenError(f"cannot connect to {self.where}: {_reason(exc)}") from None
 
