@@ -5,14 +5,23 @@ prompt with an attachment), so a bound on the number of entries bounds
 nothing: 150 one-megabyte prompts behind an 8,000-entry bound held a gigabyte.
 Here every entry carries a weight (the caller's estimate of the bytes it keeps
 alive) and the oldest entries go until the total is within the bound again. A
-value heavier than the whole bound is not kept at all.
+value heavier than the whole bound is not kept at all, unless the cache is made
+with ``oversized="alone"``: then it is kept as the only entry, until the next
+``put`` (a session's history that its next step needs whole anyway: dropping it
+made every step read and decode it all again, holding the stored text and its
+decoded copy at once).
+
+An entry costs the collector no object of its own: the values sit in one
+ordered dict and their weights in a plain dict of atoms, which the cyclic
+collector does not track. A ``(value, weight)`` tuple per entry was one more
+object for every full collection to walk, for every cached message.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, Literal, TypeVar
 
 __all__ = ["ByteLRU", "reused_prefix"]
 
@@ -28,46 +37,55 @@ ENTRY_OVERHEAD = 256
 
 
 class ByteLRU(Generic[K, V]):
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, *, oversized: Literal["drop", "alone"] = "drop") -> None:
         if max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self.oversized = oversized
+        self._entries: OrderedDict[K, V] = OrderedDict()
+        self._weights: dict[K, int] = {}
         self._bytes = 0
 
     @property
     def bytes(self) -> int:
-        """The total weight held now (always <= ``max_bytes``)."""
+        """The total weight held now: at most ``max_bytes``, or one oversized entry's."""
         return self._bytes
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._weights
+
     def get(self, key: K) -> V | None:
-        entry = self._entries.get(key)
-        if entry is None:
+        value = self._entries.get(key)
+        if value is None:
             return None
         self._entries.move_to_end(key)
-        return entry[0]
+        return value
 
     def discard(self, key: K) -> None:
         """Forget ``key`` (nothing happens when it is not held)."""
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= old[1]
+        weight = self._weights.pop(key, None)
+        if weight is not None:
+            del self._entries[key]
+            self._bytes -= weight
 
     def put(self, key: K, value: V, weight: int) -> None:
         weight += ENTRY_OVERHEAD
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= old[1]
+        self.discard(key)
         if weight > self.max_bytes:
-            return
-        self._entries[key] = (value, weight)
+            if self.oversized == "drop":
+                return
+            self._entries.clear()
+            self._weights.clear()
+            self._bytes = 0
+        self._entries[key] = value
+        self._weights[key] = weight
         self._bytes += weight
-        while self._bytes > self.max_bytes:
-            _, (_, dropped) = self._entries.popitem(last=False)
-            self._bytes -= dropped
+        while self._bytes > self.max_bytes and len(self._entries) > 1:
+            dropped, _ = self._entries.popitem(last=False)
+            self._bytes -= self._weights.pop(dropped)
 
 
 def reused_prefix(current: Sequence[object], last: Sequence[object]) -> int:

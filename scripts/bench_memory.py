@@ -14,7 +14,9 @@ step: the runner reloads the whole history, which goes through the decode caches
 of ``storage/queries.py`` and the chat cache of ``actors/session/history.py``), each
 followed by ``POST .../wait``; the transcript is read once more at the end
 (``GET .../message`` and ``.../context``). RSS is read again, and its peak
-(``VmHWM``). Target (issue #8): RSS after 150 x 1 MB prompts <= 150 MiB.
+(``VmHWM``), both before the transcript is read (the prompts' peak) and after.
+Targets: RSS after 150 x 1 MB prompts <= 150 MiB (issue #8); the prompts' peak
+<= 2x the bytes of the prompts (issue #42).
 Linux only (``/proc``).
 """
 
@@ -38,6 +40,8 @@ from _benchlib import report_main, target_lines
 ROOT: Final = Path(__file__).resolve().parent.parent
 SESSIONRT: Final = ROOT / ".venv" / "bin" / "sessionrt"
 TARGET_RSS_MIB: Final = 150.0
+#: Issue #42 section 2: the peak while the prompts go in, at most twice their bytes.
+TARGET_PEAK_OF_DATA: Final = 2.0
 MIB: Final = 1024 * 1024
 
 
@@ -109,13 +113,19 @@ async def _measure(args: argparse.Namespace, pid: int, base: str, work: str) -> 
             async with http.post(f"/api/experimental/session/{sid}/wait") as r:
                 assert r.status == 204, await r.text()
             if (i + 1) % 25 == 0:
-                _log(args, f"  {i + 1} prompts, RSS {_status(pid, 'VmRSS'):.1f} MiB")
+                _log(
+                    args,
+                    f"  {i + 1} prompts, RSS {_status(pid, 'VmRSS'):.1f} MiB,"
+                    f" peak {_status(pid, 'VmHWM'):.1f} MiB",
+                )
         seconds = time.perf_counter() - started
+        prompts_peak = _status(pid, "VmHWM")
         async with http.get(f"/api/session/{sid}/context") as r:
             assert r.status == 200
             context = len((await r.json())["data"])
         after = _status(pid, "VmRSS")
         peak = _status(pid, "VmHWM")
+        data = args.prompts * args.prompt_bytes / MIB
     return {
         "python": platform.python_version(),
         "sqlite_version": sqlite3.sqlite_version,
@@ -127,6 +137,8 @@ async def _measure(args: argparse.Namespace, pid: int, base: str, work: str) -> 
         "idle_rss_mib": round(idle, 1),
         "rss_mib": round(after, 1),
         "peak_rss_mib": round(peak, 1),
+        "prompts_peak_rss_mib": round(prompts_peak, 1),
+        "data_mib": round(data, 1),
         "figures": [
             _figure(
                 f"RSS after {args.prompts} x {args.prompt_bytes / 1e6:g} MB prompts",
@@ -136,6 +148,13 @@ async def _measure(args: argparse.Namespace, pid: int, base: str, work: str) -> 
                 after <= TARGET_RSS_MIB,
             ),
             _figure("peak RSS (VmHWM) during the run", peak, idle, None, None),
+            _figure(
+                "peak RSS (VmHWM) over the prompts, before the transcript is read",
+                prompts_peak,
+                idle,
+                f"<= {TARGET_PEAK_OF_DATA:g}x the prompts' {data:,.0f} MiB",
+                prompts_peak <= TARGET_PEAK_OF_DATA * data,
+            ),
         ],
         "targets": [
             {
@@ -143,7 +162,13 @@ async def _measure(args: argparse.Namespace, pid: int, base: str, work: str) -> 
                 "value": round(after, 1),
                 "unit": "MiB",
                 "pass": after <= TARGET_RSS_MIB,
-            }
+            },
+            {
+                "name": f"peak RSS over the prompts <= {TARGET_PEAK_OF_DATA:g}x their data",
+                "value": round(prompts_peak, 1),
+                "unit": "MiB",
+                "pass": prompts_peak <= TARGET_PEAK_OF_DATA * data,
+            },
         ],
     }
 

@@ -114,17 +114,40 @@ HEALTH: Final = web.AppKey("health", HealthProbe)
 Endpoint = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+#: A body longer than this is written in pieces of this size (:class:`_Sent`).
+_WRITE_PIECE: Final = 1024 * 1024
+
+
 class _Sent(web.Response):
     """A response that lets go of its body once the body is written.
 
     aiohttp's connection loop keeps the last response of a keep-alive
     connection referenced until the next request arrives: a transcript of
     150 MB read once stayed resident for as long as its client stayed idle.
+
+    A long body goes out in pieces, each awaited until the socket has taken
+    it: written whole, what the socket could not take at once was copied
+    into the transport's buffer (asyncio's selector transport extends a
+    bytearray), a second copy of a 150 MB transcript for as long as the
+    client took to read it.
     """
 
     async def write_eof(self, data: bytes = b"") -> None:
         try:
-            await super().write_eof(data)
+            body = self.body
+            if (
+                isinstance(body, bytes)
+                and len(body) > _WRITE_PIECE
+                and not self._compressed_body
+                and not self._must_be_empty_body
+                and not self._eof_sent
+            ):
+                view = memoryview(body)
+                for start in range(0, len(body), _WRITE_PIECE):
+                    await self.write(view[start : start + _WRITE_PIECE])
+                await web.StreamResponse.write_eof(self)
+            else:
+                await super().write_eof(data)
         finally:
             self.body = None
 

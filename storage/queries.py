@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 import attrs
@@ -229,7 +229,9 @@ _SESSION_STALE: Final = (
 DECODE_CACHE_BYTES: Final = 32 * 1024 * 1024
 #: Bytes of sessions' histories kept (:class:`HistoryCache`), least recently used
 #: session evicted first; a session weighs the stored text of its rows. A history
-#: heavier than the whole bound is not kept (every read of it is a full one).
+#: heavier than the whole bound is kept alone (every other one goes) until the next
+#: session's is kept: its next step needs it whole anyway, and dropping it made
+#: every step a full read, with the stored text and its decoded copy held at once.
 HISTORY_CACHE_BYTES: Final = 64 * 1024 * 1024
 
 # The state a history read checks its cached rows against, in the read's own
@@ -255,6 +257,19 @@ _HISTORY_CHANGED: Final = (
 
 #: Hashes per blob read statement (reference §4.11).
 _BLOB_BATCH: Final = 500
+
+
+def _taken(rows: list[Row]) -> Iterator[Row]:
+    """Each of ``rows`` in turn, let go of by the list as it is handed out.
+
+    A full read of a long transcript fetches all of its stored text at once;
+    decoding it row by row while the list kept every row held the stored text
+    and its decoded copy both whole (twice the transcript, at the peak).
+    """
+    for i in range(len(rows)):
+        row = rows[i]
+        rows[i] = ()
+        yield row
 
 
 @attrs.frozen(kw_only=True)
@@ -284,8 +299,11 @@ class _History:
     marker: int
     order: tuple[SessionMessage, ...]
     seqs: tuple[int, ...]
-    #: id -> (message, its weight in bytes)
-    by_id: Mapping[str, tuple[SessionMessage, int]]
+    by_id: Mapping[str, SessionMessage]
+    #: id -> the message's weight in bytes (apart from ``by_id``: a dict of atoms
+    #: only, which the cyclic collector does not track, where a ``(message,
+    #: weight)`` tuple per message was one more object for every full pass)
+    sizes: Mapping[str, int]
     #: Seqs of completed compactions (the candidates for the active boundary).
     completed: frozenset[int]
     #: The session's ``removals`` when these rows were read: another count means
@@ -302,7 +320,7 @@ class _History:
         end = len(self.order)
         hidden = None if revert is None else self.by_id.get(revert.message_id)
         if hidden is not None:
-            end = bisect_left(self.seqs, hidden[0].seq)
+            end = bisect_left(self.seqs, hidden.seq)
         limit = self.seqs[end] if end < len(self.seqs) else None
         boundary = max((s for s in self.completed if limit is None or s < limit), default=None)
         start = 0 if boundary is None else bisect_left(self.seqs, boundary)
@@ -324,7 +342,7 @@ class HistoryCache:
     """
 
     def __init__(self, max_bytes: int = HISTORY_CACHE_BYTES) -> None:
-        self._entries: ByteLRU[str, _History] = ByteLRU(max_bytes)
+        self._entries: ByteLRU[str, _History] = ByteLRU(max_bytes, oversized="alone")
 
     @property
     def bytes(self) -> int:
@@ -362,11 +380,16 @@ class Queries:
         self._fetch = fetch
         self._fetch_many = fetch_many or self._fetch_each
         self.histories = HistoryCache(history_bytes)
-        # By message id: (fingerprint of the stored text, decoded message).
-        self._cache: ByteLRU[str, tuple[tuple[Any, ...], SessionMessage]] = ByteLRU(cache_bytes)
+        # Decoded messages by id, and beside them the fingerprint of the stored
+        # text each was decoded from: two containers, so that an entry is no
+        # ``(fingerprint, message)`` tuple of its own for the collector to walk
+        # (the fingerprints are tuples of atoms, which it stops tracking).
+        # Fingerprints of evicted messages are let go in bulk (:meth:`_keep`).
+        self._cache: ByteLRU[str, SessionMessage] = ByteLRU(cache_bytes)
+        self._prints: dict[str, tuple[Any, ...]] = {}
 
     @property
-    def cache(self) -> ByteLRU[str, tuple[tuple[Any, ...], SessionMessage]]:
+    def cache(self) -> ByteLRU[str, SessionMessage]:
         """The decode cache (its ``bytes`` and ``max_bytes`` are what tests and tools read)."""
         return self._cache
 
@@ -471,7 +494,7 @@ class Queries:
     async def full_context(self, session_id: str) -> list[SessionMessage]:
         """:meth:`context` read in full, past the history cache (what it must equal)."""
         rows = await self._fetch(_CONTEXT, (session_id, session_id))
-        return [self._decoded(r) for r in rows]
+        return [self._decoded(r) for r in _taken(rows)]
 
     async def step_inputs(self, session_id: str) -> tuple[Session | None, list[SessionMessage]]:
         """:meth:`session` and :meth:`context` read together, in one snapshot.
@@ -517,29 +540,30 @@ class Queries:
         self,
         session_id: str,
         base: _History | None,
-        rows: Sequence[Row],
+        rows: list[Row],
         marker: int,
         removals: int,
     ) -> _History:
-        by_id: dict[str, tuple[SessionMessage, int]] = {} if base is None else dict(base.by_id)
+        by_id: dict[str, SessionMessage] = {} if base is None else dict(base.by_id)
+        sizes: dict[str, int] = {} if base is None else dict(base.sizes)
         order = [] if base is None else list(base.order)
         seqs = [] if base is None else list(base.seqs)
         completed = set() if base is None else set(base.completed)
         weight = 0 if base is None else base.weight
         resort = False
-        for row in rows:
+        for row in _taken(rows):
             if row[1] != session_id:
                 continue  # never, by construction (a part's session is its message's)
             message = self._decoded(row)
             size = sys.getsizeof(row[6]) + (0 if row[7] is None else sys.getsizeof(row[7]))
             old = by_id.get(message.id)
-            by_id[message.id] = (message, size)
-            weight += size
+            by_id[message.id] = message
+            weight += size - sizes.get(message.id, 0)
+            sizes[message.id] = size
             if old is not None:
-                weight -= old[1]
-                completed.discard(old[0].seq)
-                i = bisect_left(seqs, old[0].seq)
-                if old[0].seq == message.seq and i < len(seqs) and seqs[i] == message.seq:
+                completed.discard(old.seq)
+                i = bisect_left(seqs, old.seq)
+                if old.seq == message.seq and i < len(seqs) and seqs[i] == message.seq:
                     order[i] = message
                 else:
                     resort = True
@@ -551,13 +575,14 @@ class Queries:
             if isinstance(message, CompactionMessage) and message.status == "completed":
                 completed.add(message.seq)
         if resort:
-            order = sorted((m for m, _ in by_id.values()), key=_seq)
+            order = sorted(by_id.values(), key=_seq)
             seqs = [m.seq for m in order]
         return _History(
             marker=marker,
             order=tuple(order),
             seqs=tuple(seqs),
             by_id=by_id,
+            sizes=sizes,
             completed=frozenset(completed),
             removals=removals,
             weight=weight,
@@ -578,14 +603,25 @@ class Queries:
             parts_text and len(parts_text),
             parts_text and hash(parts_text),
         )
-        entry = self._cache.get(row[0])
-        if entry is not None and entry[0] == fingerprint:
-            return entry[1]
+        cached = self._cache.get(row[0])
+        if cached is not None and self._prints.get(row[0]) == fingerprint:
+            return cached
         parts = [] if parts_text is None else orjson.loads(parts_text)
         message = message_from_row(row, parts)
         weight = sys.getsizeof(data) + (0 if parts_text is None else sys.getsizeof(parts_text))
-        self._cache.put(row[0], (fingerprint, message), weight)
+        self._keep(row[0], fingerprint, message, weight)
         return message
+
+    def _keep(
+        self, message_id: str, fingerprint: tuple[Any, ...], message: SessionMessage, weight: int
+    ) -> None:
+        self._cache.put(message_id, message, weight)
+        self._prints[message_id] = fingerprint
+        # Bounded by the cache's own count: past twice that (plus some), the
+        # fingerprints of evicted messages go, at a cost spread over the puts.
+        if len(self._prints) > 2 * len(self._cache) + 64:
+            cache = self._cache
+            self._prints = {k: v for k, v in self._prints.items() if k in cache}
 
     async def newest_message(self, session_id: str) -> str | None:
         rows = await self._fetch(

@@ -78,9 +78,9 @@ class ChatCache:
     """
 
     def __init__(self, max_bytes: int = CHAT_CACHE_BYTES) -> None:
-        self._entries: ByteLRU[int, tuple[SessionMessage, tuple[ChatMessage, ...]]] = ByteLRU(
-            max_bytes
-        )
+        # ``(message, *its conversion)``: one tuple an entry, not a pair holding
+        # a tuple, so one object less for every full collection to walk.
+        self._entries: ByteLRU[int, tuple[SessionMessage | ChatMessage, ...]] = ByteLRU(max_bytes)
         # By session: its last whole conversion, bounded by the bytes it
         # holds (the same bound again: it may keep alive what the entries let go).
         self._sessions: ByteLRU[str, _Converted] = ByteLRU(max_bytes)
@@ -96,9 +96,9 @@ class ChatCache:
     def get(self, message: SessionMessage) -> tuple[ChatMessage, ...]:
         entry = self._entries.get(id(message))
         if entry is not None and entry[0] is message:
-            return entry[1]
+            return entry[1:]  # type: ignore[return-value]  # the rest are its ChatMessages
         converted = _convert(message)
-        self._entries.put(id(message), (message, converted), _weight(converted))
+        self._entries.put(id(message), (message, *converted), _weight(converted))
         return converted
 
     def history(self, history: Sequence[SessionMessage]) -> tuple[ChatMessage, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import tracemalloc
 from pathlib import Path
 
 import attrs
@@ -13,6 +14,7 @@ from actors.session.history import ChatCache, to_chat
 from protocol.lru import ENTRY_OVERHEAD, PREFIX_TRIES, ByteLRU, reused_prefix
 from protocol.requests import PromptInput
 from protocol.shapes import AssistantMessage, MessageTime, TextPart, UserMessage
+from storage.queries import HistoryCache
 
 BOUND = 3 * 1024 * 1024
 PROMPT = 1_000_000
@@ -148,3 +150,61 @@ async def test_turns_leave_no_reference_cycles_behind(tmp_path: Path) -> None:
             gc.garbage.clear()
             gc.set_debug(0)
             gc.enable()
+
+
+def test_the_lru_keeps_an_oversized_value_alone_when_asked_to() -> None:
+    lru: ByteLRU[str, str] = ByteLRU(3 * (100 + ENTRY_OVERHEAD), oversized="alone")
+    for key in "abc":
+        lru.put(key, key, 100)
+    lru.put("huge", "h", 10_000)
+    assert [k for k in "abc" if k in lru] == []
+    assert lru.get("huge") == "h"
+    assert lru.bytes == 10_000 + ENTRY_OVERHEAD
+    lru.put("d", "d", 100)  # the next value pushes it out: the bound holds again
+    assert "huge" not in lru
+    assert lru.get("d") == "d"
+    assert lru.bytes <= lru.max_bytes
+
+
+async def test_a_history_heavier_than_its_cache_is_kept_and_then_read_only_where_it_changed(
+    tmp_path: Path, workdir: Path
+) -> None:
+    """Dropping it made every step a full read: the whole transcript fetched and
+    decoded again, its stored text and its decoded copy held at once."""
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(workdir))
+    async with Runtime(config) as rt:
+        queries = rt.store.queries
+        queries.histories = HistoryCache(2 * PROMPT)
+        session = await rt.sessions.create()
+        kept: list[object] = []
+        for i in range(4):
+            text = f"{i:04d}" + "x" * PROMPT
+            await rt.sessions.prompt(session.id, PromptInput(text=text))
+            await rt.execution.wait_idle(session.id)
+            kept.append(queries.histories.get(session.id))
+        assert all(h is not None for h in kept)
+        assert queries.histories.bytes > queries.histories.max_bytes  # kept alone
+        # Later reads built on the kept rows: the first prompt's message is the same object.
+        first = [h.order[0] for h in kept]  # type: ignore[attr-defined]
+        assert all(m is first[0] for m in first)
+        assert await rt.sessions.context(session.id) == await queries.full_context(session.id)
+
+
+async def test_a_prompts_text_is_held_once_after_its_step(tmp_path: Path, workdir: Path) -> None:
+    """Decoded, projected, cached, converted for the model: after the steps, each
+    prompt's megabyte is one block in memory (the caches share the decoded text)."""
+    config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(workdir))
+    async with Runtime(config) as rt:
+        session = await rt.sessions.create()
+        await rt.sessions.prompt(session.id, PromptInput(text="warm-up"))
+        await rt.execution.wait_idle(session.id)
+        tracemalloc.start()
+        try:
+            for i in range(4):
+                await rt.sessions.prompt(session.id, PromptInput(text=f"{i:04d}" + "x" * PROMPT))
+                await rt.execution.wait_idle(session.id)
+            gc.collect()
+            large = [t for t in tracemalloc.take_snapshot().traces if t.size >= PROMPT // 2]
+        finally:
+            tracemalloc.stop()
+        assert len(large) == 4, [str(t.traceback) for t in large]

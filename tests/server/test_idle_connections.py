@@ -94,3 +94,23 @@ async def test_a_body_over_the_limit_is_still_a_tagged_413(make_client: object) 
 async def _chunks(data: bytes):  # type: ignore[no-untyped-def]
     for start in range(0, len(data), 500):
         yield data[start : start + 500]
+
+
+async def test_a_long_answer_goes_out_in_pieces_and_arrives_whole(client: Client) -> None:
+    """Bodies over a piece (1 MiB) are written piece by piece, each taken by the
+    socket before the next: the same bytes, the same Content-Length; none for HEAD."""
+    session = await create_session(client)
+    text = "".join(chr(ord("a") + i % 26) for i in range(3 * BIG + 7))
+    await _post_json(client, f"/api/session/{session['id']}/prompt", {"text": text})
+    wait = await client.post(f"/api/experimental/session/{session['id']}/wait")
+    assert wait.status < 300
+    path = f"/api/session/{session['id']}/message?limit=1&order=asc"
+    answer = await client.get(path)
+    assert answer.status == 200
+    raw = await answer.read()
+    assert int(answer.headers["Content-Length"]) == len(raw) > 3 * BIG
+    [message] = orjson.loads(raw)["data"]
+    assert message["text"] == text
+    head = await client.head(path)
+    assert head.status == 200
+    assert await head.read() == b""
