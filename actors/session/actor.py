@@ -209,6 +209,10 @@ class SessionActor(Actor):
         self, scope: Scope, *, force: bool, terminal: asyncio.Future[Terminal] | None = None
     ) -> asyncio.Future[Terminal]:
         self._terminal = terminal or asyncio.get_running_loop().create_future()
+        # Shielded from its first step: a task cancelled before it ever ran
+        # never runs its body, so it would never settle (an interrupt or a
+        # shutdown handled right after the wake that started it).
+        self._shielded = True
         self._busy = asyncio.get_running_loop().create_task(
             self._run(scope, force, self._terminal), name=f"execution:{self.session_id}"
         )

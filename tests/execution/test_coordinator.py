@@ -17,6 +17,7 @@ from loop_turns import quiesce
 from actors import ActorRegistry
 from actors.session import Own, SessionActor, Terminal
 from actors.session.inbox import Scope
+from actors.session.messages import Interrupt
 from actors.supervisor import Execution
 
 
@@ -552,3 +553,23 @@ async def test_a_resumer_that_gives_up_leaves_the_others_their_answer(
     assert await waiters[0] == OK
     assert await waiters[2] == OK
     assert waiters[1].cancelled()
+
+
+async def test_an_interrupt_right_after_the_wake_still_settles_the_busy_period(
+    execution: Execution, hooks: Hooks
+) -> None:
+    """The actor handles the wake (its busy task is created, not yet run) and the
+    interrupt in one pass: a task cancelled before its first step never runs its
+    body, so the busy period must not be cancelled that way (it never settled,
+    and shutdown waited for it forever)."""
+    reply: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    # Both told before the supervisor runs: it forwards them in one pass, and the
+    # session actor handles both before its new busy task first runs.
+    execution.wake("ses_a")
+    execution._supervisor.tell(Interrupt(session_id="ses_a", reason="user", reply=reply))
+    async with asyncio.timeout(10):  # the bug this guards against waited forever
+        await execution.wait_idle("ses_a")
+    assert await reply is True
+    assert hooks.kinds() == ["started", "settled"]  # cancelled before its first drain
+    assert hooks.log[-1] == ("settled", "ses_a", Terminal(kind="interrupted", reason="user"))
+    await execution.shutdown()
