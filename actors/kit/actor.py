@@ -76,12 +76,7 @@ class Actor:
             Exception: whatever ``on_start`` raised; the actor is then never
                 registered and ``on_stop`` does not run.
         """
-        actor = cls(*args, **kwargs)
-        urn = f"urn:sessionrt:actor:{next(_URNS)}"
-        actor_class = type(actor)
-        mailbox = Mailbox(actor, name=f"{actor_class.__name__} ({urn})")
-        ref = ActorRef(mailbox, actor_class, urn)
-        actor._actor_ref = ref
+        ref, mailbox = _wire(cls(*args, **kwargs))
         await mailbox.start(
             register=lambda: registry.register(ref),
             unregister=lambda: registry.unregister(ref),
@@ -99,13 +94,9 @@ class Actor:
             TypeError: the class overrides ``on_start`` (use :meth:`start`).
         """
         actor = cls(*args, **kwargs)
-        actor_class = type(actor)
-        if actor_class.on_start is not Actor.on_start:
-            raise TypeError(f"{actor_class.__name__} has an on_start; use start()")
-        urn = f"urn:sessionrt:actor:{next(_URNS)}"
-        mailbox = Mailbox(actor, name=f"{actor_class.__name__} ({urn})")
-        ref = ActorRef(mailbox, actor_class, urn)
-        actor._actor_ref = ref
+        if type(actor).on_start is not Actor.on_start:
+            raise TypeError(f"{type(actor).__name__} has an on_start; use start()")
+        ref, mailbox = _wire(actor)
         mailbox.open(
             register=lambda: registry.register(ref),
             unregister=lambda: registry.unregister(ref),
@@ -165,3 +156,13 @@ class Actor:
         messages you handle with ``return await super().on_receive(message)``.
         """
         raise TypeError(f"{type(self).__name__} does not handle {message!r}")
+
+
+def _wire(actor: A) -> tuple[ActorRef[A], Mailbox]:
+    """A new actor's urn, mailbox and ref (the ref attached to the actor)."""
+    urn = f"urn:sessionrt:actor:{next(_URNS)}"
+    actor_class = type(actor)
+    mailbox = Mailbox(actor, name=f"{actor_class.__name__} ({urn})")
+    ref = ActorRef(mailbox, actor_class, urn)
+    actor._actor_ref = ref
+    return ref, mailbox

@@ -196,9 +196,7 @@ class Mailbox:
             raise RuntimeError(f"{self._name} asked itself; that can never be answered, use tell")
         self._queue.append(envelope)
         if self._state is _State.RUNNING and self._drain is None:
-            self._drain = self._owner = self._loop.create_task(
-                self._drain_queue(), name=f"drain {self._name}", context=contextvars.Context()
-            )
+            self._start_drain()
 
     async def start(self, *, register: Callable[[], None], unregister: Callable[[], None]) -> None:
         """Run ``on_start`` in the caller's task, then accept messages.
@@ -216,19 +214,21 @@ class Mailbox:
             raise
         finally:
             self._owner = None
+        self.open(register=register, unregister=unregister)
+
+    def open(self, *, register: Callable[[], None], unregister: Callable[[], None]) -> None:
+        """Register and accept messages (after ``on_start``; at once for an actor without
+        one), handling those ``on_start`` told itself."""
         self._unregister = unregister
         register()
         self._state = _State.RUNNING
         if self._queue:
-            self._drain = self._owner = self._loop.create_task(
-                self._drain_queue(), name=f"drain {self._name}", context=contextvars.Context()
-            )
+            self._start_drain()
 
-    def open(self, *, register: Callable[[], None], unregister: Callable[[], None]) -> None:
-        """:meth:`start` for an actor without ``on_start``: accept messages at once."""
-        self._unregister = unregister
-        register()
-        self._state = _State.RUNNING
+    def _start_drain(self) -> None:
+        self._drain = self._owner = self._loop.create_task(
+            self._drain_queue(), name=f"drain {self._name}", context=contextvars.Context()
+        )
 
     async def stop(self) -> None:
         """Stop the actor (see the module docstring); idempotent, concurrent-safe."""
