@@ -385,8 +385,12 @@ async def test_a_childs_deletion_waits_for_the_command_its_actor_runs(
     # The deletion either asks the child's actor or writes past it.
     await first_of(asked, deleted)
     assert not deleted.is_set()
+    # A prompt to the child now comes after its deletion: refused, nothing admitted.
+    late = asyncio.ensure_future(sessions.prompt(child.id, PromptInput(text="too late")))
     await parked.release()
     await removing
+    with pytest.raises(SessionNotFoundError):
+        await late
     types = [r.type for r in await store.read(child.id)]
     assert types[-2:] == ["session.renamed.1", "session.deleted.2"]
     for gone in (root.id, child.id):
