@@ -21,7 +21,6 @@ from actors.kit import BlockingExecutor
 from actors.session.inbox import Owners, Run, Writer
 from actors.tools._process import ProcessGroup, kill_stale
 from protocol import events as ev
-from protocol.errors import ServiceUnavailableError
 from storage import Command, ProjectionConflict, Store, ToolProcess
 from storage.clock import Clock
 
@@ -110,13 +109,12 @@ async def reap_stale_tools(
         return_exceptions=True,
     )
     calls: list[str] = []
-    for sid, outcome in zip(by_session, failed, strict=True):
-        if isinstance(outcome, ServiceUnavailableError):
-            raise outcome  # execution stopped: the runtime is closing
+    for outcome in failed:
         if isinstance(outcome, BaseException):
-            log.error("failing the stale tool calls of %s failed", sid, exc_info=outcome)
-        else:
-            calls.extend(outcome)
+            # The execution stopped (the runtime is closing), or the database
+            # refused: the sweep says so, as it did before (the next one retries).
+            raise outcome
+        calls.extend(outcome)
     return tuple(calls)
 
 
