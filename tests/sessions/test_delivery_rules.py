@@ -1,7 +1,8 @@
 """The delivery rules at a boundary, over the embedded host's HTTP app.
 
 Each test here was a bug on 8605a2b (issue 37): a queued control item with a
-steer behind it stalled the session forever; synthetic input held behind a
+steer behind it (a prompt, a shell's completion notice, the restart notice)
+stalled the session forever; synthetic input held behind a
 staged revert was delivered by any other wake; a second cancel of the same
 item was a conflict where the reference answers it like the first.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from protocol.operations import DeliveryInput, LogQuery, RevertStageInput
+from protocol.operations import DeliveryInput, LogQuery, RevertStageInput, ShellInput
 from protocol.requests import (
     CompactInput,
     CreateSessionInput,
@@ -27,6 +28,10 @@ from protocol.shapes import Location
 from server.embedded import Embedded
 
 SLOW = "#delay 100\n#chunk 2\n#text a slow second answer"
+#: A turn whose tool runs until the test creates ``go`` in the session's directory.
+BLOCKED = (
+    '#tool bash {"command": "until [ -e go ]; do sleep 0.02; done"}\n#step\n#text the tool returned'
+)
 
 
 @pytest.fixture
@@ -102,6 +107,70 @@ async def test_a_queued_move_then_a_steer_both_deliver(
         if t == "session.inbox.delivered" and d["inboxID"] == steer.id
     )
     assert moved < steered
+
+
+async def until(oc: Embedded, session_id: str, event: str) -> dict[str, Any]:
+    """The data of the session's first durable ``event``, waiting for it if need be."""
+    async with asyncio.timeout(30):
+        async for e in oc.sessions.log(session_id, LogQuery(follow=True)):
+            if e.event == event and "data" in e.data:
+                data: dict[str, Any] = e.data["data"]
+                return data
+    raise AssertionError(f"{event} never came")
+
+
+async def notices(oc: Embedded, session_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """(inbox id, metadata) of each synthetic admission, in log order."""
+    return [
+        (d["inboxID"], d["item"]["payload"].get("metadata", {}))
+        for t, d in await log_of(oc, session_id)
+        if t == "session.inbox.enqueued" and d["item"]["type"] == "synthetic"
+    ]
+
+
+async def test_a_queued_compaction_then_a_shell_notice_both_deliver(
+    host: Embedded, workdir: Path
+) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(workdir))))
+    await host.sessions.prompt(s.id, PromptInput(text="first"))
+    await host.sessions.wait(s.id)
+    await host.sessions.prompt(s.id, PromptInput(text=BLOCKED))
+    await until(host, s.id, "session.tool.spawned")
+    compaction = await host.sessions.compact(s.id, CompactInput(delivery="queue"))
+    # The shell ends while the turn's tool still runs: its completion notice is
+    # a steer (admitted without a wake) behind the queued compaction.
+    await host.sessions.shell(s.id, ShellInput(command="echo from the shell"))
+    await until(host, s.id, "session.shell.ended")
+    [(notice, metadata)] = await notices(host, s.id)
+    assert metadata["source"] == "shell"
+    (workdir / "go").touch()
+    await host.sessions.wait(s.id)
+    # The steer does not cross the control item; at the idle boundary nothing
+    # is ahead of it, so it delivers, then the notice.
+    assert list(await host.sessions.inbox(s.id)) == []
+    assert (await delivered(host, s.id))[-2:] == [compaction.id, notice]
+
+
+async def test_a_queued_compaction_then_the_restart_notice_both_deliver(
+    tmp_path: Path, workdir: Path
+) -> None:
+    async with Embedded(tmp_path / "data") as first:
+        s = await first.sessions.create(
+            CreateSessionInput(location=Location(directory=str(workdir)))
+        )
+        await first.sessions.prompt(s.id, PromptInput(text="first"))
+        await first.sessions.wait(s.id)
+        await first.sessions.prompt(s.id, PromptInput(text=BLOCKED))
+        await until(first, s.id, "session.tool.spawned")
+        compaction = await first.sessions.compact(s.id, CompactInput(delivery="queue"))
+    # The shutdown cut the turn short and kept its claim: the next start admits
+    # the restart notice (a steer, behind the queued compaction) and wakes it.
+    async with Embedded(tmp_path / "data") as second:
+        await second.sessions.wait(s.id)
+        [(notice, metadata)] = await notices(second, s.id)
+        assert metadata["notice"] == "restart"
+        assert list(await second.sessions.inbox(s.id)) == []
+        assert (await delivered(second, s.id))[-2:] == [compaction.id, notice]
 
 
 async def staged(oc: Embedded, workdir: Path) -> tuple[str, str]:
