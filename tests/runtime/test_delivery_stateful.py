@@ -46,6 +46,7 @@ from pgdb import stored_and_rebuilt
 
 from actors.runtime import Runtime, RuntimeConfig
 from protocol import DomainError
+from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
 from protocol.shapes import Location
 from storage import RecordedEvent
@@ -268,13 +269,31 @@ def check_log(records: list[RecordedEvent]) -> LogWalk:
     return walk
 
 
+def _story(records: list[RecordedEvent]) -> str:
+    """The log, one line an event: seq, type, inbox id and delivery where it has them."""
+    lines = []
+    for r in records:
+        data: Any = r.event
+        extra = " ".join(
+            str(getattr(data, a))
+            for a in ("inbox_id", "delivery", "finish")
+            if getattr(data, a, None) is not None
+        )
+        if isinstance(data, ev.InboxEnqueued):
+            extra += f" {data.item.type}/{data.item.delivery}"
+        lines.append(f"{r.seq} {r.type.rsplit('.', 1)[0]} {extra}")
+    return "\n".join(lines)
+
+
 def owed(walk: LogWalk, wakes: list[Wake], last_interrupt: int) -> list[str]:
     """The input left pending that a wake the runtime rang should have delivered.
 
     A wake of scope ``input`` runs the session until its idle boundary has
     nothing due: everything deliverable when it rang is delivered. One of scope
     ``steer`` (a delivery changed to steer) delivers what is due at a step
-    boundary. Excused: input that became deliverable as it is after the wake
+    boundary, and a queued control item at the head with a steer behind it
+    (else that steer could never deliver); queued input stays parked.
+    Excused: input that became deliverable as it is after the wake
     (admitted, changed or released later; a shell's notice admitted while the
     command ran), input a later interrupt or a failed execution left, and (for
     ``steer``) input a later cancellation made due.
@@ -294,6 +313,11 @@ def owed(walk: LogWalk, wakes: list[Wake], last_interrupt: int) -> list[str]:
             if any(s > wake.before for s in walk.cancels):
                 continue
             candidates = _due(left, steer_scope=True)
+            if not candidates and left and left[0].type in CONTROL:
+                # A queued control item at the head holds back the steers behind
+                # it: a steer's wake delivers it at its idle boundary, then them.
+                behind = [i for i in left[1:] if i.delivery == "steer"]
+                candidates = [left[0], *behind] if behind else []
         else:
             candidates = left
         for item in candidates:
@@ -327,6 +351,8 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.wakes: list[Wake] = []
         self.commands = 0
         self.last_interrupt = 0
+        #: The rules run, for a failure's message (a timing-dependent one does not replay).
+        self.trace: list[str] = []
 
     async def _open(self) -> Runtime:
         config = RuntimeConfig(data_dir=self.tmp / "data", default_directory=str(self.dirs[0]))
@@ -385,6 +411,7 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     @rule(text=st.sampled_from(TEXTS), delivery=st.sampled_from(["steer", "queue"]))
     def prompt(self, text: str, delivery: Any) -> None:
+        self.trace.append(f"prompt(text={text!r}, delivery={delivery!r})")
         item = self._ringing(
             self.rt.sessions.prompt(self.sid, PromptInput(text=text, delivery=delivery))
         )
@@ -393,6 +420,7 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     @rule(delivery=st.sampled_from(["steer", "queue"]), resume=st.booleans())
     def synthetic(self, delivery: Any, resume: bool) -> None:
+        self.trace.append(f"synthetic(delivery={delivery!r}, resume={resume!r})")
         work = self.rt.sessions.synthetic(
             self.sid, SyntheticInput(text="a note", delivery=delivery, resume=resume)
         )
@@ -402,24 +430,28 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     @rule(delivery=st.sampled_from(["steer", "queue"]))
     def compact(self, delivery: Any) -> None:
+        self.trace.append(f"compact(delivery={delivery!r})")
         item = self._ringing(self.rt.sessions.compact(self.sid, None, delivery))
         if item is not None:
             self.admitted.add(item.id)
 
     @rule(to=st.sampled_from([0, 1]), delivery=st.sampled_from(["steer", "queue"]))
     def move(self, to: int, delivery: Any) -> None:
+        self.trace.append(f"move(to={to!r}, delivery={delivery!r})")
         item = self._ringing(self.rt.sessions.move(self.sid, str(self.dirs[to]), delivery))
         if item is not None:
             self.admitted.add(item.id)
 
     @rule(pick=st.integers(min_value=0, max_value=5))
     def cancel(self, pick: int) -> None:
+        self.trace.append(f"cancel(pick={pick!r})")
         pending = self._pending()
         if pending:
             self._do(self.rt.sessions.cancel(self.sid, pending[pick % len(pending)].id))
 
     @rule(pick=st.integers(min_value=0, max_value=5))
     def change_delivery(self, pick: int) -> None:
+        self.trace.append(f"change_delivery(pick={pick!r})")
         pending = self._pending()
         if pending:
             item = pending[pick % len(pending)]
@@ -436,15 +468,18 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     @rule()
     def interrupt(self) -> None:
+        self.trace.append("interrupt()")
         self._do(self.rt.interrupt(self.sid))
         self.last_interrupt = self.commands
 
     @rule()
     def resume(self) -> None:
+        self.trace.append("resume()")
         self._spawn(self.rt.resume(self.sid))
 
     @rule(pick=st.integers(min_value=0, max_value=5))
     def revert_stage(self, pick: int) -> None:
+        self.trace.append(f"revert_stage(pick={pick!r})")
         page = self._do(self.rt.sessions.messages(self.sid, order="asc", limit=200))
         users = [m.id for m in page.data if m.type == "user"] if page is not None else []
         if users:
@@ -452,21 +487,25 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     @rule()
     def revert_clear(self) -> None:
+        self.trace.append("revert_clear()")
         # Rings the doorbell when the clear released held input.
         self._ringing(self.rt.reverts.clear(self.sid), kind="clear")
 
     @rule()
     def revert_commit(self) -> None:
+        self.trace.append("revert_commit()")
         self._do(self.rt.reverts.commit(self.sid))
 
     @rule()
     def shell(self) -> None:
+        self.trace.append("shell()")
         session = self._do(self.rt.sessions.get(self.sid))
         if session is not None:
             self._do(self.rt.shells.start(session, "echo from the shell"))
 
     @rule()
     def settle(self) -> None:
+        self.trace.append("settle()")
         self.loop.run(self._settle_and_check())
 
     @invariant()
@@ -492,7 +531,8 @@ class DeliveryMachine(RuleBasedStateMachine):
         records = await rt.store.read(sid, limit=100_000)
         walk = check_log(records)
         assert not (stalled := owed(walk, self.wakes, self.last_interrupt)), (
-            f"left pending at idle though a wake asked for it: {stalled}"
+            f"left pending at idle though a wake asked for it: {stalled}\n"
+            f"rules: {self.trace}\nlog:\n{_story(records)}"
         )
         lost = {i for i in self.admitted if i not in walk.state}
         assert not lost, f"admitted but never recorded: {lost}"

@@ -239,3 +239,26 @@ async def test_a_second_cancel_is_answered_like_the_first(host: Embedded, workdi
     events = [t for t, _ in await log_of(host, s.id)]
     assert events.count("session.inbox.cancelled") == 1
     assert list(await host.sessions.inbox(s.id)) == []
+
+
+async def test_a_steer_change_behind_a_queued_compaction_delivers_both(
+    host: Embedded, workdir: Path
+) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(workdir))))
+    await host.sessions.prompt(s.id, PromptInput(text="first"))
+    await host.sessions.wait(s.id)
+    await host.sessions.prompt(s.id, PromptInput(text=BLOCKED))
+    await until(host, s.id, "session.tool.spawned")
+    compaction = await host.sessions.compact(s.id, CompactInput(delivery="queue"))
+    note = await host.sessions.synthetic(
+        s.id, SyntheticInput(text="later", delivery="queue", resume=False)
+    )
+    await host.sessions.interrupt(s.id)
+    await host.sessions.wait(s.id)
+    assert [i.id for i in await host.sessions.inbox(s.id)] == [compaction.id, note.id]
+    # Steering rings the doorbell of an idle session: its first boundary is an
+    # idle one, where the queued compaction (nothing ahead) delivers, then the steer.
+    await host.sessions.change_delivery(s.id, note.id, DeliveryInput(delivery="steer"))
+    await host.sessions.wait(s.id)
+    assert list(await host.sessions.inbox(s.id)) == []
+    assert (await delivered(host, s.id))[-2:] == [compaction.id, note.id]
