@@ -279,7 +279,10 @@ class Drain:
             if promotion.delivered:
                 step = 0  # new input resets the allowance, once per batch
             elif not continuing and not resumed:
-                return  # what was promotable was cancelled meanwhile
+                # What was promotable changed meanwhile (a cancel, or a delivery
+                # change that makes a control item due first): look again, never
+                # end on a stale read (ending here lost the wake that asked).
+                continue
             # The agent and model this step runs with: read after admission
             # and promotion, never a read from before them (with the history,
             # in one round trip).
