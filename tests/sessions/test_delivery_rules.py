@@ -16,7 +16,13 @@ from typing import Any
 
 import pytest
 
-from protocol.operations import DeliveryInput, LogQuery, RevertStageInput, ShellInput
+from protocol.operations import (
+    DeliveryInput,
+    InterruptQuery,
+    LogQuery,
+    RevertStageInput,
+    ShellInput,
+)
 from protocol.requests import (
     CompactInput,
     CreateSessionInput,
@@ -259,6 +265,23 @@ async def test_a_steer_change_behind_a_queued_compaction_delivers_both(
     # Steering rings the doorbell of an idle session: its first boundary is an
     # idle one, where the queued compaction (nothing ahead) delivers, then the steer.
     await host.sessions.change_delivery(s.id, note.id, DeliveryInput(delivery="steer"))
+    await host.sessions.wait(s.id)
+    assert list(await host.sessions.inbox(s.id)) == []
+    assert (await delivered(host, s.id))[-2:] == [compaction.id, note.id]
+
+
+async def test_an_interrupt_that_resumes_delivers_a_queued_compaction_then_the_steer(
+    host: Embedded, workdir: Path
+) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(workdir))))
+    await host.sessions.prompt(s.id, PromptInput(text="first"))
+    await host.sessions.wait(s.id)
+    await host.sessions.prompt(s.id, PromptInput(text=BLOCKED))
+    await until(host, s.id, "session.tool.spawned")
+    compaction = await host.sessions.compact(s.id, CompactInput(delivery="queue"))
+    note = await host.sessions.synthetic(s.id, SyntheticInput(text="a note", resume=False))
+    # Resuming wakes for a steer: the compaction it cannot cross delivers first.
+    await host.sessions.interrupt(s.id, InterruptQuery(resume=True))
     await host.sessions.wait(s.id)
     assert list(await host.sessions.inbox(s.id)) == []
     assert (await delivered(host, s.id))[-2:] == [compaction.id, note.id]
