@@ -5,6 +5,11 @@ steer behind it (a prompt, a shell's completion notice, the restart notice)
 stalled the session forever; synthetic input held behind a
 staged revert was delivered by any other wake; a second cancel of the same
 item was a conflict where the reference answers it like the first.
+
+Two more were bugs on 26ef030 (found writing the delivery state machine): a
+steer behind a queued control item on an idle session stayed pending when
+the steer came from a delivery change, or from an interrupt that resumes
+(a wake at steer scope parked the control item, and the steer with it).
 """
 
 from __future__ import annotations
