@@ -62,7 +62,7 @@ from actors.services import Services, build_services, terminal_of
 from actors.session import Own, Terminal
 from actors.session.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
 from actors.session.drain import Drain, InstructionSource
-from actors.session.inbox import Scope, control_head, select_promotable
+from actors.session.inbox import Scope
 from actors.session.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
 from actors.session.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
 from actors.subagents import DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH
@@ -647,8 +647,9 @@ class Runtime:
         """Interrupt the session's execution as the user, on whichever host runs it
         (:mod:`actors.session.interrupts`); never deletes input. True when one stopped.
 
-        With ``resume``, the session is woken again at steer scope when its next
-        promotable input is a steer or a control item (queued prompts stay parked).
+        With ``resume``, the session is woken again at steer scope when any
+        steer is pending (queued prompts stay parked): one behind a queued
+        control item gets it delivered first (the drain's idle boundary).
         """
         await self.sessions.get(session_id)
         interrupted = await self.execution.interrupt(session_id, "user")
@@ -663,8 +664,7 @@ class Runtime:
                 interrupted = await self.remote_interrupts.send(owner, session_id)
         if resume:
             pending = await self.sessions.pending(session_id)
-            steers = select_promotable(pending, "steer")
-            if steers or control_head(pending, "steer") is not None:
+            if any(item.delivery == "steer" for item in pending):
                 self.execution.wake(session_id, "steer")
         return interrupted
 

@@ -253,7 +253,9 @@ class Drain:
                 )
             boundary, pending = pending, None
             held = await self._held(session)
-            if await self._control(session, promote_scope, boundary.inbox, held, own):
+            if await self._control(
+                session, promote_scope, boundary.inbox, held, own, idle=not continuing
+            ):
                 first = False  # handled: the loop goes on from what follows it
                 session = await self._sessions.get(session_id)
                 continue
@@ -278,7 +280,10 @@ class Drain:
             if promotion.delivered:
                 step = 0  # new input resets the allowance, once per batch
             elif not continuing and not resumed:
-                return  # what was promotable was cancelled meanwhile
+                # What was promotable changed meanwhile (a cancel, or a delivery
+                # change that makes a control item due first): look again, never
+                # end on a stale read (ending here lost the wake that asked).
+                continue
             # The agent and model this step runs with: read after admission
             # and promotion, never a read from before them (with the history,
             # in one round trip).
@@ -339,14 +344,26 @@ class Drain:
         pending: list[InboxItem],
         held: Collection[str],
         own: Own,
+        *,
+        idle: bool,
     ) -> bool:
         """Handle the control item due at this boundary, if any; True when one was.
 
         Promotion never delivers control items and stops before them, so one
         at the head of the inbox would otherwise stall every later input.
-        ``pending`` is the inbox as read at this boundary.
+        ``pending`` is the inbox as read at this boundary; ``idle``: not inside
+        a turn. A drain rung for steers (scope ``steer``) leaves queued input
+        parked, but at an idle boundary a queued control item at the head with
+        a steer behind it delivers as at any idle boundary: the steer cannot
+        cross it, so parking it would park the steer too, for good.
         """
         item = control_head(pending, scope, held)
+        if item is None and scope == "steer" and idle:
+            head = control_head(pending, "input", held)
+            if head is not None and any(
+                i.delivery == "steer" and i.id not in held for i in pending
+            ):
+                item = head
         if item is None:
             return False
         handler = self.controls.get(item.type)

@@ -211,6 +211,12 @@ class Shells:
     def running(self) -> int:
         return len(self._tasks)
 
+    async def ended(self) -> None:
+        """Return once every shell started so far has ended (its end and notice recorded),
+        those started meanwhile included. Waiting ends nothing early."""
+        while self._tasks:
+            await asyncio.shield(asyncio.gather(*self._tasks, return_exceptions=True))
+
     async def start(self, session: Session, command: str, shell_id: str | None = None) -> str:
         """Record the start and launch the command; returns its shell id."""
         if self._closed:

@@ -1,9 +1,15 @@
 """The delivery rules at a boundary, over the embedded host's HTTP app.
 
 Each test here was a bug on 8605a2b (issue 37): a queued control item with a
-steer behind it stalled the session forever; synthetic input held behind a
+steer behind it (a prompt, a shell's completion notice, the restart notice)
+stalled the session forever; synthetic input held behind a
 staged revert was delivered by any other wake; a second cancel of the same
 item was a conflict where the reference answers it like the first.
+
+Two more were bugs on 26ef030 (found writing the delivery state machine): a
+steer behind a queued control item on an idle session stayed pending when
+the steer came from a delivery change, or from an interrupt that resumes
+(a wake at steer scope parked the control item, and the steer with it).
 """
 
 from __future__ import annotations
@@ -15,7 +21,13 @@ from typing import Any
 
 import pytest
 
-from protocol.operations import DeliveryInput, LogQuery, RevertStageInput
+from protocol.operations import (
+    DeliveryInput,
+    InterruptQuery,
+    LogQuery,
+    RevertStageInput,
+    ShellInput,
+)
 from protocol.requests import (
     CompactInput,
     CreateSessionInput,
@@ -27,6 +39,10 @@ from protocol.shapes import Location
 from server.embedded import Embedded
 
 SLOW = "#delay 100\n#chunk 2\n#text a slow second answer"
+#: A turn whose tool runs until the test creates ``go`` in the session's directory.
+BLOCKED = (
+    '#tool bash {"command": "until [ -e go ]; do sleep 0.02; done"}\n#step\n#text the tool returned'
+)
 
 
 @pytest.fixture
@@ -104,6 +120,70 @@ async def test_a_queued_move_then_a_steer_both_deliver(
     assert moved < steered
 
 
+async def until(oc: Embedded, session_id: str, event: str) -> dict[str, Any]:
+    """The data of the session's first durable ``event``, waiting for it if need be."""
+    async with asyncio.timeout(30):
+        async for e in oc.sessions.log(session_id, LogQuery(follow=True)):
+            if e.event == event and "data" in e.data:
+                data: dict[str, Any] = e.data["data"]
+                return data
+    raise AssertionError(f"{event} never came")
+
+
+async def notices(oc: Embedded, session_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """(inbox id, metadata) of each synthetic admission, in log order."""
+    return [
+        (d["inboxID"], d["item"]["payload"].get("metadata", {}))
+        for t, d in await log_of(oc, session_id)
+        if t == "session.inbox.enqueued" and d["item"]["type"] == "synthetic"
+    ]
+
+
+async def test_a_queued_compaction_then_a_shell_notice_both_deliver(
+    host: Embedded, workdir: Path
+) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(workdir))))
+    await host.sessions.prompt(s.id, PromptInput(text="first"))
+    await host.sessions.wait(s.id)
+    await host.sessions.prompt(s.id, PromptInput(text=BLOCKED))
+    await until(host, s.id, "session.tool.spawned")
+    compaction = await host.sessions.compact(s.id, CompactInput(delivery="queue"))
+    # The shell ends while the turn's tool still runs: its completion notice is
+    # a steer (admitted without a wake) behind the queued compaction.
+    await host.sessions.shell(s.id, ShellInput(command="echo from the shell"))
+    await until(host, s.id, "session.shell.ended")
+    [(notice, metadata)] = await notices(host, s.id)
+    assert metadata["source"] == "shell"
+    (workdir / "go").touch()
+    await host.sessions.wait(s.id)
+    # The steer does not cross the control item; at the idle boundary nothing
+    # is ahead of it, so it delivers, then the notice.
+    assert list(await host.sessions.inbox(s.id)) == []
+    assert (await delivered(host, s.id))[-2:] == [compaction.id, notice]
+
+
+async def test_a_queued_compaction_then_the_restart_notice_both_deliver(
+    tmp_path: Path, workdir: Path
+) -> None:
+    async with Embedded(tmp_path / "data") as first:
+        s = await first.sessions.create(
+            CreateSessionInput(location=Location(directory=str(workdir)))
+        )
+        await first.sessions.prompt(s.id, PromptInput(text="first"))
+        await first.sessions.wait(s.id)
+        await first.sessions.prompt(s.id, PromptInput(text=BLOCKED))
+        await until(first, s.id, "session.tool.spawned")
+        compaction = await first.sessions.compact(s.id, CompactInput(delivery="queue"))
+    # The shutdown cut the turn short and kept its claim: the next start admits
+    # the restart notice (a steer, behind the queued compaction) and wakes it.
+    async with Embedded(tmp_path / "data") as second:
+        await second.sessions.wait(s.id)
+        [(notice, metadata)] = await notices(second, s.id)
+        assert metadata["notice"] == "restart"
+        assert list(await second.sessions.inbox(s.id)) == []
+        assert (await delivered(second, s.id))[-2:] == [compaction.id, notice]
+
+
 async def staged(oc: Embedded, workdir: Path) -> tuple[str, str]:
     """A session with two answered prompts and a revert staged to the second."""
     s = await oc.sessions.create(CreateSessionInput(location=Location(directory=str(workdir))))
@@ -170,3 +250,43 @@ async def test_a_second_cancel_is_answered_like_the_first(host: Embedded, workdi
     events = [t for t, _ in await log_of(host, s.id)]
     assert events.count("session.inbox.cancelled") == 1
     assert list(await host.sessions.inbox(s.id)) == []
+
+
+async def test_a_steer_change_behind_a_queued_compaction_delivers_both(
+    host: Embedded, workdir: Path
+) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(workdir))))
+    await host.sessions.prompt(s.id, PromptInput(text="first"))
+    await host.sessions.wait(s.id)
+    await host.sessions.prompt(s.id, PromptInput(text=BLOCKED))
+    await until(host, s.id, "session.tool.spawned")
+    compaction = await host.sessions.compact(s.id, CompactInput(delivery="queue"))
+    note = await host.sessions.synthetic(
+        s.id, SyntheticInput(text="later", delivery="queue", resume=False)
+    )
+    await host.sessions.interrupt(s.id)
+    await host.sessions.wait(s.id)
+    assert [i.id for i in await host.sessions.inbox(s.id)] == [compaction.id, note.id]
+    # Steering rings the doorbell of an idle session: its first boundary is an
+    # idle one, where the queued compaction (nothing ahead) delivers, then the steer.
+    await host.sessions.change_delivery(s.id, note.id, DeliveryInput(delivery="steer"))
+    await host.sessions.wait(s.id)
+    assert list(await host.sessions.inbox(s.id)) == []
+    assert (await delivered(host, s.id))[-2:] == [compaction.id, note.id]
+
+
+async def test_an_interrupt_that_resumes_delivers_a_queued_compaction_then_the_steer(
+    host: Embedded, workdir: Path
+) -> None:
+    s = await host.sessions.create(CreateSessionInput(location=Location(directory=str(workdir))))
+    await host.sessions.prompt(s.id, PromptInput(text="first"))
+    await host.sessions.wait(s.id)
+    await host.sessions.prompt(s.id, PromptInput(text=BLOCKED))
+    await until(host, s.id, "session.tool.spawned")
+    compaction = await host.sessions.compact(s.id, CompactInput(delivery="queue"))
+    note = await host.sessions.synthetic(s.id, SyntheticInput(text="a note", resume=False))
+    # Resuming wakes for a steer: the compaction it cannot cross delivers first.
+    await host.sessions.interrupt(s.id, InterruptQuery(resume=True))
+    await host.sessions.wait(s.id)
+    assert list(await host.sessions.inbox(s.id)) == []
+    assert (await delivered(host, s.id))[-2:] == [compaction.id, note.id]

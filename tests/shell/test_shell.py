@@ -169,3 +169,15 @@ async def test_output_beyond_the_memory_limit_spills_whole_to_a_managed_file(
     # ...which holds every byte the command wrote, none lost.
     assert saved.parent == config.tool_output_dir
     assert await asyncio.to_thread(saved.read_text) == expected
+
+
+async def test_ended_returns_once_every_shell_recorded_its_end(tmp_path: Path, repo: Path) -> None:
+    async with Runtime(RuntimeConfig(data_dir=tmp_path / "data")) as rt:
+        s = await rt.sessions.create(CreateSessionInput(location=Location(directory=str(repo))))
+        await rt.shells.ended()  # none running: at once
+        first = await rt.shells.start(s, "echo one")
+        second = await rt.shells.start(s, "echo two")
+        await rt.shells.ended()
+        assert rt.shells.running == 0
+        pending = [i.id for i in await rt.sessions.pending(s.id)]
+        assert sorted(pending) == sorted([notice_id(first), notice_id(second)])
