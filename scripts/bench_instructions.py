@@ -113,7 +113,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     await bench.step()
             # Admission alone, on the unchanged session: observe, hash, diff, no step.
             unchanged = benches[1]
-            runner = unchanged.rt.drain
+            runner = unchanged.rt.services.drain
             assert runner is not None
             instructions = runner._instructions
             assert isinstance(instructions, Instructions)
@@ -129,7 +129,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             changed = benches[2]
             csession = await changed.rt.sessions.get(changed.sid)
             cagent = await changed.rt.agents.agent(csession.location.directory, csession.agent)
-            cinstructions = changed.rt.drain._instructions
+            cinstructions = changed.rt.services.drain._instructions
             assert isinstance(cinstructions, Instructions)
             prepare_changed: list[float] = []
             for i in range(args.steps):

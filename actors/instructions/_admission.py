@@ -300,6 +300,10 @@ class Instructions:
         self.observations.store(spec, begun, files)
         return files
 
+    def open(self) -> None:
+        """Start watching the observed files (before, every step observes them afresh)."""
+        self.observations.open()
+
     def close(self) -> None:
         """End the observation threads (after the last drain: jobs are milliseconds)."""
         self._executor.shutdown(wait=True, cancel_futures=True)
