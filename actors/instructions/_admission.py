@@ -6,7 +6,7 @@ the files in one blocking call, the API entries in one read, alongside the
 projected state), hashes each encoded value, diffs against the projected
 current values and, when something changed, appends one
 ``session.instructions.updated`` whose command also stores the new blobs.
-The runner calls it before input is promoted.
+The drain calls it before input is promoted.
 
 - No state yet (a new session, or after a committed revert): the delta is
   complete and has no text. Any unavailable source blocks it with
