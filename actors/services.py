@@ -37,7 +37,7 @@ from actors.files.locations import DirectoryRules
 from actors.files.snapshots import Snapshots
 from actors.generate import Generator
 from actors.host_messages import HostBus, HostMessage, LocalHostBus, NotifyHostBus
-from actors.instructions import InstructionEntries, Instructions, project_config_disabled
+from actors.instructions import InstructionEntries, project_config_disabled
 from actors.instructions.nearby import NearbyInstructions
 from actors.kit import BlockingExecutor
 from actors.lease_keeper import LeaseKeeper
@@ -48,6 +48,7 @@ from actors.session import ExecutionHooks, Own, Terminal, widest
 from actors.session.compaction import CompactionSettings
 from actors.session.drain import Drain
 from actors.session.inbox import AdmissionGate, Scope
+from actors.session.instruction_admission import Instructions
 from actors.session.interrupts import UNHELD, RemoteInterrupts
 from actors.session.revert import Reverts
 from actors.session.shells import Environments, Shells

@@ -41,9 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from actors.instructions import Instructions
 from actors.runtime import Runtime, RuntimeConfig
 from actors.session.drain import NoInstructions
+from actors.session.instruction_admission import Instructions
 from protocol.requests import CreateSessionInput, PromptInput
 
 AGENTS_TOML = '[agents.build]\nreferences = ["docs/style.md"]\n'
