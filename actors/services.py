@@ -611,7 +611,7 @@ def build_services(
         config.mcp, secret_env=secret_env, idle_s=config.mcp_idle_s, blocking=blocking.run
     )
     builtin_instructions = None
-    if config.instructions is None:
+    if not config.instructions:  # as the drain reads it: a source of its own, else these
         builtin_instructions = Instructions(
             store=store,
             data_dir=config.data_dir,
