@@ -28,7 +28,16 @@ from actors.agents import AgentCatalogs
 from actors.attachments import Withheld
 from actors.files.locations import DirectoryRules
 from actors.permissions import PermissionWaiters
-from actors.session.inbox import Blocking, Doorbell, Inbox, Owners, RevertCommits, Scope, Writer
+from actors.session.inbox import (
+    Blocking,
+    Doorbell,
+    Inbox,
+    Owners,
+    RevertCommits,
+    Run,
+    Scope,
+    Writer,
+)
 from actors.supervisor import Standalone
 from protocol import events as ev
 from protocol import ids
@@ -230,6 +239,10 @@ class Sessions:
 
         Their executions are interrupted first, and their tools' processes
         killed: nothing keeps running for a session that no longer exists.
+        The deletion is a command of every one of their actors at once: it is
+        written while each of them runs it (so a command of a child, an
+        admission say, lands wholly before it or is refused after it), the
+        children's deletions first, as one transaction.
         """
         await self.get(session_id)
         doomed: builtins.list[str] = []
@@ -239,7 +252,31 @@ class Sessions:
             doomed.append(current)
             frontier.extend(await self._store.queries.children(current))
         await self._stop(doomed)
-        await self._apply(session_id, *(ev.SessionDeleted(session_id=s) for s in reversed(doomed)))
+
+        async def delete(_: Writer) -> None:
+            # Read with every doomed actor inside this command: a descendant
+            # another deletion took meanwhile is not deleted twice.
+            alive = [s for s in reversed(doomed) if await self._exists(s)]
+            if session_id not in alive:
+                raise SessionNotFoundError(session_id)
+            await self._append(session_id, *(ev.SessionDeleted(session_id=s) for s in alive))
+
+        await self._command_of_all(doomed, delete)
+
+    async def _command_of_all(self, session_ids: Sequence[str], run: Run) -> Any:
+        """Run ``run`` as a command of every one of ``session_ids``' actors at once.
+
+        Each actor in turn runs a command that waits for the next one's, and
+        the last runs ``run``: while it runs, none of them runs anything else.
+        They are taken in the order given, ancestors before descendants, so
+        two deletions of nested trees cannot wait on each other (the smaller
+        tree's root is the first of its sessions either takes). No command
+        awaits anything of its own actor's, so the chain always unwinds.
+        """
+        first, rest = session_ids[0], session_ids[1:]
+        if not rest:
+            return await self._owners.command(first, run)
+        return await self._owners.command(first, lambda _: self._command_of_all(rest, run))
 
     async def switch_agent(self, session_id: str, agent: str) -> None:
         """Select ``agent``; a running step keeps its agent, the next one uses this."""
@@ -247,22 +284,34 @@ class Sessions:
             raise InvalidRequestError("agent must not be empty", field="agent")
         session = await self.get(session_id)
         await self._check_agent(session.location.directory, agent)
-        if session.agent != agent:
-            await self._apply(
-                session_id,
-                ev.AgentSelected(session_id=session_id, agent=agent, previous=session.agent),
-            )
+
+        async def switch(_: Writer) -> None:
+            # Compared in the command: ``previous`` is what the last switch left.
+            current = await self.get(session_id)
+            if current.agent != agent:
+                selected = ev.AgentSelected(
+                    session_id=session_id, agent=agent, previous=current.agent
+                )
+                await self._append(session_id, selected)
+
+        await self._owners.command(session_id, switch)
 
     async def switch_model(self, session_id: str, model: ModelRef) -> None:
         """Select ``model`` from the next step on; an unknown one is a 400 here."""
         if self._check_model is not None:
             self._check_model(model)
-        session = await self.get(session_id)
-        if session.model != model:
-            await self._apply(
-                session_id,
-                ev.ModelSelected(session_id=session_id, model=model, previous=session.model),
-            )
+        ids.validate("ses", session_id, field="sessionID")
+
+        async def switch(_: Writer) -> None:
+            # Compared in the command: ``previous`` is what the last switch left.
+            current = await self.get(session_id)
+            if current.model != model:
+                selected = ev.ModelSelected(
+                    session_id=session_id, model=model, previous=current.model
+                )
+                await self._append(session_id, selected)
+
+        await self._owners.command(session_id, switch)
 
     # -- structure ------------------------------------------------------------------------------
 
@@ -487,16 +536,16 @@ class Sessions:
         """Append ``events`` of ``session_id`` as a command of its actor."""
         if not events:
             return
+        await self._owners.command(session_id, lambda _: self._append(session_id, *events))
 
-        async def apply(_: Writer) -> None:
-            try:
-                await self._store.append(Command.of(*events))
-            except ProjectionConflict as exc:
-                if exc.reason == "session.missing":
-                    raise SessionNotFoundError(session_id) from None
-                raise ConflictError(str(exc), resource="session") from None
-
-        await self._owners.command(session_id, apply)
+    async def _append(self, session_id: str, *events: ev.Event) -> None:
+        """Append ``events`` of ``session_id`` (in a command of its actor)."""
+        try:
+            await self._store.append(Command.of(*events))
+        except ProjectionConflict as exc:
+            if exc.reason == "session.missing":
+                raise SessionNotFoundError(session_id) from None
+            raise ConflictError(str(exc), resource="session") from None
 
 
 def _answered(permission_id: str, status: str) -> ConflictError:

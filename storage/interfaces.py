@@ -164,8 +164,9 @@ class SessionReads(Protocol):
         """Sessions still being imported (hidden until finished), each with its head seq."""
         ...
 
-    async def claims(self) -> list[Claim]:
-        """Sessions holding a write-ahead execution claim, with their leases."""
+    async def claims(self, session_id: str | None = None) -> list[Claim]:
+        """Sessions holding a write-ahead execution claim, with their leases: all,
+        or one session's."""
         ...
 
     async def leases(self, *, live_at: int | None = None) -> list[Lease]:

@@ -804,14 +804,15 @@ class Queries:
         )
         return [(str(r[0]), int(r[1])) for r in rows]
 
-    async def claims(self) -> list[Claim]:
-        """Sessions holding a write-ahead execution claim."""
+    async def claims(self, session_id: str | None = None) -> list[Claim]:
+        """Sessions holding a write-ahead execution claim: all, or one session's."""
+        one = "" if session_id is None else " AND s.id = ?"
         rows = await self._fetch(
             "SELECT s.id, s.parent_id, s.time_claimed, s.resume_attempts,"
             " l.host_id, l.epoch, l.expires FROM session s"
             " LEFT JOIN session_lease l ON l.session_id = s.id"
-            " WHERE s.time_claimed IS NOT NULL ORDER BY s.time_claimed, s.id",
-            (),
+            f" WHERE s.time_claimed IS NOT NULL{one} ORDER BY s.time_claimed, s.id",
+            () if session_id is None else (session_id,),
         )
         return [
             Claim(

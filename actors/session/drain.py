@@ -80,8 +80,9 @@ __all__ = [
 
 
 #: Handles one control item at the head of the inbox (delivers it through the
-#: session's actor, does its work).
-ControlHandler = Callable[[Session, InboxItem, Own], Awaitable[None]]
+#: session's actor if it is still due at this boundary's scope with this
+#: held input, does its work).
+ControlHandler = Callable[[Session, InboxItem, Own, Scope, Collection[str]], Awaitable[None]]
 
 
 class StepFailedError(Exception):
@@ -351,16 +352,21 @@ class Drain:
         handler = self.controls.get(item.type)
         if handler is None:
             raise ControlUnsupportedError(f"control item {item.type!r} is not supported")
-        await handler(session, item, own)
+        await handler(session, item, own, scope, held)
         return True
 
-    async def _manual_compaction(self, session: Session, item: InboxItem, own: Own) -> None:
+    async def _manual_compaction(
+        self, session: Session, item: InboxItem, own: Own, scope: Scope, held: Collection[str]
+    ) -> None:
         started = ev.CompactionStarted(
             session_id=session.id, reason="manual", recent="", input_id=item.id
         )
         inbox = self._sessions.inbox
-        if not await own.command(functools.partial(inbox.control, session.id, item, (started,))):
-            return  # cancelled meanwhile
+        deliver = functools.partial(
+            inbox.control, session.id, item, (started,), scope=scope, held=held
+        )
+        if not await own.command(deliver):
+            return  # cancelled meanwhile, or a steer ahead of it now (next boundary)
         await self._compact_manually(session, item.id)
 
     async def _compact_manually(self, session: Session, input_id: str) -> None:
@@ -377,7 +383,9 @@ class Drain:
             input_id=input_id,
         )
 
-    async def _move(self, session: Session, item: InboxItem, own: Own) -> None:
+    async def _move(
+        self, session: Session, item: InboxItem, own: Own, scope: Scope, held: Collection[str]
+    ) -> None:
         """Deliver a move with ``session.moved`` in the same command.
 
         The drain then reads the session again before anything else, so the
@@ -389,7 +397,9 @@ class Drain:
         location = Location(directory=str(item.payload["location"]["directory"]))
         moved = ev.SessionMoved(session_id=session.id, location=location)
         inbox = self._sessions.inbox
-        await own.command(functools.partial(inbox.control, session.id, item, (moved,)))
+        await own.command(
+            functools.partial(inbox.control, session.id, item, (moved,), scope=scope, held=held)
+        )
 
     async def _overflow(self, session: Session, agent: Agent, model: ModelRef) -> bool:
         """The one overflow-triggered compaction of a step."""

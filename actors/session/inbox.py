@@ -296,17 +296,29 @@ class Inbox:
             return receipt
 
     async def control(
-        self, session_id: str, item: InboxItem, also: Sequence[ev.Event], writer: Writer
+        self,
+        session_id: str,
+        item: InboxItem,
+        also: Sequence[ev.Event],
+        writer: Writer,
+        *,
+        scope: Scope,
+        held: Collection[str] = (),
     ) -> bool:
-        """Deliver control ``item`` with ``also`` in one command; False if it is gone.
+        """Deliver control ``item`` with ``also`` in one command; False if it is not due.
 
-        The drain asks its actor to run this when the item is due
-        (:func:`control_head`); a cancel that won the race leaves nothing to deliver.
+        The drain asks its actor to run this when its boundary read found the
+        item due (:func:`control_head`). Here, in the actor, it is due again
+        by the same rule (:func:`due`) or nothing is delivered: a cancel that
+        won the race leaves nothing to deliver, and a change of delivery that
+        made older input a steer lets that steer deliver first (the drain's
+        next boundary promotes it; the item is due after it).
         """
         pending = writer.inbox
         if pending is None:
             pending = await self._store.queries.inbox(session_id)
-        if not any(i.id == item.id for i in pending):
+        head = due(pending, scope, held).control
+        if head is None or head.id != item.id:
             return False
         await self._apply(ev.InboxDelivered(session_id=session_id, inbox_id=item.id), *also)
         return True

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from pathlib import Path
 
 import pytest
 from feed import Feed
+from owner_seams import Arrivals, Parked, first_of, written
 
-from actors.recovery import RESTART_NOTICE
+from actors.recovery import RESTART_NOTICE, recover
 from actors.runtime import Runtime, RuntimeConfig
+from actors.sessions import Sessions
 from protocol import ModelRef, SyntheticMessage
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
@@ -198,3 +202,73 @@ def workdir(tmp_path: Path) -> Path:
     path = tmp_path / "w"
     path.mkdir()
     return path
+
+
+async def test_the_sweeps_writes_wait_for_the_command_the_sessions_actor_runs(
+    tmp_path: Path,
+) -> None:
+    async with Runtime(config(tmp_path, recover=False)) as rt:
+        parent = await rt.sessions.create()
+        child = await rt.sessions.create(CreateSessionInput(parent_id=parent.id))
+        tooled = await rt.sessions.create()
+        for sid in (parent.id, child.id):
+            await rt.store.append(Command.of(ev.ExecutionStarted(session_id=sid)))
+        # A tool call a dead process left open, its group long gone (another boot).
+        for event in (
+            ev.StepStarted(
+                session_id=tooled.id,
+                assistant_message_id="msg_dead",
+                agent="build",
+                model=ModelRef(id="scripted", provider_id="scripted"),
+                started=1,
+            ),
+            ev.ToolCalled(
+                session_id=tooled.id,
+                assistant_message_id="msg_dead",
+                id="call_0_0",
+                name="bash",
+                input={"command": "true"},
+            ),
+            ev.ToolSpawned(
+                session_id=tooled.id,
+                assistant_message_id="msg_dead",
+                id="call_0_0",
+                pgid=4_000_000,
+                start_ticks=1,
+                boot_id="a-boot-long-gone",
+            ),
+        ):
+            await rt.store.append(Command.of(event))
+        arrivals = Arrivals(rt.execution)
+        sessions = Sessions(rt.store, owners=arrivals)
+        # What the sweep writes for each, and the command each actor is running meanwhile.
+        steps = [
+            (tooled.id, "session.tool.failed"),
+            (child.id, "session.execution.failed"),
+            (parent.id, "session.execution.recovering"),
+        ]
+        parked, seen, asked = {}, {}, {}
+        for sid, type_ in steps:
+            renamed = ev.SessionRenamed(session_id=sid, title="written by its own command")
+            parked[sid] = Parked(
+                rt.execution, sid, functools.partial(rt.store.append, Command.of(renamed))
+            )
+            await parked[sid].running.wait()
+            seen[sid] = written(rt.store, sid, type_)
+            asked[sid] = arrivals.expect(sid)
+        sweep = asyncio.ensure_future(
+            recover(rt.store, sessions, rt.execution, rt.blocking, rt.leases)
+        )
+        for sid, _ in steps:
+            # The sweep either asks the session's actor or writes past it.
+            await first_of(asked[sid], seen[sid])
+            assert not seen[sid].is_set(), sid
+            await parked[sid].release()
+        report = await sweep
+        assert report.stale_tools == ("call_0_0",)
+        assert report.orphans_released == (child.id,)
+        assert report.resumed == (parent.id,)
+        for sid, type_ in steps:
+            types = [r.type.rsplit(".", 1)[0] for r in await rt.store.read(sid)]
+            assert types.index("session.renamed") < types.index(type_), sid
+        await rt.execution.wait_idle(parent.id)

@@ -10,16 +10,17 @@ from typing import Any
 
 import pytest
 from loop_turns import quiesce
+from owner_seams import Arrivals, Parked, Together, first_of, written
 
 from actors import ActorRegistry
 from actors.session import SessionActor
-from actors.session.inbox import AdmissionGate, Writer
+from actors.session.inbox import AdmissionGate, Writer, control_head
 from actors.sessions import Sessions
 from actors.supervisor import Standalone
 from protocol import events as ev
-from protocol.errors import ConflictError, ServiceUnavailableError
-from protocol.requests import PromptInput
-from protocol.shapes import InboxItem
+from protocol.errors import ConflictError, ServiceUnavailableError, SessionNotFoundError
+from protocol.requests import CreateSessionInput, PromptInput
+from protocol.shapes import InboxItem, ModelRef
 from storage import Boundary, Command, SQLiteStore
 
 
@@ -308,3 +309,90 @@ def test_a_closing_gate_waits_for_admissions_under_way_then_refuses() -> None:
             pass
 
     asyncio.run(scenario())
+
+
+async def test_a_control_item_a_change_of_delivery_put_behind_a_steer_waits_for_it(
+    owners: Standalone, store: SQLiteStore, tmp_path: Path
+) -> None:
+    sessions = _own_sessions(owners, store, tmp_path)
+    s = await sessions.create()
+    older = await sessions.prompt(s.id, PromptInput(text="older", delivery="queue", resume=False))
+    control = await sessions.compact(s.id, delivery="steer")
+    # At a step boundary the steered control item is due: queued input ahead
+    # of it does not hold it back. The drain asks its actor to deliver it.
+    boundary = await _boundary(owners, sessions, s.id)
+    assert control_head(boundary.inbox, "steer") == control
+    started = ev.CompactionStarted(session_id=s.id, reason="manual", recent="", input_id=control.id)
+    deliver = functools.partial(sessions.inbox.control, s.id, control, (started,), scope="steer")
+    steer = ev.InboxDeliveryChanged(session_id=s.id, inbox_id=older.id, delivery="steer")
+
+    async def change(_: Writer) -> None:
+        await store.append(Command.of(steer))
+
+    # Handled by the actor before the delivery: ``older`` is a steer ahead of it now.
+    _, delivered = await _in_order(
+        owners, s.id, owners.command(s.id, change), owners.command(s.id, deliver)
+    )
+    assert delivered is False
+    assert [i.id for i in await sessions.pending(s.id)] == [older.id, control.id]
+    # The next boundary promotes the steer; then the control item is due again.
+    assert await sessions.promote(s.id, "steer") == 1
+    assert await owners.command(s.id, deliver) is True
+    order = [
+        r.event.inbox_id  # type: ignore[union-attr]
+        for r in await store.read(s.id)
+        if r.type == "session.inbox.delivered.1"
+    ]
+    assert order == [older.id, control.id]
+
+
+async def test_concurrent_switches_chain_their_previous_values(
+    owners: Standalone, store: SQLiteStore, tmp_path: Path
+) -> None:
+    together = Together(owners)
+    sessions = Sessions(store, owners=together, default_directory=str(tmp_path))
+    s = await sessions.create(CreateSessionInput(agent="build"))
+    m1, m2 = ModelRef(id="m1", provider_id="scripted"), ModelRef(id="m2", provider_id="scripted")
+    # Each switch's command arrives only once both have: whatever either read
+    # before its command, it read before the other switched.
+    together.hold(2)
+    await asyncio.gather(sessions.switch_model(s.id, m1), sessions.switch_model(s.id, m2))
+    together.hold(2)
+    await asyncio.gather(sessions.switch_agent(s.id, "plan"), sessions.switch_agent(s.id, "ask"))
+    recorded = [r.event for r in await store.read(s.id)]
+    models = [e for e in recorded if isinstance(e, ev.ModelSelected)]
+    agents = [e for e in recorded if isinstance(e, ev.AgentSelected)]
+    assert [e.previous for e in models] == [None, models[0].model]
+    assert [e.previous for e in agents] == ["build", agents[0].agent]
+    now = await sessions.get(s.id)
+    assert (now.model, now.agent) == (models[1].model, agents[1].agent)
+
+
+async def test_a_childs_deletion_waits_for_the_command_its_actor_runs(
+    owners: Standalone, store: SQLiteStore, tmp_path: Path
+) -> None:
+    arrivals = Arrivals(owners)
+    sessions = Sessions(store, owners=arrivals, default_directory=str(tmp_path))
+    root = await sessions.create()
+    child = await sessions.create(CreateSessionInput(parent_id=root.id))
+    renamed = ev.SessionRenamed(session_id=child.id, title="written by its own command")
+    # A command of the child's actor under way (an admission, say), its write last.
+    parked = Parked(owners, child.id, lambda: store.append(Command.of(renamed)))
+    await parked.running.wait()
+    deleted = written(store, child.id, "session.deleted")
+    asked = arrivals.expect(child.id)
+    removing = asyncio.ensure_future(sessions.remove(root.id))
+    # The deletion either asks the child's actor or writes past it.
+    await first_of(asked, deleted)
+    assert not deleted.is_set()
+    # A prompt to the child now comes after its deletion: refused, nothing admitted.
+    late = asyncio.ensure_future(sessions.prompt(child.id, PromptInput(text="too late")))
+    await parked.release()
+    await removing
+    with pytest.raises(SessionNotFoundError):
+        await late
+    types = [r.type for r in await store.read(child.id)]
+    assert types[-2:] == ["session.renamed.1", "session.deleted.2"]
+    for gone in (root.id, child.id):
+        with pytest.raises(SessionNotFoundError):
+            await sessions.get(gone)

@@ -184,24 +184,12 @@ async def test_steers_deliver_in_admission_order_before_queued(
     assert delivered[1].seq == delivered[0].seq + 1
 
 
-async def test_delivery_stops_before_a_control_item(
-    sessions: Sessions, store: SQLiteStore, db_path: Path
-) -> None:
-    from protocol import events as ev
-    from storage import Command
-
+async def test_delivery_stops_before_a_control_item(sessions: Sessions) -> None:
     s = await sessions.create()
     a = await sessions.prompt(s.id, PromptInput(text="a"))
-    # No public operation admits control items yet; record one as compaction would.
-    await store.append(
-        Command.of(
-            ev.InboxEnqueued(
-                session_id=s.id,
-                inbox_id="msg_compact",
-                item=ev.EnqueuedItem(type="compaction", payload={}, delivery="steer"),
-            )
-        )
-    )
+    # A manual compaction request: a control item in the inbox.
+    compaction = await sessions.compact(s.id, "msg_compact", "steer")
+    assert (compaction.id, compaction.type) == ("msg_compact", "compaction")
     b = await sessions.prompt(s.id, PromptInput(text="b"))
     assert await sessions.promote(s.id, "steer") == 1
     assert [i.id for i in await sessions.pending(s.id)] == ["msg_compact", b.id]

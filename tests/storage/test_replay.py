@@ -191,7 +191,10 @@ async def run(path: Path, ops: list[tuple[Any, ...]], url: str | None = None) ->
                             )
                         # As the drain does: a command of the session's actor.
                         await sessions.owners.command(
-                            sid, functools.partial(sessions.inbox.control, sid, head, (fact,))
+                            sid,
+                            functools.partial(
+                                sessions.inbox.control, sid, head, (fact,), scope="input"
+                            ),
                         )
                 elif kind == "compaction":
                     await compaction_fact(store, session(args[0]), args[1])
