@@ -23,13 +23,13 @@ log = logging.getLogger(__name__)
 
 
 class EventBus:
-    def __init__(self) -> None:
+    def __init__(self, recorder: Recorder | None = None) -> None:
+        """``recorder``: whose committed events to forward (subscribed here, until
+        :meth:`close`; a store takes subscribers before it opens)."""
         self._subscribers: list[Callable[[EventEnvelope], None]] = []
-        self._detach: Callable[[], None] | None = None
-
-    def attach(self, recorder: Recorder) -> None:
-        """Forward the recorder's committed events."""
-        self._detach = recorder.subscribe(self._committed)
+        self._detach: Callable[[], None] | None = (
+            None if recorder is None else recorder.subscribe(self._committed)
+        )
 
     def close(self) -> None:
         if self._detach is not None:

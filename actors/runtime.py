@@ -45,24 +45,18 @@ from typing import Self
 
 import attrs
 
-from actors.generate import Generator
-from actors.host_messages import HostBus, HostMessage
-from actors.instructions import Instructions, project_config_disabled
-from actors.instructions.nearby import NearbyInstructions
-from actors.lease_keeper import LeaseKeeper
+from actors.host_messages import HostBus
 from actors.llm import (
-    SCRIPTED_MODEL,
     ModelLimits,
     Provider,
     ProviderConfig,
 )
 from actors.mcp import McpServerConfig
 from actors.recovery import DEFAULT_MAX_ATTEMPTS, RecoveryReport, recover
-from actors.services import Services, build_services, terminal_of
-from actors.session import Own, Terminal
-from actors.session.compaction import BUFFER_TOKENS, TAIL_TOKENS, CompactionSettings
-from actors.session.drain import Drain, InstructionSource
-from actors.session.inbox import Scope
+from actors.services import build_services, terminal_of
+from actors.session import Terminal
+from actors.session.compaction import BUFFER_TOKENS, TAIL_TOKENS
+from actors.session.drain import InstructionSource
 from actors.session.shells import DEFAULT_TIMEOUT_S as SHELL_TIMEOUT_S
 from actors.session.shells import MAX_OUTPUT_BYTES as SHELL_OUTPUT_MEMORY_BYTES
 from actors.subagents import DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH
@@ -71,32 +65,22 @@ from actors.tools import (
     DEFAULT_BASH_TIMEOUT_S,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_LINES,
-    ProcessGroup,
-    RecordProcess,
     Tool,
-    ToolContext,
-    ToolError,
-    ToolExecutor,
     run_sweeper,
 )
 from actors.tools.builtin import (
     DEFAULT_MAX_TIMEOUT_S,
     DEFAULT_OUTPUT_MEMORY_BYTES,
 )
-from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
 from protocol.lifecycle import Lifecycle, LifecycleState
 from protocol.shapes import ModelRef
 from storage import (
-    Command,
-    FencedError,
-    ProjectionConflict,
     RecordedEvent,
     StorageError,
     Store,
     Synchronous,
     connect,
-    fenced,
     redact,
 )
 from storage.clock import SYSTEM, Clock, wait_event
@@ -283,91 +267,6 @@ class RuntimeConfig:
         return self.data_dir / "tool-output"
 
 
-class _DurableHooks:
-    """Execution hooks that publish the execution facts under the lease and run the drain."""
-
-    def __init__(self, store: Store, drain: Drain, keeper: LeaseKeeper, bus: HostBus) -> None:
-        self._store = store
-        self._drain = drain
-        self._keeper = keeper
-        self._bus = bus
-        #: Sessions whose lease a shutdown terminal released (claims kept).
-        self.handed_over: list[str] = []
-
-    async def started(self, session_id: str) -> None:
-        # The claim and the lease in one command; LeaseHeldError: it runs elsewhere.
-        [record] = await self._store.append(
-            Command.of(
-                ev.ExecutionStarted(session_id=session_id), lease=self._keeper.take(session_id)
-            )
-        )
-        assert record.epoch is not None
-        self._keeper.hold(session_id, record.epoch)
-
-    async def drain(self, session_id: str, scope: Scope, force: bool, own: Own) -> None:
-        with fenced(self._keeper.fence(session_id)):
-            await self._drain.drain(session_id, scope, force, own)
-
-    async def settled(self, session_id: str, terminal: Terminal) -> None:
-        if terminal.kind == "elsewhere":
-            assert terminal.owner is not None
-            message = HostMessage(
-                kind="resume" if terminal.force else "wake",
-                origin=self._keeper.host_id,
-                session_ids=(session_id,),
-                scope=terminal.scope,
-            )
-            await self._bus.publish(terminal.owner, message)
-            return
-        fence = self._keeper.fence(session_id)
-        self._keeper.drop(session_id)
-        if not terminal.written or fence is None:
-            return  # lost the lease: the terminal is the new holder's to write
-        event: ev.Event
-        if terminal.kind == "succeeded":
-            event = ev.ExecutionSucceeded(session_id=session_id)
-        elif terminal.kind == "interrupted":
-            event = ev.ExecutionInterrupted(session_id=session_id, reason=terminal.reason or "user")
-        else:
-            error = terminal.error or ev.ErrorInfo(type="unknown", message="execution failed")
-            event = ev.ExecutionFailed(session_id=session_id, error=error)
-        try:
-            await self._store.append(Command.of(event, lease=fence.release()))
-        except FencedError as exc:
-            log.warning("the terminal of %s was fenced: %s", session_id, exc)
-            return
-        except ProjectionConflict as exc:
-            if exc.reason != "session.missing":
-                raise
-            # The session was deleted while it ran: there is nothing to settle.
-            return
-        if terminal.kind == "interrupted" and terminal.reason == "shutdown":
-            self.handed_over.append(session_id)
-
-
-def _process_recorder(store: Store, keeper: LeaseKeeper) -> RecordProcess:
-    async def record(ctx: ToolContext, group: ProcessGroup) -> None:
-        event = ev.ToolSpawned(
-            session_id=ctx.session_id,
-            assistant_message_id=ctx.assistant_message_id,
-            id=ctx.call_id,
-            pgid=group.pgid,
-            start_ticks=group.start_ticks,
-            boot_id=group.boot_id,
-        )
-        fence = keeper.fence(ctx.session_id)
-        try:
-            # Called from the tool's thread: the drain's fence is not in force here.
-            await store.append(Command.of(event, lease=None if fence is None else fence.hold()))
-        except FencedError as exc:
-            raise ToolError(f"Tool execution aborted: {exc}", type="aborted") from None
-        except ProjectionConflict as exc:
-            # The session was deleted, or the call settled: the command must not run.
-            raise ToolError(f"Tool execution aborted: {exc}", type="aborted") from None
-
-    return record
-
-
 def check_data_dir(path: Path) -> None:
     """Refuse a data dir that is (or would lie under) a regular file, in a sentence.
 
@@ -420,53 +319,27 @@ class Runtime:
                 clock=config.clock,
             )
         self.services = services = build_services(config, store, host_bus=host_bus)
-        # The services under the names the server, the embedded host and the tests use.
+        # The services the server, the embedded host and the tests reach most,
+        # under their own names; the rest are ``services.<name>``.
         self.store = services.store
         self.host_id = services.host_id
-        self.host_bus = services.host_bus
         self.leases = services.leases
-        self.remote_interrupts = services.remote_interrupts
-        self.follows = services.follows
         self.bus = services.bus
         self.blocking = services.blocking
-        self.tool_actors = services.tool_actors
-        self.tools = services.tools
-        self.bounding = services.bounding
-        self.adapters = services.adapters
-        self.providers = services.providers
-        self.directories = services.directories
         self.agents = services.agents
-        self.permission_waiters = services.permission_waiters
-        self.environments = services.environments
         self.shells = services.shells
-        self.snapshots = services.snapshots
         self.reverts = services.reverts
         self.sessions = services.sessions
         self.transfer = services.transfer
         self.instructions = services.instructions
         #: The owner of the MCP server processes (none started until used).
         self.mcp = services.mcp
-        #: The task tool's subagents (child sessions run by this runtime).
-        self.subagents = services.subagents
         self.recovery = RecoveryReport()
-
-    def _builtin_instructions(self) -> Instructions:
-        instructions = Instructions(
-            store=self.store,
-            data_dir=self.config.data_dir,
-            # OPENCODE_DISABLE_PROJECT_CONFIG (or the SESSIONRT_ twin), read
-            # once as the runtime opens, switches it off like the config key.
-            discover_project=self.config.project_instructions
-            and not project_config_disabled(os.environ),
-            guidance=self.mcp.guidance if self.mcp else None,
-        )
-        # Closed after execution stops (the stack unwinds in reverse).
-        self._stack.callback(instructions.close)
-        return instructions
 
     @property
     def execution(self) -> Execution:
-        return self.services.execution.execution
+        """The session actors; ServiceUnavailableError unless the runtime runs."""
+        return self.services.host_execution.execution
 
     async def _owner(self, session_id: str) -> str | None:
         """The other host holding a live lease on the session, if any."""
@@ -513,11 +386,11 @@ class Runtime:
 
     async def resume(self, session_id: str) -> Terminal:
         """Start or join the session's execution, here or on the host that holds it."""
-        return await self.services.execution.resume(session_id)
+        return await self.services.host_execution.resume(session_id)
 
     async def stop_child(self, session_id: str) -> None:
         """A subagent's session stops with its parent's call (see HostExecution)."""
-        await self.services.execution.stop_child(session_id)
+        await self.services.host_execution.stop_child(session_id)
 
     async def __aenter__(self) -> Self:
         self._lifecycle.open()
@@ -544,23 +417,16 @@ class Runtime:
                 config.default_directory,
             )
         await self._open_store()
-        services.bus.attach(self.store)
+        # Subscribed to the store since build_services: it stops forwarding here.
         stack.callback(services.bus.close)
         if config.read_only:
             return
-        self.drain = drain = _build_drain(
-            config, services, config.instructions or self._builtin_instructions()
-        )
+        if services.builtin_instructions is not None:
+            services.builtin_instructions.open()
+            # Closed after execution stops (the stack unwinds in reverse).
+            stack.callback(services.builtin_instructions.close)
         # Ended after execution stops (pushed before it): no call is running then.
         stack.push_async_callback(services.mcp.aclose)
-        self.generator = Generator(
-            store=self.store,
-            sessions=self.sessions,
-            providers=self.providers,
-            agents=self.agents,
-            chat=drain.chat_cache,
-            default_model=config.default_model or SCRIPTED_MODEL,
-        )
         sweeper = asyncio.get_running_loop().create_task(
             run_sweeper(services.bounding, services.blocking, config.clock),
             name="tool-output-sweeper",
@@ -574,14 +440,15 @@ class Runtime:
             stack.push_async_callback(services.own_bus.close)
         # After execution stopped and the leases ended, right before the bus
         # closes: the wakes admitted here while closing go to the others.
-        stack.push_async_callback(services.execution.hand_over_wakes, self.sessions.inbox.gate)
+        stack.push_async_callback(services.host_execution.hand_over_wakes, self.sessions.inbox.gate)
         # Renewal ends after execution stops (the terminals release the leases).
         await services.leases.start()
         stack.push_async_callback(services.leases.aclose)
-        hooks = _DurableHooks(self.store, drain, services.leases, services.host_bus)
-        await services.execution.start(hooks, hooks.handed_over)
-        stack.push_async_callback(services.execution.stop)
-        stack.callback(await services.host_bus.subscribe(self.host_id, services.host_messages))
+        await services.host_execution.start(services.hooks)
+        stack.push_async_callback(services.host_execution.stop)
+        stack.callback(
+            await services.host_bus.subscribe(self.host_id, services.host_message_router)
+        )
         # Closed before execution stops: a shutdown kills running shells,
         # whose entries stay running until the next start cancels them.
         stack.push_async_callback(services.shells.aclose)
@@ -661,7 +528,7 @@ class Runtime:
         if not interrupted:
             owner = await self._owner(session_id)
             if owner is not None:
-                interrupted = await self.remote_interrupts.send(owner, session_id)
+                interrupted = await self.services.remote_interrupts.send(owner, session_id)
         if resume:
             pending = await self.sessions.pending(session_id)
             if any(item.delivery == "steer" for item in pending):
@@ -684,52 +551,6 @@ class Runtime:
                 stopped = await self.execution.interrupt(child, "user") or stopped
             frontier.extend(await self.store.queries.children(child))
         return stopped
-
-
-def _build_drain(
-    config: RuntimeConfig, services: Services, instructions: InstructionSource
-) -> Drain:
-    """The drain over the services (made at open: the instructions need the loop)."""
-    return Drain(
-        store=services.store,
-        sessions=services.sessions,
-        providers=services.providers,
-        tools=services.tools,
-        executor=ToolExecutor(
-            services.tools,
-            services.tool_actors,
-            services.bounding,
-            record=_process_recorder(services.store, services.leases),
-            more=services.mcp.registry if services.mcp else None,
-        ),
-        blocking=services.blocking,
-        bus=services.bus,
-        agents=services.agents,
-        output_dir=config.tool_output_dir,
-        instructions=instructions,
-        secret_env=services.secret_env,
-        server_dirs=(config.data_dir,),
-        default_model=config.default_model or SCRIPTED_MODEL,
-        retry_base_delay_s=config.retry_base_delay_s,
-        retry_max_delay_s=config.retry_max_delay_s,
-        chat_cache_bytes=config.decode_cache_bytes,
-        snapshots=services.snapshots,
-        environments=services.environments,
-        compaction=CompactionSettings(
-            auto=config.compaction,
-            buffer=config.compaction_buffer,
-            tail_tokens=config.compaction_tail_tokens,
-        ),
-        model_limits=config.limits,
-        waiters=services.permission_waiters,
-        nearby=NearbyInstructions(
-            services.store.queries,
-            services.blocking.run,
-            enabled=config.project_instructions,
-        ),
-        mcp=services.mcp if services.mcp else None,
-        clock=config.clock,
-    )
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -6,6 +6,13 @@ record. A part receives the services it uses, or a narrow Protocol one of
 them satisfies (a :class:`~actors.session.inbox.Doorbell`, a
 :class:`~actors.lease_keeper.LeaseLoss` …), at construction; nothing is wired
 afterwards and no part holds a method of the :class:`~actors.runtime.Runtime`.
+Nothing is opened here either: :class:`~actors.runtime.Runtime` starts and
+enters them in order (and closes them in reverse).
+
+One cycle is cut by an argument, not a reference: the drain reaches this
+host's execution (through the sessions' doorbell, the lease keeper, the task
+tool), so the :class:`DurableHooks` that run it are made after it and handed
+to :meth:`HostExecution.start`, which opens the session actors with them.
 
 :class:`HostExecution` is what those Protocols name where the runtime used to
 lend its own methods: this host's execution while the runtime runs (the
@@ -17,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -27,34 +35,66 @@ from actors.agents import AgentCatalogs
 from actors.event_bus import EventBus
 from actors.files.locations import DirectoryRules
 from actors.files.snapshots import Snapshots
+from actors.generate import Generator
 from actors.host_messages import HostBus, HostMessage, LocalHostBus, NotifyHostBus
-from actors.instructions import InstructionEntries
+from actors.instructions import InstructionEntries, project_config_disabled
+from actors.instructions.nearby import NearbyInstructions
 from actors.kit import BlockingExecutor
 from actors.lease_keeper import LeaseKeeper
-from actors.llm import HttpProvider, ProviderRegistry, build_providers
+from actors.llm import SCRIPTED_MODEL, HttpProvider, ProviderRegistry, build_providers
 from actors.mcp import McpServers
 from actors.permissions import PermissionWaiters
-from actors.session import ExecutionHooks, Terminal, widest
+from actors.session import ExecutionHooks, Own, Terminal, widest
+from actors.session.compaction import CompactionSettings
+from actors.session.drain import Drain
 from actors.session.inbox import AdmissionGate, Scope
+from actors.session.instruction_admission import Instructions
 from actors.session.interrupts import UNHELD, RemoteInterrupts
 from actors.session.revert import Reverts
 from actors.session.shells import Environments, Shells
 from actors.sessions import Sessions
 from actors.subagents import Subagents
 from actors.supervisor import Execution
-from actors.tools import OutputBounding, ToolActors, ToolRegistry, builtin_tools
+from actors.tools import (
+    OutputBounding,
+    ProcessGroup,
+    RecordProcess,
+    ToolActors,
+    ToolContext,
+    ToolError,
+    ToolExecutor,
+    ToolRegistry,
+    builtin_tools,
+)
 from actors.tools.builtin import BashTool
 from actors.transfer import SessionTransfer
 from protocol import events as ev
 from protocol.errors import InvalidRequestError, ServiceUnavailableError
-from storage import RecordedEvent, Store, default_host_id, is_server_url
+from storage import (
+    Command,
+    FencedError,
+    ProjectionConflict,
+    RecordedEvent,
+    Store,
+    default_host_id,
+    fenced,
+    is_server_url,
+)
 from storage.clock import SYSTEM, Clock
 from storage.follow import FollowDispatcher
 
 if TYPE_CHECKING:
     from actors.runtime import RuntimeConfig
 
-__all__ = ["HostExecution", "Services", "build_services", "terminal_of"]
+__all__ = [
+    "DurableHooks",
+    "HostExecution",
+    "HostMessageRouter",
+    "Released",
+    "Services",
+    "build_services",
+    "terminal_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +102,7 @@ log = logging.getLogger(__name__)
 class HostExecution:
     """This host's execution while the runtime runs, for the parts that need it.
 
-    Started by the runtime's open (:meth:`start`, once its drain hooks exist)
+    Started by the runtime's open (:meth:`start`, with the drain's hooks)
     and stopped by its close (:meth:`stop`). Before and after, a wake is
     refused and nothing is busy.
     """
@@ -74,18 +114,19 @@ class HostExecution:
         host_bus: HostBus,
         shells: Shells,
         envs: Environments,
-        actors: Execution,
+        execution: Execution,
         clock: Clock = SYSTEM,
     ) -> None:
         self._store = store
         self._clock = clock
-        #: The session actors (opened by :meth:`start`); ``_execution`` once open.
-        self._actors = actors
+        #: The session actors, opened by :meth:`start`.
+        self._execution = execution
         self._host_id = host_id
         self._host_bus = host_bus
         self._shells = shells
         self._environments = envs
-        self._execution: Execution | None = None
+        #: The session actors while they run (:meth:`start` to :meth:`stop`).
+        self._running: Execution | None = None
         #: Sessions this host settled with a shutdown terminal (released, claims kept).
         self._handed_over_ids: list[str] = []
         self._tasks: set[asyncio.Task[object]] = set()
@@ -97,20 +138,29 @@ class HostExecution:
 
     @property
     def execution(self) -> Execution:
-        if self._execution is None:
+        """The session actors; ServiceUnavailableError unless they run."""
+        if self._running is None:
             raise ServiceUnavailableError("the runtime is not running", service="execution")
-        return self._execution
+        return self._running
 
     @property
     def closing(self) -> bool:
         """Whether :meth:`stop` has begun (wakes are refused from then on)."""
         return self._closing
 
-    async def start(self, hooks: ExecutionHooks, handed_over: list[str]) -> None:
-        """Start the supervisor; ``handed_over`` is filled by ``hooks`` as they settle."""
-        self._handed_over_ids = handed_over
-        await self._actors.open(hooks)
-        self._execution = self._actors
+    async def start(self, hooks: ExecutionHooks) -> None:
+        """Open the session actors, their busy periods run by ``hooks``.
+
+        The hooks come here, not to the constructor: they run the drain, which
+        reaches this host's execution through the sessions (their doorbell),
+        the lease keeper and the task tool, all made before it.
+        """
+        await self._execution.open(hooks)
+        self._running = self._execution
+
+    def released(self, session_id: str) -> None:
+        """The :class:`Released` of the hooks: a shutdown terminal released the session."""
+        self._handed_over_ids.append(session_id)
 
     # -- what the other parts call ----------------------------------------------------------------
 
@@ -121,16 +171,16 @@ class HostExecution:
             self._refused[session_id] = widest(self._refused.get(session_id), scope)
             if self._handed_over:  # a host-bus wake (admissions are refused by now)
                 log.info("wake for %s after this host handed its wakes over: dropped", session_id)
-        elif self._execution is not None:
-            self._execution.wake(session_id, scope)
+        elif self._running is not None:
+            self._running.wake(session_id, scope)
 
     def lease_lost(self, session_id: str) -> None:
         """The :class:`~actors.lease_keeper.LeaseLoss` of the lease keeper."""
-        if self._execution is not None:
-            self._execution.lease_lost(session_id)
+        if self._running is not None:
+            self._running.lease_lost(session_id)
 
     async def interrupt_here(self, session_id: str) -> bool:
-        execution = self._execution
+        execution = self._running
         return execution is not None and await execution.interrupt(session_id, "user")
 
     def spawn(self, work: Coroutine[Any, Any, object], name: str) -> None:
@@ -179,7 +229,7 @@ class HostExecution:
     async def stop_child(self, session_id: str) -> None:
         """A subagent's session stops with its parent's call: interrupted (as a
         shutdown while the runtime closes, its claim kept), waited for."""
-        execution = self._execution
+        execution = self._running
         if execution is None:
             return
         await execution.interrupt(session_id, "shutdown" if self._closing else "user")
@@ -191,7 +241,7 @@ class HostExecution:
             self._environments.forget(sid)
         # Their shells end with them.
         await self._shells.stop(session_ids, "cancelled")
-        execution = self._execution
+        execution = self._running
         if execution is None:
             return
         # All at once: each interrupt kills its tools' groups; the waits overlap.
@@ -200,7 +250,7 @@ class HostExecution:
 
     def on_host_message(self, message: HostMessage, rescan: asyncio.Event) -> None:
         """A wake, resume or release from another host (interrupts go to RemoteInterrupts)."""
-        execution = self._execution
+        execution = self._running
         if execution is None:
             return
         for sid in message.session_ids:
@@ -216,10 +266,10 @@ class HostExecution:
     async def stop(self) -> None:
         """Interrupt every busy period (shutdown), end this host's tasks, announce releases."""
         self._closing = True
-        execution = self._execution
+        execution = self._running
         if execution is not None:
             await execution.shutdown()
-        self._execution = None
+        self._running = None
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -271,14 +321,16 @@ def terminal_of(event: ev.Event | None) -> Terminal | None:
     return None
 
 
-class HostMessages:
-    """What another host tells this one: interrupts and their answers, wakes, releases."""
+class HostMessageRouter:
+    """What another host tells this one, each to its part: interrupts and their
+    answers to the remote interrupts, wakes, resumes and releases to this
+    host's execution."""
 
     def __init__(
-        self, remote: RemoteInterrupts, execution: HostExecution, rescan: asyncio.Event
+        self, remote: RemoteInterrupts, host_execution: HostExecution, rescan: asyncio.Event
     ) -> None:
         self._remote = remote
-        self._execution = execution
+        self._host_execution = host_execution
         self._rescan = rescan
 
     def __call__(self, message: HostMessage) -> None:
@@ -287,7 +339,99 @@ class HostMessages:
             # sender would otherwise wait its whole timeout for a 503.
             self._remote.on_message(message)
             return
-        self._execution.on_host_message(message, self._rescan)
+        self._host_execution.on_host_message(message, self._rescan)
+
+
+class Released(Protocol):
+    """Told of each session whose lease a shutdown terminal released (claim kept)."""
+
+    def released(self, session_id: str) -> None: ...
+
+
+class DurableHooks:
+    """Execution hooks that publish the execution facts under the lease and run the drain."""
+
+    def __init__(
+        self, store: Store, drain: Drain, keeper: LeaseKeeper, bus: HostBus, released: Released
+    ) -> None:
+        self._store = store
+        self._drain = drain
+        self._keeper = keeper
+        self._bus = bus
+        self._released = released
+
+    async def started(self, session_id: str) -> None:
+        # The claim and the lease in one command; LeaseHeldError: it runs elsewhere.
+        [record] = await self._store.append(
+            Command.of(
+                ev.ExecutionStarted(session_id=session_id), lease=self._keeper.take(session_id)
+            )
+        )
+        assert record.epoch is not None
+        self._keeper.hold(session_id, record.epoch)
+
+    async def drain(self, session_id: str, scope: Scope, force: bool, own: Own) -> None:
+        with fenced(self._keeper.fence(session_id)):
+            await self._drain.drain(session_id, scope, force, own)
+
+    async def settled(self, session_id: str, terminal: Terminal) -> None:
+        if terminal.kind == "elsewhere":
+            assert terminal.owner is not None
+            message = HostMessage(
+                kind="resume" if terminal.force else "wake",
+                origin=self._keeper.host_id,
+                session_ids=(session_id,),
+                scope=terminal.scope,
+            )
+            await self._bus.publish(terminal.owner, message)
+            return
+        fence = self._keeper.fence(session_id)
+        self._keeper.drop(session_id)
+        if not terminal.written or fence is None:
+            return  # lost the lease: the terminal is the new holder's to write
+        event: ev.Event
+        if terminal.kind == "succeeded":
+            event = ev.ExecutionSucceeded(session_id=session_id)
+        elif terminal.kind == "interrupted":
+            event = ev.ExecutionInterrupted(session_id=session_id, reason=terminal.reason or "user")
+        else:
+            error = terminal.error or ev.ErrorInfo(type="unknown", message="execution failed")
+            event = ev.ExecutionFailed(session_id=session_id, error=error)
+        try:
+            await self._store.append(Command.of(event, lease=fence.release()))
+        except FencedError as exc:
+            log.warning("the terminal of %s was fenced: %s", session_id, exc)
+            return
+        except ProjectionConflict as exc:
+            if exc.reason != "session.missing":
+                raise
+            # The session was deleted while it ran: there is nothing to settle.
+            return
+        if terminal.kind == "interrupted" and terminal.reason == "shutdown":
+            self._released.released(session_id)
+
+
+def _process_recorder(store: Store, keeper: LeaseKeeper) -> RecordProcess:
+    async def record(ctx: ToolContext, group: ProcessGroup) -> None:
+        event = ev.ToolSpawned(
+            session_id=ctx.session_id,
+            assistant_message_id=ctx.assistant_message_id,
+            id=ctx.call_id,
+            pgid=group.pgid,
+            start_ticks=group.start_ticks,
+            boot_id=group.boot_id,
+        )
+        fence = keeper.fence(ctx.session_id)
+        try:
+            # Called from the tool's thread: the drain's fence is not in force here.
+            await store.append(Command.of(event, lease=None if fence is None else fence.hold()))
+        except FencedError as exc:
+            raise ToolError(f"Tool execution aborted: {exc}", type="aborted") from None
+        except ProjectionConflict as exc:
+            # The session was deleted, or the call settled: the command must not run.
+            raise ToolError(f"Tool execution aborted: {exc}", type="aborted") from None
+
+    return record
 
 
 @attrs.frozen(kw_only=True)
@@ -301,10 +445,22 @@ class Services:
     own_bus: NotifyHostBus | None
     #: Set for a recovery scan at once (another host released sessions, the bus reconnected).
     rescan: asyncio.Event
-    execution: HostExecution
+    #: The session actors: every write to a session is a command one of them runs.
+    execution: Execution
+    #: This host's execution while the runtime runs (see :class:`HostExecution`).
+    host_execution: HostExecution
+    #: What a busy period does (:meth:`HostExecution.start` opens the actors with them).
+    hooks: DurableHooks
+    #: What a busy period runs: promotion at each boundary, the steps.
+    drain: Drain
+    #: One-off answers beside a session (``POST /session/{id}/generate``).
+    generator: Generator
+    #: The built-in instruction sources (opened and closed by the runtime), when
+    #: the config names no source of its own.
+    builtin_instructions: Instructions | None
     leases: LeaseKeeper
     remote_interrupts: RemoteInterrupts
-    host_messages: HostMessages
+    host_message_router: HostMessageRouter
     follows: FollowDispatcher
     bus: EventBus
     blocking: BlockingExecutor
@@ -392,11 +548,10 @@ def build_services(
         | {c.api_key_env for c in config.provider_configs.values() if c.api_key_env}
     )
     environments = Environments(secret_env)
-    #: The session actors: every write to a session is a command one of them runs.
-    actors = Execution()
+    execution = Execution()
     shells = Shells(
         store,
-        actors,
+        execution,
         environments,
         bounding,
         blocking.run,
@@ -406,23 +561,25 @@ def build_services(
         timeout_s=config.shell_timeout_s,
         clock=config.clock,
     )
-    execution = HostExecution(store, host_id, host_bus, shells, environments, actors, config.clock)
+    host_execution = HostExecution(
+        store, host_id, host_bus, shells, environments, execution, config.clock
+    )
     snapshots = Snapshots(
         config.data_dir / "snapshot", exclude=(config.data_dir,), blocking=blocking.run
     )
     reverts = Reverts(
         store,
-        actors,
+        execution,
         snapshots,
-        wake=execution,
+        wake=host_execution,
         intents=config.data_dir / "revert",
         blocking=blocking.run,
     )
     sessions = Sessions(
         store,
-        wake=execution,
-        stop=execution,
-        owners=actors,
+        wake=host_execution,
+        stop=host_execution,
+        owners=execution,
         revert=reverts,
         default_directory=config.default_directory,
         blocking=blocking.run,
@@ -431,15 +588,15 @@ def build_services(
         agents=agents,
         waiters=waiters,
     )
-    remote_interrupts = RemoteInterrupts(host_id, host_bus, execution, clock=config.clock)
+    remote_interrupts = RemoteInterrupts(host_id, host_bus, host_execution, clock=config.clock)
     leases = LeaseKeeper(
-        store, host_id, ttl_ms=config.lease_ttl_ms, on_lost=execution, clock=config.clock
+        store, host_id, ttl_ms=config.lease_ttl_ms, on_lost=host_execution, clock=config.clock
     )
     subagents = Subagents(
         sessions=sessions,
         agents=agents,
         store=store,
-        runs=execution,
+        runs=host_execution,
         max_depth=config.subagent_max_depth,
         max_children=config.subagent_max_children,
     )
@@ -448,6 +605,58 @@ def build_services(
         tools = ToolRegistry((*builtins, *config.tools))
     except ValueError as exc:
         raise ValueError(f"tools: {exc}") from None
+    bus = EventBus(store)
+    tool_actors = ToolActors(blocking=blocking, limit=config.max_tool_threads)
+    mcp = McpServers(
+        config.mcp, secret_env=secret_env, idle_s=config.mcp_idle_s, blocking=blocking.run
+    )
+    builtin_instructions = None
+    if not config.instructions:  # as the drain reads it: a source of its own, else these
+        builtin_instructions = Instructions(
+            store=store,
+            data_dir=config.data_dir,
+            # OPENCODE_DISABLE_PROJECT_CONFIG (or the SESSIONRT_ twin), read
+            # once as the runtime is made, switches it off like the config key.
+            discover_project=config.project_instructions
+            and not project_config_disabled(os.environ),
+            guidance=mcp.guidance if mcp else None,
+        )
+    drain = Drain(
+        store=store,
+        sessions=sessions,
+        providers=providers,
+        tools=tools,
+        executor=ToolExecutor(
+            tools,
+            tool_actors,
+            bounding,
+            record=_process_recorder(store, leases),
+            more=mcp.registry if mcp else None,
+        ),
+        blocking=blocking,
+        bus=bus,
+        agents=agents,
+        output_dir=config.tool_output_dir,
+        instructions=config.instructions or builtin_instructions,
+        secret_env=secret_env,
+        server_dirs=(config.data_dir,),
+        default_model=config.default_model or SCRIPTED_MODEL,
+        retry_base_delay_s=config.retry_base_delay_s,
+        retry_max_delay_s=config.retry_max_delay_s,
+        chat_cache_bytes=config.decode_cache_bytes,
+        snapshots=snapshots,
+        environments=environments,
+        compaction=CompactionSettings(
+            auto=config.compaction,
+            buffer=config.compaction_buffer,
+            tail_tokens=config.compaction_tail_tokens,
+        ),
+        model_limits=config.limits,
+        waiters=waiters,
+        nearby=NearbyInstructions(store.queries, blocking.run, enabled=config.project_instructions),
+        mcp=mcp if mcp else None,
+        clock=config.clock,
+    )
     return Services(
         store=store,
         host_id=host_id,
@@ -455,13 +664,25 @@ def build_services(
         own_bus=own_bus,
         rescan=rescan,
         execution=execution,
+        host_execution=host_execution,
+        hooks=DurableHooks(store, drain, leases, host_bus, host_execution),
+        drain=drain,
+        generator=Generator(
+            store=store,
+            sessions=sessions,
+            providers=providers,
+            agents=agents,
+            chat=drain.chat_cache,
+            default_model=config.default_model or SCRIPTED_MODEL,
+        ),
+        builtin_instructions=builtin_instructions,
         leases=leases,
         remote_interrupts=remote_interrupts,
-        host_messages=HostMessages(remote_interrupts, execution, rescan),
+        host_message_router=HostMessageRouter(remote_interrupts, host_execution, rescan),
         follows=FollowDispatcher(store),
-        bus=EventBus(),
+        bus=bus,
         blocking=blocking,
-        tool_actors=ToolActors(blocking=blocking, limit=config.max_tool_threads),
+        tool_actors=tool_actors,
         tools=tools,
         bounding=bounding,
         adapters=adapters,
@@ -484,11 +705,6 @@ def build_services(
             allow_scripts=config.import_scripts,
             leases=leases,
         ),
-        instructions=InstructionEntries(store, actors),
-        mcp=McpServers(
-            config.mcp,
-            secret_env=secret_env,
-            idle_s=config.mcp_idle_s,
-            blocking=blocking.run,
-        ),
+        instructions=InstructionEntries(store, execution),
+        mcp=mcp,
     )

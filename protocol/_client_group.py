@@ -14,13 +14,13 @@ from typing import Any, Final
 from protocol._client_http import (
     CallOptions,
     ClientError,
-    ClientState,
     Connection,
     read_failure,
     read_success,
     transport_error,
 )
 from protocol._client_stream import EventStream
+from protocol.lifecycle import LifecycleState
 from protocol.operations import Operation
 
 __all__ = ["APIGroup"]
@@ -73,7 +73,7 @@ class APIGroup:
         except TimeoutError as exc:
             raise transport_error(op, exc) from None
         except ClientError as exc:
-            if exc.reason == "transport" and connection.state is ClientState.CLOSED:
+            if exc.reason == "transport" and connection.state is LifecycleState.CLOSED:
                 # The client closed under this call: that, not the broken socket, is the news.
                 raise ClientError(
                     "closed", f"{op.id}: the client was closed", operation=op.id

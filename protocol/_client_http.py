@@ -19,7 +19,6 @@ Every answer is read the same way, whatever the operation:
 from __future__ import annotations
 
 import collections.abc
-import enum
 import math
 import typing
 from collections.abc import Mapping
@@ -32,10 +31,11 @@ import orjson
 from yarl import URL
 
 from protocol import codec, errors
+from protocol.lifecycle import Lifecycle, LifecycleState
 from protocol.operations import Operation
 from protocol.shapes import Page, PageCursor
 
-__all__ = ["CallOptions", "ClientError", "ClientState", "Connection", "Reason"]
+__all__ = ["CallOptions", "ClientError", "Connection", "Reason"]
 
 Reason = Literal[
     "transport", "unexpected_status", "unsupported_content_type", "malformed_response", "closed"
@@ -86,12 +86,6 @@ class CallOptions:
     headers: Mapping[str, str] | None = None
 
 
-class ClientState(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
 class _Closable(typing.Protocol):
     async def aclose(self) -> None: ...
 
@@ -114,7 +108,8 @@ class Connection:
         self.base_url = url
         self.headers: dict[str, str] = dict(headers or {})
         self.timeout = timeout
-        self.state = ClientState.UNOPENED
+        #: Unopened -> open -> closed, once (never closing: the close is one step).
+        self.lifecycle = Lifecycle("this client")
         self.streams: set[_Closable] = set()
         self._connector = connector
         self._connector_owner = connector_owner
@@ -122,9 +117,13 @@ class Connection:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    @property
+    def state(self) -> LifecycleState:
+        return self.lifecycle.state
+
     def open(self) -> None:
-        if self.state is not ClientState.UNOPENED:
-            what = "open" if self.state is ClientState.OPEN else "closed"
+        if self.state is not LifecycleState.UNOPENED:
+            what = "open" if self.state is LifecycleState.OPEN else "closed"
             raise RuntimeError(f"this client is already {what}; a client can be opened once")
         self._session = aiohttp.ClientSession(
             headers=self.headers,
@@ -133,12 +132,11 @@ class Connection:
             # Deadlines are ours (asyncio.timeout per call), so streams are not cut by a total.
             timeout=aiohttp.ClientTimeout(),
         )
-        self.state = ClientState.OPEN
+        self.lifecycle.open()
 
     async def close(self) -> None:
-        if self.state is ClientState.CLOSED:
+        if self.lifecycle.close() is LifecycleState.CLOSED:
             return
-        self.state = ClientState.CLOSED
         try:
             for stream in list(self.streams):
                 await stream.aclose()
@@ -148,8 +146,8 @@ class Connection:
                 await session.close()
 
     def session(self, op: Operation) -> aiohttp.ClientSession:
-        if self._session is None or self.state is not ClientState.OPEN:
-            hint = "use 'async with Client(...)'" if self.state is ClientState.UNOPENED else ""
+        if self._session is None or self.state is not LifecycleState.OPEN:
+            hint = "use 'async with Client(...)'" if self.state is LifecycleState.UNOPENED else ""
             raise ClientError(
                 "closed",
                 f"the client is {self.state.value}; {hint}".rstrip("; "),

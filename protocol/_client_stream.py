@@ -23,11 +23,11 @@ import aiohttp
 from protocol._client_http import (
     CallOptions,
     ClientError,
-    ClientState,
     Connection,
     read_failure,
     transport_error,
 )
+from protocol.lifecycle import LifecycleState
 from protocol.operations import Operation
 from protocol.sse import (
     RawFrame,
@@ -98,7 +98,7 @@ class EventStream(AsyncIterator[SSEEvent]):
 
     async def aclose(self) -> None:
         """Stop the stream and close its connection; idempotent."""
-        if self._state != "done" and self._connection.state is ClientState.CLOSED:
+        if self._state != "done" and self._connection.state is LifecycleState.CLOSED:
             # The client is closing its streams: iteration reports that, not a quiet end.
             self._cut_by_client = True
         self._ready.clear()

@@ -49,7 +49,7 @@ from typing import Self
 
 import aiohttp
 
-from protocol._client_http import CallOptions, ClientError, ClientState, Connection, Reason
+from protocol._client_http import CallOptions, ClientError, Connection, Reason
 from protocol._client_stream import EventStream
 from protocol._generated_client import (
     EventsAPI,
@@ -58,6 +58,7 @@ from protocol._generated_client import (
     ServerAPI,
     SessionsAPI,
 )
+from protocol.lifecycle import LifecycleState
 from protocol.operations import LogQuery
 from protocol.sse import SSEEvent
 
@@ -65,10 +66,10 @@ __all__ = [
     "CallOptions",
     "Client",
     "ClientError",
-    "ClientState",
     "EventStream",
     "EventsAPI",
     "InstructionsAPI",
+    "LifecycleState",
     "Reason",
     "SSEEvent",
     "ServerAPI",
@@ -106,7 +107,7 @@ class Client(OperationGroups):
         super().__init__(self._connection)
 
     @property
-    def state(self) -> ClientState:
+    def state(self) -> LifecycleState:
         return self._connection.state
 
     @property

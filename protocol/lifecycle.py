@@ -1,7 +1,7 @@
 """One open/closed lifecycle for the resources that are async context managers.
 
-A store, the runtime, the embedded host, the blocking executor and the tool
-pool each open once and close once (httpx's ``ClientState``)::
+A store, the runtime, the embedded host, the blocking executor, the tool pool
+and the Python client each open once and close once (httpx's ``ClientState``)::
 
     unopened ──open()──▶ open ──begin_close()──▶ closing ──closed()──▶ closed
         └──────────────────┴──────close()───────────────────────────────▲

@@ -150,7 +150,9 @@ async def _measure(messages: int, calls: int) -> dict[str, Any]:
                 await rt.store.queries.context(anchored.id)
                 reads.append(time.perf_counter() - start)
             start = time.perf_counter()
-            failure = await rt.drain.compactor.run(anchored.id, SCRIPTED_MODEL, history, "auto")
+            failure = await rt.services.drain.compactor.run(
+                anchored.id, SCRIPTED_MODEL, history, "auto"
+            )
             compact_s = time.perf_counter() - start
             assert failure is None, f"the compaction did not complete: {failure}"
             read_s = statistics.median(reads)

@@ -41,9 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from actors.instructions import Instructions
 from actors.runtime import Runtime, RuntimeConfig
 from actors.session.drain import NoInstructions
+from actors.session.instruction_admission import Instructions
 from protocol.requests import CreateSessionInput, PromptInput
 
 AGENTS_TOML = '[agents.build]\nreferences = ["docs/style.md"]\n'
@@ -113,7 +113,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     await bench.step()
             # Admission alone, on the unchanged session: observe, hash, diff, no step.
             unchanged = benches[1]
-            runner = unchanged.rt.drain
+            runner = unchanged.rt.services.drain
             assert runner is not None
             instructions = runner._instructions
             assert isinstance(instructions, Instructions)
@@ -129,7 +129,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             changed = benches[2]
             csession = await changed.rt.sessions.get(changed.sid)
             cagent = await changed.rt.agents.agent(csession.location.directory, csession.agent)
-            cinstructions = changed.rt.drain._instructions
+            cinstructions = changed.rt.services.drain._instructions
             assert isinstance(cinstructions, Instructions)
             prepare_changed: list[float] = []
             for i in range(args.steps):

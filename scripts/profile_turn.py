@@ -40,7 +40,10 @@ PHASES: Final = (
     ("  agent load", (("actors/session/drain.py", "_agent"),)),
     ("  step (step.run)", (("actors/session/step.py", "run"),)),
     ("    step inputs (session + history read)", (("storage/queries.py", "step_inputs"),)),
-    ("    instruction admission (prepare)", (("actors/instructions/_admission.py", "prepare"),)),
+    (
+        "    instruction admission (prepare)",
+        (("actors/session/instruction_admission.py", "prepare"),),
+    ),
     ("    request build", (("actors/session/drain.py", "_request"),)),
     ("    model stream", (("actors/session/step.py", "_stream"),)),
     (

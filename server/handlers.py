@@ -158,7 +158,7 @@ async def session_agents(call: Call) -> Any:
 
 
 async def server_models(call: Call) -> Any:
-    return [ModelInfo(provider_id=p, id=m) for p, m in call.runtime.providers.listed()]
+    return [ModelInfo(provider_id=p, id=m) for p, m in call.runtime.services.providers.listed()]
 
 
 async def session_switch_model(call: Call) -> Any:
@@ -228,7 +228,9 @@ async def session_view(call: Call) -> Any:
 
 async def session_generate(call: Call) -> Any:
     body: GenerateInput = call.body
-    return GenerateResult(text=await call.runtime.generator.generate(call.session_id, body.prompt))
+    return GenerateResult(
+        text=await call.runtime.services.generator.generate(call.session_id, body.prompt)
+    )
 
 
 async def session_export(call: Call) -> Any:
@@ -259,7 +261,7 @@ async def session_shell_cancel(call: Call) -> Any:
 async def session_environment(call: Call) -> Any:
     body: EnvironmentInput = call.body
     await call.runtime.sessions.get(call.session_id)
-    call.runtime.environments.replace(call.session_id, body.variables)
+    call.runtime.services.environments.replace(call.session_id, body.variables)
 
 
 async def revert_stage(call: Call) -> Any:

@@ -211,7 +211,7 @@ async def session_log(
     await runtime.sessions.get(session_id)
     after = _after(request, query)
     response: web.StreamResponse | None = None
-    async with runtime.follows.follow(session_id, after=after, follow=query.follow) as log:
+    async with runtime.services.follows.follow(session_id, after=after, follow=query.follow) as log:
         sender: Sender | None = None
 
         def close() -> None:

@@ -40,8 +40,7 @@ class Hosts:
         self.bus = bus
         self.stack = AsyncExitStack()
         self.feed = Feed()
-        self.events = EventBus()
-        self.events.attach(store)
+        self.events = EventBus(store)
         self.events.subscribe(self.feed)
 
     async def start(self, host_id: str, *, ttl_ms: int = 60_000) -> Runtime:

@@ -1,15 +1,11 @@
-"""Instructions as value deltas: sources, admission, the baseline, API entries.
+"""Instructions as value deltas: sources, values, rendering, API entries.
 
-See :mod:`actors.instructions._admission` for the boundary rules,
-:mod:`actors.instructions._sources` for what is observed and
-:mod:`actors.instructions._render` for what the model reads.
+See :mod:`actors.instructions._sources` for what is observed and
+:mod:`actors.instructions._render` for what the model reads. Their admission
+at a step boundary is the session's drain's
+(:mod:`actors.session.instruction_admission`).
 """
 
-from actors.instructions._admission import (
-    BASELINE_CACHE_BYTES,
-    Instructions,
-    InstructionsUnavailableError,
-)
 from actors.instructions._render import render_baseline, render_change, render_removal
 from actors.instructions._sources import (
     DISABLE_PROJECT_CONFIG_ENV,
@@ -22,7 +18,6 @@ from actors.instructions._values import ENTRY_KEY, ENTRY_MAX_BYTES, KEY, digest,
 from actors.instructions.entries import InstructionEntries
 
 __all__ = [
-    "BASELINE_CACHE_BYTES",
     "DISABLE_PROJECT_CONFIG_ENV",
     "DISCOVERY_KEY",
     "ENTRY_KEY",
@@ -30,8 +25,6 @@ __all__ = [
     "KEY",
     "SKILLS_KEY",
     "InstructionEntries",
-    "Instructions",
-    "InstructionsUnavailableError",
     "digest",
     "encode",
     "project_config_disabled",

@@ -146,9 +146,8 @@ class ObservationCache:
         self._max_watches = max_watches
         self._max_entries = max_entries
         self._lock = threading.Lock()
+        #: The inotify descriptor from :meth:`open` to :meth:`close`; None: nothing is served.
         self._fd: int | None = None
-        with contextlib.suppress(OSError, AttributeError):
-            self._fd = new_inotify()
         #: directory -> (its watch descriptor, {name: the tick it was registered at})
         self._dirs: dict[str, tuple[int, dict[str, int]]] = {}
         self._by_wd: dict[int, str] = {}
@@ -159,6 +158,12 @@ class ObservationCache:
     @property
     def enabled(self) -> bool:
         return self._fd is not None
+
+    def open(self) -> None:
+        """Start watching (inotify; without it, or before this, every lookup observes)."""
+        with self._lock, contextlib.suppress(OSError, AttributeError):
+            if self._fd is None:
+                self._fd = new_inotify()
 
     def close(self) -> None:
         with self._lock:

@@ -1,6 +1,6 @@
 """Models: the provider seam, its normalized stream, and the built-in scripted model.
 
-- The request a runner sends (``_request``): :class:`ModelRequest` with its
+- The request the drain sends (``_request``): :class:`ModelRequest` with its
   history of :class:`ChatMessage` values and the :class:`ToolSpec` list.
 - The stream a provider yields (``_stream``): text, reasoning and tool-input
   parts, :class:`ToolCall`, and one closing :class:`Finish` with :class:`Usage`.

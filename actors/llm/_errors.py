@@ -1,8 +1,8 @@
 """Typed provider failures and their retry classification (reference §4.6).
 
-Every failure of a model call reaches the runner as a :class:`ProviderError`.
+Every failure of a model call reaches the drain as a :class:`ProviderError`.
 Adapters translate their transport's and API's errors here, once; the
-runner never looks at HTTP statuses. Each class carries a wire ``type`` and
+drain never looks at HTTP statuses. Each class carries a wire ``type`` and
 whether retrying the *same* request can help::
 
     SessionRtError
@@ -32,7 +32,7 @@ class (``false``), never *start* one for a class that is not retryable
 changes nothing).
 
 Whether a failure happened *before* or *after* durable output is not the
-error's business: the runner knows what it has published and decides between
+error's business: the drain knows what it has published and decides between
 retry, continuation and compaction (§4.4).
 """
 
@@ -154,7 +154,7 @@ class ContextOverflowError(ProviderError):
 
 class ContinuationRejectedError(ProviderError):
     """The provider refused the history's native continuation state (a reasoning
-    signature, say). The same request would fail again; the runner rebuilds the
+    signature, say). The same request would fail again; the drain rebuilds the
     request once without any such state instead."""
 
     type = "provider.continuation-rejected"
@@ -196,7 +196,7 @@ class NoRouteError(ProviderError):
 
 
 def is_retryable(error: BaseException) -> bool:
-    """Whether the runner may retry after ``error`` (reference §4.6).
+    """Whether the drain may retry after ``error`` (reference §4.6).
 
     A :class:`ProviderError` answers for itself (:attr:`ProviderError.retryable`).
     Anything else escaping a provider is a bug, not weather, and is not retried.

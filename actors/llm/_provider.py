@@ -1,4 +1,4 @@
-"""The seam between the runner and a model: :class:`Provider`."""
+"""The seam between the drain and a model: :class:`Provider`."""
 
 from __future__ import annotations
 

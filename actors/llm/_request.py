@@ -1,4 +1,4 @@
-"""The normalized request: what the runner asks of a model for one step.
+"""The normalized request: what the drain asks of a model for one step.
 
 A request is provider-neutral. Adapters translate it to their wire format;
 the scripted provider reads it directly. History is a tuple of
@@ -165,7 +165,7 @@ class ModelRequest:
     """Everything a provider needs for one model call.
 
     ``tool_choice="none"`` keeps ``tools`` in the request (so a provider's
-    prompt cache still matches) but forbids calling them; the runner sets it,
+    prompt cache still matches) but forbids calling them; the drain sets it,
     with ``max_steps_reached``, through :func:`actors.llm.with_max_steps`.
 
     ``metadata`` is for the runtime and the scripted provider, never sent to

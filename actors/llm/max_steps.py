@@ -1,6 +1,6 @@
 """The step allowance directive (reference §4.5).
 
-When a step reaches the agent's ``steps`` allowance the runner still calls the
+When a step reaches the agent's ``steps`` allowance the drain still calls the
 model once more, to let it wrap up: the request gets an assistant-role
 directive (:data:`MAX_STEPS_MESSAGE`), ``tool_choice="none"`` and
 ``max_steps_reached=True``, and keeps its tool definitions so a provider's

@@ -2,7 +2,7 @@
 
 :class:`RetryPolicy` is pure: it neither sleeps nor reads a clock, and its
 only source of variation is the injected :class:`random.Random`, so a seeded
-generator makes every decision reproducible. The runner creates one policy
+generator makes every decision reproducible. The drain creates one policy
 per logical step, asks :meth:`RetryPolicy.decide` after each failed attempt,
 publishes ``session.retry.scheduled`` with ``at = now + delay`` from its own
 clock, and sleeps until then.

@@ -49,8 +49,9 @@ Modules: :mod:`.messages` (terminals, hooks, messages), :mod:`.actor` (the
 session actor), :mod:`.drain` (what a busy period runs) and what only the
 session actor and its drain call: :mod:`.inbox` (admission and the delivery
 rules), :mod:`.step`, :mod:`.tool_calls`, :mod:`.compaction`, :mod:`.history`,
-:mod:`.revert`, :mod:`.shells`, :mod:`.interrupts`. The supervisor and the
-facade (:class:`~actors.supervisor.Execution`) are :mod:`actors.supervisor`.
+:mod:`.instruction_admission`, :mod:`.revert`, :mod:`.shells`, :mod:`.interrupts`.
+The supervisor and the facade (:class:`~actors.supervisor.Execution`) are
+:mod:`actors.supervisor`.
 """
 
 from actors.session.actor import SessionActor

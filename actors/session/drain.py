@@ -7,7 +7,7 @@ A drain (called by the session's busy period) works like this:
    keeping their assistant message, before any model work. Nothing is replayed.
 2. Before each step, at the Safe Step Boundary, once the step is known to
    reach the model (something is promotable, or the drain continues): admit
-   instructions (:mod:`actors.instructions`: one delta when a source changed),
+   instructions (:mod:`.instruction_admission`: one delta when a source changed),
    *then* promote input — steers at every boundary while the drain continues,
    one queued item only at the idle boundary — so an update enters history
    before the input it precedes, and an unreadable first baseline leaves the

@@ -285,7 +285,7 @@ class Inbox:
                     raise ConflictError(
                         f"{type_} {item_id} was already delivered", resource="message"
                     )
-            return pending or await self._enqueue_held(
+            return pending or await self._enqueue_in_actor(
                 session_id, type_, item_id, delivery, payload
             )
 
@@ -373,11 +373,11 @@ class Inbox:
     ) -> InboxItem:
         receipt: InboxItem = await self._owners.command(
             session_id,
-            lambda _: self._enqueue_held(session_id, type_, item_id, delivery, payload),
+            lambda _: self._enqueue_in_actor(session_id, type_, item_id, delivery, payload),
         )
         return receipt
 
-    async def _enqueue_held(
+    async def _enqueue_in_actor(
         self,
         session_id: str,
         type_: InboxItemType,

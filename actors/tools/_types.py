@@ -2,7 +2,7 @@
 
 A call goes ``input`` → :meth:`Tool.run` (on a worker thread, given a
 :class:`ToolContext`) → :class:`ToolResult` or :class:`ToolError` → one
-:class:`ToolOutcome`, the settled form the runner publishes as
+:class:`ToolOutcome`, the settled form the drain publishes as
 ``session.tool.success`` or ``session.tool.failed``.
 
 Errors

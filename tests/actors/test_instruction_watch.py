@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linu
 @pytest.fixture
 def cache() -> ObservationCache:
     c = ObservationCache()
+    c.open()
     assert c.enabled
     yield c
     c.close()

@@ -8,14 +8,14 @@ import aiohttp
 import pytest
 from client.fake_server import SESSION, FakeServer
 
-from protocol.client import Client, ClientError, ClientState, SSEEvent
+from protocol.client import Client, ClientError, LifecycleState, SSEEvent
 
 
 def test_construction_is_synchronous_and_does_no_io() -> None:
     # No running loop here: making an aiohttp session now would fail or warn.
     client = Client("http://127.0.0.1:9", headers={"X": "1"}, timeout=None)
 
-    assert client.state is ClientState.UNOPENED
+    assert client.state is LifecycleState.UNOPENED
     assert repr(client) == "<Client http://127.0.0.1:9 unopened>"
 
 
@@ -46,7 +46,7 @@ async def test_open_then_closed(fake: FakeServer) -> None:
         await client.sessions.get("ses_1")
     states.append(client.state)
 
-    assert states == [ClientState.UNOPENED, ClientState.OPEN, ClientState.CLOSED]
+    assert states == [LifecycleState.UNOPENED, LifecycleState.OPEN, LifecycleState.CLOSED]
 
     with pytest.raises(ClientError) as caught:
         await client.sessions.get("ses_1")
@@ -68,7 +68,7 @@ async def test_aclose_is_idempotent_and_closes_an_unopened_client(fake: FakeServ
     await client.aclose()
     await client.aclose()
 
-    assert client.state is ClientState.CLOSED
+    assert client.state is LifecycleState.CLOSED
     with pytest.raises(RuntimeError):
         await client.__aenter__()
 

@@ -231,7 +231,7 @@ async def test_a_hosted_call_a_crash_cut_off_still_reads_as_hosted(
             ),
         )
     )
-    assert await runtime.drain.fail_stale_tools(sid) == 1
+    assert await runtime.services.drain.fail_stale_tools(sid) == 1
     (part,) = await tool_parts(runtime, sid)
     assert part.status == "error"
     assert part.error is not None

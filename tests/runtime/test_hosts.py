@@ -203,7 +203,7 @@ async def test_a_wake_admitted_while_a_host_closes_runs_on_another(hosts: Hosts)
             await asyncio.sleep(0.005)
     closing = asyncio.create_task(a.aclose())
     async with asyncio.timeout(5):
-        while not a.services.execution.closing:  # noqa: ASYNC110 (a flag, not an event)
+        while not a.services.host_execution.closing:  # noqa: ASYNC110 (a flag, not an event)
             await asyncio.sleep(0.005)
     await a.sessions.prompt(idle.id, PromptInput(text="#text late"))
     await closing

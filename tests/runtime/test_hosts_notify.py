@@ -101,8 +101,7 @@ async def _running_on_a(
     """Hosts A and B (one SQLite store, a NotifyHostBus each); a session whose
     execution runs a long tool on A."""
     store = await stack.enter_async_context(SQLiteStore(tmp_path / "shared.sqlite"))
-    events, feed = EventBus(), Feed()
-    events.attach(store)
+    events, feed = EventBus(store), Feed()
     events.subscribe(feed)
     stack.callback(events.close)
     buses, hosts = [], []
@@ -312,7 +311,7 @@ async def test_a_runtime_scans_at_once_when_its_host_channel_is_back(
         data_dir=tmp_path / "data", default_directory=str(tmp_path), database=dsn, host_id="a"
     )
     runtime = Runtime(config)
-    bus = runtime.host_bus
+    bus = runtime.services.host_bus
     assert isinstance(bus, NotifyHostBus)
     channel = bus.channel
     rescan = channel._on_reconnect = _Counting(channel._on_reconnect)  # type: ignore[arg-type]

@@ -23,7 +23,6 @@ from actors.agents import Agent
 from actors.instructions import (
     DISABLE_PROJECT_CONFIG_ENV,
     ENTRY_MAX_BYTES,
-    _admission,
     _values,
     digest,
     encode,
@@ -39,6 +38,7 @@ from actors.llm import (
     TextStart,
 )
 from actors.runtime import Runtime, RuntimeConfig
+from actors.session import instruction_admission
 from protocol import InstructionEntryValueTooLargeError, Location, ModelRef
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput
@@ -65,7 +65,7 @@ class Recorder:
 @pytest.fixture(autouse=True)
 def _fixed_date(monkeypatch: pytest.MonkeyPatch) -> None:
     # The date is a source: pinned, so a run across midnight cannot add an update.
-    monkeypatch.setattr(_admission, "_today", lambda: "2026-12-01")
+    monkeypatch.setattr(instruction_admission, "_today", lambda: "2026-12-01")
 
 
 @pytest.fixture
@@ -525,7 +525,7 @@ async def test_each_step_admits_what_moved_since_steps_that_admitted_nothing(
     """Steps that find nothing to admit remember what they compared; a new day,
     an API entry and an entry's removal still reach the very next step."""
     day = ["2026-12-01"]
-    monkeypatch.setattr(_admission, "_today", lambda: day[0])
+    monkeypatch.setattr(instruction_admission, "_today", lambda: day[0])
     s = await rt.sessions.create(CreateSessionInput(model=MODEL))
     for n in (1, 2, 3):
         await turn(rt, feed, s.id, f"same {n}", n)
@@ -564,7 +564,7 @@ async def test_a_failed_observation_leaves_no_read_running_and_raises_itself(
     observation fails, the read is cancelled and awaited, and the caller gets
     the observation's own error."""
     async with SQLiteStore(tmp_path / "s.sqlite") as store:
-        instructions = _admission.Instructions(store=store, data_dir=tmp_path / "data")
+        instructions = instruction_admission.Instructions(store=store, data_dir=tmp_path / "data")
         try:
             created = ev.SessionCreated(
                 session_id="ses_obs", title="t", location=Location(directory=str(project))

@@ -33,7 +33,7 @@ async def test_large_prompts_keep_both_caches_within_their_byte_bound(
             await rt.sessions.prompt(session.id, PromptInput(text=text))
             await rt.execution.wait_idle(session.id)
             queries = rt.store.queries.cache
-            chat = rt.drain.chat_cache
+            chat = rt.services.drain.chat_cache
             assert queries.bytes <= queries.max_bytes == BOUND
             assert chat.bytes <= chat.max_bytes == BOUND
             histories = rt.store.queries.histories

@@ -36,7 +36,7 @@ async def test_one_client_per_provider_closed_with_the_runtime(
                 await rt.sessions.prompt(session.id, PromptInput(text=text, resume=False))
                 terminal = await rt.execution.resume(session.id)
                 assert terminal.kind == "succeeded"
-            client = rt.adapters["local"].transport._session
+            client = rt.services.adapters["local"].transport._session
             assert client is not None
             assert not client.closed
         assert client.closed

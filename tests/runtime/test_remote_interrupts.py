@@ -197,7 +197,7 @@ async def test_an_owner_that_never_answers_is_a_503_not_a_yes(
         await asking
     assert len(two.bus.kinds("interrupt")) == len(resends) + 1  # tried again until the end
     assert sid in await a.execution.active()
-    assert b.remote_interrupts.waiting == 0
+    assert b.services.remote_interrupts.waiting == 0
     assert await a.interrupt(sid) is True
 
 

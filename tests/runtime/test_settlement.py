@@ -217,7 +217,7 @@ async def test_a_call_cancelled_before_its_task_ran_still_gets_its_terminal(
             agent=Agent(name="build"),
             assistant_id=assistant_id,
             bus=rt.bus,
-            executor=ToolExecutor(rt.tools, rt.blocking, rt.bounding),
+            executor=ToolExecutor(rt.services.tools, rt.blocking, rt.services.bounding),
             output_dir=rt.config.tool_output_dir,
             secret_env=frozenset(),
             server_dirs=(),

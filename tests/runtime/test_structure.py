@@ -216,9 +216,10 @@ async def test_generate_answers_from_the_session_and_changes_nothing(
     log = await runtime.store.read(parent_id)
     everything = await runtime.store.read_all(limit=10_000)
 
-    text = await runtime.generator.generate(parent_id, "#text a one-off answer")
+    generator = runtime.services.generator
+    text = await generator.generate(parent_id, "#text a one-off answer")
     assert text == "a one-off answer"
-    assert await runtime.generator.generate(parent_id, "what now?") == "Scripted reply: what now?"
+    assert await generator.generate(parent_id, "what now?") == "Scripted reply: what now?"
 
     assert await runtime.store.read(parent_id) == log
     assert await runtime.store.read_all(limit=10_000) == everything
@@ -227,11 +228,11 @@ async def test_generate_answers_from_the_session_and_changes_nothing(
     assert await runtime.sessions.pending(parent_id) == []
 
     with pytest.raises(ServiceUnavailableError):
-        await runtime.generator.generate(parent_id, "#fail auth")
+        await generator.generate(parent_id, "#fail auth")
     with pytest.raises(InvalidRequestError):
-        await runtime.generator.generate(parent_id, "  ")
+        await generator.generate(parent_id, "  ")
     with pytest.raises(SessionNotFoundError):
-        await runtime.generator.generate("ses_missing", "hello")
+        await generator.generate("ses_missing", "hello")
     assert await runtime.store.read_all(limit=10_000) == everything
 
 

@@ -72,7 +72,7 @@ async def test_interrupting_the_step_ends_its_child_and_settles_the_call(
     # The owner waited for its child: no actor, no process left.
     assert not child.is_alive()
     assert pykka.ActorRegistry.get_by_class(ToolCallActor) == []
-    assert runtime.tool_actors.running == 0
+    assert runtime.services.tool_actors.running == 0
     assert not alive(leader)
     types = await terminals(runtime, s.id)
     assert types.count("session.tool.failed.2") == 1
@@ -115,7 +115,7 @@ async def test_the_runtime_keys_reach_the_pools_and_bash(
     config = runtime_config(load_config(path), None, fallback_data_dir=tmp_path / "data")
     config = attrs.evolve(config, default_directory=str(workdir))
     async with Runtime(config) as rt:
-        assert rt.tool_actors.limit == 3
+        assert rt.services.tool_actors.limit == 3
         assert rt.blocking.limit == 2
         s = await rt.sessions.create()
         # No timeout named: the configured default (1 s) ends it.

@@ -288,7 +288,7 @@ async def test_a_server_starting_without_the_key_warns_naming_the_variable(
     caplog.set_level(logging.WARNING)
     client = await make_client()
     assert "LOCAL_API_KEY" in caplog.text
-    assert runtime_of(client).adapters.keys() == {"local", "claude"}
+    assert runtime_of(client).services.adapters.keys() == {"local", "claude"}
 
 
 async def test_the_model_list_names_the_configured_models_and_no_key(client: Client) -> None:

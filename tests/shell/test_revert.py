@@ -238,7 +238,7 @@ async def test_a_crash_in_the_middle_of_the_restore_is_undone_at_restart(
     async with Embedded(tmp_path / "data") as oc:
         sid, _, second = await writing_session(oc, repo)
         changed = tree(repo)
-        snapshots = oc.runtime.snapshots
+        snapshots = oc.runtime.services.snapshots
         real = snapshots.restore
 
         async def half_then_crash(directory: Any, restores: Any, **kw: Any) -> None:
@@ -408,7 +408,7 @@ async def test_a_diff_takes_only_tree_ids_never_options(
     host: Embedded, repo: Path, tmp_path: Path
 ) -> None:
     """What a diff hands git are tree ids of the store: an option-like value is refused first."""
-    snapshots = host.runtime.snapshots
+    snapshots = host.runtime.services.snapshots
     tree_id = await snapshots.track(repo)
     assert tree_id is not None
     out = tmp_path / "written-by-git"

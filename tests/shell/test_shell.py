@@ -144,7 +144,7 @@ async def test_bash_tool_gets_the_session_environment(
     assert (repo / "out.txt").read_text() == "from-env/none\n"
     # A deleted session's variables are forgotten.
     await host.sessions.remove(s.id)
-    assert host.runtime.environments.variables(s.id) == {}
+    assert host.runtime.services.environments.variables(s.id) == {}
 
 
 async def test_output_beyond_the_memory_limit_spills_whole_to_a_managed_file(

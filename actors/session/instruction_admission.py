@@ -6,7 +6,7 @@ the files in one blocking call, the API entries in one read, alongside the
 projected state), hashes each encoded value, diffs against the projected
 current values and, when something changed, appends one
 ``session.instructions.updated`` whose command also stores the new blobs.
-The runner calls it before input is promoted.
+The drain calls it before input is promoted.
 
 - No state yet (a new session, or after a committed revert): the delta is
   complete and has no text. Any unavailable source blocks it with
@@ -299,6 +299,10 @@ class Instructions:
         files = observe_files(spec, self.files)
         self.observations.store(spec, begun, files)
         return files
+
+    def open(self) -> None:
+        """Start watching the observed files (before, every step observes them afresh)."""
+        self.observations.open()
 
     def close(self) -> None:
         """End the observation threads (after the last drain: jobs are milliseconds)."""
