@@ -82,7 +82,11 @@ __all__ = [
 #: Handles one control item at the head of the inbox (delivers it through the
 #: session's actor if it is still due at this boundary's scope with this
 #: held input, does its work).
-ControlHandler = Callable[[Session, InboxItem, Own, Scope, Collection[str]], Awaitable[None]]
+#: Control items the actor may refuse in a row at one boundary (each after a
+#: command changed the inbox) before the drain gives up instead of looping.
+MAX_CONTROL_REFUSALS: Final = 8
+
+ControlHandler = Callable[[Session, InboxItem, Own, Scope, Collection[str]], Awaitable[bool]]
 
 
 class StepFailedError(Exception):
@@ -189,7 +193,8 @@ class Drain:
         )
         #: What the drain does with a control item at the head of the inbox,
         #: by its type. A handler delivers the item (``Inbox.control``, with
-        #: its own facts in the same command) and does its work.
+        #: its own facts in the same command) and does its work; False when the
+        #: actor found it no longer due (cancelled, or a steer now ahead of it).
         self.controls: dict[str, ControlHandler] = {
             "compaction": self._manual_compaction,
             "move": self._move,
@@ -240,6 +245,7 @@ class Drain:
         continuing = False
         first = True
         step = 0
+        refusals = 0  # control items the actor refused since the last delivery
         while True:
             promote_scope: Scope = "steer" if continuing else scope
             # One read at this boundary serves every question asked here (a
@@ -253,12 +259,23 @@ class Drain:
                 )
             boundary, pending = pending, None
             held = await self._held(session)
-            if await self._control(
+            control = await self._control(
                 session, promote_scope, boundary.inbox, held, own, idle=not continuing
-            ):
+            )
+            if control == "delivered":
                 first = False  # handled: the loop goes on from what follows it
+                refusals = 0
                 session = await self._sessions.get(session_id)
                 continue
+            if control is not None:
+                # No longer due: a command changed the inbox since this read, so
+                # read it again. Refused again and again, the drain and its actor
+                # disagree on the rule: fail the busy period rather than loop.
+                refusals += 1
+                if refusals > MAX_CONTROL_REFUSALS:
+                    raise RuntimeError(f"control item {control} refused {refusals} times")
+                continue
+            refusals = 0
             resumed = False
             if not continuing and not select_promotable(boundary.inbox, promote_scope, held):
                 resumed = first and force and await self._awaits_reply(session_id)
@@ -346,8 +363,10 @@ class Drain:
         own: Own,
         *,
         idle: bool,
-    ) -> bool:
-        """Handle the control item due at this boundary, if any; True when one was.
+    ) -> str | None:
+        """Deliver the control item due at this boundary, if any: ``"delivered"``,
+        None when none is due, or the item's id when the actor refused it as no
+        longer due (a command changed the inbox since ``pending`` was read).
 
         Promotion never delivers control items and stops before them, so one
         at the head of the inbox would otherwise stall every later input.
@@ -363,18 +382,18 @@ class Drain:
             if head is not None and any(
                 i.delivery == "steer" and i.id not in held for i in pending
             ):
-                item = head
+                # Delivered as at an idle boundary: the actor checks it is due at that scope.
+                item, scope = head, "input"
         if item is None:
-            return False
+            return None
         handler = self.controls.get(item.type)
         if handler is None:
             raise ControlUnsupportedError(f"control item {item.type!r} is not supported")
-        await handler(session, item, own, scope, held)
-        return True
+        return "delivered" if await handler(session, item, own, scope, held) else item.id
 
     async def _manual_compaction(
         self, session: Session, item: InboxItem, own: Own, scope: Scope, held: Collection[str]
-    ) -> None:
+    ) -> bool:
         started = ev.CompactionStarted(
             session_id=session.id, reason="manual", recent="", input_id=item.id
         )
@@ -383,8 +402,9 @@ class Drain:
             inbox.control, session.id, item, (started,), scope=scope, held=held
         )
         if not await own.command(deliver):
-            return  # cancelled meanwhile, or a steer ahead of it now (next boundary)
+            return False  # cancelled meanwhile, or a steer ahead of it now
         await self._compact_manually(session, item.id)
+        return True
 
     async def _compact_manually(self, session: Session, input_id: str) -> None:
         """Run the manual compaction ``input_id``, its ``compaction.started`` durable."""
@@ -402,7 +422,7 @@ class Drain:
 
     async def _move(
         self, session: Session, item: InboxItem, own: Own, scope: Scope, held: Collection[str]
-    ) -> None:
+    ) -> bool:
         """Deliver a move with ``session.moved`` in the same command.
 
         The drain then reads the session again before anything else, so the
@@ -414,9 +434,10 @@ class Drain:
         location = Location(directory=str(item.payload["location"]["directory"]))
         moved = ev.SessionMoved(session_id=session.id, location=location)
         inbox = self._sessions.inbox
-        await own.command(
+        delivered: bool = await own.command(
             functools.partial(inbox.control, session.id, item, (moved,), scope=scope, held=held)
         )
+        return delivered
 
     async def _overflow(self, session: Session, agent: Agent, model: ModelRef) -> bool:
         """The one overflow-triggered compaction of a step."""

@@ -14,7 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from actors.runtime import Runtime
+from actors.session.drain import MAX_CONTROL_REFUSALS
 from actors.session.inbox import Run, Writer
 from protocol import events as ev
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
@@ -26,7 +29,7 @@ class ChangedBeforePromotion:
     """The session actor's commands for a drain run by the test, with a request
     handled right before the first promotion, as a concurrent one may be."""
 
-    def __init__(self, rt: Runtime, session_id: str, meanwhile: Run) -> None:
+    def __init__(self, rt: Runtime, session_id: str, meanwhile: Run | None) -> None:
         self._rt = rt
         self._session_id = session_id
         self._meanwhile: Run | None = meanwhile
@@ -68,7 +71,7 @@ async def test_a_control_item_made_due_before_the_promotion_does_not_end_the_dra
 
     # The boundary finds the queued input due (nothing steers, the move waits
     # behind it); before the promotion the move becomes a steer, due first.
-    await runtime.drain.drain(
+    await runtime.services.drain.drain(
         sid, "input", False, ChangedBeforePromotion(runtime, sid, steer_the_move)
     )
     assert list(await runtime.sessions.pending(sid)) == []
@@ -95,7 +98,37 @@ async def test_input_cancelled_before_the_promotion_ends_the_drain(
         cancelled = ev.InboxCancelled(session_id=sid, inbox_id=queued.id)
         await runtime.store.append(Command.of(cancelled))
 
-    await runtime.drain.drain(sid, "input", False, ChangedBeforePromotion(runtime, sid, cancel))
+    await runtime.services.drain.drain(
+        sid, "input", False, ChangedBeforePromotion(runtime, sid, cancel)
+    )
     types = [r.type.rsplit(".", 1)[0] for r in await runtime.store.read(sid, limit=1000)]
     assert "session.inbox.delivered" not in types
     assert "session.step.started" not in types
+
+
+async def test_a_control_item_its_actor_keeps_refusing_fails_the_drain_instead_of_looping(
+    runtime: Runtime, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal means the inbox changed since the boundary's read, so the drain
+    reads it again; a drain and an actor that disagree on the rule would do that
+    for ever (a merge once made them: the drain delivered a queued control item
+    at a steer wake, the actor checked it at the steer scope)."""
+    sid = (
+        await runtime.sessions.create(CreateSessionInput(location=Location(directory=str(workdir))))
+    ).id
+    item = await runtime.sessions.compact(sid, delivery="steer")  # resumes: nothing is running
+    await runtime.execution.wait_idle(sid)
+    assert [i.id for i in await runtime.sessions.pending(sid)] == []  # delivered once, normally
+    item = await runtime.sessions.inbox.compact(sid, None, "steer", resume=False)
+    asked: list[str] = []
+
+    async def refuse(*args: Any) -> bool:
+        asked.append(args[1].id)
+        return False
+
+    drain = runtime.services.drain
+    monkeypatch.setitem(drain.controls, "compaction", refuse)
+    with pytest.raises(RuntimeError, match="refused"):
+        await drain.drain(sid, "input", False, ChangedBeforePromotion(runtime, sid, None))
+    assert asked == [item.id] * (MAX_CONTROL_REFUSALS + 1)
+    assert [i.id for i in await runtime.sessions.pending(sid)] == [item.id]  # kept, not lost
