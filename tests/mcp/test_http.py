@@ -83,9 +83,13 @@ async def test_http_slow_call_is_interrupted_and_a_gone_server_fails_clearly(
     await wait_idle(client, sid)
     [gone] = by_tool(await log(client, sid))["docs_echo"]
     assert gone["type"] == "session.tool.failed"
-    assert gone["error"]["message"] == (
+    # The session's connection may see the server gone during the call, or before
+    # it (its stream ends first, and the call then finds it unavailable): either
+    # way the message says which server and what happened, never a bare error.
+    assert gone["error"]["message"] in (
         "MCP server 'docs' lost the connection (Connection closed) during the echo call;"
-        " the call was not retried"
+        " the call was not retried",
+        "MCP server 'docs' is unavailable (ConnectError: All connection attempts failed)",
     )
     entry = (await status(client))[0]
     assert entry["status"] == "failed"
