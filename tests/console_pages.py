@@ -28,9 +28,14 @@ CONSOLE_MARKS: Final = [
 
 async def signed_in(browser: Browser, url: str) -> Page:
     """A new page of the console at ``url``, signed in with :data:`PASSWORD`, its feed live."""
+    page = await browser.new_page(viewport={"width": 1200, "height": 800})
+    return await sign_in(page, url)
+
+
+async def sign_in(page: Page, url: str) -> Page:
+    """``page`` at the console at ``url``, signed in with :data:`PASSWORD`, its feed live."""
     from playwright.async_api import expect
 
-    page = await browser.new_page(viewport={"width": 1200, "height": 800})
     await page.goto(url + "/")
     dialog = page.locator("#auth")
     await expect(dialog).to_be_visible()

@@ -1187,7 +1187,10 @@ function startFeed() {
       if (data.frame) onFeed(data.frame);
       if ("state" in data) onState(data.state);
       if (data.joined) feedConnected(); // the worker's feed was up already
-      if (data.auth) askPassword();
+      // The worker's 401 may come after this tab signed in (its call went out
+      // first): ask only if the password it tried is this tab's; else it gets ours.
+      if (data.auth && data.tried === password) askPassword();
+      else if (data.auth) feedPort.postMessage({ password });
     };
     feedPort.start();
     feedPort.postMessage({ password });
