@@ -18,7 +18,7 @@ import pytest_asyncio
 from serve_proc import serving
 
 pytest.importorskip("playwright")
-from console_pages import CONSOLE_MARKS, PASSWORD, create, sign_in, signed_in
+from console_pages import CONSOLE_MARKS, KEEP_FEED_PORT, PASSWORD, create, sign_in, signed_in
 from playwright.async_api import Browser, Page, expect
 
 pytestmark = CONSOLE_MARKS
@@ -232,21 +232,6 @@ async def test_many_tabs_of_one_browser_all_work(browser: Browser, url: str) -> 
     for page in pages[:-1]:
         await expect(page.locator(f'#sessions li[data-id="{sid}"]')).to_be_visible()
     await context.close()
-
-
-#: Keeps the page's port to the (real) feed worker, to hand the page the worker's
-#: ask for the password when the test chooses.
-KEEP_FEED_PORT = """
-if (typeof SharedWorker === "function") {
-  const Real = SharedWorker;
-  self.feedPorts = [];
-  self.SharedWorker = function (...args) {
-    const worker = new Real(...args);
-    self.feedPorts.push(worker.port);
-    return worker;
-  };
-}
-"""
 
 
 async def test_the_feeds_late_ask_for_a_password_leaves_a_signed_in_tab_alone(
