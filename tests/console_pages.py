@@ -26,11 +26,32 @@ CONSOLE_MARKS: Final = [
 ]
 
 
+#: An init script that keeps each page's port to its (real) feed worker in
+#: ``feedPorts``, so a test can hand the page a message of the worker's when it
+#: chooses: ``feedPorts[0].onmessage({data: ...})``.
+KEEP_FEED_PORT: Final = """
+if (typeof SharedWorker === "function") {
+  const Real = SharedWorker;
+  self.feedPorts = [];
+  self.SharedWorker = function (...args) {
+    const worker = new Real(...args);
+    self.feedPorts.push(worker.port);
+    return worker;
+  };
+}
+"""
+
+
 async def signed_in(browser: Browser, url: str) -> Page:
     """A new page of the console at ``url``, signed in with :data:`PASSWORD`, its feed live."""
+    page = await browser.new_page(viewport={"width": 1200, "height": 800})
+    return await sign_in(page, url)
+
+
+async def sign_in(page: Page, url: str) -> Page:
+    """``page`` at the console at ``url``, signed in with :data:`PASSWORD`, its feed live."""
     from playwright.async_api import expect
 
-    page = await browser.new_page(viewport={"width": 1200, "height": 800})
     await page.goto(url + "/")
     dialog = page.locator("#auth")
     await expect(dialog).to_be_visible()

@@ -92,42 +92,91 @@ def test_what_a_session_leader_started_is_killed_once_the_leader_is_gone(
 SLEEPS_ALLOWED = {
     "tests/llm/fake_providers.py",  # a slow network, simulated, when a reply asks for one
     "tests/runtime/test_hosts_sim.py",  # random pauses of a randomized simulation
-    "tests/durability/test_revert_crash.py",  # a lock bug's window; misses, never false
     "tests/mcp/mcp_server.py",  # a slow or stuck MCP tool, cancelled or killed, never waited out
 }
 
 
-def _sleeps_outside_loops(tree: ast.AST) -> list[int]:
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    lines = []
+_FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_LOOP = (ast.While, ast.For, ast.AsyncFor)
+#: Context managers that bound what they enclose (asyncio's, anyio's).
+_DEADLINES = frozenset({"timeout", "timeout_at", "fail_after", "move_on_after"})
+#: Names that, in a ``while`` loop's condition or body, bound it by the clock.
+_DEADLINE_WORDS = ("deadline", "monotonic", "timeout")
+
+
+def _called(node: ast.AST) -> str | None:
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+
+def _positive_sleeps(tree: ast.AST) -> list[ast.Call]:
+    found = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and node.args):
+        if _called(node) != "sleep" or not node.args:  # type: ignore[attr-defined]
             continue
-        name = node.func.attr if isinstance(node.func, ast.Attribute) else None
-        name = name or (node.func.id if isinstance(node.func, ast.Name) else None)
+        assert isinstance(node, ast.Call)
         first = node.args[0]
-        if name != "sleep" or (isinstance(first, ast.Constant) and first.value == 0):
+        if isinstance(first, ast.Constant) and first.value == 0:
             continue
         receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
         if isinstance(receiver, ast.Name) and receiver.id == "clock":
             continue  # a wait on the test's ManualClock: it ends when the test advances it
-        up = parents.get(node)
-        while up is not None and not isinstance(up, ast.While | ast.For | ast.AsyncFor):
+        found.append(node)
+    return found
+
+
+def _bounded(loop: ast.AST, enclosing: list[ast.AST]) -> bool:
+    """Whether ``loop`` ends by itself: a ``for`` over ``range(...)``, a loop under
+    a deadline's context manager (in the same function), or a loop whose
+    condition or body reads a deadline, the monotonic clock or a timeout."""
+    if isinstance(loop, ast.For) and _called(loop.iter) == "range":
+        return True
+    for outer in enclosing:
+        if isinstance(outer, ast.With | ast.AsyncWith) and any(
+            _called(item.context_expr) in _DEADLINES for item in outer.items
+        ):
+            return True
+    if isinstance(loop, ast.While):
+        text = ast.unparse(loop)
+        return any(word in text for word in _DEADLINE_WORDS)
+    return False
+
+
+def _unbounded_sleeps(tree: ast.AST) -> tuple[list[int], list[int]]:
+    """The lines of positive sleeps outside any loop (in their own function), and of
+    those in a loop that nothing bounds: a poll must end, by a deadline or a count."""
+    sleeps = _positive_sleeps(tree)
+    if not sleeps:
+        return [], []
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    outside, unbounded = [], []
+    for sleep in sleeps:
+        chain, up = [], parents.get(sleep)
+        while up is not None and not isinstance(up, _FUNCTION):
+            chain.append(up)
             up = parents.get(up)
-        if up is None:
-            lines.append(node.lineno)
-    return lines
+        loops = [i for i, node in enumerate(chain) if isinstance(node, _LOOP)]
+        if not loops:
+            outside.append(sleep.lineno)
+        elif not _bounded(chain[loops[0]], chain[loops[0] + 1 :]):
+            unbounded.append(sleep.lineno)
+    return outside, unbounded
 
 
 def test_tests_wait_on_conditions_not_on_the_clock() -> None:
-    """No positive sleep outside a loop that polls for a condition, and no assertion on
-    how long something took: on a loaded machine both fail, or pass, for no reason."""
-    sleeps, timed = [], []
+    """No positive sleep outside a loop that polls for a condition, no poll without
+    a deadline or a bound on its turns, and no assertion on how long something
+    took: on a loaded machine each fails, hangs or passes for no reason."""
+    sleeps, polls, timed = [], [], []
     for path in sorted((ROOT / "tests").rglob("*.py")):
         name = str(path.relative_to(ROOT))
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=name)
+        outside, unbounded = _unbounded_sleeps(tree)
         if name not in SLEEPS_ALLOWED:
-            sleeps += [f"{name}:{line}" for line in _sleeps_outside_loops(tree)]
+            sleeps += [f"{name}:{line}" for line in outside]
+        polls += [f"{name}:{line}" for line in unbounded]
         for node in ast.walk(tree):
             if isinstance(node, ast.Assert) and any(
                 isinstance(c, ast.Compare) and any(isinstance(o, ast.Lt | ast.LtE) for o in c.ops)
@@ -137,7 +186,33 @@ def test_tests_wait_on_conditions_not_on_the_clock() -> None:
                 if "elapsed" in text or "monotonic()" in text or "perf_counter()" in text:
                     timed.append(f"{name}:{node.lineno}")
     assert sleeps == []
+    assert polls == []
     assert timed == []
+
+
+def test_the_sleep_check_sees_what_it_forbids() -> None:
+    code = """
+async def f(done, clock):
+    await asyncio.sleep(1)                      # 3: outside a loop
+    while not done():
+        await asyncio.sleep(0.01)               # 5: a poll that never gives up
+    for _ in itertools.count():
+        await asyncio.sleep(0.01)               # 7: the same
+    async with asyncio.timeout(5):
+        while not done():
+            await asyncio.sleep(0.01)           # bounded by the timeout
+    for _ in range(100):
+        await asyncio.sleep(0.01)               # bounded by the count
+    deadline = time.monotonic() + 5
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)                        # bounded by the deadline
+    while not done():
+        def later():
+            time.sleep(1)                       # 18: in a function of its own, outside a loop
+    await clock.sleep(5)                        # the test's ManualClock
+    await asyncio.sleep(0)                      # a turn of the loop
+"""
+    assert _unbounded_sleeps(ast.parse(code)) == ([3, 18], [5, 7])
 
 
 def _store_writes(tree: ast.AST) -> list[tuple[int, str]]:

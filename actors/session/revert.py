@@ -38,7 +38,9 @@ A test hook stops a revert at a chosen point so a test can SIGKILL the real
 server there (tests/durability/test_revert_crash.py). It is inert unless the
 server's own environment holds ``SESSIONRT_TEST_REVERT_PAUSE=<point>:<marker>``
 (nothing over HTTP sets it): at ``<point>`` the revert creates the file
-``<marker>`` and waits forever, holding the session's actor. Points: ``stage.intent``
+``<marker>`` and waits, holding the session's actor, until the process is killed
+(or, in a test that runs the runtime in its own process, until it calls
+:meth:`Reverts.resume_paused`). Points: ``stage.intent``
 and ``clear.intent`` (the intent is durable, no file restored yet),
 ``stage.restore`` and ``clear.restore`` (one path restored, the others not),
 ``stage.event`` and ``clear.event`` (files restored, the event committed, the
@@ -116,6 +118,8 @@ class Reverts:
         self._blocking = blocking
         #: The test hook's point and marker file, or None (always, outside tests).
         self._pause = _pause_from(os.environ.get(PAUSE_ENV))
+        #: Set by :meth:`resume_paused`: a paused revert goes on (never set by the runtime).
+        self._resumed = asyncio.Event()
 
     async def stage(self, session_id: str, message_id: str, files: bool = False) -> SessionRevert:
         ids.validate("ses", session_id, field="sessionID")
@@ -485,17 +489,23 @@ class Reverts:
         except SnapshotError as exc:
             raise ServiceUnavailableError(f"snapshot store: {exc}", service="snapshots") from None
 
+    def resume_paused(self) -> None:
+        """The test hook: a revert paused at its point (and any later one) goes on. For a
+        test that runs the runtime in its own process; one with a server kills it."""
+        self._resumed.set()
+
     async def _paused(self, point: str) -> None:
-        """The test hook: at its point, say so in the marker file and never go on."""
+        """The test hook: at its point, say so in the marker file and wait for
+        :meth:`resume_paused`, which nothing but a test calls."""
         if self._pause is None or self._pause[0] != point:
             return
         await self._blocking(_write_durably, self._pause[1], point.encode())
         log.warning("revert paused at %s (%s is set)", point, PAUSE_ENV)
-        # Until the test kills the process, even if the call is cancelled meanwhile: at
-        # these points the real code has no await a cancellation could land on, so one
-        # here must not let go of the lock (a prompt could then commit a revert whose
-        # files were never restored, a state no real run reaches).
-        await finish(asyncio.Event().wait())
+        # Until the test kills the process (or resumes it), even if the call is cancelled
+        # meanwhile: at these points the real code has no await a cancellation could land
+        # on, so one here must not let go of the lock (a prompt could then commit a revert
+        # whose files were never restored, a state no real run reaches).
+        await finish(self._resumed.wait())
 
     async def _session(self, session_id: str) -> Session:
         ids.validate("ses", session_id, field="sessionID")

@@ -3,9 +3,10 @@
 // A browser gives an origin six HTTP/1.1 connections in all; one stream per
 // tab would leave the seventh tab unable to load. This worker holds the one
 // /api/event stream and hands each frame to every tab. Tabs send the
-// password ({password}); on a 401 the worker asks them ({auth: true}) and
-// waits for one. It reconnects with backoff; each connection starts with
-// `server.connected`, after which tabs re-read what the feed cannot replay.
+// password ({password}); on a 401 the worker asks them ({auth: true, tried}:
+// the password refused, null for none) and waits for one. It reconnects with
+// backoff; each connection starts with `server.connected`, after which tabs
+// re-read what the feed cannot replay.
 import { readFrames } from "./console-sse.js";
 
 const ports = new Set();
@@ -33,7 +34,7 @@ async function readFeed(signal) {
     // instead of asking the tabs again (a dialog reopened after sign-in).
     if (password !== sentWith) return true;
     waitingForPassword = true;
-    broadcast({ auth: true });
+    broadcast({ auth: true, tried: sentWith });
     return false;
   }
   if (!response.ok) return true;
@@ -82,5 +83,5 @@ self.onconnect = (event) => {
   port.start();
   // A tab joining a feed that is up gets no server.connected: it is told instead.
   port.postMessage({ state: up, joined: up });
-  if (waitingForPassword) port.postMessage({ auth: true });
+  if (waitingForPassword) port.postMessage({ auth: true, tried: password });
 };

@@ -316,6 +316,7 @@ class SessionView {
     this.stepDiffs = new Map(); // assistant message id -> its step's FileDiff[] (ended steps only)
     this.stepReads = new Set(); // steps whose diff is being read
     this.openSteps = new Set(); // steps whose changed files are expanded
+    this.openChanges = new Set(); // prompts whose changes are shown (so a redraw keeps them)
     this.agents = []; // GET …/agent: what the session may select
   }
 
@@ -594,12 +595,19 @@ class SessionView {
     return next;
   }
 
-  async toggleChanges(message, node) {
+  toggleChanges(message, node) {
     const open = node.querySelector(".changes");
     if (open) {
       open.remove();
+      this.openChanges.delete(message.id);
       return;
     }
+    this.openChanges.add(message.id);
+    this.showChanges(message, node);
+  }
+
+  // Read afresh each time it is drawn: a later prompt moves the end of its range.
+  async showChanges(message, node) {
     const box = el("div", "changes", "reading…");
     node.append(box);
     const query = new URLSearchParams({ from: message.id });
@@ -625,6 +633,8 @@ class SessionView {
         revertFiles: () => this.revert(message.id, true),
       }),
     );
+    // Drawn again (its message read anew, a reconnected feed): still open.
+    if (this.openChanges.has(message.id)) this.showChanges(message, node);
   }
 
   scheduleFlush() {
@@ -656,7 +666,22 @@ class SessionView {
     else this.insert(node, message.seq);
     this.nodes.set(message.id, node);
     if (message.type === "assistant") this.renderAsks();
+    if (message.type === "user" && !old) this.rangeMoved(message);
     if (atBottom) this.scrollDown();
+  }
+
+  // A prompt new to the page ends the changes of the one before it: shown
+  // already (read while this one was on its way), they are read again.
+  rangeMoved(prompt) {
+    let before = null;
+    for (const other of this.messages.values()) {
+      if (other.type === "user" && other.seq < prompt.seq && (!before || other.seq > before.seq)) before = other;
+    }
+    const node = before && this.openChanges.has(before.id) && this.nodes.get(before.id);
+    if (!node) return;
+    const shown = node.querySelector(".changes");
+    if (shown) shown.remove();
+    this.showChanges(before, node);
   }
 
   insert(node, seq) {
@@ -1187,7 +1212,10 @@ function startFeed() {
       if (data.frame) onFeed(data.frame);
       if ("state" in data) onState(data.state);
       if (data.joined) feedConnected(); // the worker's feed was up already
-      if (data.auth) askPassword();
+      // The worker's 401 may come after this tab signed in (its call went out
+      // first): ask only if the password it tried is this tab's; else it gets ours.
+      if (data.auth && data.tried === password) askPassword();
+      else if (data.auth) feedPort.postMessage({ password });
     };
     feedPort.start();
     feedPort.postMessage({ password });

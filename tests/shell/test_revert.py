@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from loop_turns import quiesce
 from pgdb import stored_and_rebuilt
 
 from actors.files.snapshots import SnapshotError
+from actors.session.revert import PAUSE_ENV
 from protocol.errors import MessageNotFoundError, SessionBusyError
 from protocol.operations import DiffQuery, RevertStageInput, ShellInput
 from protocol.requests import CreateSessionInput, PromptInput, SyntheticInput
@@ -421,3 +425,57 @@ async def test_a_diff_takes_only_tree_ids_never_options(
     assert not out.exists()
     assert await snapshots.has_trees(repo, [tree_id])
     assert await snapshots.diff(repo, tree_id, tree_id) == []
+
+
+async def test_a_stage_whose_caller_is_gone_holds_the_session_until_its_restore_ends(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore outlives a cancelled call, and so does its hold on the session.
+
+    Found by crashsim: a stage whose caller went away (a timeout, a disconnect)
+    mid-restore let go of the session while its restore went on, so a prompt
+    committed the revert with the files half restored, and a kill then left
+    them so. The test hook pauses the stage with one path back; its caller is
+    cancelled; a command for the session sent after that has not run once the
+    loop has settled (it would have at once, in the loop's turns alone, had the
+    session been let go), and it runs when the restore is over, finding every
+    file back. What a kill there leaves after a restart is
+    tests/durability/test_revert_crash.py's ``stage.restore`` case.
+    """
+    marker = tmp_path / "paused"
+    monkeypatch.setenv(PAUSE_ENV, f"stage.restore:{marker}")
+    async with Embedded(tmp_path / "data") as host:
+        try:
+            sid, _, second = await writing_session(host, repo)
+            stage = asyncio.ensure_future(
+                host.sessions.revert_stage(sid, RevertStageInput(message_id=second, files=True))
+            )
+            async with asyncio.timeout(60):  # a guard, never the assertion
+                while not marker.exists():
+                    assert not stage.done(), f"the stage ended without pausing: {stage}"
+                    await asyncio.sleep(0.01)
+            half = tree(repo)
+            assert "new/dir/c.txt" not in half  # one path back (the new file gone)...
+            assert half["a.txt"] == b"ALPHA CHANGED\n"  # ...the others not
+            stage.cancel()  # its caller goes
+            with contextlib.suppress(asyncio.CancelledError):
+                await stage
+            found: list[dict[str, bytes]] = []
+
+            async def next_command(_: object) -> None:
+                found.append(tree(repo))
+
+            command = asyncio.ensure_future(host.runtime.execution.command(sid, next_command))
+            await quiesce()
+            assert (found, command.done()) == ([], False)  # held behind the restore
+            host.runtime.reverts.resume_paused()
+            await command
+            [seen] = found
+            assert (seen["a.txt"], seen["b.txt"]) == (b"alpha\n", b"bravo\n")
+            assert "new/dir/c.txt" not in seen
+            assert seen == tree(repo)
+            session = await host.sessions.get(sid)
+            assert session.revert is not None
+            assert session.revert.message_id == second
+        finally:  # a failure above leaves the stage paused: let it end, so the host can close
+            host.runtime.reverts.resume_paused()
