@@ -37,6 +37,7 @@ from actors.session.inbox import (
     Run,
     Scope,
     Writer,
+    append_session_events,
 )
 from actors.supervisor import Standalone
 from protocol import events as ev
@@ -540,12 +541,7 @@ class Sessions:
 
     async def _append(self, session_id: str, *events: ev.Event) -> None:
         """Append ``events`` of ``session_id`` (in a command of its actor)."""
-        try:
-            await self._store.append(Command.of(*events))
-        except ProjectionConflict as exc:
-            if exc.reason == "session.missing":
-                raise SessionNotFoundError(session_id) from None
-            raise ConflictError(str(exc), resource="session") from None
+        await append_session_events(self._store, session_id, *events)
 
 
 def _answered(permission_id: str, status: str) -> ConflictError:

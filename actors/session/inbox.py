@@ -60,6 +60,7 @@ __all__ = [
     "Run",
     "Scope",
     "Writer",
+    "append_session_events",
     "control_head",
     "due",
     "select_promotable",
@@ -100,6 +101,17 @@ class Owners(Protocol):
     async def command(self, session_id: str, run: Run, *, keeps_inbox: bool = False) -> Any:
         """Run ``run`` in the session's actor, between two other messages; its result."""
         ...
+
+
+async def append_session_events(store: Store, session_id: str, *events: ev.Event) -> None:
+    """Append ``events`` of ``session_id`` (in a command of its actor): the session
+    gone is a 404, any other projection conflict a 409 on the session."""
+    try:
+        await store.append(Command.of(*events))
+    except ProjectionConflict as exc:
+        if exc.reason == "session.missing":
+            raise SessionNotFoundError(session_id) from None
+        raise ConflictError(str(exc), resource="session") from None
 
 
 class RevertCommits(Protocol):

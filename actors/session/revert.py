@@ -64,7 +64,7 @@ import orjson
 
 from actors.files.snapshots import WRITING_TOOLS, Blocking, RestoreRefused, SnapshotError, Snapshots
 from actors.kit import finish
-from actors.session.inbox import Doorbell, Owners, Writer
+from actors.session.inbox import Doorbell, Owners, Writer, append_session_events
 from protocol import codec, ids
 from protocol import events as ev
 from protocol.cursor import MessageAnchor
@@ -79,7 +79,7 @@ from protocol.errors import (
     UnknownError,
 )
 from protocol.shapes import AssistantMessage, FileDiff, Session, SessionRevert, ToolPart
-from storage import Command, ProjectionConflict, Store
+from storage import Store
 
 __all__ = ["PAUSE_ENV", "PAUSE_POINTS", "Reverts"]
 
@@ -521,12 +521,7 @@ class Reverts:
         return session
 
     async def _append(self, session_id: str, *events: ev.Event) -> None:
-        try:
-            await self._store.append(Command.of(*events))
-        except ProjectionConflict as exc:
-            if exc.reason == "session.missing":
-                raise SessionNotFoundError(session_id) from None
-            raise ConflictError(str(exc), resource="session") from None
+        await append_session_events(self._store, session_id, *events)
 
 
 #: Tool errors that mean the call never ran (so it changed no file).
