@@ -31,18 +31,22 @@ A = TypeVar("A", bound="Actor", covariant=True)
 class ActorRef(Generic[A]):
     """A handle for sending messages to, and stopping, one actor."""
 
-    __slots__ = ("_mailbox", "actor_class", "actor_urn")
+    __slots__ = ("_mailbox", "actor_class")
 
     actor_class: type[A]
     """The class of the referenced actor."""
 
-    actor_urn: str
-    """A universally unique id of the actor, as used by ``ActorRegistry.get_by_urn``."""
-
-    def __init__(self, mailbox: Mailbox, actor_class: type[A], actor_urn: str) -> None:
+    def __init__(self, mailbox: Mailbox, actor_class: type[A]) -> None:
         self._mailbox = mailbox
         self.actor_class = actor_class
-        self.actor_urn = actor_urn
+
+    @property
+    def actor_urn(self) -> str:
+        """A unique id of the actor in this process, as used by ``ActorRegistry.get_by_urn``.
+
+        Made when asked (an actor made per command is rarely asked its name).
+        """
+        return self._mailbox.urn
 
     def __repr__(self) -> str:
         return f"<ActorRef {self.actor_class.__name__} ({self.actor_urn})>"

@@ -43,6 +43,14 @@ class SessionActor(Actor):
     deliver, so a promotion is a command like any other.
     """
 
+    #: Found through the supervisor's directory (:class:`~actors.supervisor.SessionActors`),
+    #: which stops them, not through the global registry: one is made per command
+    #: for a session that had none.
+    registered = False
+    #: A command sent within a loop turn of the last one (the next admission of a
+    #: caller that awaited the previous) finds this actor still here.
+    linger_turns = 1
+
     def __init__(
         self,
         session_id: str,
