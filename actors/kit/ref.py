@@ -61,7 +61,7 @@ class ActorRef(Generic[A]):
         Raises:
             ActorDeadError: the actor is stopped or stopping.
         """
-        self._mailbox.put(Envelope(message=message))
+        self._mailbox.put(Envelope(message))
 
     async def ask(self, message: object, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109
         """Send ``message`` and wait for the value ``on_receive`` returns for it.
@@ -97,7 +97,7 @@ class ActorRef(Generic[A]):
             RuntimeError: an actor asked itself from its own handler.
         """
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._mailbox.put(Envelope(message=message, reply=reply))
+        self._mailbox.put(Envelope(message, reply))
         return reply
 
     async def stop(self) -> None:

@@ -89,21 +89,38 @@ class SessionActor(Actor):
         return self._busy is not None
 
     async def on_receive(self, message: object) -> Any:
-        match message:
-            case SessionCommand(run=run, keeps_inbox=keeps, own=own, reply=reply):
-                if reply.done():
-                    return None  # its asker gave up meanwhile
-                if own is None:
-                    await self._command(run, keeps, reply)
-                    return None
-                # The drain's command, in the drain's context (its lease fence).
-                tokens = [var.set(value) for var, value in own.items()]
-                try:
-                    await self._command(run, keeps, reply)
-                finally:
+        if type(message) is SessionCommand:
+            # Most messages are commands: run here, not in a helper (one frame
+            # fewer for each of the command's awaits to pass through).
+            reply = message.reply
+            if reply.done():
+                return None  # its asker gave up meanwhile
+            own = message.own
+            # The drain's command runs in the drain's context (its lease fence).
+            tokens = None if own is None else [var.set(value) for var, value in own.items()]
+            if not message.keeps_inbox:
+                self.inbox = None
+            try:
+                result = await message.run(self)
+            except asyncio.CancelledError:
+                # This actor is stopping (the handler in flight is cancelled).
+                self.inbox = None
+                if not reply.done():
+                    reply.set_exception(_gone())
+                raise
+            except Exception as exc:
+                self.inbox = None
+                if not reply.done():
+                    reply.set_exception(exc)
+            else:
+                if not reply.done():
+                    reply.set_result(result)
+            finally:
+                if tokens is not None:
                     for token in reversed(tokens):
                         token.var.reset(token)
-                return None
+            return None
+        match message:
             case Wake(scope=scope):
                 self._kicks += 1
                 if self._busy is None:
@@ -138,25 +155,6 @@ class SessionActor(Actor):
         if self._busy is None and self._kicks > self._reported:
             self._reported = self._kicks
             self._on_idle(self.session_id, self.actor_ref, self._kicks)
-
-    async def _command(self, run: Run, keeps_inbox: bool, reply: asyncio.Future[Any]) -> None:
-        if not keeps_inbox:
-            self.inbox = None
-        try:
-            result = await run(self)
-        except asyncio.CancelledError:
-            # This actor is stopping (the handler in flight is cancelled).
-            self.inbox = None
-            if not reply.done():
-                reply.set_exception(_gone())
-            raise
-        except Exception as exc:
-            self.inbox = None
-            if not reply.done():
-                reply.set_exception(exc)
-        else:
-            if not reply.done():
-                reply.set_result(result)
 
     async def on_stop(self) -> None:
         busy = self._busy
