@@ -167,6 +167,18 @@ def _fail(reply: asyncio.Future[Any] | None, error: BaseException) -> None:
         reply.set_exception(error)
 
 
+#: Drain task names by actor class: one string per class, not one formatted per
+#: task (a drain task is made per command for an actor made per command).
+_drain_names: dict[type, str] = {}
+
+
+def _drain_name(kind: type) -> str:
+    name = _drain_names.get(kind)
+    if name is None:
+        name = _drain_names[kind] = f"drain {kind.__name__}"
+    return name
+
+
 class Mailbox:
     """One actor's queue, its drain task and its lifecycle state.
 
@@ -258,7 +270,7 @@ class Mailbox:
 
     def _start_drain(self) -> None:
         self._drain = self._owner = self._loop.create_task(
-            self._drain_queue(), name=f"drain {self._name}", context=contextvars.Context()
+            self._drain_queue(), name=_drain_name(self._kind), context=contextvars.Context()
         )
 
     async def stop(self) -> None:

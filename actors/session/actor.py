@@ -51,6 +51,30 @@ class SessionActor(Actor):
     #: caller that awaited the previous) finds this actor still here.
     linger_turns = 1
 
+    # The state of an actor with no busy period: class-level defaults, set on
+    # the instance only once they change (an actor is made per command for a
+    # session that had none; most never start a busy period).
+    #: Wakes and resumes handled (each may start a busy period), and how many
+    #: of them the supervisor was last told this actor is idle after.
+    _kicks = 0
+    _reported = 0
+    #: The session's pending input as the last read or promotion left it;
+    #: None once any other command ran (nothing but commands writes it here).
+    inbox: list[InboxItem] | None = None
+    _busy: asyncio.Task[None] | None = None
+    #: While the busy task runs ``started`` or ``settled``, which must land
+    #: whole, a cancellation waits (``_deferred``) until it returns.
+    _shielded = False
+    _deferred = False
+    _terminal: asyncio.Future[Terminal] | None = None
+    _pending: Scope | None = None
+    _pending_force = False
+    _successor: asyncio.Future[Terminal] | None = None
+    _stopping = False
+    _settling = False
+    _reason: InterruptReason | None = None
+    _fenced = False
+
     def __init__(
         self,
         session_id: str,
@@ -62,26 +86,6 @@ class SessionActor(Actor):
         self._hooks = hooks
         self._on_idle = on_idle
         self._on_retire = on_retire
-        #: Wakes and resumes handled (each may start a busy period), and how many
-        #: of them the supervisor was last told this actor is idle after.
-        self._kicks = 0
-        self._reported = 0
-        #: The session's pending input as the last read or promotion left it;
-        #: None once any other command ran (nothing but commands writes it here).
-        self.inbox: list[InboxItem] | None = None
-        self._busy: asyncio.Task[None] | None = None
-        #: While the busy task runs ``started`` or ``settled``, which must land
-        #: whole, a cancellation waits (``_deferred``) until it returns.
-        self._shielded = False
-        self._deferred = False
-        self._terminal: asyncio.Future[Terminal] | None = None
-        self._pending: Scope | None = None
-        self._pending_force = False
-        self._successor: asyncio.Future[Terminal] | None = None
-        self._stopping = False
-        self._settling = False
-        self._reason: InterruptReason | None = None
-        self._fenced = False
 
     @property
     def busy(self) -> bool:
