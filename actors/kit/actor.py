@@ -76,8 +76,8 @@ class Actor:
     #: Loop turns the drain task waits, once the mailbox is empty, before it
     #: asks :meth:`on_drained` and ends (0: at once). A message put within them
     #: is handled by the same task, and an actor that retires when drained is
-    #: not made again for it. Bounded (each turn restarts only after a
-    #: handled message) and owned by the mailbox, which cancels it on stop.
+    #: not made again for it. Bounded (the count starts again only after a
+    #: message is handled) and the drain task's own: ``stop`` cancels it.
     linger_turns: ClassVar[int] = 0
 
     @classmethod

@@ -10,8 +10,8 @@ most of the time; a permanent receive loop per actor would cost a task, a
 suspended frame and a wake-up each, for nothing.
 
 An actor may *linger* (``Actor.linger_turns``): its drain task, finding the
-queue empty, waits that many loop turns (``sleep(0)`` each, none restarted
-unless a message is handled meanwhile) before it ends, and handles a message
+queue empty, waits that many loop turns (a ``sleep(0)`` each; the count starts
+again only after a message is handled) before it ends, and handles a message
 put meanwhile itself. A caller that sends its next command as soon as the last
 one was answered then costs neither a new task nor, for an actor that retires
 when drained, a new actor. The wait is the drain task's own, so it is bounded
@@ -62,11 +62,11 @@ dedicated stop task which every ``stop()`` caller awaits through
 a handler that stops its own actor must not wait for itself (it is cancelled
 at that ``await`` instead, like any other handler in flight).
 
-An actor whose ``on_drained`` answers True stops itself as soon as its queue runs
-dry, in its drain task and without an ``await`` before the mailbox closes, so
-nothing put afterwards can be lost: it raises ``ActorDeadError`` and the sender
-makes a new actor (actors made on demand, one per session, which
-:meth:`Actor.spawn` starts without an ``await``).
+An actor whose ``on_drained`` answers True stops itself as soon as its queue
+runs dry (after its linger, if any), in its drain task and without an
+``await`` before the mailbox closes, so nothing put afterwards can be lost: it
+raises ``ActorDeadError`` and the sender makes a new actor (actors made on
+demand, one per session, which :meth:`Actor.spawn` starts without an ``await``).
 
 Cancellation subtleties
 -----------------------
