@@ -297,12 +297,20 @@ class Writer:
         replay = self._check_expected(conn, prepared)
         if replay is not None:
             return Outcome(records=replay, publish=False)
-        if command.checks and self._grouped is not None:
-            self._grouped.run(conn)  # a check reads what the ops before it wrote
-        for check in command.checks:
-            cursor = conn.execute(check.sql, check.params)
-            if check.expect is not None and cursor.rowcount != check.expect:
-                raise check.conflict()
+        grouped = self._grouped
+        if grouped is not None:
+            # Held back in order with the projection ops, so a check still runs
+            # after the ops before it (what it reads), not at once with the event
+            # rows flushed for it: checks read projection rows, never ``event``
+            # (Command.checks). A check that fails fails the grouped run; the
+            # savepoint run then executes it on its own and names its conflict.
+            for check in command.checks:
+                grouped.add(conn, check)
+        else:
+            for check in command.checks:
+                cursor = conn.execute(check.sql, check.params)
+                if check.expect is not None and cursor.rowcount != check.expect:
+                    raise check.conflict()
         records = self._insert(conn, command.events, prepared.encoded, undo, fence, fences)
         if command.blobs or command.entries:
             if self._grouped is not None:

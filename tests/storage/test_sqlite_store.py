@@ -6,11 +6,13 @@ import asyncio
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from protocol import Location
 from protocol import events as ev
+from protocol.shapes import SessionRevert
 from storage import (
     SCHEMA_VERSION,
     SESSION_BUCKET_MS,
@@ -21,7 +23,9 @@ from storage import (
     StorageBrokenError,
     StoreClosedError,
     StoreLockedError,
+    no_staged_revert,
 )
+from storage._writer import _INSERT_EVENT
 
 
 def created(session_id: str) -> ev.SessionCreated:
@@ -324,3 +328,85 @@ async def test_a_grouped_projection_falling_short_fails_only_its_command(
         assert session is not None
         assert session.title == f"new ses_{i}"
         assert await store.last_seq(f"ses_{i}") == 2
+
+
+class _CountingConnection:
+    """The writer's connection, counting the statements that insert event rows."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.event_statements: list[int] = []  # rows per statement
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        if sql == _INSERT_EVENT:
+            self.event_statements.append(1)
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        rows = list(rows)
+        if sql == _INSERT_EVENT:
+            self.event_statements.append(len(rows))
+        return self.conn.executemany(sql, rows)
+
+
+async def test_checked_commands_of_one_batch_write_their_event_rows_in_one_statement(
+    store: SQLiteStore,
+) -> None:
+    # A prompt's command carries a check (no staged revert); the checks run in
+    # line with the projection ops, so the batch's event rows still go in one
+    # statement instead of one flushed ahead of each check.
+    sessions = [f"ses_{i}" for i in range(5)]
+    await store.append(Command.of(*(created(s) for s in sessions)))
+    writer = store._writer
+    assert writer is not None
+    assert writer._conn is not None
+    counting = _CountingConnection(writer._conn)
+    writer._conn = counting  # type: ignore[assignment]  # the writer is idle between batches
+    try:
+        futures = [
+            store.submit(
+                Command.of(
+                    ev.SessionRenamed(session_id=s, title=f"new {s}"),
+                    checks=(no_staged_revert(s),),
+                )
+            )
+            for s in sessions
+        ]
+        await asyncio.gather(*futures)
+    finally:
+        writer._conn = counting.conn
+    assert counting.event_statements == [len(sessions)]
+
+
+async def test_a_check_sees_what_an_earlier_command_of_its_batch_wrote(
+    store: SQLiteStore,
+) -> None:
+    await store.append(Command.of(created("ses_a"), created("ses_b")))
+    staged = ev.RevertStaged(session_id="ses_a", revert=SessionRevert(message_id="msg_x"))
+    futures = [
+        store.submit(Command.of(ev.SessionRenamed(session_id="ses_a", title="before"))),
+        store.submit(Command.of(staged)),
+        store.submit(
+            Command.of(
+                ev.SessionRenamed(session_id="ses_a", title="after"),
+                checks=(no_staged_revert("ses_a"),),
+            )
+        ),
+        store.submit(
+            Command.of(
+                ev.SessionRenamed(session_id="ses_b", title="other"),
+                checks=(no_staged_revert("ses_b"),),
+            )
+        ),
+    ]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert isinstance(results[2], ProjectionConflict)
+    assert results[2].reason == "session.reverted"
+    assert [isinstance(r, BaseException) for r in results] == [False, False, True, False]
+    a = await store.queries.session("ses_a")
+    b = await store.queries.session("ses_b")
+    assert a is not None
+    assert a.title == "before"
+    assert a.revert is not None
+    assert b is not None
+    assert b.title == "other"
