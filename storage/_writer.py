@@ -55,7 +55,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from storage._ops import Op
+from storage._ops import NO_STAGED_REVERT, TOUCH, TOUCH_UNLESS_REVERTED, Op
 from storage._replay import mismatched, refusal, stored_replay
 from storage.batch import Outcome, Prepared
 from storage.clock import SYSTEM, Clock
@@ -462,6 +462,22 @@ class _Grouped:
         self.ops: list[Op] = []
 
     def add(self, conn: sqlite3.Connection, op: Op) -> None:
+        if op.sql == TOUCH and len(self.ops) == 1:
+            held = self.ops[0]
+            if held.sql == NO_STAGED_REVERT and held.params[0] == op.params[1]:
+                # A prompt's check, then its event's touch of the same row: one
+                # statement (TOUCH_UNLESS_REVERTED). Falling short, it fails the
+                # grouped run; the savepoint run tells which of the two refused.
+                folded = Op(
+                    TOUCH_UNLESS_REVERTED,
+                    op.params,
+                    expect=1,
+                    reason=held.reason,
+                    subject=held.subject,
+                )
+                self.sql, self.expect = folded.sql, folded.expect
+                self.ops, self.params = [folded], [folded.params]
+                return
         if op.sql != self.sql or op.expect != self.expect or not _groupable(op):
             self._run_ops(conn)
             self.sql, self.expect = op.sql, op.expect
