@@ -23,7 +23,7 @@ import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 import orjson
@@ -58,17 +58,28 @@ def loads(data: bytes | str) -> Any:
 
 def to_json(value: Any) -> Any:
     """Turn an attrs value into JSON-ready data; other values pass through."""
-    # A class planned already costs one dict lookup, not attrs.has and a call.
-    plan = _PLANS.get(value.__class__)
+    # A class planned already costs one dict lookup, not attrs.has and a call;
+    # JSON scalars and plain dicts (a prompt's payload, its text) are told by
+    # their exact class before attrs.has, which costs more than either.
+    cls = value.__class__
+    plan = _PLANS.get(cls)
     if plan is not None:
         return plan.encode(value)
-    if attrs.has(type(value)):
-        return _plan(type(value)).encode(value)
+    if cls in _SCALARS:
+        return value
+    if cls is dict:
+        return {k: to_json(v) for k, v in value.items()}
+    if attrs.has(cls):
+        return _plan(cls).encode(value)
     if isinstance(value, tuple | list):
         return [to_json(v) for v in value]
     if isinstance(value, dict):
         return {k: to_json(v) for k, v in value.items()}
     return value
+
+
+#: Classes :func:`to_json` returns as they are, told by exact class.
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 
 
 def from_json(cls: type[T], data: Any, *, path: str = "", strict: bool = False) -> T:

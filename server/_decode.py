@@ -36,14 +36,32 @@ _TRUE: Final = frozenset({"true", "1"})
 _FALSE: Final = frozenset({"false", "0"})
 
 
+#: A path parameter's check: its name, its id kind, or else its compiled pattern.
+_PathParam = tuple[str, ids.IdKind | None, re.Pattern[str] | None]
+#: Each operation path's parameters, worked out once (``Operation.path_params``
+#: runs a regex over the path): bounded by the operation table's paths.
+_PATH_PLANS: Final[dict[str, tuple[_PathParam, ...]]] = {}
+
+
+def _path_plan(op: Operation) -> tuple[_PathParam, ...]:
+    plan = _PATH_PLANS.get(op.path)
+    if plan is None:
+        params = []
+        for name in op.path_params:
+            kind = op.id_kind(name)
+            params.append((name, kind, None if kind is not None else re.compile(op.pattern(name))))
+        plan = _PATH_PLANS[op.path] = tuple(params)
+    return plan
+
+
 def decode_path(op: Operation, request: web.Request) -> dict[str, str]:
     out: dict[str, str] = {}
-    for name in op.path_params:
-        raw = request.match_info[name]
-        kind = op.id_kind(name)
+    match_info = request.match_info
+    for name, kind, pattern in _path_plan(op):
+        raw = match_info[name]
         if kind is not None:
             out[name] = ids.validate(kind, raw, field=name)
-        elif re.fullmatch(op.pattern(name), raw):
+        elif pattern is not None and pattern.fullmatch(raw):
             out[name] = raw
         else:
             raise InvalidRequestError(
@@ -52,17 +70,32 @@ def decode_path(op: Operation, request: web.Request) -> dict[str, str]:
     return out
 
 
+#: Each query class's fields as (name, wire name, type), worked out once
+#: (type hints are slow to resolve): bounded by the operation table's classes.
+_QUERY_PLANS: Final[dict[type[Any], tuple[tuple[str, str, Any], ...]]] = {}
+
+
+def _query_plan(cls: type[Any]) -> tuple[tuple[str, str, Any], ...]:
+    plan = _QUERY_PLANS.get(cls)
+    if plan is None:
+        hints = typing.get_type_hints(cls)
+        plan = _QUERY_PLANS[cls] = tuple(
+            (f.name, f.metadata.get("wire", codec.wire_name(f.name)), hints[f.name])
+            for f in attrs.fields(cls)
+        )
+    return plan
+
+
 def decode_query(op: Operation, request: web.Request) -> Any:
     if op.query is None:
         return None
-    hints = typing.get_type_hints(op.query)
+    query = request.query
     values: dict[str, Any] = {}
-    for field in attrs.fields(op.query):
-        wire = field.metadata.get("wire", codec.wire_name(field.name))
-        raw = request.query.get(wire)
+    for name, wire, hint in _query_plan(op.query):
+        raw = query.get(wire)
         if raw is None:
             continue
-        values[field.name] = _coerce(hints[field.name], raw, wire)
+        values[name] = _coerce(hint, raw, wire)
     try:
         return op.query(**values)
     except (TypeError, ValueError) as exc:

@@ -481,7 +481,7 @@ def make_app(
         close_grace_s=settings.shutdown_grace_s,
         clock=_runtime_config(runtime, config).clock,
     )
-    for op in OPERATIONS:
+    for op in _registration_order(OPERATIONS):
         if op.method == "GET":
             app.router.add_get(op.path, _endpoint(op), name=op.id)  # and HEAD
         else:
@@ -512,6 +512,24 @@ def make_app(
 
     app.on_shutdown.append(on_shutdown)
     return app
+
+
+#: Operations whose routes are registered (and so tried) first: the admission.
+_FIRST: Final = ("session.prompt",)
+
+
+def _registration_order(operations: Iterable[Operation]) -> list[Operation]:
+    """The operations in the order their routes are registered: :data:`_FIRST`, then the table's.
+
+    aiohttp's router tries the resources under a path's literal prefix in
+    registration order, one regex each: ``/api/session/{id}/prompt`` shares the
+    prefix ``/api/session`` with 30-odd routes and came tenth (16 µs of an
+    admission's ~180 µs of loop CPU; first, 3 µs). The paths under one prefix
+    do not overlap (each has its own literal segments; the same path with
+    another method only adds to a 405's Allow), so the order changes nothing
+    but the time to find a route.
+    """
+    return sorted(operations, key=lambda op: op.id not in _FIRST)  # stable: the table's order
 
 
 def _runtime_config(runtime: Runtime | None, config: RuntimeConfig | None) -> RuntimeConfig:

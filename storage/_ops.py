@@ -11,7 +11,15 @@ from protocol import codec
 from storage.errors import ProjectionConflict
 from storage.recorder import RecordedEvent
 
-__all__ = ["TOUCH", "Op", "json_text", "no_staged_revert", "touch"]
+__all__ = [
+    "NO_STAGED_REVERT",
+    "TOUCH",
+    "TOUCH_UNLESS_REVERTED",
+    "Op",
+    "json_text",
+    "no_staged_revert",
+    "touch",
+]
 
 
 # Conflict messages are formatted only when a conflict happens: building one
@@ -50,6 +58,12 @@ def json_text(value: Any) -> str | None:
     return None if value is None else orjson.dumps(codec.to_json(value)).decode()
 
 
+#: :func:`no_staged_revert`'s statement.
+NO_STAGED_REVERT: Final = (
+    "UPDATE session SET time_updated = time_updated WHERE id = ? AND revert IS NULL"
+)
+
+
 def no_staged_revert(session_id: str) -> Op:
     """A check (:attr:`Command.checks`): the session exists with no staged revert.
 
@@ -57,7 +71,7 @@ def no_staged_revert(session_id: str) -> Op:
     count checked); the command's own projections touch the row anyway.
     """
     return Op(
-        "UPDATE session SET time_updated = time_updated WHERE id = ? AND revert IS NULL",
+        NO_STAGED_REVERT,
         (session_id,),
         expect=1,
         reason="session.reverted",
@@ -70,6 +84,14 @@ def no_staged_revert(session_id: str) -> Op:
 #: event whose first op this is needs no clearing of its own (see
 #: ``storage.projectors._with_retry_cleared``).
 TOUCH: Final = "UPDATE session SET time_updated = ?, retry = NULL WHERE id = ?"
+
+
+#: :func:`no_staged_revert` and then :data:`TOUCH` of the same session, as one
+#: statement: the same row, the same values (the check writes nothing), one row
+#: or none. The SQLite writer runs it for that pair in a grouped run.
+TOUCH_UNLESS_REVERTED: Final = (
+    "UPDATE session SET time_updated = ?, retry = NULL WHERE id = ? AND revert IS NULL"
+)
 
 
 def touch(rec: RecordedEvent) -> Op:

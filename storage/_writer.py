@@ -55,7 +55,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from storage._ops import Op
+from storage._ops import NO_STAGED_REVERT, TOUCH, TOUCH_UNLESS_REVERTED, Op
 from storage._replay import mismatched, refusal, stored_replay
 from storage.batch import Outcome, Prepared
 from storage.clock import SYSTEM, Clock
@@ -297,12 +297,20 @@ class Writer:
         replay = self._check_expected(conn, prepared)
         if replay is not None:
             return Outcome(records=replay, publish=False)
-        if command.checks and self._grouped is not None:
-            self._grouped.run(conn)  # a check reads what the ops before it wrote
-        for check in command.checks:
-            cursor = conn.execute(check.sql, check.params)
-            if check.expect is not None and cursor.rowcount != check.expect:
-                raise check.conflict()
+        grouped = self._grouped
+        if grouped is not None:
+            # Held back in order with the projection ops, so a check still runs
+            # after the ops before it (what it reads), not at once with the event
+            # rows flushed for it: checks read projection rows, never ``event``
+            # (Command.checks). A check that fails fails the grouped run; the
+            # savepoint run then executes it on its own and names its conflict.
+            for check in command.checks:
+                grouped.add(conn, check)
+        else:
+            for check in command.checks:
+                cursor = conn.execute(check.sql, check.params)
+                if check.expect is not None and cursor.rowcount != check.expect:
+                    raise check.conflict()
         records = self._insert(conn, command.events, prepared.encoded, undo, fence, fences)
         if command.blobs or command.entries:
             if self._grouped is not None:
@@ -454,6 +462,22 @@ class _Grouped:
         self.ops: list[Op] = []
 
     def add(self, conn: sqlite3.Connection, op: Op) -> None:
+        if op.sql == TOUCH and len(self.ops) == 1:
+            held = self.ops[0]
+            if held.sql == NO_STAGED_REVERT and held.params[0] == op.params[1]:
+                # A prompt's check, then its event's touch of the same row: one
+                # statement (TOUCH_UNLESS_REVERTED). Falling short, it fails the
+                # grouped run; the savepoint run tells which of the two refused.
+                folded = Op(
+                    TOUCH_UNLESS_REVERTED,
+                    op.params,
+                    expect=1,
+                    reason=held.reason,
+                    subject=held.subject,
+                )
+                self.sql, self.expect = folded.sql, folded.expect
+                self.ops, self.params = [folded], [folded.params]
+                return
         if op.sql != self.sql or op.expect != self.expect or not _groupable(op):
             self._run_ops(conn)
             self.sql, self.expect = op.sql, op.expect

@@ -93,7 +93,9 @@ class Command:
     #: Preconditions run in the command's transaction before its events: each
     #: statement must touch exactly its ``expect`` rows, else the command fails
     #: with that op's :class:`~storage.errors.ProjectionConflict` and writes
-    #: nothing. Not part of the log: replaying it never runs them.
+    #: nothing. Not part of the log: replaying it never runs them. A check reads
+    #: projection tables only, never ``event``: the writers hold a batch's event
+    #: rows back and run checks in line with the projection ops.
     checks: tuple[Op, ...] = ()
 
     @classmethod

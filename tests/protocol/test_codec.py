@@ -129,3 +129,19 @@ def test_a_bad_member_deep_inside_is_named_by_its_path(data: Any, field: str) ->
     with pytest.raises(InvalidRequestError) as info:
         codec.from_json(AssistantMessage, {**good, **data})
     assert info.value.fields.get("field") == field
+
+
+def test_to_json_walks_plain_data_and_keeps_scalars_as_they_are() -> None:
+    import enum
+
+    class Color(enum.StrEnum):
+        RED = "red"
+
+    item = PromptInput(text="hi", delivery="queue")
+    data = {"a": [item, (1, 2.5, True, None)], "b": {"c": item}, "s": "x", "e": Color.RED}
+    encoded = codec.to_json(data)
+    wire = codec.to_json(item)
+    assert wire == {"text": "hi", "delivery": "queue", "resume": True}
+    assert encoded == {"a": [wire, [1, 2.5, True, None]], "b": {"c": wire}, "s": "x", "e": "red"}
+    assert encoded["e"] is Color.RED  # a str subclass passes through unchanged, as before
+    assert codec.to_json(item) is not codec.to_json(item)  # a fresh dict each time

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from protocol import Location
 from protocol import events as ev
+from protocol.shapes import SessionRevert
 from storage import (
     SCHEMA_VERSION,
     SESSION_BUCKET_MS,
@@ -21,7 +25,9 @@ from storage import (
     StorageBrokenError,
     StoreClosedError,
     StoreLockedError,
+    no_staged_revert,
 )
+from storage._writer import _INSERT_EVENT
 
 
 def created(session_id: str) -> ev.SessionCreated:
@@ -324,3 +330,144 @@ async def test_a_grouped_projection_falling_short_fails_only_its_command(
         assert session is not None
         assert session.title == f"new ses_{i}"
         assert await store.last_seq(f"ses_{i}") == 2
+
+
+class _CountingConnection:
+    """The writer's connection, counting the statements that insert event rows."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.event_statements: list[int] = []  # rows per statement
+
+        self.statements: list[str] = []  # every statement's text, in order
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        self.statements.append(sql)
+        if sql == _INSERT_EVENT:
+            self.event_statements.append(1)
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        rows = list(rows)
+        self.statements.append(sql)
+        if sql == _INSERT_EVENT:
+            self.event_statements.append(len(rows))
+        return self.conn.executemany(sql, rows)
+
+
+@contextlib.contextmanager
+def _counting(store: SQLiteStore) -> Iterator[_CountingConnection]:
+    writer = store._writer
+    assert writer is not None
+    assert writer._conn is not None
+    counting = _CountingConnection(writer._conn)
+    writer._conn = counting  # type: ignore[assignment]  # the writer is idle between batches
+    try:
+        yield counting
+    finally:
+        writer._conn = counting.conn
+
+
+def _prompt(session_id: str, inbox_id: str) -> Command:
+    enqueued = ev.InboxEnqueued(
+        session_id=session_id,
+        inbox_id=inbox_id,
+        item=ev.EnqueuedItem(type="user", payload={"text": "hi"}, delivery="steer"),
+    )
+    return Command.of(enqueued, checks=(no_staged_revert(session_id),))
+
+
+async def test_a_prompts_check_and_its_touch_of_the_session_are_one_statement(
+    store: SQLiteStore,
+) -> None:
+    sessions = [f"ses_{i}" for i in range(4)]
+    await store.append(Command.of(*(created(s) for s in sessions)))
+    with _counting(store) as counting:
+        futures = [store.submit(_prompt(s, f"msg_{i}")) for i, s in enumerate(sessions)]
+        records = await asyncio.gather(*futures)
+    session_updates = [sql for sql in counting.statements if sql.startswith("UPDATE session ")]
+    assert len(session_updates) == len(sessions)
+    for s, (record,) in zip(sessions, records, strict=True):
+        session = await store.queries.session(s)
+        assert session is not None
+        assert session.time.updated == record.created
+        assert [item.id for item in await store.queries.inbox(s)] == [record.event.inbox_id]
+
+
+async def test_a_batch_of_checked_prompts_refuses_a_reverted_or_missing_session_alone(
+    store: SQLiteStore,
+) -> None:
+    await store.append(Command.of(created("ses_a"), created("ses_b")))
+    staged = ev.RevertStaged(session_id="ses_b", revert=SessionRevert(message_id="msg_x"))
+    await store.append(Command.of(staged))
+    futures = [
+        store.submit(_prompt("ses_a", "msg_1")),
+        store.submit(_prompt("ses_b", "msg_2")),
+        store.submit(_prompt("ses_none", "msg_3")),
+        store.submit(_prompt("ses_a", "msg_4")),
+    ]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    for refused in (results[1], results[2]):
+        assert isinstance(refused, ProjectionConflict)
+        assert refused.reason == "session.reverted"
+    assert [isinstance(r, BaseException) for r in results] == [False, True, True, False]
+    assert [item.id for item in await store.queries.inbox("ses_a")] == ["msg_1", "msg_4"]
+    assert await store.queries.inbox("ses_b") == []
+    assert await store.last_seq("ses_b") == 2
+    assert await store.last_seq("ses_none") == 0
+
+
+async def test_checked_commands_of_one_batch_write_their_event_rows_in_one_statement(
+    store: SQLiteStore,
+) -> None:
+    # A prompt's command carries a check (no staged revert); the checks run in
+    # line with the projection ops, so the batch's event rows still go in one
+    # statement instead of one flushed ahead of each check.
+    sessions = [f"ses_{i}" for i in range(5)]
+    await store.append(Command.of(*(created(s) for s in sessions)))
+    with _counting(store) as counting:
+        futures = [
+            store.submit(
+                Command.of(
+                    ev.SessionRenamed(session_id=s, title=f"new {s}"),
+                    checks=(no_staged_revert(s),),
+                )
+            )
+            for s in sessions
+        ]
+        await asyncio.gather(*futures)
+    assert counting.event_statements == [len(sessions)]
+
+
+async def test_a_check_sees_what_an_earlier_command_of_its_batch_wrote(
+    store: SQLiteStore,
+) -> None:
+    await store.append(Command.of(created("ses_a"), created("ses_b")))
+    staged = ev.RevertStaged(session_id="ses_a", revert=SessionRevert(message_id="msg_x"))
+    futures = [
+        store.submit(Command.of(ev.SessionRenamed(session_id="ses_a", title="before"))),
+        store.submit(Command.of(staged)),
+        store.submit(
+            Command.of(
+                ev.SessionRenamed(session_id="ses_a", title="after"),
+                checks=(no_staged_revert("ses_a"),),
+            )
+        ),
+        store.submit(
+            Command.of(
+                ev.SessionRenamed(session_id="ses_b", title="other"),
+                checks=(no_staged_revert("ses_b"),),
+            )
+        ),
+    ]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert isinstance(results[2], ProjectionConflict)
+    assert results[2].reason == "session.reverted"
+    assert [isinstance(r, BaseException) for r in results] == [False, False, True, False]
+    a = await store.queries.session("ses_a")
+    b = await store.queries.session("ses_b")
+    assert a is not None
+    assert a.title == "before"
+    assert a.revert is not None
+    assert b is not None
+    assert b.title == "other"
