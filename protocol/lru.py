@@ -14,7 +14,11 @@ decoded copy at once).
 An entry costs the collector no object of its own: the values sit in one
 ordered dict and their weights in a plain dict of atoms, which the cyclic
 collector does not track. A ``(value, weight)`` tuple per entry was one more
-object for every full collection to walk, for every cached message.
+object for every full collection to walk, for every cached message. And a
+value itself leaves the collector's generations when it is immutable all the
+way down (:func:`protocol.untrack.untrack`: frozen attrs instances, tuples):
+the cached transcript messages were most of what a full pass walked under
+100 busy sessions, growing with their histories.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Final, Generic, Literal, TypeVar
+
+from protocol.untrack import untrack
 
 __all__ = ["ByteLRU", "reused_prefix"]
 
@@ -80,6 +86,7 @@ class ByteLRU(Generic[K, V]):
             self._entries.clear()
             self._weights.clear()
             self._bytes = 0
+        untrack(value)
         self._entries[key] = value
         self._weights[key] = weight
         self._bytes += weight

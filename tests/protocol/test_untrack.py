@@ -1,0 +1,111 @@
+"""protocol.untrack: immutable values leave the cyclic collector, nothing else does."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections import namedtuple
+from typing import Any
+
+import attrs
+
+from protocol.lru import ByteLRU
+from protocol.shapes import (
+    AssistantMessage,
+    CacheTokens,
+    MessageTime,
+    ModelRef,
+    TextPart,
+    Tokens,
+    ToolPart,
+    UserMessage,
+)
+from protocol.untrack import MAX_DEPTH, untrack
+
+
+def _assistant(**more: Any) -> AssistantMessage:
+    return AssistantMessage(
+        id="msg_a",
+        session_id="ses_x",
+        seq=1,
+        time=MessageTime(created=1, updated=2),
+        model=ModelRef(id="m", provider_id="p"),
+        parts=(TextPart(ordinal=0, text="hello"),),
+        tokens=Tokens(input=3, cache=CacheTokens(read=1)),
+        **more,
+    )
+
+
+def test_a_frozen_message_and_everything_in_it_leave_the_collector() -> None:
+    message = _assistant()
+    pieces = [message, message.time, message.model, message.parts, message.parts[0]]
+    pieces += [message.tokens, message.tokens.cache]  # type: ignore[union-attr]
+    assert all(gc.is_tracked(p) for p in pieces)
+    assert untrack(message) is True
+    assert [p for p in pieces if gc.is_tracked(p)] == []
+    assert untrack(message) is True  # again: nothing to do
+
+
+def test_a_dict_of_atoms_is_fine_but_a_list_keeps_its_holders_tracked() -> None:
+    plain = UserMessage(
+        id="msg_u",
+        session_id="ses_x",
+        seq=0,
+        time=MessageTime(created=0, updated=0),
+        text="hi",
+        metadata={"source": "cli", "n": 1},
+    )
+    assert untrack(plain) is True
+    assert not gc.is_tracked(plain)
+    # A tool call whose input holds a list: the list may still change, so the
+    # part and the message (and the tuple between them) stay with the collector;
+    # the rest of the message leaves it all the same.
+    tool = ToolPart(id="call_1", name="read", status="running", input={"paths": ["a", "b"]})
+    message = attrs.evolve(_assistant(), parts=(TextPart(ordinal=0, text="x"), tool))
+    assert untrack(message) is False
+    assert gc.is_tracked(message)
+    assert gc.is_tracked(message.parts)
+    assert gc.is_tracked(tool)
+    assert not gc.is_tracked(message.parts[0])
+    assert not gc.is_tracked(message.time)
+
+
+def test_mutable_unslotted_and_tuple_subclass_values_stay_tracked() -> None:
+    @attrs.define
+    class Mutable:
+        text: str
+
+    @attrs.frozen(slots=False)
+    class WithDict:
+        text: str
+
+    Pair = namedtuple("Pair", "a b")
+    for value in (Mutable("x"), WithDict("x"), Pair("a", "b"), ["x"], ("x", ["y"])):
+        assert untrack(value) is False, value
+        assert gc.is_tracked(value), value
+
+
+def test_an_untracked_value_is_still_freed_when_let_go() -> None:
+    message = _assistant()
+    assert untrack(message)
+    gone = weakref.ref(message)
+    part = weakref.ref(message.parts[0])
+    del message
+    assert gone() is None
+    assert part() is None
+
+
+def test_nesting_deeper_than_the_limit_stays_tracked() -> None:
+    value: tuple[Any, ...] = (TextPart(ordinal=0, text="x"),)
+    for _ in range(MAX_DEPTH + 5):
+        value = (value, TextPart(ordinal=0, text="y"))
+    assert untrack(value) is False
+    assert gc.is_tracked(value)
+
+
+def test_a_value_put_in_a_byte_lru_is_untracked() -> None:
+    lru: ByteLRU[str, AssistantMessage] = ByteLRU(1 << 20)
+    message = _assistant()
+    lru.put(message.id, message, 100)
+    assert not gc.is_tracked(message)
+    assert lru.get(message.id) is message
