@@ -172,11 +172,12 @@ class SessionActor(Actor):
         return self._successor
 
     def _interrupt(self, reason: InterruptReason) -> bool:
-        if self._busy is None or self._stopping:
+        # Idle, already stopping, or settled (its terminal is being recorded):
+        # a no-op, as the contract says, so a wake rung meanwhile still starts
+        # its successor (the answer says nothing was interrupted; nothing is).
+        if self._busy is None or self._stopping or self._settling:
             return False
         self._pending = None
-        if self._settling:
-            return False
         self._stopping = True
         self._reason = reason
         self._cancel_busy()

@@ -228,6 +228,27 @@ async def test_interrupt_answers_before_cleanup_and_clears_the_doorbell(
     assert hooks.kinds() == ["started", "drain", "settled"]  # no successor
 
 
+async def test_an_interrupt_while_the_terminal_is_recorded_is_a_no_op_and_keeps_the_follow_up(
+    execution: Execution, hooks: Hooks
+) -> None:
+    """Settled is a no-op (the contract): the answer is False, so the wake rung
+    during the drain must still start its successor, or the input it was rung
+    for would wait for a wake that never comes."""
+    hooks.settle_gate = asyncio.get_running_loop().create_future()
+    execution.wake("ses_a")
+    (await next_drain(hooks)).release.set_result(None)
+    await hooks.settling.wait()
+    execution.wake("ses_a")  # a prompt admitted while the terminal is recorded
+    await delivered(execution)
+    assert await execution.interrupt("ses_a") is False
+    hooks.settle_gate.set_result(None)
+    successor = await next_drain(hooks)
+    assert (successor.scope, successor.force) == ("input", False)
+    successor.release.set_result(None)
+    await execution.wait_idle("ses_a")
+    assert hooks.kinds() == ["started", "drain", "settled", "started", "drain", "settled"]
+
+
 async def test_an_interrupt_while_the_start_is_recorded_waits_for_it_and_runs_no_drain(
     execution: Execution, hooks: Hooks
 ) -> None:
