@@ -70,6 +70,7 @@ status is 0 unless the benchmark itself fails.
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import contextlib
 import ctypes
@@ -139,7 +140,8 @@ class LagMonitor:
     def __init__(self) -> None:
         self._phase: str | None = None
         self._epoch = 0
-        self.samples: dict[str, list[float]] = {}
+        #: Lateness per tick (an array: the collector does not walk it, as it would a list)
+        self.samples: dict[str, array.array[float]] = {}
         #: (generation, wall seconds, CPU seconds of the thread that ran it) per pass
         self.gc_pauses: dict[str, list[tuple[int, float, float]]] = {}
         #: The most objects the collector tracked (``gc.get_objects()``, frozen ones
@@ -168,7 +170,7 @@ class LagMonitor:
             self._epoch += 1  # a tick spanning a pause is dropped
         self._phase = name
         if name is not None:
-            self.samples.setdefault(name, [])
+            self.samples.setdefault(name, array.array("d"))
             self.gc_pauses.setdefault(name, [])
 
     async def _run(self) -> None:
@@ -506,7 +508,7 @@ async def phase_steps(
 async def phase_concurrent(args: argparse.Namespace, root: Path, lag: LagMonitor) -> dict[str, Any]:
     sessions, rounds, chunk = args.sessions, args.rounds, args.chunk_rounds
     provider = RecordingProvider()
-    latencies: list[float] = []
+    latencies = array.array("d")  # not a list: the collector would walk it (see LagMonitor)
     runtime = _Side()
     baseline = _Side()
     async with (
