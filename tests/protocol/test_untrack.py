@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from protocol.lru import ByteLRU
+from protocol.lru import ENTRY_OVERHEAD, ByteLRU
 from protocol.shapes import (
     AssistantMessage,
     CacheTokens,
@@ -20,7 +20,7 @@ from protocol.shapes import (
     ToolPart,
     UserMessage,
 )
-from protocol.untrack import MAX_DEPTH, untrack
+from protocol.untrack import MAX_DEPTH, untrack, untrack_dict
 
 
 def _assistant(**more: Any) -> AssistantMessage:
@@ -109,3 +109,40 @@ def test_a_value_put_in_a_byte_lru_is_untracked() -> None:
     lru.put(message.id, message, 100)
     assert not gc.is_tracked(message)
     assert lru.get(message.id) is message
+
+
+def test_a_byte_lrus_dict_is_untracked_while_every_value_in_it_is() -> None:
+    lru: ByteLRU[str, object] = ByteLRU(1 << 20)
+    entries = lru._entries  # what a full pass would walk, entry by entry
+    lru.put("a", _assistant(), 100)
+    assert not gc.is_tracked(entries)
+    lru.put("b", ["a list may change"], 100)  # a value the collector must see
+    assert gc.is_tracked(entries)
+    lru.put("c", _assistant(), 100)
+    assert gc.is_tracked(entries)  # "b" is still held
+    lru.discard("b")
+    lru.put("d", _assistant(), 100)
+    assert not gc.is_tracked(entries)
+    small: ByteLRU[str, object] = ByteLRU(2 * (100 + ENTRY_OVERHEAD))
+    small.put("b", ["evicted"], 100)
+    small.put("x", _assistant(), 100)
+    assert gc.is_tracked(small._entries)
+    small.put("y", _assistant(), 100)  # "b" goes (least recently used)
+    assert "b" not in small
+    assert not gc.is_tracked(small._entries)
+
+
+def test_a_byte_lru_keyed_by_other_than_strings_and_ints_stays_tracked() -> None:
+    lru: ByteLRU[ModelRef, object] = ByteLRU(1 << 20)
+    lru.put(ModelRef(id="m", provider_id="p"), _assistant(), 100)
+    assert gc.is_tracked(lru._entries)
+
+
+def test_untrack_dict_takes_a_dict_out_until_a_container_is_stored() -> None:
+    mapping = {"a": _assistant()}
+    assert untrack(mapping["a"])
+    assert gc.is_tracked(mapping)
+    untrack_dict(mapping)
+    assert not gc.is_tracked(mapping)
+    mapping["b"] = _assistant()  # CPython tracks it again itself
+    assert gc.is_tracked(mapping)

@@ -220,8 +220,8 @@ async def test_cached_transcript_messages_are_left_out_of_the_collectors_passes(
     conversions for the model were about 20 such objects a step, growing with
     the histories (42,000 after 100 sessions x 20 prompts: an 11 ms pass). They
     are immutable and leave the collector when cached (protocol.untrack), and so
-    do the tuples holding them: what a pass walks no longer grows with the
-    transcripts."""
+    do the tuples and the caches' dicts holding them (a pass visited every entry
+    of those): what a pass walks no longer grows with the transcripts."""
     config = RuntimeConfig(data_dir=tmp_path / "data", default_directory=str(workdir))
     kinds = (UserMessage, AssistantMessage, MessageTime, TextPart, ChatMessage, TextContent)
     async with Runtime(config) as rt:
@@ -234,12 +234,17 @@ async def test_cached_transcript_messages_are_left_out_of_the_collectors_passes(
         for i in range(20):
             await turn(i)
         gc.collect()
-        tracked = collections.Counter(
-            type(o).__name__
-            for o in gc.get_objects()
-            if isinstance(o, kinds)
-            or (type(o) is tuple and any(isinstance(item, kinds) for item in o))
-        )
+
+        def holds(value: object) -> bool:
+            if isinstance(value, kinds):
+                return True
+            if type(value) is tuple:
+                return any(holds(item) for item in value)
+            if isinstance(value, dict):  # the caches' dicts (an OrderedDict too)
+                return any(holds(item) for item in value.values())
+            return type(value).__name__ in ("_History", "_Converted")  # the cached histories
+
+        tracked = collections.Counter(type(o).__name__ for o in gc.get_objects() if holds(o))
         history = await rt.sessions.context(sid)
         assert history == await rt.store.queries.full_context(sid)  # and still served whole
     assert len(history) == 40
