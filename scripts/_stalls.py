@@ -192,5 +192,9 @@ def _describe(handle: asyncio.Handle) -> str:
     task = getattr(callback, "__self__", None)
     if isinstance(task, asyncio.Task):
         coro = task.get_coro()
-        return f"task {getattr(coro, '__qualname__', coro)!s}"
+        # The task's name too, less its ids ("drain SessionActor (...)"): which
+        # actor's mailbox, not only that one was drained.
+        name = task.get_name().split(" (", 1)[0]
+        where = "" if name.startswith("Task-") else f" [{name}]"
+        return f"task {getattr(coro, '__qualname__', coro)!s}{where}"
     return repr(getattr(callback, "__qualname__", callback))
