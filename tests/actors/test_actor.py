@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import attrs
 import pytest
 
 from actors import Actor, ActorDeadError, ActorError, ActorRef, ActorRegistry
+from actors.kit.mailbox import SLICE_S
 
 # --- messages -------------------------------------------------------------------------------
 
@@ -569,3 +571,46 @@ async def test_a_drained_actor_that_holds_on_keeps_its_messages_coming(journal: 
     assert journal.calls.count("stop") == 0
     await ref.stop()
     assert journal.calls[-1] == "stop"
+
+
+# --- fairness -------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Burn:
+    cpu_s: float
+
+
+class Burner(Actor):
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    async def on_receive(self, message: object) -> Any:
+        match message:
+            case Burn(cpu_s=cpu_s):
+                until = time.thread_time() + cpu_s
+                while time.thread_time() < until:
+                    pass
+                self.journal.seen.append(len(self.journal.seen))
+                return None
+            case Get():
+                return list(self.journal.seen)
+        return await super().on_receive(message)
+
+
+async def test_a_backlog_of_handlers_that_never_suspend_lets_the_loop_run_between() -> None:
+    """Twenty handlers of 1 ms CPU each, none suspending, used to run in one callback
+    (20 ms with the loop held); the drain yields once its slice is used up."""
+    journal = Journal()
+    ref = await Burner.start(journal)
+    for _ in range(20):
+        ref.tell(Burn(cpu_s=0.001))
+    handled_when_the_loop_ran: list[int] = []
+    asyncio.get_running_loop().call_soon(
+        lambda: handled_when_the_loop_ran.append(len(journal.seen))
+    )
+    await ref.ask(Get())  # queued behind the burns: answered after all of them
+    per_slice = int(SLICE_S / 0.001) + 1  # the slice may end a handler late
+    assert 1 <= handled_when_the_loop_ran[0] <= per_slice
+    assert journal.seen == list(range(20))  # in order, all of them
+    await ref.stop()
