@@ -41,12 +41,13 @@ import ctypes
 import gc
 import sys
 from collections.abc import Callable
+from itertools import islice
 from operator import attrgetter
 from typing import Any, Final
 
 import attrs
 
-__all__ = ["untrack", "untrack_dict"]
+__all__ = ["untrack", "untrack_dict", "untrack_known", "untrack_tail"]
 
 #: How deep :func:`untrack` follows nested values (transcript values are 3-4 deep).
 MAX_DEPTH: Final = 16
@@ -133,3 +134,30 @@ def untrack_dict(mapping: dict[Any, Any]) -> None:
     """
     if _untrack is not None and gc.is_tracked(mapping):
         _untrack(mapping)
+
+
+def untrack_known(value: tuple[Any, ...] | frozenset[Any]) -> None:
+    """Take out an exact tuple or frozenset on the caller's word that all it holds is
+    atoms or untracked (it knows from how it built it: a tuple of ints, the
+    messages of a history whose dict is untracked), without a walk of it.
+
+    A step re-puts its session's whole history (4,000 messages: seven such tuples
+    walked item by item cost 0.2 ms of a 3 ms turn).
+    """
+    if _untrack is not None and _is_tracked(value):
+        _untrack(value)
+
+
+def untrack_tail(items: tuple[Any, ...], known: int) -> bool:
+    """:func:`untrack` for a tuple whose first ``known`` items the caller knows are
+    untracked (a history's unchanged prefix): only the rest is walked."""
+    if not _is_tracked(items):
+        return True
+    if _untrack is None:
+        return False
+    ok = True
+    for child in filter(_is_tracked, islice(items, known, None)):
+        ok = untrack(child, 1) and ok
+    if ok:
+        _untrack(items)
+    return ok

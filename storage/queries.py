@@ -52,7 +52,7 @@ from protocol.shapes import (
     Tokens,
     UserMessage,
 )
-from protocol.untrack import untrack, untrack_dict
+from protocol.untrack import untrack, untrack_dict, untrack_known
 from storage.lease import Lease
 from storage.schema import SESSION_BUCKET_MS
 
@@ -583,18 +583,23 @@ class Queries:
         if resort:
             order = sorted(by_id.values(), key=_seq)
             seqs = [m.seq for m in order]
+        order_t, seqs_t, completed_t = tuple(order), tuple(seqs), frozenset(completed)
+        untrack_known(seqs_t)  # ints
+        untrack_known(completed_t)
         if untracked:
             # Never changed once built, and all it holds is out of the collector's
-            # reach: so is the dict (a full pass walked every message of every
-            # cached history), and then the _History with it (HistoryCache.keep).
+            # reach: so are the dict and the tuple (a full pass walked every message
+            # of every cached history), and then the _History with them
+            # (HistoryCache.keep), without a walk of each message at every step.
             untrack_dict(by_id)
+            untrack_known(order_t)
         return _History(
             marker=marker,
-            order=tuple(order),
-            seqs=tuple(seqs),
+            order=order_t,
+            seqs=seqs_t,
             by_id=by_id,
             sizes=sizes,
-            completed=frozenset(completed),
+            completed=completed_t,
             removals=removals,
             weight=weight,
         )

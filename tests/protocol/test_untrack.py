@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from actors.session.history import ChatCache
 from protocol.lru import ENTRY_OVERHEAD, ByteLRU
 from protocol.shapes import (
     AssistantMessage,
@@ -20,7 +21,7 @@ from protocol.shapes import (
     ToolPart,
     UserMessage,
 )
-from protocol.untrack import MAX_DEPTH, untrack, untrack_dict
+from protocol.untrack import MAX_DEPTH, untrack, untrack_dict, untrack_known, untrack_tail
 
 
 def _assistant(**more: Any) -> AssistantMessage:
@@ -146,3 +147,39 @@ def test_untrack_dict_takes_a_dict_out_until_a_container_is_stored() -> None:
     assert not gc.is_tracked(mapping)
     mapping["b"] = _assistant()  # CPython tracks it again itself
     assert gc.is_tracked(mapping)
+
+
+def test_untrack_tail_walks_only_past_the_known_prefix() -> None:
+    # The prefix is the caller's word: left tracked here, it is not looked at.
+    prefix = [TextPart(ordinal=i, text="old") for i in range(3)]
+    tail = [TextPart(ordinal=3, text="new")]
+    items = tuple(prefix + tail)
+    assert untrack_tail(items, 3) is True
+    assert not gc.is_tracked(items)
+    assert not gc.is_tracked(tail[0])
+    assert all(gc.is_tracked(p) for p in prefix)
+    # A tail that must stay tracked keeps the tuple tracked.
+    mixed = (*prefix, ["a list"])
+    assert untrack_tail(mixed, 3) is False
+    assert gc.is_tracked(mixed)
+
+
+def test_untrack_known_takes_a_tuple_of_ints_out_without_a_walk() -> None:
+    sums = tuple(range(10**6, 10**6 + 50))
+    assert gc.is_tracked(sums)  # CPython untracks it only at its next collection
+    untrack_known(sums)
+    assert not gc.is_tracked(sums)
+
+
+def test_a_converted_history_is_untracked_step_after_step() -> None:
+    """ChatCache walks only a step's new messages (the rest is the last step's,
+    untracked already) and still leaves every tuple of its entry untracked."""
+    cache = ChatCache()
+    time = MessageTime(created=0, updated=0)
+    history: list[UserMessage] = []
+    for i in range(5):
+        history.append(UserMessage(id=f"m{i}", session_id="ses_x", seq=i, time=time, text="t"))
+        chat = cache.history(history)
+        assert not gc.is_tracked(chat)
+        assert not any(gc.is_tracked(m) for m in chat)
+        assert not any(gc.is_tracked(m) for m in history)
