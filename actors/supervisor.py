@@ -67,6 +67,10 @@ class SessionActors:
     def get(self, session_id: str) -> ActorRef[SessionActor] | None:
         return self._live.get(session_id)
 
+    def live(self) -> list[ActorRef[SessionActor]]:
+        """The live session actors (they are not in the global ``ActorRegistry``)."""
+        return [ref for ref in self._live.values() if ref.is_alive()]
+
     def ensure(self, session_id: str) -> ActorRef[SessionActor]:
         """The session's live actor, made now if it has none."""
         ref = self._live.get(session_id)
@@ -279,6 +283,10 @@ class Execution:
             ) from None
         return await reply
 
+    def session_actors(self) -> list[ActorRef[SessionActor]]:
+        """The live session actors, at most one per session (an idle session has none)."""
+        return [] if self._children is None else self._children.live()
+
     def wake(self, session_id: str, scope: Scope = "input") -> None:
         """Ring the session's doorbell; never blocks, never fails for the caller."""
         if self._ref is not None and self._ref.is_alive():
@@ -346,6 +354,13 @@ class Standalone:
                 raise
         execution = await asyncio.shield(self._execution)
         return await execution.command(session_id, run, keeps_inbox=keeps_inbox)
+
+    def session_actors(self) -> list[ActorRef[SessionActor]]:
+        """The live session actors (see :meth:`Execution.session_actors`)."""
+        execution = self._execution
+        if execution is None or not execution.done() or execution.cancelled():
+            return []
+        return execution.result().session_actors()
 
     async def aclose(self) -> None:
         """Stop the actors (after the commands under way); later commands start them again."""

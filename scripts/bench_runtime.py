@@ -46,7 +46,7 @@ figure is measured next to a baseline from the same run:
    tracemalloc's own snapshot objects and this script's allocations) per session,
    and the VmRSS delta per session, raw and minus the growth of SQLite's own heap
    (``sqlite3_memory_used``: page caches, outside Python) and tracemalloc's
-   bookkeeping. Live ``SessionActor`` objects are counted in the actor registry and
+   bookkeeping. Live ``SessionActor`` objects are counted in the supervisor's directory and
    by a ``gc`` scan; the biggest allocation sites are listed.
 4. **Event-loop lag.** A ticker task sleeps 1 ms in a loop throughout; each tick's
    lateness (gap minus 1 ms) is attributed to the phase it started in (phase 1's
@@ -91,7 +91,6 @@ from typing import Any, Final
 import attrs
 from _benchlib import report_main, target_lines
 
-from actors import ActorRegistry
 from actors.llm import (
     SCRIPTED_PROVIDER_ID,
     Finish,
@@ -414,14 +413,14 @@ class BaselineSession:
         return time.perf_counter() - start, model
 
 
-async def wait_retired(deadline_s: float = 10.0) -> int:
-    """Wait (bounded) until no SessionActor is registered; returns how many still are."""
+async def wait_retired(rt: Runtime, deadline_s: float = 10.0) -> int:
+    """Wait (bounded) until no SessionActor is live; returns how many still are."""
     poll = 0.005
     for _ in range(int(deadline_s / poll)):
-        if not ActorRegistry.get_by_class(SessionActor):
+        if not rt.execution.session_actors():
             break
         await asyncio.sleep(poll)
-    return len(ActorRegistry.get_by_class(SessionActor))
+    return len(rt.execution.session_actors())
 
 
 # -- phase 1 ------------------------------------------------------------------------------------
@@ -631,7 +630,7 @@ async def phase_idle(args: argparse.Namespace, root: Path, lag: LagMonitor) -> d
         # Warm-up: lazy imports, reader connections, codec plans, the first actor.
         warm = await rt.sessions.create()
         await runtime_step(rt, warm.id, "warm-up")
-        await wait_retired()
+        await wait_retired(rt)
 
         lag.phase(None)
         tracemalloc.start()
@@ -661,7 +660,7 @@ async def phase_idle(args: argparse.Namespace, root: Path, lag: LagMonitor) -> d
             await asyncio.gather(
                 *(runtime_step(rt, sid, "one prompt before idling") for sid in prompted)
             )
-            registered = await wait_retired()
+            registered = await wait_retired(rt)
             await asyncio.sleep(0.05)  # let the retired actors' stop tasks finish
             lag.phase(None)
             prompted_count = len(prompted)
@@ -934,7 +933,7 @@ def render(report: dict[str, Any]) -> str:
             "RSS B/session",
             "RSS - SQLite heap - tracemalloc B/session",
             "SQLite heap delta B",
-            "SessionActors registered | objects",
+            "SessionActors live | objects",
         ),
         [
             (

@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import Any, ClassVar, ParamSpec, Self, TypeVar
 
 from actors.kit import registry
 from actors.kit.mailbox import Mailbox
@@ -51,8 +51,9 @@ _log = logging.getLogger("actors")
 
 P = ParamSpec("P")
 A = TypeVar("A", bound="Actor")
-#: Actor URNs: unique in this process, which is the registry's scope (uuid4 cost a
-#: getrandom system call and a UUID object per actor, several per step).
+#: Numbers for actor URNs: unique in this process, which is the registry's scope
+#: (uuid4 cost a getrandom system call and a UUID object per actor, several per
+#: step); the urn string is made only when asked for.
 _URNS = itertools.count(1)
 
 
@@ -66,6 +67,19 @@ class Actor:
 
     _actor_ref: ActorRef[Any] | None = None
 
+    #: Whether :class:`ActorRegistry` lists the actor. False for actors made on
+    #: demand by an owner that keeps its own directory of them and stops them
+    #: when it stops (the supervisor's session actors): the owner finds them,
+    #: and a global table entry per actor made per command is work for nothing.
+    registered: ClassVar[bool] = True
+
+    #: Loop turns the drain task waits, once the mailbox is empty, before it
+    #: asks :meth:`on_drained` and ends (0: at once). A message put within them
+    #: is handled by the same task, and an actor that retires when drained is
+    #: not made again for it. Bounded (the count starts again only after a
+    #: message is handled) and the drain task's own: ``stop`` cancels it.
+    linger_turns: ClassVar[int] = 0
+
     @classmethod
     async def start(cls: Callable[P, A], *args: P.args, **kwargs: P.kwargs) -> ActorRef[A]:
         """Construct the actor with the given arguments, run ``on_start``, register it.
@@ -77,10 +91,13 @@ class Actor:
                 registered and ``on_stop`` does not run.
         """
         ref, mailbox = _wire(cls(*args, **kwargs))
-        await mailbox.start(
-            register=lambda: registry.register(ref),
-            unregister=lambda: registry.unregister(ref),
-        )
+        if ref.actor_class.registered:
+            await mailbox.start(
+                register=lambda: registry.register(ref),
+                unregister=lambda: registry.unregister(ref),
+            )
+        else:
+            await mailbox.start()
         return ref
 
     @classmethod
@@ -97,10 +114,13 @@ class Actor:
         if type(actor).on_start is not Actor.on_start:
             raise TypeError(f"{type(actor).__name__} has an on_start; use start()")
         ref, mailbox = _wire(actor)
-        mailbox.open(
-            register=lambda: registry.register(ref),
-            unregister=lambda: registry.unregister(ref),
-        )
+        if actor.registered:
+            mailbox.open(
+                register=lambda: registry.register(ref),
+                unregister=lambda: registry.unregister(ref),
+            )
+        else:
+            mailbox.open()
         return ref
 
     @property
@@ -159,10 +179,9 @@ class Actor:
 
 
 def _wire(actor: A) -> tuple[ActorRef[A], Mailbox]:
-    """A new actor's urn, mailbox and ref (the ref attached to the actor)."""
-    urn = f"urn:sessionrt:actor:{next(_URNS)}"
+    """A new actor's mailbox and ref (the ref attached to the actor)."""
     actor_class = type(actor)
-    mailbox = Mailbox(actor, name=f"{actor_class.__name__} ({urn})")
-    ref = ActorRef(mailbox, actor_class, urn)
+    mailbox = Mailbox(actor, number=next(_URNS), linger=actor_class.linger_turns)
+    ref = ActorRef(mailbox, actor_class)
     actor._actor_ref = ref
     return ref, mailbox

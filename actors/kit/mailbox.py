@@ -9,6 +9,14 @@ few fields. A runtime keeps one actor per session, and most sessions are idle
 most of the time; a permanent receive loop per actor would cost a task, a
 suspended frame and a wake-up each, for nothing.
 
+An actor may *linger* (``Actor.linger_turns``): its drain task, finding the
+queue empty, waits that many loop turns (a ``sleep(0)`` each; the count starts
+again only after a message is handled) before it ends, and handles a message
+put meanwhile itself. A caller that sends its next command as soon as the last
+one was answered then costs neither a new task nor, for an actor that retires
+when drained, a new actor. The wait is the drain task's own, so it is bounded
+by the turns and cancelled with the task by ``stop()``.
+
 Ordering holds because there is never more than one drain task: ``put`` only
 spawns one when none exists, and the running one decides "queue empty, exit"
 and clears its slot without an ``await`` in between, so no message can slip
@@ -62,11 +70,11 @@ dedicated stop task which every ``stop()`` caller awaits through
 a handler that stops its own actor must not wait for itself (it is cancelled
 at that ``await`` instead, like any other handler in flight).
 
-An actor whose ``on_drained`` answers True stops itself as soon as its queue runs
-dry, in its drain task and without an ``await`` before the mailbox closes, so
-nothing put afterwards can be lost: it raises ``ActorDeadError`` and the sender
-makes a new actor (actors made on demand, one per session, which
-:meth:`Actor.spawn` starts without an ``await``).
+An actor whose ``on_drained`` answers True stops itself as soon as its queue
+runs dry (after its linger, if any), in its drain task and without an
+``await`` before the mailbox closes, so nothing put afterwards can be lost: it
+raises ``ActorDeadError`` and the sender makes a new actor (actors made on
+demand, one per session, which :meth:`Actor.spawn` starts without an ``await``).
 
 Cancellation subtleties
 -----------------------
@@ -93,8 +101,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-import attrs
-
 from actors.kit.exceptions import ActorDeadError, ActorError
 
 __all__ = ["Envelope", "Hooks", "Mailbox"]
@@ -116,12 +122,18 @@ class Hooks(Protocol):
     async def on_receive(self, message: object) -> Any: ...
 
 
-@attrs.frozen(kw_only=True)
 class Envelope:
-    """A message in the queue; ``reply`` is set for an ask, ``None`` for a tell."""
+    """A message in the queue; ``reply`` is set for an ask, ``None`` for a tell.
 
-    message: object
-    reply: asyncio.Future[Any] | None = None
+    A plain slotted class (one is made per message; an attrs frozen one took
+    three times as long to make), never changed after it is made.
+    """
+
+    __slots__ = ("message", "reply")
+
+    def __init__(self, message: object, reply: asyncio.Future[Any] | None = None) -> None:
+        self.message = message
+        self.reply = reply
 
 
 class _State(enum.Enum):
@@ -135,10 +147,6 @@ def _cancelling() -> bool:
     """Whether the current task has a cancellation pending (vs. a stray CancelledError)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
-
-
-def _nothing() -> None:
-    pass
 
 
 class _Stopped:
@@ -172,36 +180,59 @@ def _fail(reply: asyncio.Future[Any] | None, error: BaseException) -> None:
         reply.set_exception(error)
 
 
+#: Drain task names by actor class: one string per class, not one formatted per
+#: task (a drain task is made per command for an actor made per command).
+_drain_names: dict[type, str] = {}
+
+
+def _drain_name(kind: type) -> str:
+    name = _drain_names.get(kind)
+    if name is None:
+        name = _drain_names[kind] = f"drain {kind.__name__}"
+    return name
+
+
 class Mailbox:
     """One actor's queue, its drain task and its lifecycle state.
 
     All methods must be called on the event loop the mailbox was created on.
     """
 
-    def __init__(self, actor: Hooks, *, name: str) -> None:
+    def __init__(self, actor: Hooks, *, number: int, linger: int = 0) -> None:
         self._loop = asyncio.get_running_loop()
         self._actor = actor
-        self._name = name
+        #: For the actor's urn and name, made when first asked (see :attr:`urn`).
+        self._kind = type(actor)
+        self._number = number
+        self._linger = linger
         self._queue: deque[Envelope] = deque()
         self._state = _State.STARTING
+        #: True from start until stop begins (STARTING or RUNNING): read on every
+        #: put, so a field kept with the state rather than a property.
+        self.alive = True
         self._drain: asyncio.Task[None] | None = None
         self._closer: asyncio.Task[None] | None = None
         # The task currently running this actor's code (on_start or the drain task);
         # an ask from it to its own actor could never be answered.
         self._owner: asyncio.Task[Any] | None = None
-        self._unregister: Callable[[], None] = lambda: None
+        self._unregister: Callable[[], None] | None = None
+
+    @property
+    def urn(self) -> str:
+        """The actor's id, unique in this process (the registry's scope)."""
+        return f"urn:sessionrt:actor:{self._number}"
+
+    @property
+    def _name(self) -> str:
+        return f"{self._kind.__name__} ({self.urn})"
 
     def __repr__(self) -> str:
         return f"<Mailbox {self._name} {self._state.value}, {len(self._queue)} queued>"
 
-    @property
-    def alive(self) -> bool:
-        """True from start until stop begins."""
-        return self._state in (_State.STARTING, _State.RUNNING)
-
     def put(self, envelope: Envelope) -> None:
         """Queue a message and make sure a drain task will handle it."""
-        self._check_loop()
+        if asyncio._get_running_loop() is not self._loop:
+            self._check_loop()  # raises
         if not self.alive:
             raise ActorDeadError(f"{self._name} is stopped")
         owner = self._owner
@@ -211,7 +242,12 @@ class Mailbox:
         if self._state is _State.RUNNING and self._drain is None:
             self._start_drain()
 
-    async def start(self, *, register: Callable[[], None], unregister: Callable[[], None]) -> None:
+    async def start(
+        self,
+        *,
+        register: Callable[[], None] | None = None,
+        unregister: Callable[[], None] | None = None,
+    ) -> None:
         """Run ``on_start`` in the caller's task, then accept messages.
 
         If ``on_start`` raises (or the caller is cancelled) the actor is dead
@@ -223,24 +259,31 @@ class Mailbox:
             await self._actor.on_start()
         except BaseException:
             self._state = _State.STOPPED
+            self.alive = False
             self._drop_queued(f"{self._name} failed to start")
             raise
         finally:
             self._owner = None
         self.open(register=register, unregister=unregister)
 
-    def open(self, *, register: Callable[[], None], unregister: Callable[[], None]) -> None:
-        """Register and accept messages (after ``on_start``; at once for an actor without
-        one), handling those ``on_start`` told itself."""
+    def open(
+        self,
+        *,
+        register: Callable[[], None] | None = None,
+        unregister: Callable[[], None] | None = None,
+    ) -> None:
+        """Register (if given) and accept messages (after ``on_start``; at once for an
+        actor without one), handling those ``on_start`` told itself."""
         self._unregister = unregister
-        register()
+        if register is not None:
+            register()
         self._state = _State.RUNNING
         if self._queue:
             self._start_drain()
 
     def _start_drain(self) -> None:
         self._drain = self._owner = self._loop.create_task(
-            self._drain_queue(), name=f"drain {self._name}", context=contextvars.Context()
+            self._drain_queue(), name=_drain_name(self._kind), context=contextvars.Context()
         )
 
     async def stop(self) -> None:
@@ -270,22 +313,43 @@ class Mailbox:
         try:
             clock = time.thread_time
             start = clock()
-            while self._state is _State.RUNNING and self._queue:
-                envelope = self._queue.popleft()
-                if envelope.reply is not None and envelope.reply.done():
-                    continue  # the asker timed out or was cancelled before we got here
-                await self._handle(envelope)
-                if self._queue and clock() - start >= SLICE_S:
-                    # A backlog of handlers that never suspend (the supervisor's, when
-                    # 100 sessions kick at once) ran in one callback: 5-10 ms of CPU
-                    # with the loop held. Let the rest of the loop run in between.
+            turns = self._linger
+            while self._state is _State.RUNNING:
+                if self._queue:
+                    envelope = self._queue.popleft()
+                    reply = envelope.reply
+                    if reply is not None and reply.done():
+                        continue  # the asker timed out or was cancelled before we got here
+                    # The handler is awaited here, not in a helper: one frame fewer
+                    # for each of its awaits to pass through.
+                    try:
+                        result = await self._actor.on_receive(envelope.message)
+                    except (Exception, asyncio.CancelledError) as exc:
+                        await self._failed(envelope, exc)
+                    else:
+                        if reply is not None and not reply.done():
+                            reply.set_result(result)
+                    turns = self._linger
+                    if self._queue and clock() - start >= SLICE_S:
+                        # A backlog of handlers that never suspend (the supervisor's,
+                        # when 100 sessions kick at once) ran in one callback: 5-10 ms
+                        # of CPU with the loop held. Let the rest of the loop run.
+                        await asyncio.sleep(0)
+                        start = clock()
+                elif turns:
+                    # Empty: wait a loop turn (bounded, this task's own) for a message
+                    # put meanwhile, which this task then handles: no new task, and an
+                    # actor that retires when drained is not made again for it.
+                    turns -= 1
                     await asyncio.sleep(0)
                     start = clock()
-            if self._state is _State.RUNNING and self._actor.on_drained():
-                # Stopping itself, empty: closed before anything else can be put.
-                self._begin_stop()
-                self._closer = self._drain  # a stop() meanwhile waits for this task
-                await self._finish()
+                else:
+                    if self._actor.on_drained():
+                        # Stopping itself, empty: closed before anything else can be put.
+                        self._begin_stop()
+                        self._closer = self._drain  # a stop() meanwhile waits for this task
+                        await self._finish()
+                    break
         except asyncio.CancelledError:
             if self._state is _State.RUNNING:
                 # stop() flips the state before cancelling, so this is the loop shutting down
@@ -298,23 +362,20 @@ class Mailbox:
             self._drain = None
             self._owner = None
 
-    async def _handle(self, envelope: Envelope) -> None:
+    async def _failed(self, envelope: Envelope, exc: Exception | asyncio.CancelledError) -> None:
+        """``on_receive`` raised ``exc`` for ``envelope``: the error policy (see the module
+        docstring). Re-raises a cancellation of the drain task itself."""
         reply = envelope.reply
-        try:
-            result = await self._actor.on_receive(envelope.message)
-        except Exception as exc:
-            error: Exception = exc
-        except asyncio.CancelledError as exc:
+        error: Exception
+        if isinstance(exc, asyncio.CancelledError):
             if _cancelling():
                 what = type(envelope.message).__name__
                 _fail(reply, ActorDeadError(f"{self._name} stopped while handling {what}"))
-                raise
+                raise exc
             error = ActorError(f"{self._name}: handler raised CancelledError")
             error.__cause__ = exc
         else:
-            if reply is not None and not reply.done():
-                reply.set_result(result)
-            return
+            error = exc
         if reply is not None:
             _fail(reply, error)
             return
@@ -339,10 +400,13 @@ class Mailbox:
         if not self.alive:
             return
         self._state = _State.STOPPING
+        self.alive = False
         # The unregistering closure holds the ref, which holds this mailbox.
-        unregister, self._unregister = self._unregister, _nothing
-        unregister()
-        self._drop_queued(f"{self._name} stopped before handling the message")
+        unregister, self._unregister = self._unregister, None
+        if unregister is not None:
+            unregister()
+        if self._queue:
+            self._drop_queued(f"{self._name} stopped before handling the message")
 
     def _drop_queued(self, reason: str) -> None:
         dropped, self._queue = self._queue, deque()

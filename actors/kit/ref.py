@@ -31,18 +31,22 @@ A = TypeVar("A", bound="Actor", covariant=True)
 class ActorRef(Generic[A]):
     """A handle for sending messages to, and stopping, one actor."""
 
-    __slots__ = ("_mailbox", "actor_class", "actor_urn")
+    __slots__ = ("_mailbox", "actor_class")
 
     actor_class: type[A]
     """The class of the referenced actor."""
 
-    actor_urn: str
-    """A universally unique id of the actor, as used by ``ActorRegistry.get_by_urn``."""
-
-    def __init__(self, mailbox: Mailbox, actor_class: type[A], actor_urn: str) -> None:
+    def __init__(self, mailbox: Mailbox, actor_class: type[A]) -> None:
         self._mailbox = mailbox
         self.actor_class = actor_class
-        self.actor_urn = actor_urn
+
+    @property
+    def actor_urn(self) -> str:
+        """A unique id of the actor in this process, as used by ``ActorRegistry.get_by_urn``.
+
+        Made when asked (an actor made per command is rarely asked its name).
+        """
+        return self._mailbox.urn
 
     def __repr__(self) -> str:
         return f"<ActorRef {self.actor_class.__name__} ({self.actor_urn})>"
@@ -57,7 +61,7 @@ class ActorRef(Generic[A]):
         Raises:
             ActorDeadError: the actor is stopped or stopping.
         """
-        self._mailbox.put(Envelope(message=message))
+        self._mailbox.put(Envelope(message))
 
     async def ask(self, message: object, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109
         """Send ``message`` and wait for the value ``on_receive`` returns for it.
@@ -93,7 +97,7 @@ class ActorRef(Generic[A]):
             RuntimeError: an actor asked itself from its own handler.
         """
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._mailbox.put(Envelope(message=message, reply=reply))
+        self._mailbox.put(Envelope(message, reply))
         return reply
 
     async def stop(self) -> None:

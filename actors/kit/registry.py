@@ -10,8 +10,11 @@ a per-loop table also means a test's fresh loop starts with an empty registry.
 Registration is done by the actor machinery, not by users: an actor is
 registered once its ``on_start`` has returned (so nobody can find an actor
 that is not ready) and unregistered the moment ``stop`` begins (so nobody
-finds one that is refusing messages). Every method must be called from a
-coroutine or callback running on the loop.
+finds one that is refusing messages). An actor whose class sets
+``registered = False`` is never listed: it is made on demand by an owner that
+keeps its own directory of them and stops them itself (the supervisor's
+session actors), so ``stop_all`` reaches it through that owner. Every method
+must be called from a coroutine or callback running on the loop.
 """
 
 from __future__ import annotations

@@ -43,6 +43,38 @@ class SessionActor(Actor):
     deliver, so a promotion is a command like any other.
     """
 
+    #: Found through the supervisor's directory (:class:`~actors.supervisor.SessionActors`),
+    #: which stops them, not through the global registry: one is made per command
+    #: for a session that had none.
+    registered = False
+    #: A command sent within a loop turn of the last one (the next admission of a
+    #: caller that awaited the previous) finds this actor still here.
+    linger_turns = 1
+
+    # The state of an actor with no busy period: class-level defaults, set on
+    # the instance only once they change (an actor is made per command for a
+    # session that had none; most never start a busy period).
+    #: Wakes and resumes handled (each may start a busy period), and how many
+    #: of them the supervisor was last told this actor is idle after.
+    _kicks = 0
+    _reported = 0
+    #: The session's pending input as the last read or promotion left it;
+    #: None once any other command ran (nothing but commands writes it here).
+    inbox: list[InboxItem] | None = None
+    _busy: asyncio.Task[None] | None = None
+    #: While the busy task runs ``started`` or ``settled``, which must land
+    #: whole, a cancellation waits (``_deferred``) until it returns.
+    _shielded = False
+    _deferred = False
+    _terminal: asyncio.Future[Terminal] | None = None
+    _pending: Scope | None = None
+    _pending_force = False
+    _successor: asyncio.Future[Terminal] | None = None
+    _stopping = False
+    _settling = False
+    _reason: InterruptReason | None = None
+    _fenced = False
+
     def __init__(
         self,
         session_id: str,
@@ -54,26 +86,6 @@ class SessionActor(Actor):
         self._hooks = hooks
         self._on_idle = on_idle
         self._on_retire = on_retire
-        #: Wakes and resumes handled (each may start a busy period), and how many
-        #: of them the supervisor was last told this actor is idle after.
-        self._kicks = 0
-        self._reported = 0
-        #: The session's pending input as the last read or promotion left it;
-        #: None once any other command ran (nothing but commands writes it here).
-        self.inbox: list[InboxItem] | None = None
-        self._busy: asyncio.Task[None] | None = None
-        #: While the busy task runs ``started`` or ``settled``, which must land
-        #: whole, a cancellation waits (``_deferred``) until it returns.
-        self._shielded = False
-        self._deferred = False
-        self._terminal: asyncio.Future[Terminal] | None = None
-        self._pending: Scope | None = None
-        self._pending_force = False
-        self._successor: asyncio.Future[Terminal] | None = None
-        self._stopping = False
-        self._settling = False
-        self._reason: InterruptReason | None = None
-        self._fenced = False
 
     @property
     def busy(self) -> bool:
@@ -81,21 +93,38 @@ class SessionActor(Actor):
         return self._busy is not None
 
     async def on_receive(self, message: object) -> Any:
-        match message:
-            case SessionCommand(run=run, keeps_inbox=keeps, own=own, reply=reply):
-                if reply.done():
-                    return None  # its asker gave up meanwhile
-                if own is None:
-                    await self._command(run, keeps, reply)
-                    return None
-                # The drain's command, in the drain's context (its lease fence).
-                tokens = [var.set(value) for var, value in own.items()]
-                try:
-                    await self._command(run, keeps, reply)
-                finally:
+        if type(message) is SessionCommand:
+            # Most messages are commands: run here, not in a helper (one frame
+            # fewer for each of the command's awaits to pass through).
+            reply = message.reply
+            if reply.done():
+                return None  # its asker gave up meanwhile
+            own = message.own
+            # The drain's command runs in the drain's context (its lease fence).
+            tokens = None if own is None else [var.set(value) for var, value in own.items()]
+            if not message.keeps_inbox:
+                self.inbox = None
+            try:
+                result = await message.run(self)
+            except asyncio.CancelledError:
+                # This actor is stopping (the handler in flight is cancelled).
+                self.inbox = None
+                if not reply.done():
+                    reply.set_exception(_gone())
+                raise
+            except Exception as exc:
+                self.inbox = None
+                if not reply.done():
+                    reply.set_exception(exc)
+            else:
+                if not reply.done():
+                    reply.set_result(result)
+            finally:
+                if tokens is not None:
                     for token in reversed(tokens):
                         token.var.reset(token)
-                return None
+            return None
+        match message:
             case Wake(scope=scope):
                 self._kicks += 1
                 if self._busy is None:
@@ -130,25 +159,6 @@ class SessionActor(Actor):
         if self._busy is None and self._kicks > self._reported:
             self._reported = self._kicks
             self._on_idle(self.session_id, self.actor_ref, self._kicks)
-
-    async def _command(self, run: Run, keeps_inbox: bool, reply: asyncio.Future[Any]) -> None:
-        if not keeps_inbox:
-            self.inbox = None
-        try:
-            result = await run(self)
-        except asyncio.CancelledError:
-            # This actor is stopping (the handler in flight is cancelled).
-            self.inbox = None
-            if not reply.done():
-                reply.set_exception(_gone())
-            raise
-        except Exception as exc:
-            self.inbox = None
-            if not reply.done():
-                reply.set_exception(exc)
-        else:
-            if not reply.done():
-                reply.set_result(result)
 
     async def on_stop(self) -> None:
         busy = self._busy

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
+from loop_turns import quiesce
 
 from actors import Actor, ActorDeadError, ActorError, ActorRef, ActorRegistry
 from actors.kit.mailbox import SLICE_S
@@ -571,6 +572,65 @@ async def test_a_drained_actor_that_holds_on_keeps_its_messages_coming(journal: 
     assert journal.calls.count("stop") == 0
     await ref.stop()
     assert journal.calls[-1] == "stop"
+
+
+# --- linger and actors kept out of the registry -----------------------------------------------
+
+
+class Lingering(Transient):
+    """Waits a loop turn once its mailbox is empty before it asks to retire."""
+
+    linger_turns = 1
+
+
+class Unlisted(Transient):
+    registered = False
+
+
+async def test_a_message_put_within_the_linger_is_handled_by_the_same_actor(
+    journal: Journal,
+) -> None:
+    stopped = asyncio.Event()
+    ref = Lingering.spawn(journal, stopped)
+    await ref.ask(Record(value=1))
+    # The asker is woken before the idle actor's linger ends: it is still here.
+    ref.tell(Record(value=2))
+    await stopped.wait()
+    assert journal.seen == [1, 2]
+    assert journal.calls == ["drained", "stop"]  # one drain task: asked to retire once
+
+
+async def test_a_lingering_actor_retires_once_its_turns_pass_idle(journal: Journal) -> None:
+    stopped = asyncio.Event()
+    ref = Lingering.spawn(journal, stopped)
+    await ref.ask(Record(value=1))
+    assert ref.is_alive()  # lingering
+    await quiesce(Lingering.linger_turns + 1)
+    assert not ref.is_alive()
+    assert stopped.is_set()
+    assert journal.calls == ["drained", "stop"]
+    with pytest.raises(ActorDeadError):
+        ref.tell(Record(value=2))
+
+
+async def test_a_lingering_actor_stops_at_once_when_stopped(journal: Journal) -> None:
+    ref = Lingering.spawn(journal)
+    await ref.ask(Record(value=1))
+    await ref.stop()  # cancels the linger: no drained question, on_stop once
+    assert journal.calls == ["stop"]
+    assert not ref.is_alive()
+
+
+async def test_an_unregistered_actor_is_not_listed_and_still_stops(journal: Journal) -> None:
+    stopped = asyncio.Event()
+    ref = Unlisted.spawn(journal, stopped)
+    assert ActorRegistry.get_all() == []
+    assert ActorRegistry.get_by_urn(ref.actor_urn) is None
+    assert ref.actor_urn.startswith("urn:sessionrt:actor:")
+    ref.tell(Record(value=1))
+    await stopped.wait()  # retired when drained, as a registered one does
+    assert journal.seen == [1]
+    assert not ref.is_alive()
 
 
 # --- fairness -------------------------------------------------------------------------------

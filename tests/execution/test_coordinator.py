@@ -378,10 +378,10 @@ async def test_settles_once_per_busy_period_and_retires_idle_actors(
     assert hooks.kinds().count("started") == 1
     assert hooks.kinds().count("settled") == 1
     for _ in range(20):  # the retirement travels through two mailboxes
-        if not ActorRegistry.get_by_class(SessionActor):
+        if not execution.session_actors():
             break
         await asyncio.sleep(0)
-    assert ActorRegistry.get_by_class(SessionActor) == []
+    assert execution.session_actors() == []
 
 
 async def test_an_actor_woken_while_its_idle_notice_travels_is_not_retired(
@@ -405,10 +405,10 @@ async def test_an_actor_woken_while_its_idle_notice_travels_is_not_retired(
     await execution.wait_idle("ses_a")
     assert [e for e in hooks.log if e[0] == "settled"] == [("settled", "ses_a", OK)] * 2
     for _ in range(20):
-        if not ActorRegistry.get_by_class(SessionActor):
+        if not execution.session_actors():
             break
         await asyncio.sleep(0)
-    assert ActorRegistry.get_by_class(SessionActor) == []
+    assert execution.session_actors() == []
 
 
 async def test_shutdown_interrupts_with_reason_shutdown(hooks: Hooks) -> None:
@@ -467,10 +467,10 @@ async def test_self_waking_drains_keep_a_flat_stack() -> None:
 # -- the supervisor answers from its own books ---------------------------------------------------
 
 
-async def retired(count: int = 50) -> None:
+async def retired(execution: Execution, count: int = 50) -> None:
     """Let told Retire messages run (a stop takes a few loop turns); the guard is a count."""
     for _ in range(count):
-        if not ActorRegistry.get_by_class(SessionActor):
+        if not execution.session_actors():
             return
         await asyncio.sleep(0)
 
@@ -492,8 +492,8 @@ async def test_active_holds_every_session_from_its_wake_until_it_is_idle(
         call.release.set_result(None)
     await asyncio.gather(*(execution.wait_idle(sid) for sid in sessions))
     assert await execution.active() == []
-    await retired()
-    assert ActorRegistry.get_by_class(SessionActor) == []
+    await retired(execution)
+    assert execution.session_actors() == []
 
 
 async def test_wait_idle_does_not_return_between_a_busy_period_and_its_successor(
@@ -528,8 +528,8 @@ async def test_an_interrupt_racing_the_idle_report_is_answered_and_the_actor_ret
     assert await execution.interrupt("ses_a") is False
     execution.lease_lost("ses_a")
     await execution.wait_idle("ses_a")
-    await retired()
-    assert ActorRegistry.get_by_class(SessionActor) == []
+    await retired(execution)
+    assert execution.session_actors() == []
     # A later wake gets a fresh actor.
     execution.wake("ses_a")
     (await next_drain(hooks)).release.set_result(None)
@@ -594,3 +594,36 @@ async def test_an_interrupt_right_after_the_wake_still_settles_the_busy_period(
     assert hooks.kinds() == ["started", "settled"]  # cancelled before its first drain
     assert hooks.log[-1] == ("settled", "ses_a", Terminal(kind="interrupted", reason="user"))
     await execution.shutdown()
+
+
+# -- session actors: kept in the supervisor's directory, lingering a turn -----------------------
+
+
+async def test_a_command_right_after_another_finds_the_same_actor_then_it_retires(
+    execution: Execution,
+) -> None:
+    async def me(actor: SessionActor) -> SessionActor:
+        return actor
+
+    first = await execution.command("ses_a", me)
+    second = await execution.command("ses_a", me)  # sent as soon as the first answered
+    assert first is second
+    assert execution.session_actors() == [first.actor_ref]
+    await quiesce(SessionActor.linger_turns + 1)
+    assert execution.session_actors() == []  # idle: retired, bounded by its turns
+    third = await execution.command("ses_a", me)
+    assert third is not first
+
+
+async def test_session_actors_are_not_in_the_registry_and_stop_with_the_supervisor(
+    hooks: Hooks,
+) -> None:
+    execution = await Execution.start(hooks)
+    execution.wake("ses_a")
+    await next_drain(hooks)
+    [ref] = execution.session_actors()
+    assert ActorRegistry.get_by_class(SessionActor) == []
+    await ActorRegistry.stop_all()  # reaches the session actor through its supervisor
+    assert not ref.is_alive()
+    assert execution.session_actors() == []
+    assert hooks.log[-1] == ("settled", "ses_a", Terminal(kind="interrupted", reason="shutdown"))

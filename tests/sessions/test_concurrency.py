@@ -12,8 +12,6 @@ import pytest
 from loop_turns import quiesce
 from owner_seams import Arrivals, Parked, Together, first_of, written
 
-from actors import ActorRegistry
-from actors.session import SessionActor
 from actors.session.inbox import AdmissionGate, Writer, control_head
 from actors.sessions import Sessions
 from actors.supervisor import Standalone
@@ -263,7 +261,7 @@ async def test_concurrent_commands_to_one_session_run_one_at_a_time_in_order(
     assert order == list(range(20))
     assert most == {"ses_a": 1, "ses_b": 1}
     await quiesce()
-    assert ActorRegistry.get_by_class(SessionActor) == []  # retired once idle
+    assert owners.session_actors() == []  # retired once idle
 
 
 async def test_a_failing_command_answers_its_caller_and_the_actor_goes_on(
