@@ -52,9 +52,12 @@ figure is measured next to a baseline from the same run:
    lateness (gap minus 1 ms) is attributed to the phase it started in (phase 1's
    rows include its interleaved baseline steps). Ticks that span this script's own
    synchronous measurement work between phases are dropped. The cyclic GC's pauses
-   are timed per phase too (``gc.callbacks``); ``gc.freeze()`` (default) moves everything
-   imported before the phases out of the collector's reach, to show how much of the
-   lag is full collections. Phase 3 runs with tracemalloc on, which slows
+   are timed per phase too (``gc.callbacks``: wall time, and for full passes the CPU
+   time of the thread that ran them, which a shared machine does not inflate), with
+   the most objects the collector tracked at the end of each stretch of the phase
+   (``len(gc.get_objects())``: what a full pass walks); ``gc.freeze()`` (default)
+   moves everything imported before the phases out of the collector's reach, to show
+   how much of the lag is full collections. Phase 3 runs with tracemalloc on, which slows
    allocation-heavy code: its lag is an upper bound.
 
 Targets (informational; 2 cores): overhead <= 2 ms per step (FULL), concurrent steps/s
@@ -67,6 +70,7 @@ status is 0 unless the benchmark itself fails.
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import contextlib
 import ctypes
@@ -135,25 +139,37 @@ class LagMonitor:
     def __init__(self) -> None:
         self._phase: str | None = None
         self._epoch = 0
-        self.samples: dict[str, list[float]] = {}
-        self.gc_pauses: dict[str, list[tuple[int, float]]] = {}
+        #: Lateness per tick (an array: the collector does not walk it, as it would a list)
+        self.samples: dict[str, array.array[float]] = {}
+        #: (generation, wall seconds, CPU seconds of the thread that ran it) per pass
+        self.gc_pauses: dict[str, list[tuple[int, float, float]]] = {}
+        #: The most objects the collector tracked (``gc.get_objects()``, frozen ones
+        #: aside) at the end of each stretch of the phase: what a full pass walks.
+        self.tracked: dict[str, int] = {}
         self._gc_start = 0.0
+        self._gc_cpu_start = 0.0
         self._task: asyncio.Task[None] | None = None
 
     def _on_gc(self, stage: str, info: dict[str, Any]) -> None:
         if stage == "start":
             self._gc_start = time.perf_counter()
+            self._gc_cpu_start = time.thread_time()
         elif self._phase is not None:
             pause = time.perf_counter() - self._gc_start
-            self.gc_pauses[self._phase].append((int(info["generation"]), pause))
+            cpu = time.thread_time() - self._gc_cpu_start
+            self.gc_pauses[self._phase].append((int(info["generation"]), pause, cpu))
 
     def phase(self, name: str | None) -> None:
         """Switch phase; ``None`` pauses recording (synchronous measurement work follows)."""
+        if self._phase is not None and name != self._phase:
+            tracked = len(gc.get_objects())
+            self.tracked[self._phase] = max(self.tracked.get(self._phase, 0), tracked)
+            self._epoch += 1  # the tick spanning the count is dropped
         if name is None or self._phase is None:
             self._epoch += 1  # a tick spanning a pause is dropped
         self._phase = name
         if name is not None:
-            self.samples.setdefault(name, [])
+            self.samples.setdefault(name, array.array("d"))
             self.gc_pauses.setdefault(name, [])
 
     async def _run(self) -> None:
@@ -180,15 +196,19 @@ class LagMonitor:
     def stats(self, name: str) -> dict[str, Any]:
         values = self.samples.get(name, [])
         pauses = self.gc_pauses.get(name, [])
+        full_cpu = [cpu for gen, _, cpu in pauses if gen == 2]
         return {
             "phase": name,
             "ticks": len(values),
             "p99_ms": round(_quantile(values, 0.99) * 1000, 3),
             "max_ms": round(max(values, default=0.0) * 1000, 3),
             "gc_collections": len(pauses),
-            "gc_full_collections": sum(1 for gen, _ in pauses if gen == 2),
-            "gc_total_ms": round(sum(p for _, p in pauses) * 1000, 3),
-            "gc_max_ms": round(max((p for _, p in pauses), default=0.0) * 1000, 3),
+            "gc_full_collections": len(full_cpu),
+            "gc_total_ms": round(sum(p for _, p, _ in pauses) * 1000, 3),
+            "gc_max_ms": round(max((p for _, p, _ in pauses), default=0.0) * 1000, 3),
+            "gc_full_cpu_total_ms": round(sum(full_cpu) * 1000, 3),
+            "gc_full_cpu_max_ms": round(max(full_cpu, default=0.0) * 1000, 3),
+            "tracked_objects": self.tracked.get(name),
         }
 
 
@@ -487,7 +507,7 @@ async def phase_steps(
 async def phase_concurrent(args: argparse.Namespace, root: Path, lag: LagMonitor) -> dict[str, Any]:
     sessions, rounds, chunk = args.sessions, args.rounds, args.chunk_rounds
     provider = RecordingProvider()
-    latencies: list[float] = []
+    latencies = array.array("d")  # not a list: the collector would walk it (see LagMonitor)
     runtime = _Side()
     baseline = _Side()
     async with (
@@ -803,6 +823,10 @@ def _opt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.1f}"
 
 
+def _opt_int(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,}"
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
     lines = [
@@ -926,9 +950,23 @@ def render(report: dict[str, Any]) -> str:
         for site in i["top_sites"]:
             per, blocks = site["bytes_per_session"], site["blocks"]
             lines.append(f"    {per:>8,.1f}  {site['site']} ({blocks:,} blocks)")
-    lines += ["", "4. event-loop lag (1 ms ticker; lateness per tick) and GC pauses"]
+    lines += [
+        "",
+        "4. event-loop lag (1 ms ticker; lateness per tick) and GC pauses (wall; full passes"
+        " also in CPU), objects the collector tracked at the phase's end (most)",
+    ]
     lines += _table(
-        ("phase", "ticks", "p99 ms", "max ms", "GCs (full)", "GC total ms", "GC max ms"),
+        (
+            "phase",
+            "ticks",
+            "p99 ms",
+            "max ms",
+            "GCs (full)",
+            "GC total ms",
+            "GC max ms",
+            "full GC CPU max ms",
+            "tracked objects",
+        ),
         [
             (
                 row["phase"],
@@ -938,6 +976,8 @@ def render(report: dict[str, Any]) -> str:
                 f"{row['gc_collections']:,} ({row['gc_full_collections']})",
                 f"{row['gc_total_ms']:.1f}",
                 f"{row['gc_max_ms']:.2f}",
+                f"{row['gc_full_cpu_max_ms']:.2f}",
+                _opt_int(row["tracked_objects"]),
             )
             for row in report["loop_lag"]
         ],

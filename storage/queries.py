@@ -6,6 +6,7 @@ nothing writes. ``fetch`` runs one statement on a read-only connection.
 
 from __future__ import annotations
 
+import gc
 import sys
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -51,6 +52,7 @@ from protocol.shapes import (
     Tokens,
     UserMessage,
 )
+from protocol.untrack import untrack, untrack_dict, untrack_known
 from storage.lease import Lease
 from storage.schema import SESSION_BUCKET_MS
 
@@ -551,10 +553,14 @@ class Queries:
         completed = set() if base is None else set(base.completed)
         weight = 0 if base is None else base.weight
         resort = False
+        # Whether every message in by_id is untracked (a decoded message is, once
+        # the decode cache holds it; one too heavy for that cache is not).
+        untracked = base is None or not gc.is_tracked(base.by_id)
         for row in _taken(rows):
             if row[1] != session_id:
                 continue  # never, by construction (a part's session is its message's)
             message = self._decoded(row)
+            untracked = untrack(message) and untracked
             size = sys.getsizeof(row[6]) + (0 if row[7] is None else sys.getsizeof(row[7]))
             old = by_id.get(message.id)
             by_id[message.id] = message
@@ -577,13 +583,23 @@ class Queries:
         if resort:
             order = sorted(by_id.values(), key=_seq)
             seqs = [m.seq for m in order]
+        order_t, seqs_t, completed_t = tuple(order), tuple(seqs), frozenset(completed)
+        untrack_known(seqs_t)  # ints
+        untrack_known(completed_t)
+        if untracked:
+            # Never changed once built, and all it holds is out of the collector's
+            # reach: so are the dict and the tuple (a full pass walked every message
+            # of every cached history), and then the _History with them
+            # (HistoryCache.keep), without a walk of each message at every step.
+            untrack_dict(by_id)
+            untrack_known(order_t)
         return _History(
             marker=marker,
-            order=tuple(order),
-            seqs=tuple(seqs),
+            order=order_t,
+            seqs=seqs_t,
             by_id=by_id,
             sizes=sizes,
-            completed=frozenset(completed),
+            completed=completed_t,
             removals=removals,
             weight=weight,
         )
@@ -616,6 +632,9 @@ class Queries:
         self, message_id: str, fingerprint: tuple[Any, ...], message: SessionMessage, weight: int
     ) -> None:
         self._cache.put(message_id, message, weight)
+        # Untracked before it is stored, a tuple of atoms leaves the dict untracked
+        # too (storing a tracked one tracked it: a full pass walked every entry).
+        untrack(fingerprint)
         self._prints[message_id] = fingerprint
         # Bounded by the cache's own count: past twice that (plus some), the
         # fingerprints of evicted messages go, at a cost spread over the puts.

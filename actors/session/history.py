@@ -14,6 +14,7 @@ block for native replay and the same as plain text for everything else
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Final
@@ -46,6 +47,7 @@ from protocol.shapes import (
     ToolPart,
     UserMessage,
 )
+from protocol.untrack import untrack_known, untrack_tail
 
 __all__ = ["CHAT_CACHE_BYTES", "ChatCache", "to_chat"]
 
@@ -116,6 +118,9 @@ class ChatCache:
         session_id = current[0].session_id
         last = self._sessions.get(session_id)
         keep = 0 if last is None else reused_prefix(current, last.history)
+        # How much of the new tuples is the last conversion's, known untracked
+        # (protocol.untrack): only the rest is walked when this one is kept.
+        known = last is not None and keep and not gc.is_tracked(last.chat)
         chat = list(last.chat[: last.counts[keep]]) if last is not None and keep else []
         counts = list(last.counts[: keep + 1]) if last is not None and keep else [0]
         weights = list(last.weights[: keep + 1]) if last is not None and keep else [0]
@@ -125,11 +130,25 @@ class ChatCache:
             counts.append(counts[-1] + len(converted))
             weights.append(weights[-1] + _weight(converted))
         result = tuple(chat)
+        if known:
+            assert last is not None
+            untrack_tail(current, keep)
+            untrack_tail(result, last.counts[keep])
         entry = _Converted(
-            history=current, chat=result, counts=tuple(counts), weights=tuple(weights)
+            history=current,
+            chat=result,
+            counts=_ints(counts),
+            weights=_ints(weights),
         )
         self._sessions.put(session_id, entry, weights[-1] + 16 * len(current))
         return result
+
+
+def _ints(values: list[int]) -> tuple[int, ...]:
+    """A tuple of ints, out of the collector's reach at once (it holds atoms only)."""
+    result = tuple(values)
+    untrack_known(result)
+    return result
 
 
 def _weight(messages: tuple[ChatMessage, ...]) -> int:

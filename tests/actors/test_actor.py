@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import attrs
@@ -11,6 +12,7 @@ import pytest
 from loop_turns import quiesce
 
 from actors import Actor, ActorDeadError, ActorError, ActorRef, ActorRegistry
+from actors.kit.mailbox import SLICE_S
 
 # --- messages -------------------------------------------------------------------------------
 
@@ -629,3 +631,46 @@ async def test_an_unregistered_actor_is_not_listed_and_still_stops(journal: Jour
     await stopped.wait()  # retired when drained, as a registered one does
     assert journal.seen == [1]
     assert not ref.is_alive()
+
+
+# --- fairness -------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Burn:
+    cpu_s: float
+
+
+class Burner(Actor):
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    async def on_receive(self, message: object) -> Any:
+        match message:
+            case Burn(cpu_s=cpu_s):
+                until = time.thread_time() + cpu_s
+                while time.thread_time() < until:
+                    pass
+                self.journal.seen.append(len(self.journal.seen))
+                return None
+            case Get():
+                return list(self.journal.seen)
+        return await super().on_receive(message)
+
+
+async def test_a_backlog_of_handlers_that_never_suspend_lets_the_loop_run_between() -> None:
+    """Twenty handlers of 1 ms CPU each, none suspending, used to run in one callback
+    (20 ms with the loop held); the drain yields once its slice is used up."""
+    journal = Journal()
+    ref = await Burner.start(journal)
+    for _ in range(20):
+        ref.tell(Burn(cpu_s=0.001))
+    handled_when_the_loop_ran: list[int] = []
+    asyncio.get_running_loop().call_soon(
+        lambda: handled_when_the_loop_ran.append(len(journal.seen))
+    )
+    await ref.ask(Get())  # queued behind the burns: answered after all of them
+    per_slice = int(SLICE_S / 0.001) + 1  # the slice may end a handler late
+    assert 1 <= handled_when_the_loop_ran[0] <= per_slice
+    assert journal.seen == list(range(20))  # in order, all of them
+    await ref.stop()
