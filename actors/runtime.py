@@ -138,8 +138,10 @@ class RuntimeConfig:
     #: Glob patterns (case-insensitive) of more variables no tool inherits
     #: (``[runtime] secret_env_patterns = ["VAULT_*"]``).
     secret_env_patterns: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    #: At most this many tool calls run at once, each in its own pykka child
-    #: actor (one thread each); more wait for a slot (``actors.tools.ToolActors``).
+    #: At most this many tool calls run at once, each on one of at most this
+    #: many pooled pykka call actors (two threads each: the actor's and its
+    #: worker's, started when first needed and joined at shutdown); more wait
+    #: for a slot (``actors.tools.ToolActors``).
     max_tool_threads: int = 16
     #: Threads of the plain executor for blocking helpers that are not tool
     #: calls: catalogue reads, attachments, makedirs, the output sweep.

@@ -11,8 +11,8 @@ in the same run, so both see the same machine and load:
 
 1. **Calls/s.** A trivial tool (returns its input as text; bounding marks it
    not truncated) through :class:`~actors.tools.ToolExecutor`: validation,
-   one :class:`~actors.tools.ToolCallActor` per call started by the spawner,
-   Run, report from ``on_stop``, owner bookkeeping. Baseline: the same tool
+   the call handed to an idle pooled :class:`~actors.tools.ToolCallActor`'s
+   worker, its outcome posted to the loop, owner bookkeeping. Baseline: the same tool
    run and bounding through a plain bounded pool
    (:class:`~actors.BlockingExecutor`, the same thread limit). Sequential
    (one call at a time) and ``--concurrency`` calls in flight.

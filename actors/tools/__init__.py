@@ -7,11 +7,11 @@
 - :func:`permission`: an agent's allow/deny rule table (``_permission``).
 - :func:`tool_environment`: the server's environment without its secrets,
   for every subprocess a tool starts (``_environment``).
-- :class:`ToolExecutor`: validate → run in a child actor → bound, as one
+- :class:`ToolExecutor`: validate → run on a call actor → bound, as one
   settled :class:`ToolOutcome` (``_executor``).
-- :class:`ToolActors`, :class:`ToolOwner`: each local call in its own pykka
-  actor, owned by its step (Run / Cancel / Progress), at most ``limit`` at
-  once (``_actors``).
+- :class:`ToolActors`, :class:`ToolOwner`: each local call on one of at most
+  ``limit`` pooled pykka call actors (each with its worker thread), owned by
+  its step (Run / Cancel / Progress) (``_actors``).
 - :class:`OutputBounding`, :func:`run_sweeper`: the 2,000-line / 50 KiB limit,
   managed output files and their 7-day retention (``_bounding``).
 - :func:`tool`, :class:`CallContext`, :class:`FunctionTool`: a typed Python
@@ -19,7 +19,15 @@
 - :mod:`actors.tools.builtin`: read, write, edit, list, glob, grep, bash.
 """
 
-from actors.tools._actors import Cancel, Progress, Run, ToolActors, ToolCallActor, ToolOwner
+from actors.tools._actors import (
+    Cancel,
+    Progress,
+    Run,
+    ToolActors,
+    ToolCallActor,
+    ToolChild,
+    ToolOwner,
+)
 from actors.tools._bounding import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_LINES,
@@ -73,6 +81,7 @@ __all__ = [
     "Tool",
     "ToolActors",
     "ToolCallActor",
+    "ToolChild",
     "ToolContext",
     "ToolError",
     "ToolExecutor",

@@ -1,56 +1,61 @@
-"""Tool calls as child actors: one pykka ``ThreadingActor`` per local call, owned by its step.
+"""Tool calls run on call actors: long-lived pykka actors, each with its worker thread, pooled.
 
 The shape (ARCHITECTURE §2, "pykka at the blocking edge")::
 
-    step (ToolCalls) ── owns ──> ToolOwner ── adopts ──> ToolChild  (loop side)
-                                                           │ Run / Cancel
+    step (ToolCalls) ── owns ──> ToolOwner ── adopts ──> ToolChild  (loop side, one per call)
+                                                           │ Cancel
                                                            ▼
-                                                   ToolCallActor    (its own thread, free)
-                                                           │ starts, joins
-                                                           ▼
-                                                   the call's worker thread (the tool)
+        ToolActors ── owns, at most ``limit`` ──> ToolCallActor     (its own thread, free)
+                 │                                         │ owns: starts, joins
+                 │ Run (a queue put)                       ▼
+                 └───────────────────────────────> its worker thread (runs one call at a time)
                                                            │ Progress, then the outcome
                                                            ▼
                                                back on the loop (call_soon_threadsafe)
 
-The actor's own thread only handles messages; the tool's blocking work runs
-on a worker thread the actor starts on Run and joins before it reports. So
-the actor hears ``Cancel`` (and a stop) *while the tool works*, and acts on
-it at once: it sets the call's :class:`~actors.tools.CancelEvent`, which
-wakes the tool where it waits (bash's selector holds the event's descriptor
-beside its output pipe, and kills the process group; a file loop checks it
-per entry). One thread per call more than running the tool on the actor's
-thread, and no pool shared between calls: a call's thread is its own, ends
-with it, and nothing of one call can hold up another.
+A call actor's own thread only handles messages; the tool's blocking work
+runs on the worker thread the actor owns. So the actor hears ``Cancel`` (and
+a stop) *while the tool works*, and acts on it at once: it sets the call's
+:class:`~actors.tools.CancelEvent`, which wakes the tool where it waits
+(bash's selector holds the event's descriptor beside its output pipe, and
+kills the process group; a file loop checks it per entry).
 
-- **Run**: start the worker: it runs the tool and bounds a success (one
-  region: a success is never handed back unbounded), then tells the actor
-  ``_Done``. A child whose call is already cancelled when Run arrives does
-  not run the tool.
-- **Cancel**: set the call's cancel event (the owner is stopping, or the call
-  was interrupted); also heard by a child that has not reached Run yet.
-- **stop** (pykka's, e.g. someone's ``ActorRegistry.stop_all()``): cancel
-  the tool and wait for the worker; what it produced is the settlement.
+The actors and their workers outlive a call: the pool hands an idle one to
+the next call. Starting and joining two threads per call cost more than the
+tool's own work for a small call (issue 37: 1.33x per call against the
+single-thread shape), so they are started once, the first time the pool
+needs one more, and joined once, when the pool closes.
+
+- **Run**: the pool assigns the call to an idle actor and puts it on that
+  actor's worker queue; the worker runs the tool, bounds a success (one
+  region: a success is never handed back unbounded) and hands the outcome to
+  the loop itself. A call whose cancel event is set before the worker takes
+  it does not run the tool.
+- **Cancel** names its call: the actor sets that call's cancel event only if
+  the call is the one assigned to it now, so a late Cancel for an earlier
+  call never reaches the next one (each call has its own event as well).
+- **stop** (pykka's, e.g. someone's ``ActorRegistry.stop_all()``, or the
+  pool's on close): cancel the assigned call, let the worker finish it (what
+  it produced is the settlement), end the worker and join it. The pool drops
+  a stopped actor and starts another when it needs one.
 - **Progress**: ``ctx.progress`` on the worker becomes a :class:`Progress`
   message to the owner, on the loop.
 - **Failure**: an exception that escapes the tool (anything but
-  :class:`ToolError`) is re-raised by the actor when it hears ``_Done``: the
-  actor's failure; pykka calls ``on_failure``, which settles the call as
-  ``tool.error``. A child stopped before it ran settles as ``aborted``.
-  Every child reports exactly once, from ``on_stop`` or ``on_failure``, after
-  its worker has ended and pykka has unregistered it.
+  :class:`ToolError`) is logged and settles the call as ``tool.error``; the
+  actor and its worker live on for the next call.
 - **Ownership**: the step's :class:`ToolOwner` holds its children;
   :meth:`ToolOwner.stop` cancels every one and returns once each has
-  reported. The step waits for that before its own terminal, so no child
-  outlives its step.
+  reported. The step waits for that before its own terminal, so no call
+  outlives its step. :class:`ToolActors` owns every call actor: ``aclose``
+  stops each (which joins its worker) and joins each actor's thread on the
+  runtime's blocking executor.
 
-Threads are bounded: at most ``limit`` children exist at once (``[runtime]
-max_tool_threads``, a limit on concurrent calls; a call waits for a slot
-before its actor starts). The loop never starts or joins a thread itself:
-one long-lived *spawner* actor per runtime starts each child and joins its
-thread once it has reported, so the loop pays a ``queue.put`` per call; the
-spawner's own thread is joined on the runtime's blocking executor when the
-pool closes. The loop never waits on a pykka future either: it only ``tell``s.
+Bounded by count: at most ``limit`` calls at once (``[runtime]
+max_tool_threads``; a call waits for a slot), so at most ``limit`` live call
+actors, two threads each. Actors stopped from outside are replaced; their
+threads, already ending, are joined at close (kept until then only while
+still alive). The loop never waits on a pykka future: it only ``tell``s and
+puts on a queue; it starts an actor's two threads only when the pool grows.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -82,18 +88,15 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The child's work: run the tool, bound a success; runs on the child's worker thread.
+#: The call's work: run the tool, bound a success; runs on a call actor's worker thread.
 Work = Callable[[], ToolOutcome]
 
 
-@attrs.frozen
-class Run:
-    """Run your call now (told once, right after the child starts)."""
-
-
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Cancel:
-    """Stop early (the owner is stopping, or the call was interrupted)."""
+    """Stop this call early (its owner is stopping, or it was interrupted)."""
+
+    child: ToolChild
 
 
 @attrs.frozen(kw_only=True)
@@ -104,23 +107,20 @@ class Progress:
     metadata: Mapping[str, Any]
 
 
-@attrs.frozen
-class _Done:
-    """From the child's worker to the child: the tool has returned (or raised)."""
+@attrs.frozen(kw_only=True, eq=False)
+class Run:
+    """For a worker: run this call's work, hand its outcome to ``loop``."""
+
+    child: ToolChild
+    work: Work
+    loop: asyncio.AbstractEventLoop
 
 
-@attrs.frozen(kw_only=True)
-class _Ended:
-    """From a child to the spawner: my thread is ending; join it."""
-
-    thread: threading.Thread
-
-
-def _post(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
-    """Run ``callback`` on ``loop`` (thread side)."""
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
+    """Run ``callback(*args)`` on ``loop`` (thread side)."""
     # RuntimeError: the loop is closed, and with it whoever was waiting; nothing to tell.
     with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(callback)
+        loop.call_soon_threadsafe(callback, *args)
 
 
 def _describe(exc: BaseException | None) -> str:
@@ -130,8 +130,13 @@ def _describe(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
 class ToolChild:
-    """The loop side of one child actor: its call, its outcome, the way to tell it Cancel."""
+    """The loop side of one call: its outcome, and the way to tell its actor Cancel."""
 
     def __init__(
         self,
@@ -150,27 +155,27 @@ class ToolChild:
         return f"<ToolChild {self.call_id} {state}>"
 
     def attached(self, ref: pykka.ActorRef[ToolCallActor]) -> None:
-        """The spawner started the actor (on the loop, posted by the spawner)."""
+        """The pool assigned the call to this actor (on the loop)."""
         self._ref = ref
         if self._cancelled:
             self._tell_cancel()
 
     def request_cancel(self) -> None:
-        """Tell the actor Cancel (once it is attached: at once, else when it is)."""
+        """Tell the call's actor Cancel (once it has one: at once, else when it does)."""
         self._cancelled = True
         self._tell_cancel()
 
     def _tell_cancel(self) -> None:
         if self._ref is not None and not self.done.done():
-            # The actor may be stopping on its own; it has reported (or will) either way.
+            # A stopped actor has cancelled its assigned call itself.
             with contextlib.suppress(pykka.ActorDeadError):
-                self._ref.tell(Cancel())
+                self._ref.tell(Cancel(child=self))
 
 
 class ToolOwner:
-    """A step's books of its child actors; stopping it stops them all.
+    """A step's books of its calls; stopping it stops them all.
 
-    ``on_progress`` receives every child's :class:`Progress`, on the loop.
+    ``on_progress`` receives every call's :class:`Progress`, on the loop.
     """
 
     def __init__(self, on_progress: Callable[[Progress], None] | None = None) -> None:
@@ -182,7 +187,7 @@ class ToolOwner:
 
     @property
     def children(self) -> tuple[ToolChild, ...]:
-        """The children that have not reported yet, oldest first."""
+        """The calls that have not reported yet, oldest first."""
         return tuple(self._children)
 
     def adopt(self, child: ToolChild) -> None:
@@ -192,12 +197,12 @@ class ToolOwner:
         self._children.pop(child, None)
 
     def progress(self, message: Progress) -> None:
-        """A child's progress (on the loop)."""
+        """A call's progress (on the loop)."""
         if self._on_progress is not None:
             self._on_progress(message)
 
     def reporter(self, call_id: str) -> Callable[[Mapping[str, Any]], None]:
-        """``ctx.progress`` for a child: thread side, hops to the loop as a Progress."""
+        """``ctx.progress`` for a call: thread side, hops to the loop as a Progress."""
         loop = asyncio.get_running_loop()
 
         def report(metadata: Mapping[str, Any]) -> None:
@@ -207,10 +212,10 @@ class ToolOwner:
         return report
 
     async def stop(self) -> None:
-        """Cancel every child and wait until each one has reported its outcome.
+        """Cancel every call and wait until each one has reported its outcome.
 
         A cancellation of the caller does not cut the wait short; it is
-        re-raised once every child has reported.
+        re-raised once every call has reported.
         """
         children = list(self._children)
         for child in children:
@@ -218,80 +223,88 @@ class ToolOwner:
         await wait_all([child.done for child in children])
 
 
-@attrs.frozen(kw_only=True)
-class _Spawn:
-    """For the spawner: start this child and tell it Run."""
+class _Worker:
+    """A call actor's worker thread: runs the calls put on its queue, one at a time.
 
-    child: ToolChild
-    work: Work
-    loop: asyncio.AbstractEventLoop
+    ``assigned`` is the call the pool gave the actor (written on the loop,
+    read by the actor); the queue holds at most one :class:`Run` and then the
+    end marker, which ``close`` puts under the lock so that nothing follows it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.assigned: ToolChild | None = None
+        self._queue: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        # Daemon: a pool left open must not keep the process alive; aclose joins it.
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def submit(self, run: Run) -> bool:
+        """Queue ``run``; False if the worker is closed (it will never run it)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._queue.put(run)
+            return True
+
+    def close(self) -> None:
+        """Finish what is queued, then end (idempotent)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(None)
+
+    def _serve(self) -> None:
+        while (run := self._queue.get()) is not None:
+            _post(run.loop, _resolve, run.child.done, _outcome(run))
+
+
+def _outcome(run: Run) -> ToolOutcome:
+    """Run the call's work on the worker; whatever escapes it is the call's failure."""
+    if run.child.cancel.is_set():
+        return ToolOutcome.failure("aborted", "Tool execution aborted before it started")
+    try:
+        return run.work()
+    except Exception as exc:
+        logger.exception("tool call %s raised", run.child.call_id)
+        return ToolOutcome.failure("tool.error", _describe(exc))
+    except BaseException as exc:
+        # SystemExit & co.: this call's failure, not the worker's end.
+        logger.error("tool call %s raised %s", run.child.call_id, type(exc).__name__)
+        return ToolOutcome.failure("tool.error", f"the tool raised {_describe(exc)}")
 
 
 class ToolCallActor(pykka.ThreadingActor):
-    """One tool call: its worker runs the tool, its own thread hears Run, Cancel, stop."""
+    """A call actor: its worker runs the calls it is given; its own thread hears Cancel and stop."""
 
-    def __init__(self, spawn: _Spawn, spawner: pykka.ActorRef[_Spawner]) -> None:
+    # It holds no work between calls; a pool left open must not keep the process alive.
+    use_daemon_thread = True
+
+    def __init__(
+        self,
+        worker: _Worker,
+        loop: asyncio.AbstractEventLoop,
+        stopped: asyncio.Future[threading.Thread],
+    ) -> None:
         super().__init__()
-        self._spawn = spawn
-        self._spawner = spawner
-        self._worker: threading.Thread | None = None
-        #: Written by the worker before it tells _Done; read after joining it.
-        self._result: ToolOutcome | BaseException | None = None
-        self._outcome = ToolOutcome.failure(
-            "aborted", "Tool execution aborted: its actor was stopped before it ran"
-        )
-        self._reported = False
+        self._worker = worker
+        self._loop = loop
+        self._stopped = stopped
 
     def on_receive(self, message: Any) -> None:
         match message:
-            case Run():
-                if self._spawn.child.cancel.is_set():
-                    self._outcome = ToolOutcome.failure(
-                        "aborted", "Tool execution aborted before it started"
-                    )
-                    self.stop()
-                    return
-                self._worker = threading.Thread(
-                    target=self._work, name=f"tool-{self._spawn.child.call_id}"
-                )
-                self._worker.start()
-            case Cancel():
-                self._spawn.child.cancel.set()
-            case _Done():
-                result = self._settle()
-                if isinstance(result, BaseException):
-                    raise result  # the actor's failure: on_failure settles the call
-                # Reported from on_stop: the owner hears once this actor is unregistered.
-                self.stop()
+            case Cancel(child=child):
+                if child is self._worker.assigned:
+                    child.cancel.set()
             case _:
                 super().on_receive(message)
 
-    def _work(self) -> None:
-        """The worker thread: run the tool, keep what came of it, tell the actor."""
-        try:
-            self._result = self._spawn.work()
-        except Exception as exc:
-            self._result = exc
-        except BaseException as exc:
-            # SystemExit & co. would make pykka stop every actor in the process.
-            error = RuntimeError(f"the tool raised {type(exc).__name__}")
-            error.__cause__ = exc
-            self._result = error
-        # Stopped meanwhile: on_stop joins this thread and reads the result itself.
-        with contextlib.suppress(pykka.ActorDeadError):
-            self.actor_ref.tell(_Done())
-
-    def _settle(self) -> ToolOutcome | BaseException | None:
-        """Cancel a worker still running, join it, and take its result as the outcome."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            if worker.is_alive():
-                self._spawn.child.cancel.set()
-            worker.join()
-        result, self._result = self._result, None
-        if isinstance(result, ToolOutcome):
-            self._outcome = result
-        return result
+    def on_stop(self) -> None:
+        self._end()
 
     def on_failure(
         self,
@@ -299,84 +312,39 @@ class ToolCallActor(pykka.ThreadingActor):
         exception_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        # pykka has logged the traceback and unregistered us; on_stop will not run.
-        self._settle()
-        self._outcome = ToolOutcome.failure("tool.error", _describe(exception_value))
-        self._report()
+        self._end()  # on_stop will not run
 
-    def on_stop(self) -> None:
-        result = self._settle()
-        if isinstance(result, BaseException):  # stopped while a failing tool ran
-            self._outcome = ToolOutcome.failure("tool.error", _describe(result))
-        self._report()
-
-    def _report(self) -> None:
-        if self._reported:
-            return
-        self._reported = True
-        # Before the report: once every child has reported, the spawner has all
-        # their threads to join (see ToolActors.aclose).
-        with contextlib.suppress(pykka.ActorDeadError):
-            self._spawner.tell(_Ended(thread=threading.current_thread()))
-        done, outcome = self._spawn.child.done, self._outcome
-        _post(self._spawn.loop, lambda: _resolve(done, outcome))
+    def _end(self) -> None:
+        """Cancel the assigned call, let the worker finish it and end; join it."""
+        worker = self._worker
+        worker.close()
+        child = worker.assigned
+        if child is not None:
+            child.cancel.set()
+        worker.thread.join()  # its call, if any, has reported
+        _post(self._loop, _resolve, self._stopped, threading.current_thread())
 
 
-class _Spawner(pykka.ThreadingActor):
-    """Starts one ``ToolCallActor`` per call and joins its thread once it ends.
+@attrs.frozen(kw_only=True, eq=False)
+class _Slot:
+    """The pool's books of one call actor."""
 
-    So thread starts and joins happen off the loop.
-    """
+    ref: pykka.ActorRef[ToolCallActor]
+    worker: _Worker
+    #: The actor's own thread, once it has stopped (and joined its worker).
+    stopped: asyncio.Future[threading.Thread]
 
-    # It holds no work of its own; a pool left open must not keep the process alive.
-    use_daemon_thread = True
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, stopped: asyncio.Future[threading.Thread]
-    ) -> None:
-        super().__init__()
-        self._loop = loop
-        self._stopped = stopped
-
-    def on_receive(self, message: Any) -> None:
-        match message:
-            case _Spawn():
-                self._start(message)
-            case _Ended(thread=thread):
-                thread.join()  # it has reported: only its last lines are left
-            case _:
-                super().on_receive(message)
-
-    def _start(self, spawn: _Spawn) -> None:
-        try:
-            ref = ToolCallActor.start(spawn, self.actor_ref)
-            ref.tell(Run())
-        except pykka.ActorDeadError:
-            return  # stopped before it got Run: its on_stop has reported
-        except Exception as exc:  # e.g. "can't start new thread"
-            failed = ToolOutcome.failure("tool.error", f"Could not start the tool: {exc}")
-            _post(self._loop, lambda: _resolve(spawn.child.done, failed))
-            return
-        _post(self._loop, lambda: spawn.child.attached(ref))
-
-    def on_stop(self) -> None:
-        # Every _Ended before the stop has been handled: each child's thread is joined.
-        stopped, me = self._stopped, threading.current_thread()
-        _post(self._loop, lambda: _resolve(stopped, me))
-
-
-def _resolve(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
+    @property
+    def usable(self) -> bool:
+        return not self.worker.closed and self.ref.is_alive()
 
 
 class ToolActors:
-    """Starts tool-call child actors, at most ``limit`` at once; one per runtime.
+    """Runs tool calls on pooled call actors, at most ``limit`` at once; one per runtime.
 
-    An async context manager: ``__aenter__`` starts the spawner's thread;
-    ``aclose`` cancels every child still running, waits for each to report,
-    stops the spawner (which joins every child's thread) and joins the
-    spawner's thread on ``blocking``. Use it from one event loop.
+    An async context manager: ``aclose`` cancels every call still running,
+    waits for each to report, stops every call actor (each joins its worker)
+    and joins each actor's thread on ``blocking``. Use it from one event loop.
     """
 
     def __init__(self, *, blocking: BlockingExecutor, limit: int = 16) -> None:
@@ -386,32 +354,39 @@ class ToolActors:
         self._blocking = blocking
         self._slots = asyncio.Semaphore(limit)
         self._lifecycle = Lifecycle("ToolActors")
-        self._spawner: pykka.ActorRef[_Spawner] | None = None
-        #: The spawner's own thread, once it has stopped (it is joined last).
-        self._spawner_stopped: asyncio.Future[threading.Thread] | None = None
+        #: Every call actor started and not yet joined: at most ``limit`` usable ones.
+        self._actors: dict[_Slot, None] = {}
+        #: The usable ones not running a call, the most recently used last.
+        self._idle: list[_Slot] = []
         self._running: dict[ToolChild, None] = {}
+        self._started = 0
 
     def __repr__(self) -> str:
         state, running = self._lifecycle.state.value, len(self._running)
-        return f"<ToolActors {state}, {running}/{self._limit} running>"
+        return f"<ToolActors {state}, {running}/{self._limit} running, {self.actors} actors>"
 
     @property
     def limit(self) -> int:
-        """The most child actors (and threads) at once."""
+        """The most calls (and call actors, two threads each) at once."""
         return self._limit
 
     @property
     def running(self) -> int:
-        """Children started and not yet reported."""
+        """Calls started and not yet reported."""
         return len(self._running)
+
+    @property
+    def actors(self) -> int:
+        """Call actors started and not yet joined (idle, busy, or stopped from outside)."""
+        return len(self._actors)
+
+    @property
+    def started(self) -> int:
+        """Call actors started since the pool opened."""
+        return self._started
 
     async def __aenter__(self) -> Self:
         self._lifecycle.open()
-        loop = asyncio.get_running_loop()
-        self._spawner_stopped = loop.create_future()
-        self._spawner = _Spawner.start(loop, self._spawner_stopped)
-        # Private plumbing: only aclose() may stop it, after every child reported.
-        pykka.ActorRegistry.unregister(self._spawner)
         return self
 
     async def __aexit__(
@@ -423,11 +398,11 @@ class ToolActors:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel running children, wait for their reports, stop the spawner. Idempotent.
+        """Cancel running calls, wait for their reports, stop and join every call actor.
 
-        Returns once every thread the pool started has ended: each child's
-        (joined by the spawner, which hears their ``_Ended`` before its stop)
-        and the spawner's own (joined on the blocking executor).
+        Idempotent. Returns once every thread the pool started has ended:
+        each worker (joined by its actor as it stops) and each actor's own
+        (joined on the blocking executor).
         """
         if self._lifecycle.close() is not LifecycleState.OPEN:
             return
@@ -435,13 +410,13 @@ class ToolActors:
         for child in children:
             child.request_cancel()
         await wait_all([child.done for child in children])
-        spawner, self._spawner = self._spawner, None
-        if spawner is not None:
-            _ = spawner.stop(block=False)  # never .get() on the loop
-        stopped = self._spawner_stopped
-        if stopped is not None:
-            await wait_all([stopped])
-            await self._blocking.run(stopped.result().join)
+        slots, self._idle = list(self._actors), []
+        self._actors.clear()
+        for slot in slots:
+            _ = slot.ref.stop(block=False)  # never .get() on the loop; a no-op if stopped
+        await wait_all([slot.stopped for slot in slots])
+        threads = [slot.stopped.result() for slot in slots]
+        await self._blocking.run(lambda: _join_all(threads))
 
     async def run(
         self,
@@ -451,9 +426,9 @@ class ToolActors:
         cancel: CancelEvent,
         owner: ToolOwner | None = None,
     ) -> ToolOutcome:
-        """Run ``work`` in a new child actor adopted by ``owner``; return its outcome.
+        """Run ``work`` on an idle call actor, the call adopted by ``owner``; return its outcome.
 
-        If the awaiting task is cancelled, the child is cancelled and ``run``
+        If the awaiting task is cancelled, the call is cancelled and ``run``
         waits for its report before re-raising: as
         :class:`~actors.tools.SucceededThenInterrupted` when the call had
         succeeded anyway (its outcome is the settlement), else as a plain
@@ -465,13 +440,13 @@ class ToolActors:
         """
         self._check_open()
         async with self._slots:
-            spawner = self._check_open()
+            self._check_open()
             loop = asyncio.get_running_loop()
             child = ToolChild(call_id, cancel, loop.create_future())
             try:
-                spawner.tell(_Spawn(child=child, work=work, loop=loop))
-            except pykka.ActorDeadError:
-                raise ActorDeadError("ToolActors' spawner is stopped") from None
+                slot = self._assign(Run(child=child, work=work, loop=loop))
+            except Exception as exc:  # e.g. "can't start new thread"
+                return ToolOutcome.failure("tool.error", f"Could not start the tool: {exc}")
             self._running[child] = None
             if owner is not None:
                 owner.adopt(child)
@@ -491,10 +466,60 @@ class ToolActors:
                 del self._running[child]
                 if owner is not None:
                     owner.release(child)
+                self._give_back(slot)
 
-    def _check_open(self) -> pykka.ActorRef[_Spawner]:
+    def _assign(self, run: Run) -> _Slot:
+        """Give ``run`` to an idle call actor, starting one if none is idle (holds a slot)."""
+        while True:
+            slot = self._idle.pop() if self._idle else self._start(run.loop)
+            slot.worker.assigned = run.child
+            if slot.worker.submit(run):
+                run.child.attached(slot.ref)
+                return slot
+            slot.worker.assigned = None
+            self._forget(slot)  # stopped from outside: its worker takes nothing more
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> _Slot:
+        n = self._started = self._started + 1
+        worker = _Worker(f"tool-worker-{n}")
+        worker.thread.start()
+        stopped: asyncio.Future[threading.Thread] = loop.create_future()
+        try:
+            ref = ToolCallActor.start(worker, loop, stopped)
+        except BaseException:
+            worker.close()
+            worker.thread.join()  # it was idle: it ends at once
+            raise
+        slot = _Slot(ref=ref, worker=worker, stopped=stopped)
+        self._actors[slot] = None
+        return slot
+
+    def _give_back(self, slot: _Slot) -> None:
+        slot.worker.assigned = None
+        if self._lifecycle.state is LifecycleState.OPEN and slot.usable:
+            self._idle.append(slot)
+        else:
+            self._forget(slot)
+
+    def _forget(self, slot: _Slot) -> None:
+        """Drop a call actor stopped from outside once its threads have ended.
+
+        One still ending stays on the books: aclose joins it.
+        """
+        if slot.stopped.done() and not slot.stopped.result().is_alive():
+            self._actors.pop(slot, None)
+        # Prune others that have ended meanwhile: only live threads need a join.
+        for other in [s for s in self._actors if s.stopped.done()]:
+            if not other.stopped.result().is_alive():
+                del self._actors[other]
+
+    def _check_open(self) -> None:
         if self._lifecycle.state is LifecycleState.UNOPENED:
             raise RuntimeError("ToolActors is not open; use 'async with ToolActors()'")
-        if self._spawner is None or self._lifecycle.state is LifecycleState.CLOSED:
+        if self._lifecycle.state is LifecycleState.CLOSED:
             raise ActorDeadError("ToolActors is closed")
-        return self._spawner
+
+
+def _join_all(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join()

@@ -1,7 +1,7 @@
 """Fixtures for the tool tests: a Location, a managed output dir, contexts, the actor pool.
 
-Everything is real: files under ``tmp_path``, a pykka child actor (and thread)
-per call, and (in the bash tests) real subprocesses. ``runner`` is the
+Everything is real: files under ``tmp_path``, pooled pykka call actors (each
+with its worker thread), and (in the bash tests) real subprocesses. ``runner`` is the
 :class:`ToolActors` pool the executor runs calls in; ``blocking`` is the plain
 executor for the tests' own file reads.
 """

@@ -1,4 +1,4 @@
-"""Tool calls as child actors: one pykka actor per call, owned, reporting, stopped with its owner.
+"""Tool calls on pooled call actors: owned, reporting, stopped with their owner, joined at close.
 
 Real pykka threads throughout; the tools are test functions that block on
 threading events the way a real tool blocks on I/O.
@@ -27,9 +27,11 @@ from actors.tools import (
     Progress,
     ToolActors,
     ToolCallActor,
+    ToolChild,
     ToolContext,
     ToolError,
     ToolExecutor,
+    ToolOutcome,
     ToolOwner,
     ToolRegistry,
     ToolResult,
@@ -55,7 +57,7 @@ def executor_for(runner: ToolActors, bounding: OutputBounding, *tools: FnTool) -
     return ToolExecutor(ToolRegistry(tools), runner, bounding)
 
 
-async def test_each_call_runs_in_its_own_child_actor_thread(
+async def test_calls_run_off_the_loop_on_a_reused_call_actors_worker(
     runner: ToolActors, bounding: OutputBounding, make_ctx: Callable[..., ToolContext]
 ) -> None:
     seen: list[tuple[threading.Thread, int]] = []
@@ -72,29 +74,35 @@ async def test_each_call_runs_in_its_own_child_actor_thread(
         outcome = await executor.execute("t", {}, make_ctx(call_id=f"c{n}"), owner=owner)
         assert outcome.status == "success"
     (first, live_first), (second, live_second) = seen
-    assert first is not second
-    assert threading.main_thread() not in (first, second)
-    assert live_first == live_second == 1  # the call's own actor, registered while it ran
-    assert not first.is_alive()  # gone once the call has its outcome
+    # One after the other: the second call reused the first one's actor and worker.
+    assert first is second
+    assert first is not threading.main_thread()
+    assert live_first == live_second == 1
+    assert runner.started == 1
+    assert first.is_alive()  # idle between calls, joined when the pool closes
     assert owner.children == ()
-    assert pykka.ActorRegistry.get_by_class(ToolCallActor) == []
+    assert runner.running == 0
 
 
-async def test_an_escaping_exception_is_the_actors_failure_and_settles_the_call(
+async def test_an_escaping_exception_is_logged_and_settles_only_its_call(
     runner: ToolActors,
     bounding: OutputBounding,
-    ctx: ToolContext,
+    make_ctx: Callable[..., ToolContext],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     def crash(input: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         raise LookupError("no such row")
 
-    with caplog.at_level(logging.ERROR, logger="pykka"):
-        outcome = await executor_for(runner, bounding, FnTool("t", crash)).execute("t", {}, ctx)
+    executor = executor_for(runner, bounding, FnTool("t", crash), FnTool("ok", _ok))
+    with caplog.at_level(logging.ERROR, logger="actors.tools._actors"):
+        outcome = await executor.execute("t", {}, make_ctx(call_id="c1"))
     assert outcome.error == {"type": "tool.error", "message": "LookupError: no such row"}
-    # pykka saw the actor fail (and logged it); on_failure turned it into the settlement.
-    assert any("Unhandled exception in ToolCallActor" in r.getMessage() for r in caplog.records)
-    assert pykka.ActorRegistry.get_by_class(ToolCallActor) == []
+    assert any("tool call c1 raised" in r.getMessage() for r in caplog.records)
+    # The actor and its worker live on: the next call runs on them.
+    [ref] = pykka.ActorRegistry.get_by_class(ToolCallActor)
+    assert (await executor.execute("ok", {}, make_ctx(call_id="c2"))).status == "success"
+    assert pykka.ActorRegistry.get_by_class(ToolCallActor) == [ref]
+    assert runner.started == 1
 
 
 async def test_a_base_exception_fails_only_its_own_call(
@@ -172,7 +180,7 @@ async def test_stopping_the_owner_stops_every_child_and_waits_for_each(
         {"type": "aborted", "message": "stopped by its owner"}
     ] * 3
     assert owner.children == ()
-    assert pykka.ActorRegistry.get_by_class(ToolCallActor) == []
+    assert runner.running == 0
 
 
 async def test_someone_elses_pykka_stop_all_neither_loses_a_call_nor_the_pool(
@@ -298,14 +306,16 @@ async def test_a_cancel_told_to_the_actor_reaches_the_tool_while_it_runs(
             return ToolResult.text("never cancelled")
         raise ToolError("cancelled by my actor", type="aborted")
 
+    owner = ToolOwner()
     call = asyncio.create_task(
-        executor_for(runner, bounding, FnTool("t", waits)).execute("t", {}, ctx)
+        executor_for(runner, bounding, FnTool("t", waits)).execute("t", {}, ctx, owner=owner)
     )
     async with asyncio.timeout(GUARD):
         await started.wait()
     [ref] = pykka.ActorRegistry.get_by_class(ToolCallActor)
+    [child] = owner.children
     # Only the message: nobody on the loop touches the call's cancel event.
-    ref.tell(Cancel())
+    ref.tell(Cancel(child=child))
     assert (await call).error == {"type": "aborted", "message": "cancelled by my actor"}
 
 
@@ -335,7 +345,7 @@ async def test_cancel_ends_the_process_group_of_a_running_bash_call(
     assert outcome.error["type"] == "aborted"
     assert not alive(leader)
     assert not alive(background)
-    assert pykka.ActorRegistry.get_by_class(ToolCallActor) == []
+    assert runner.running == 0
 
 
 async def test_cancel_ends_the_file_loop_of_a_running_grep(
@@ -383,3 +393,151 @@ async def test_closing_the_pool_ends_every_thread_it_started(
     # Only threads that are new count: one an earlier test left (asyncio's
     # waitpid watcher) may end meanwhile, which is not the pool's doing.
     assert ours() - before == set()
+
+
+# -- the pool: reused actors, bounded by count, joined at close --------------------------------
+
+
+class _Recording(ToolOwner):
+    """An owner that remembers every call it adopted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.adopted: list[ToolChild] = []
+
+    def adopt(self, child: ToolChild) -> None:
+        super().adopt(child)
+        self.adopted.append(child)
+
+
+def _outcome(text: str) -> ToolOutcome:
+    return ToolOutcome.success(ToolResult.text(text))
+
+
+async def test_a_reused_actor_hears_cancel_for_its_current_call_only(
+    bounding: OutputBounding, blocking: BlockingExecutor
+) -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    # One event for both calls: only the actor's own rule keeps a stale Cancel off the second.
+    shared = CancelEvent()
+    owner = _Recording()
+
+    def waits() -> ToolOutcome:
+        loop.call_soon_threadsafe(started.set)
+        if not shared.wait(GUARD):
+            return _outcome("never cancelled")
+        return ToolOutcome.failure("aborted", "cancelled")
+
+    async with ToolActors(blocking=blocking, limit=1) as runner:
+        first = await runner.run(lambda: _outcome("one"), call_id="c1", cancel=shared, owner=owner)
+        assert first.status == "success"
+        second = asyncio.create_task(runner.run(waits, call_id="c2", cancel=shared, owner=owner))
+        async with asyncio.timeout(GUARD):
+            await started.wait()
+        [ref] = pykka.ActorRegistry.get_by_class(ToolCallActor)
+        old, current = owner.adopted
+        # A late Cancel for the earlier call, then a round trip through the same mailbox.
+        await blocking.run(lambda: ref.ask(Cancel(child=old)))
+        assert not shared.is_set()
+        assert not second.done()
+        ref.tell(Cancel(child=current))
+        assert (await second).error == {"type": "aborted", "message": "cancelled"}
+        assert runner.started == 1
+
+
+async def test_the_pool_is_bounded_by_count_and_reuses_its_actors(
+    bounding: OutputBounding, blocking: BlockingExecutor
+) -> None:
+    loop = asyncio.get_running_loop()
+    started: asyncio.Queue[str] = asyncio.Queue()
+    release = threading.Event()
+
+    def waits(name: str) -> Callable[[], ToolOutcome]:
+        def work() -> ToolOutcome:
+            loop.call_soon_threadsafe(started.put_nowait, name)
+            release.wait(GUARD)
+            return _outcome(name)
+
+        return work
+
+    async with ToolActors(blocking=blocking, limit=2) as runner:
+        calls = [
+            asyncio.create_task(runner.run(waits(f"c{n}"), call_id=f"c{n}", cancel=CancelEvent()))
+            for n in range(5)
+        ]
+        async with asyncio.timeout(GUARD):
+            await started.get()
+            await started.get()
+        await quiesce()
+        # Two at once, on two actors; the other three wait for a slot, starting nothing.
+        assert started.empty()
+        assert runner.running == 2
+        assert runner.actors == runner.started == 2
+        assert len(pykka.ActorRegistry.get_by_class(ToolCallActor)) == 2
+        release.set()
+        outcomes = await asyncio.gather(*calls)
+        assert [o.status for o in outcomes] == ["success"] * 5
+        # Five calls, still two actors.
+        assert runner.actors == runner.started == 2
+
+
+async def test_closing_the_pool_joins_every_actor_and_worker_thread(
+    bounding: OutputBounding, blocking: BlockingExecutor
+) -> None:
+    loop = asyncio.get_running_loop()
+    workers: set[threading.Thread] = set()
+    both = asyncio.Event()
+    release = threading.Event()
+
+    def work() -> ToolOutcome:
+        workers.add(threading.current_thread())
+        if len(workers) == 2:
+            loop.call_soon_threadsafe(both.set)
+        release.wait(GUARD)
+        return _outcome("ok")
+
+    before = set(threading.enumerate())
+    async with ToolActors(blocking=blocking, limit=3) as runner:
+        calls = [
+            asyncio.create_task(runner.run(work, call_id=f"c{n}", cancel=CancelEvent()))
+            for n in range(2)
+        ]
+        async with asyncio.timeout(GUARD):
+            await both.wait()
+        release.set()
+        await asyncio.gather(*calls)
+        pool_threads = {
+            t for t in set(threading.enumerate()) - before if not t.name.startswith("sessionrt-")
+        }
+        # Two actors, each its own thread and its worker's, idle now.
+        assert workers <= pool_threads
+        assert len(pool_threads) == 4
+    assert not any(t.is_alive() for t in pool_threads)
+    assert pykka.ActorRegistry.get_all() == []
+
+
+async def test_an_actor_stopped_while_idle_is_replaced_and_its_threads_end(
+    bounding: OutputBounding, blocking: BlockingExecutor
+) -> None:
+    threads: list[threading.Thread] = []
+
+    def where() -> ToolOutcome:
+        threads.append(threading.current_thread())
+        return _outcome("ok")
+
+    async with ToolActors(blocking=blocking, limit=1) as runner:
+        assert (await runner.run(where, call_id="c1", cancel=CancelEvent())).status == "success"
+        # Someone else's pykka shutdown while the actor is idle.
+        stops = pykka.ActorRegistry.stop_all(block=False)
+        await blocking.run(lambda: [f.get(timeout=GUARD) for f in stops])
+        first_worker = threads[0]
+        assert not first_worker.is_alive()  # the actor joined its worker as it stopped
+        # The pool notices, and the next call runs on a new actor.
+        assert (await runner.run(where, call_id="c2", cancel=CancelEvent())).status == "success"
+        assert threads[1] is not first_worker
+        assert runner.started == 2
+        assert len(pykka.ActorRegistry.get_by_class(ToolCallActor)) == 1
+        assert runner.actors <= 2  # the stopped one is kept only while its thread still ends
+    assert pykka.ActorRegistry.get_all() == []
+    assert not any(t.is_alive() for t in threads)
