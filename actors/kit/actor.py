@@ -91,13 +91,7 @@ class Actor:
                 registered and ``on_stop`` does not run.
         """
         ref, mailbox = _wire(cls(*args, **kwargs))
-        if ref.actor_class.registered:
-            await mailbox.start(
-                register=lambda: registry.register(ref),
-                unregister=lambda: registry.unregister(ref),
-            )
-        else:
-            await mailbox.start()
+        await mailbox.start(**_registration(ref))
         return ref
 
     @classmethod
@@ -114,13 +108,7 @@ class Actor:
         if type(actor).on_start is not Actor.on_start:
             raise TypeError(f"{type(actor).__name__} has an on_start; use start()")
         ref, mailbox = _wire(actor)
-        if actor.registered:
-            mailbox.open(
-                register=lambda: registry.register(ref),
-                unregister=lambda: registry.unregister(ref),
-            )
-        else:
-            mailbox.open()
+        mailbox.open(**_registration(ref))
         return ref
 
     @property
@@ -176,6 +164,17 @@ class Actor:
         messages you handle with ``return await super().on_receive(message)``.
         """
         raise TypeError(f"{type(self).__name__} does not handle {message!r}")
+
+
+def _registration(ref: ActorRef[Any]) -> dict[str, Callable[[], None]]:
+    """The mailbox's register/unregister hooks for ``ref``: none for a class that is
+    not listed in the registry (``registered = False``)."""
+    if not ref.actor_class.registered:
+        return {}
+    return {
+        "register": lambda: registry.register(ref),
+        "unregister": lambda: registry.unregister(ref),
+    }
 
 
 def _wire(actor: A) -> tuple[ActorRef[A], Mailbox]:
