@@ -477,7 +477,7 @@ class ToolActors:
                 run.child.attached(slot.ref)
                 return slot
             slot.worker.assigned = None
-            self._forget(slot)  # stopped from outside: its worker takes nothing more
+            self._forget_ended()  # it was stopped from outside: its worker takes nothing more
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> _Slot:
         n = self._started = self._started + 1
@@ -499,16 +499,14 @@ class ToolActors:
         if self._lifecycle.state is LifecycleState.OPEN and slot.usable:
             self._idle.append(slot)
         else:
-            self._forget(slot)
+            self._forget_ended()
 
-    def _forget(self, slot: _Slot) -> None:
-        """Drop a call actor stopped from outside once its threads have ended.
+    def _forget_ended(self) -> None:
+        """Drop the call actors stopped from outside whose threads have ended: only
+        live threads need a join.
 
         One still ending stays on the books: aclose joins it.
         """
-        if slot.stopped.done() and not slot.stopped.result().is_alive():
-            self._actors.pop(slot, None)
-        # Prune others that have ended meanwhile: only live threads need a join.
         for other in [s for s in self._actors if s.stopped.done()]:
             if not other.stopped.result().is_alive():
                 del self._actors[other]
