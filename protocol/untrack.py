@@ -40,14 +40,14 @@ from __future__ import annotations
 import ctypes
 import gc
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import islice
 from operator import attrgetter
 from typing import Any, Final
 
 import attrs
 
-__all__ = ["untrack", "untrack_dict", "untrack_known", "untrack_tail"]
+__all__ = ["untrack", "untrack_dict", "untrack_known", "untrack_tail", "untracked_tuple"]
 
 #: How deep :func:`untrack` follows nested values (transcript values are 3-4 deep).
 MAX_DEPTH: Final = 16
@@ -146,6 +146,14 @@ def untrack_known(value: tuple[Any, ...] | frozenset[Any]) -> None:
     """
     if _untrack is not None and _is_tracked(value):
         _untrack(value)
+
+
+def untracked_tuple(values: Iterable[Any]) -> tuple[Any, ...]:
+    """``tuple(values)``, taken out at once by :func:`untrack_known`: on the caller's
+    word that every value is an atom or untracked (ints, seqs, sums)."""
+    result = tuple(values)
+    untrack_known(result)
+    return result
 
 
 def untrack_tail(items: tuple[Any, ...], known: int) -> bool:

@@ -52,7 +52,7 @@ from protocol.shapes import (
     Tokens,
     UserMessage,
 )
-from protocol.untrack import untrack, untrack_dict, untrack_known
+from protocol.untrack import untrack, untrack_dict, untrack_known, untracked_tuple
 from storage.lease import Lease
 from storage.schema import SESSION_BUCKET_MS
 
@@ -583,9 +583,8 @@ class Queries:
         if resort:
             order = sorted(by_id.values(), key=_seq)
             seqs = [m.seq for m in order]
-        order_t, seqs_t, completed_t = tuple(order), tuple(seqs), frozenset(completed)
-        untrack_known(seqs_t)  # ints
-        untrack_known(completed_t)
+        order_t, seqs_t, completed_t = tuple(order), untracked_tuple(seqs), frozenset(completed)
+        untrack_known(completed_t)  # ints
         if untracked:
             # Never changed once built, and all it holds is out of the collector's
             # reach: so are the dict and the tuple (a full pass walked every message

@@ -180,7 +180,7 @@ from actors.llm._stream import (
 from actors.llm.max_steps import is_max_steps_message
 from protocol import codec
 from protocol.lru import ByteLRU, reused_prefix
-from protocol.untrack import untrack_known
+from protocol.untrack import untracked_tuple
 
 __all__ = [
     "PARTIAL_TEXT",
@@ -439,8 +439,7 @@ def _request_chars(request: ModelRequest) -> int:
     sums = list(last[1][: keep + 1]) if last is not None and keep else [0]
     for message in messages[keep:]:
         sums.append(sums[-1] + _chars(message))
-    counted = tuple(sums)
-    untrack_known(counted)  # ints: no walk of them when the entry is kept
+    counted = untracked_tuple(sums)  # ints: no walk of them when the entry is kept
     _COUNTED.put(request.session_id, (tuple(messages), counted), 16 * len(sums))
     return sums[-1]
 

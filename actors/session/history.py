@@ -47,7 +47,7 @@ from protocol.shapes import (
     ToolPart,
     UserMessage,
 )
-from protocol.untrack import untrack_known, untrack_tail
+from protocol.untrack import untrack_tail, untracked_tuple
 
 __all__ = ["CHAT_CACHE_BYTES", "ChatCache", "to_chat"]
 
@@ -137,18 +137,11 @@ class ChatCache:
         entry = _Converted(
             history=current,
             chat=result,
-            counts=_ints(counts),
-            weights=_ints(weights),
+            counts=untracked_tuple(counts),
+            weights=untracked_tuple(weights),
         )
         self._sessions.put(session_id, entry, weights[-1] + 16 * len(current))
         return result
-
-
-def _ints(values: list[int]) -> tuple[int, ...]:
-    """A tuple of ints, out of the collector's reach at once (it holds atoms only)."""
-    result = tuple(values)
-    untrack_known(result)
-    return result
 
 
 def _weight(messages: tuple[ChatMessage, ...]) -> int:
