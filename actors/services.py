@@ -500,6 +500,7 @@ def build_services(
         if not pattern or not set(pattern) & set("*?["):
             raise ValueError(f"secret_env_patterns: {pattern!r} is no glob pattern (* ? [)")
     host_id = config.host_id or default_host_id()
+    default_model = config.default_model or SCRIPTED_MODEL
     rescan = asyncio.Event()
     own_bus = None
     if host_bus is None and not config.read_only and is_server_url(config.database_target):
@@ -640,7 +641,7 @@ def build_services(
         instructions=config.instructions or builtin_instructions,
         secret_env=secret_env,
         server_dirs=(config.data_dir,),
-        default_model=config.default_model or SCRIPTED_MODEL,
+        default_model=default_model,
         retry_base_delay_s=config.retry_base_delay_s,
         retry_max_delay_s=config.retry_max_delay_s,
         chat_cache_bytes=config.decode_cache_bytes,
@@ -673,7 +674,7 @@ def build_services(
             providers=providers,
             agents=agents,
             chat=drain.chat_cache,
-            default_model=config.default_model or SCRIPTED_MODEL,
+            default_model=default_model,
         ),
         builtin_instructions=builtin_instructions,
         leases=leases,
